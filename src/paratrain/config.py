@@ -1,0 +1,159 @@
+"""Training configuration: the single source of defaults, YAML load/save, validation.
+
+Every field is also a `paratrain train` flag (cli.py builds the flags from the field metadata), so a
+value can come from the dataclass default, a YAML file, or the command line, in that order of priority.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import UserError
+
+MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp")
+DATASETS = ("digits", "mnist", "cifar10", "synthetic")
+OPTIMIZERS = ("adam", "sgd")
+ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
+
+
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # what to train
+    model: str = _f("lenet5", "model from the registry", choices=MODELS)
+    dataset: str = _f("digits", "dataset (digits is embedded and needs no download)", choices=DATASETS)
+    data_dir: str | None = _f(None, "folder with the dataset files, or where to download them")
+    download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download")
+    val_size: int | None = _f(None, "training examples held out for validation (default: per dataset)")
+    # model options (used by the models that have them)
+    width: int = _f(512, "mlp: neurons per hidden layer")
+    depth: int = _f(2, "mlp: number of hidden layers")
+    activation: str = _f("relu", "mlp: activation", choices=ACTIVATIONS)
+    dropout: float | None = _f(None, "dropout probability (default: the model's own)")
+    # where to run
+    accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
+    devices: str = _f("auto", "data-parallel workers: auto or a number")
+    threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
+    # optimisation
+    batch_size: int = _f(512, "GLOBAL batch size, split evenly across workers")
+    eval_batch_size: int = _f(2048, "batch size per worker for evaluation")
+    epochs: int = _f(5, "training epochs (ignored when --steps is given)")
+    steps: int | None = _f(None, "training steps (global batches); overrides --epochs")
+    optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
+    lr: float = _f(2e-3, "learning rate")
+    momentum: float = _f(0.9, "SGD momentum")
+    weight_decay: float = _f(0.0, "L2 weight decay")
+    seed: int = _f(0, "seed of the initial weights, the data order and dropout")
+    # run directory, logs, checkpoints
+    out: str | None = _f(None, "run directory (default: runs/<model>-<dataset>-<time>)")
+    resume: str | None = _f(None, "continue the run in this run directory from its last checkpoint")
+    checkpoint_every: int = _f(0, "save a checkpoint every N steps (0: only at the end)")
+    log_every: int = _f(50, "log training loss/accuracy every N steps")
+    quiet: bool = _f(False, "no progress bar or per-epoch lines", flag="--quiet")
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Bring a YAML or flag value to the field's type; a wrong type is a UserError naming the key."""
+    if value is None:
+        return None
+    kind = FIELDS[name].type
+    try:
+        if name == "devices":
+            return str(value)
+        if "bool" in kind:
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if "int" in kind:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if "float" in kind:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if not isinstance(value, str | int | float):
+            raise ValueError
+        return str(value)
+    except (TypeError, ValueError):
+        raise UserError(f"config key '{name}' has an invalid value {value!r} (expected {kind})") from None
+
+
+def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
+    unknown = sorted(set(values) - set(FIELDS))
+    if unknown:
+        raise UserError(f"unknown config key(s): {', '.join(unknown)}; see `paratrain train --help`")
+    base = base or TrainConfig()
+    return base.replace(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must be a mapping of key: value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Reject impossible values with a message that says what to do."""
+
+    def bad(msg: str) -> None:
+        raise UserError(msg)
+
+    for name, value in (("model", cfg.model), ("dataset", cfg.dataset), ("optimizer", cfg.optimizer),
+                        ("activation", cfg.activation), ("accelerator", cfg.accelerator)):
+        choices = FIELDS[name].metadata["choices"]
+        if value not in choices:
+            bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")
+    if cfg.devices != "auto" and not (cfg.devices.isdigit() and int(cfg.devices) >= 1):
+        bad(f"--devices must be 'auto' or a positive number, not '{cfg.devices}'")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        bad(f"--lr must be a positive number, not {cfg.lr}")
+    positive = {"batch_size": cfg.batch_size, "eval_batch_size": cfg.eval_batch_size,
+                "epochs": cfg.epochs, "log_every": cfg.log_every, "width": cfg.width, "depth": cfg.depth}
+    if cfg.steps is not None:
+        positive["steps"] = cfg.steps
+    if cfg.threads_per_worker is not None:
+        positive["threads_per_worker"] = cfg.threads_per_worker
+    for name, value in positive.items():
+        if value < 1:
+            bad(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    for name, value in (("momentum", cfg.momentum), ("weight_decay", cfg.weight_decay),
+                        ("checkpoint_every", cfg.checkpoint_every), ("val_size", cfg.val_size or 0)):
+        if value < 0:
+            bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
+    if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
+        bad(f"--dropout must be in [0, 1), not {cfg.dropout}")
+    return cfg

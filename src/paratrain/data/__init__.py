@@ -1,0 +1,37 @@
+"""Datasets as in-memory uint8 tensors, and the pure sharding functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from .splits import Splits
+
+DATASETS = ("digits", "mnist", "cifar10", "synthetic")
+DEFAULT_DATA_DIR = "data"
+
+
+def load_dataset(name: str, data_dir: str | None = None, download: bool = True, val_size: int | None = None,
+                 channels: int = 1) -> Splits:
+    """Load a dataset into memory; `channels` only shapes the synthetic one."""
+    folder = data_dir or str(Path(DEFAULT_DATA_DIR) / name)
+    if name == "digits":
+        from . import digits
+
+        return digits.load(val_size)
+    if name == "mnist":
+        from . import mnist
+
+        return mnist.load(folder, download, val_size)
+    if name == "cifar10":
+        from . import cifar10
+
+        return cifar10.load(folder, download, val_size)
+    if name == "synthetic":
+        from . import synthetic
+
+        return synthetic.load(channels, 32 if channels == 3 else 28, val_size)
+    raise UserError(f"unknown dataset '{name}'; choose one of: {', '.join(DATASETS)}")
+
+
+__all__ = ["DATASETS", "Splits", "load_dataset"]

@@ -1,0 +1,108 @@
+"""CIFAR-10 from the binary version (data_batch_1..5.bin, test_batch.bin, plain or .gz) or the python
+version (the pickled batches torchvision downloads), read into uint8 tensors.
+
+The python batches are pickles; they are read with an unpickler that only builds numpy arrays, lists
+and dicts, so a doctored file cannot run code.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from .mnist import read_bytes
+from .splits import Splits, hold_out
+
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+RECORD = 1 + 3 * 32 * 32  # label byte, then 1,024 red, 1,024 green, 1,024 blue
+TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
+VAL_SIZE = 5_000
+
+
+def read_binary(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    data = read_bytes(path)
+    if len(data) == 0 or len(data) % RECORD:
+        raise UserError(f"{path} has {len(data)} bytes, not a whole number of {RECORD}-byte CIFAR-10 "
+                        "records; the file is truncated or corrupt, download it again")
+    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, RECORD)
+    labels = torch.from_numpy(records[:, 0].astype(np.int64))
+    if int(labels.max()) > 9:
+        raise UserError(f"{path} holds a label above 9; it is not a CIFAR-10 binary batch")
+    images = torch.from_numpy(records[:, 1:].copy()).view(-1, 3, 32, 32)
+    return images, labels
+
+
+class _ArraysOnly(pickle.Unpickler):
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct")}
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def read_python(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        with open(path, "rb") as f:
+            batch = _ArraysOnly(f, encoding="latin1").load()
+        data = np.asarray(batch["data"], dtype=np.uint8)
+        labels = torch.as_tensor(batch.get("labels", batch.get("fine_labels")), dtype=torch.int64)
+        images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
+    except (OSError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"{path} is not a readable CIFAR-10 python batch ({e}); download it again") from None
+    if len(images) != len(labels) or int(labels.max()) > 9:
+        raise UserError(f"{path} is not a CIFAR-10 batch (labels and images disagree); download it again")
+    return images, labels
+
+
+def _layout(root: Path) -> tuple[str, Path] | None:
+    """Which version lies under root: ('bin', folder) or ('py', folder)."""
+    for folder in (root, root / "cifar-10-batches-bin"):
+        if all(_binary(folder, n) for n in [*TRAIN_BATCHES, "test_batch"]):
+            return "bin", folder
+    for folder in (root, root / "cifar-10-batches-py"):
+        if all((folder / n).is_file() for n in [*TRAIN_BATCHES, "test_batch"]):
+            return "py", folder
+    return None
+
+
+def _binary(folder: Path, name: str) -> Path | None:
+    for suffix in (".bin", ".bin.gz"):
+        if (folder / (name + suffix)).is_file():
+            return folder / (name + suffix)
+    return None
+
+
+def _download(root: Path) -> None:
+    import torchvision
+
+    try:
+        torchvision.datasets.CIFAR10(str(root), train=True, download=True)  # checks the archive's MD5
+    except Exception as e:  # network errors come in many types; all mean the same to the user
+        raise UserError(f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}); "
+                        "put the batches there and pass --data-dir") from None
+
+
+def load(data_dir: str, download: bool, val_size: int | None) -> Splits:
+    root = Path(data_dir)
+    found = _layout(root)
+    if found is None and download:
+        _download(root)
+        found = _layout(root)
+    if found is None:
+        raise UserError(f"CIFAR-10 batches (data_batch_1..5 and test_batch, .bin/.bin.gz or python) not "
+                        f"found in {root}; pass --data-dir to the folder that holds them, or allow the download")
+    kind, folder = found
+    read = (lambda n: read_binary(_binary(folder, n))) if kind == "bin" else (lambda n: read_python(folder / n))
+    parts = [read(n) for n in TRAIN_BATCHES]
+    train = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+    test = read("test_batch")
+    val = VAL_SIZE if val_size is None else val_size
+    if val >= len(train[1]):
+        raise UserError(f"--val-size {val} leaves no training examples (CIFAR-10 has {len(train[1])})")
+    return hold_out("cifar10", train, test, val, MEAN, STD)

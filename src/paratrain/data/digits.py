@@ -1,0 +1,35 @@
+"""scikit-learn's bundled handwritten digits (1,797 8x8 images), drawn MNIST-style into 28x28.
+
+Offline and small: the default dataset, so that `paratrain train` works on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .splits import Splits, hold_out
+
+TEST_FRACTION = 0.2
+SPLIT_SEED = 0  # fixed, so the test set never depends on the training seed
+
+
+def load(val_size: int | None) -> Splits:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = torch.as_tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0  # N,1,8,8 in [0,1]
+    labels = torch.as_tensor(bunch.target, dtype=torch.int64)
+    # MNIST centres a 20x20 digit in a 28x28 box: do the same, once, for the whole set.
+    images = F.interpolate(images, size=(20, 20), mode="bilinear", align_corners=False)
+    images = F.pad(images, (4, 4, 4, 4))
+    images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
+    # The file is ordered by writer; shuffle once so train/val/test share the same writers' mix.
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    images, labels = images[order], labels[order]
+    n_test = int(len(labels) * TEST_FRACTION)
+    test = (images[:n_test], labels[:n_test])
+    train = (images[n_test:], labels[n_test:])
+    val = 144 if val_size is None else val_size
+    x = train[0][val:].float() / 255
+    return hold_out("digits", train, test, val, [x.mean().item()], [x.std().item()])

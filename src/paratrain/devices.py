@@ -1,0 +1,101 @@
+"""What hardware is here, and how a run maps onto it (backend, workers, threads)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .errors import UserError
+
+# Past a handful of CPU workers, gloo's all-reduce and a dataset copy per process cost more than
+# the extra processes gain; the remaining cores go to intra-op threads instead.
+MAX_AUTO_CPU_WORKERS = 8
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def describe() -> dict:
+    """CPU, GPUs, backend and what `--devices auto` means here (for `paratrain devices`)."""
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        gpus.append({"index": i, "name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                     "compute_capability": f"{p.major}.{p.minor}"})
+    plan = resolve("auto", "auto", None)
+    return {
+        "cpu": {"model": _cpu_model(), "cores": usable_cores(), "memory_gib": _memory_gib()},
+        "gpus": gpus,
+        "backend": plan.backend,
+        "auto_devices": plan.workers,
+        "auto_accelerator": plan.accelerator,
+        "threads_per_worker": plan.threads_per_worker,
+        "torch_version": torch.__version__,
+    }
+
+
+@dataclass(frozen=True)
+class Plan:
+    accelerator: str  # "cpu" or "gpu"
+    workers: int
+    threads_per_worker: int
+    backend: str  # "gloo" or "nccl"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve(accelerator: str, devices: str, threads_per_worker: int | None) -> Plan:
+    """Turn --accelerator/--devices/--threads-per-worker into a concrete plan, or a UserError."""
+    n_gpus = torch.cuda.device_count()
+    cores = usable_cores()
+    if accelerator == "auto":
+        accelerator = "gpu" if n_gpus else "cpu"
+    if accelerator == "gpu" and n_gpus == 0:
+        raise UserError("--accelerator gpu was asked for but no CUDA GPU is visible; use --accelerator cpu")
+    if accelerator == "gpu":
+        workers = n_gpus if devices == "auto" else int(devices)
+        if workers > n_gpus:
+            raise UserError(f"--devices {workers} asks for more GPUs than the {n_gpus} here; "
+                            f"use --devices {n_gpus} or fewer")
+        # GPU workers need few CPU threads; share the cores without oversubscribing them.
+        threads = threads_per_worker or max(1, cores // workers)
+        return Plan("gpu", workers, threads, "nccl")
+    workers = min(cores, MAX_AUTO_CPU_WORKERS) if devices == "auto" else int(devices)
+    if workers > cores:
+        raise UserError(f"--devices {workers} asks for more CPU workers than the {cores} cores here "
+                        f"(it would oversubscribe them); use --devices {cores} or fewer")
+    threads = threads_per_worker or max(1, cores // workers)
+    if workers * threads > cores:
+        raise UserError(f"{workers} workers x {threads} threads exceed the {cores} cores here; "
+                        f"lower --threads-per-worker to {max(1, cores // workers)}")
+    return Plan("cpu", workers, threads, "gloo")

@@ -1,0 +1,55 @@
+"""Model registry: name -> builder and the input size the architecture was drawn for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import UserError
+from .cifar10_net import Cifar10Net
+from .convnet import ConvNet
+from .lenet5 import LeNet5
+from .mlp import MLP
+from .mnist_net import MnistNet
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    builder: Callable[..., nn.Module]
+    # Square input side the layers were sized for; the data pipeline pads or centre-crops to it.
+    # None: any size (the MLP flattens whatever it gets).
+    input_size: int | None
+    default_dropout: float | None = None
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    "lenet5": ModelSpec(lambda c, k, o: LeNet5(c, k), 32),
+    "convnet": ModelSpec(lambda c, k, o: ConvNet(c, k, o["dropout"]), 28, 0.25),
+    "mnist-net": ModelSpec(lambda c, k, o: MnistNet(c, k, o["dropout"]), 28, 0.5),
+    "cifar10-net": ModelSpec(lambda c, k, o: Cifar10Net(c, k), 24),
+    "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
+                                         o["dropout"]), None, 0.0),
+}
+
+
+def _spec(name: str) -> ModelSpec:
+    if name not in REGISTRY:
+        raise UserError(f"unknown model '{name}'; choose one of: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def input_size(name: str, data_size: int) -> int:
+    """Side of the square images the model is fed: its own size, or the data's for size-free models."""
+    return _spec(name).input_size or data_size
+
+
+def build_model(name: str, in_channels: int, image_size: int, num_classes: int, *, width: int = 512,
+                depth: int = 2, activation: str = "relu", dropout: float | None = None) -> nn.Module:
+    """Build a registry model on the CPU; the caller moves it to its device."""
+    spec = _spec(name)
+    opts = {"width": width, "depth": depth, "activation": activation,
+            "dropout": spec.default_dropout if dropout is None else dropout,
+            "in_features": in_channels * image_size * image_size}
+    return spec.builder(in_channels, num_classes, opts)
