@@ -95,10 +95,14 @@ def load(data_dir: str, download: bool, val_size: int | None) -> Splits:
         _download(root)
         found = _layout(root)
     if found is None:
-        raise UserError(f"CIFAR-10 batches (data_batch_1..5 and test_batch, .bin/.bin.gz or python) not "
-                        f"found in {root}; pass --data-dir to the folder that holds them, or allow the download")
+        raise UserError(f"CIFAR-10 batches (data_batch_1..5 and test_batch, .bin/.bin.gz or python) "
+                        f"not found in {root}; pass --data-dir to the folder that holds them, "
+                        "or allow the download")
     kind, folder = found
-    read = (lambda n: read_binary(_binary(folder, n))) if kind == "bin" else (lambda n: read_python(folder / n))
+
+    def read(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return read_binary(_binary(folder, name)) if kind == "bin" else read_python(folder / name)
+
     parts = [read(n) for n in TRAIN_BATCHES]
     train = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
     test = read("test_batch")
