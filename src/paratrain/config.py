@@ -44,9 +44,9 @@ class TrainConfig:
     devices: str = _f("auto", "data-parallel workers: auto or a number")
     threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
     # optimisation
-    batch_size: int = _f(512, "GLOBAL batch size, split evenly across workers")
+    batch_size: int | None = _f(None, "GLOBAL batch size, split evenly across workers (default: per dataset)")
     eval_batch_size: int = _f(2048, "batch size per worker for evaluation")
-    epochs: int = _f(5, "training epochs (ignored when --steps is given)")
+    epochs: int | None = _f(None, "training epochs (default: per dataset; --steps overrides it)")
     steps: int | None = _f(None, "training steps (global batches); overrides --epochs")
     optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
     lr: float = _f(2e-3, "learning rate")
@@ -66,6 +66,14 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+
+# Sizes that suit each dataset: the 1,437 digits need small batches to get enough steps.
+DATASET_DEFAULTS: dict[str, dict[str, int]] = {
+    "digits": {"batch_size": 64, "epochs": 10},
+    "mnist": {"batch_size": 512, "epochs": 5},
+    "cifar10": {"batch_size": 128, "epochs": 10},
+    "synthetic": {"batch_size": 512, "epochs": 1},
+}
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
@@ -127,7 +135,9 @@ def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Reject impossible values with a message that says what to do."""
+    """Fill the per-dataset defaults, then reject impossible values with a message that says what to do."""
+    if cfg.dataset in DATASET_DEFAULTS:
+        cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
 
     def bad(msg: str) -> None:
         raise UserError(msg)

@@ -1,0 +1,71 @@
+"""Checkpoints: written atomically, read safely (weights_only), checked against the model in use."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import UserError
+
+REQUIRED = ("model", "optimizer", "step", "epoch", "config")
+
+
+def save(state: dict[str, Any], path: str | Path) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over `path`: a kill at any
+    moment leaves either the old complete file or the new complete file, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused."""
+    path = Path(path)
+    if path.is_dir():  # a run directory
+        path = path / "checkpoints" / "last.pt"
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {path} was refused: it holds more than weights ({first[:160]}); "
+                        "only load checkpoints you trust, written by paratrain") from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {path} is unreadable ({first[:160]}); it is truncated or not a "
+                        "torch checkpoint: use another one") from None
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
+        raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
+                        f"{', '.join(k for k in REQUIRED if not isinstance(state, dict) or k not in state)})")
+    return state
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
+    """Load the checkpoint's weights into `model`, or explain which model the checkpoint is for."""
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError:
+        saved = state["config"].get("model", "?") if isinstance(state.get("config"), dict) else "?"
+        raise UserError(f"checkpoint {path} holds weights of a different model (saved with model "
+                        f"'{saved}'); pass --model {saved} with the same model options") from None

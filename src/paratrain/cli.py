@@ -1,0 +1,171 @@
+"""The command line: the only place that parses flags. `paratrain devices | train | eval`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import config as C
+from .errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"paratrain: error: {message}; see `{self.prog} --help`", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML file of training options (flags override it)")
+    for name, f in C.FIELDS.items():
+        flag = f.metadata.get("flag", "--" + name.replace("_", "-"))
+        helptext = f"{f.metadata['help']} (default: {f.default})"
+        if f.type == "bool":
+            p.add_argument(flag, dest=name, action="store_const", const=not f.default, default=None,
+                           help=f.metadata["help"])
+            continue
+        kind = int if "int" in f.type else float if "float" in f.type else str
+        p.add_argument(flag, dest=name, type=kind, default=None, choices=f.metadata.get("choices"),
+                       help=helptext, metavar=None if "choices" in f.metadata else name.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="paratrain", description="Data-parallel training of classic image classifiers.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    dev = sub.add_parser("devices", help="show the CPU, GPUs, backend, and what --devices auto means")
+    dev.add_argument("--json", action="store_true", help="print JSON")
+    train = sub.add_parser("train", help="train a model with data parallelism on the local devices")
+    _add_train_flags(train)
+    ev = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
+    ev.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
+    ev.add_argument("--dataset", choices=C.DATASETS, help="default: the checkpoint's dataset")
+    ev.add_argument("--data-dir", help="default: the checkpoint's")
+    ev.add_argument("--no-download", dest="download", action="store_false", default=None)
+    ev.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
+    """dataclass defaults <- the resumed run's config <- --config YAML <- flags."""
+    base = C.TrainConfig()
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise UserError(f"--resume {args.resume}: no config.yaml there; pass the directory of a paratrain run")
+        base = C.from_dict(C.load_yaml(saved))
+    values: dict[str, Any] = {}
+    if args.config:
+        values.update(C.load_yaml(args.config))
+    values.update({name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None})
+    cfg = C.from_dict(values, base)
+    if cfg.resume:
+        cfg = cfg.replace(out=cfg.resume)
+    elif not cfg.out:
+        cfg = cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    return C.validate(cfg)
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from . import devices
+
+    info = devices.describe()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    cpu = info["cpu"]
+    print(f"CPU: {cpu['model']}, {cpu['cores']} cores, {cpu['memory_gib']} GiB")
+    for g in info["gpus"]:
+        print(f"GPU {g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['compute_capability']}")
+    if not info["gpus"]:
+        print("GPUs: none visible to CUDA")
+    print(f"backend: {info['backend']}; --devices auto = {info['auto_devices']} {info['auto_accelerator']} "
+          f"worker(s) x {info['threads_per_worker']} thread(s); torch {info['torch_version']}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from . import checkpoint, devices, launch
+    from .data import load_dataset
+    from .models import REGISTRY
+
+    cfg = resolve_config(args)
+    if launch.under_torchrun():
+        rank, world_size, _ = launch.torchrun_ranks()
+        plan = devices.resolve(cfg.accelerator, "auto", cfg.threads_per_worker)
+        plan = devices.Plan(plan.accelerator, world_size, plan.threads_per_worker, plan.backend)
+        is_main = rank == 0
+    else:
+        plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker)
+        is_main = True
+    if cfg.batch_size % plan.workers:
+        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} workers; "
+                        f"use a multiple of {plan.workers}")
+    resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
+    if resume is not None and resume["config"].get("model") != cfg.model:
+        raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "
+                        f"not '{cfg.model}'; resume with --model {resume['config'].get('model')}")
+    channels = 3 if cfg.model == "cifar10-net" else 1  # shapes only the synthetic dataset
+    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, channels)
+    if cfg.model not in REGISTRY:
+        raise UserError(f"unknown model '{cfg.model}'")
+    if is_main:
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
+        if not cfg.quiet:
+            print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
+                  f"{plan.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
+                  flush=True)
+    summary = launch.run(cfg, plan, data, resume)
+    if summary is not None:
+        print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
+              f"examples/sec {summary['examples_per_sec']:.0f}  train_time {summary['train_time_s']:.1f}s  "
+              f"steps {summary['steps']}  -> {cfg.out}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from . import checkpoint, devices, dist
+    from .data import load_dataset
+    from .data.transforms import Normalize
+    from .models import input_size
+    from .train import evaluate, make_model
+
+    state = checkpoint.load(args.checkpoint)
+    cfg = C.from_dict(state["config"])
+    overrides = {"dataset": args.dataset, "data_dir": args.data_dir, "download": args.download}
+    cfg = C.validate(cfg.replace(**{k: v for k, v in overrides.items() if v is not None}))
+    plan = devices.resolve(args.accelerator, "1", None)
+    channels = 3 if cfg.model == "cifar10-net" else 1
+    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, channels)
+    model = make_model(cfg, data)
+    checkpoint.load_weights(model, state, args.checkpoint)
+    ctx = dist.init(0, 1, 0, plan.accelerator)
+    data = data.to(ctx.device)
+    prep = Normalize(data.mean, data.std, input_size(cfg.model, data.image_size), ctx.device)
+    acc, loss = evaluate(model.to(ctx.device), data.test, prep, ctx, cfg.eval_batch_size)
+    print(f"test_accuracy {acc:.4f}  test_loss {loss:.4f}  ({len(data.test[1])} {cfg.dataset} test images, "
+          f"{cfg.model}, step {state['step']})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval}
+    try:
+        return commands[args.command](args)
+    except UserError as e:
+        print(f"paratrain: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("paratrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

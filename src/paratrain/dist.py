@@ -1,0 +1,67 @@
+"""The distributed state, as one explicit object passed around (no globals), and its collectives."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None  # None: a single worker with no process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    def print0(self, *args: object, file=None) -> None:  # noqa: ANN001
+        if self.is_main:
+            print(*args, file=file or sys.stdout, flush=True)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over all workers, in place; a no-op for a single worker."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that a clock read afterwards measures it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def device_for(accelerator: str, local_rank: int) -> torch.device:
+    if accelerator == "gpu":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init(rank: int, world_size: int, local_rank: int, accelerator: str, init_method: str | None = None,
+         timeout_s: float = 300.0) -> DistContext:
+    """Join (or, for one worker, skip) the process group; init_method None means torchrun's env://."""
+    device = device_for(accelerator, local_rank)
+    if world_size == 1:
+        return DistContext(0, 1, 0, device, None)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+    return DistContext(rank, world_size, local_rank, device, backend)
+
+
+def teardown(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()

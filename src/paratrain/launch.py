@@ -1,0 +1,151 @@
+"""Start the workers: spawn them on this machine, or join the group torchrun made.
+
+This is the only module that reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from . import dist
+from .config import TrainConfig
+from .data import Splits
+from .devices import Plan
+from .errors import UserError
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
+def torchrun_ranks() -> tuple[int, int, int]:
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+
+
+def tune_malloc() -> None:
+    """Keep freed activation buffers in the heap instead of returning them to the kernel.
+
+    With glibc's defaults, every large batch-sized buffer is mmap'd and unmapped each step; at batch
+    512 that cost 20-50% of CPU time in page faults on the build machine (DESIGN.md). mallopt does at
+    run time what GLIBC_TUNABLES would do at start-up, so it also works in this very process.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, ...): nothing to tune
+        return
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's ceiling for this knob on 64-bit
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    libc.mallopt(M_TOP_PAD, 256 * 2**20)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _set_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)  # the loop issues one op at a time; spare threads only contend
+    except RuntimeError:  # already set in this process (in-process runs, tests)
+        pass
+
+
+def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: TrainConfig, data: Splits,
+            resume: dict[str, Any] | None, result_queue: Any) -> None:
+    """Entry point of a spawned worker: a UserError becomes one line on stderr and its exit code."""
+    tune_malloc()
+    _set_threads(plan.threads_per_worker)
+    ctx = None
+    try:
+        ctx = dist.init(rank, world_size, rank, plan.accelerator, init_method)
+        from .train import fit
+
+        summary = fit(ctx, cfg, data, resume, devices=describe_devices(plan))
+        if summary is not None:
+            result_queue.put(summary)
+    except UserError as e:
+        if rank == 0:  # every worker meets the same input; one line is enough
+            print(f"paratrain: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        if ctx is not None:
+            dist.teardown(ctx)
+
+
+def describe_devices(plan: Plan) -> list[str]:
+    if plan.accelerator == "gpu":
+        return [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(plan.workers)]
+    return [f"cpu ({plan.threads_per_worker} thread{'s' if plan.threads_per_worker > 1 else ''})"] * plan.workers
+
+
+def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks)."""
+    from .train import fit
+
+    if under_torchrun():
+        rank, world_size, local_rank = torchrun_ranks()
+        tune_malloc()
+        _set_threads(plan.threads_per_worker)
+        ctx = dist.init(rank, world_size, local_rank, plan.accelerator, None)
+        try:
+            return fit(ctx, cfg, data, resume, devices=None)
+        finally:
+            dist.teardown(ctx)
+    if plan.workers == 1:
+        tune_malloc()
+        _set_threads(plan.threads_per_worker)
+        ctx = dist.init(0, 1, 0, plan.accelerator)
+        return fit(ctx, cfg, data, resume, devices=describe_devices(plan))
+    return _spawn(cfg, plan, data, resume)
+
+
+def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None) -> dict[str, Any]:
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    smp = mp.get_context("spawn")
+    results = smp.SimpleQueue()
+    # The dataset tensors travel to the workers through shared memory: loaded and checked once, here.
+    context = mp.start_processes(_worker, args=(plan.workers, init_method, plan, cfg, data, resume, results),
+                                 nprocs=plan.workers, join=False, start_method="spawn")
+    try:
+        while not context.join(timeout=0.5, grace_period=5):
+            pass
+    except mp.ProcessExitedException as e:
+        if e.exit_code in (2, 3, 130):  # the worker already printed its one-line message
+            raise SystemExit(e.exit_code) from None
+        raise UserError(f"worker {e.error_index} died ({e.msg}); the run stopped, see the lines above",
+                        code=1) from None
+    except KeyboardInterrupt:
+        _stop(context.processes)
+        raise
+    if results.empty():
+        raise UserError("the workers finished without a summary; see the lines above", code=1)
+    return results.get()
+
+
+def _stop(processes: list) -> None:
+    """Ctrl-C: ask every worker to stop, then make sure it did, so no process outlives the run."""
+    for p in processes:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGINT)
+    for p in processes:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
