@@ -1,0 +1,148 @@
+"""The IDX (MNIST) and CIFAR-10 readers on the real files and on broken ones."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from paratrain.data import cifar10, load_dataset, mnist
+from paratrain.errors import UserError
+
+
+def _idx(path: Path, array: np.ndarray, magic: bytes | None = None) -> Path:
+    header = magic or bytes([0, 0, 8, array.ndim])
+    header += b"".join(d.to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+    return path
+
+
+def test_real_mnist(mnist_dir: Path) -> None:
+    data = load_dataset("mnist", str(mnist_dir), download=False)
+    assert [len(p[1]) for p in (data.train, data.val, data.test)] == [55_000, 5_000, 10_000]
+    assert data.train[0].shape[1:] == (1, 28, 28) and data.train[0].dtype == torch.uint8
+    assert torch.bincount(data.test[1]).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+def test_real_cifar10_binary(cifar_dir: Path) -> None:
+    data = load_dataset("cifar10", str(cifar_dir), download=False, val_size=0)
+    assert len(data.train[1]) == 50_000 and len(data.test[1]) == 10_000
+    assert torch.bincount(data.train[1]).tolist() == [5_000] * 10
+    mean = data.train[0].float().mean(dim=(0, 2, 3)) / 255
+    assert torch.allclose(mean, torch.tensor(cifar10.MEAN), atol=1e-3)
+
+
+def test_idx_round_trip_plain_and_gz(tmp_path: Path) -> None:
+    images = np.arange(2 * 3 * 4).reshape(2, 3, 4)
+    plain = _idx(tmp_path / "x-idx3-ubyte", images)
+    assert torch.equal(mnist.read_idx(plain, 3), torch.as_tensor(images, dtype=torch.uint8))
+    gz = tmp_path / "x-idx3-ubyte.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    assert torch.equal(mnist.read_idx(gz, 3), mnist.read_idx(plain, 3))
+
+
+def test_idx_wrong_magic(tmp_path: Path) -> None:
+    path = _idx(tmp_path / "bad", np.zeros((2, 2, 2)), magic=b"\x00\x00\x0d\x03")
+    with pytest.raises(UserError, match="wrong magic"):
+        mnist.read_idx(path, 3)
+
+
+def test_idx_truncated(tmp_path: Path) -> None:
+    path = _idx(tmp_path / "short", np.zeros((4, 28, 28)))
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(UserError, match=r"short has .* bytes but its header promises"):
+        mnist.read_idx(path, 3)
+
+
+def test_corrupt_gzip(tmp_path: Path) -> None:
+    path = tmp_path / "t10k-labels-idx1-ubyte.gz"
+    blob = gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 100]) + bytes(100))
+    path.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(UserError, match="corrupt or truncated"):
+        mnist.read_idx(path, 1)
+
+
+def test_mnist_missing_files_named(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="t10k-images-idx3-ubyte, .*not found in"):
+        load_dataset("mnist", str(tmp_path), download=False)
+
+
+def test_mnist_truncated_real_file_named(mnist_dir: Path, tmp_path: Path) -> None:
+    for name in mnist.FILES.values():
+        shutil.copy(mnist_dir / f"{name}.gz", tmp_path)
+    labels = tmp_path / "train-labels-idx1-ubyte.gz"
+    labels.write_bytes(labels.read_bytes()[:5000])
+    with pytest.raises(UserError, match="train-labels-idx1-ubyte.gz is corrupt or truncated"):
+        load_dataset("mnist", str(tmp_path), download=False)
+
+
+def _cifar_records(n: int, label: int = 3) -> bytes:
+    records = np.zeros((n, cifar10.RECORD), dtype=np.uint8)
+    records[:, 0] = label
+    records[:, 1:1025] = 200  # red plane
+    return records.tobytes()
+
+
+def test_cifar_binary_layout(tmp_path: Path) -> None:
+    path = tmp_path / "data_batch_1.bin"
+    path.write_bytes(_cifar_records(3))
+    images, labels = cifar10.read_binary(path)
+    assert images.shape == (3, 3, 32, 32) and labels.tolist() == [3, 3, 3]
+    assert images[:, 0].eq(200).all() and images[:, 1:].eq(0).all()  # channel planes in R, G, B order
+
+
+def test_cifar_binary_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "data_batch_1.bin.gz"
+    path.write_bytes(gzip.compress(_cifar_records(3)[:-7]))
+    with pytest.raises(UserError, match="not a whole number of 3073-byte"):
+        cifar10.read_binary(path)
+
+
+def test_cifar_binary_bad_label(tmp_path: Path) -> None:
+    path = tmp_path / "test_batch.bin"
+    path.write_bytes(_cifar_records(2, label=42))
+    with pytest.raises(UserError, match="label above 9"):
+        cifar10.read_binary(path)
+
+
+def _python_batches(folder: Path, n: int = 4) -> None:
+    folder.mkdir()
+    for name in [*cifar10.TRAIN_BATCHES, "test_batch"]:
+        batch = {"data": np.full((n, 3072), 7, dtype=np.uint8), "labels": list(range(n))}
+        (folder / name).write_bytes(pickle.dumps(batch))
+
+
+def test_cifar_python_version(tmp_path: Path) -> None:
+    _python_batches(tmp_path / "cifar-10-batches-py")
+    data = load_dataset("cifar10", str(tmp_path), download=False, val_size=2)
+    assert len(data.train[1]) == 18 and len(data.val[1]) == 2 and len(data.test[1]) == 4
+    assert data.test[0].shape == (4, 3, 32, 32) and data.test[0].eq(7).all()
+
+
+class _Evil:
+    def __reduce__(self):  # noqa: ANN204
+        return (print, ("code ran",))
+
+
+def test_cifar_python_pickle_with_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(pickle.dumps({"data": _Evil(), "labels": [0]}))
+    with pytest.raises(UserError, match="refusing to load builtins.print"):
+        cifar10.read_python(path)
+
+
+def test_cifar_missing(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="CIFAR-10 batches .* not found"):
+        load_dataset("cifar10", str(tmp_path), download=False)
+
+
+def test_digits_embedded() -> None:
+    data = load_dataset("digits")
+    assert data.train[0].shape[1:] == (1, 28, 28)
+    assert sum(len(p[1]) for p in (data.train, data.val, data.test)) == 1797
+    assert data.image_size == 28 and data.num_classes == 10

@@ -1,0 +1,87 @@
+"""End-to-end: `paratrain train` as a user runs it, in fresh processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import max_abs_diff, run_cli, train, weights
+
+SUMMARY_KEYS = {"model", "dataset", "strategy", "world_size", "global_batch_size", "steps", "epochs",
+                "train_time_s", "examples_per_sec", "test_accuracy", "test_loss", "val_accuracy", "seed",
+                "torch_version", "devices"}
+
+
+def test_main_command_trains_digits_to_95_percent(tmp_path: Path) -> None:
+    """The README's main command with its defaults: 2 CPU workers here, offline."""
+    run = tmp_path / "run"
+    proc = run_cli("train", "--out", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["test_accuracy"] >= 0.95
+    assert summary["model"] == "lenet5" and summary["dataset"] == "digits"
+    assert summary["examples_per_sec"] > 0 and 0 < summary["train_time_s"]
+    assert "test_accuracy" in proc.stdout and "val_accuracy" in proc.stdout  # final line and epoch lines
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    epochs = [r for r in records if "val_accuracy" in r]
+    assert steps and {"step", "epoch", "loss", "train_accuracy", "examples_per_sec", "lr", "time_s"} <= steps[0].keys()
+    assert len(epochs) == summary["epochs"]
+    assert {"epoch", "val_accuracy", "val_loss", "epoch_time_s"} <= epochs[-1].keys()
+
+    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert {"model", "optimizer", "step", "epoch", "config"} <= ckpt.keys()
+    assert ckpt["step"] == summary["steps"] and ckpt["config"]["model"] == "lenet5"
+    assert yaml.safe_load((run / "config.yaml").read_text())["batch_size"] == summary["global_batch_size"]
+
+
+def test_two_workers_equal_one_on_digits(tmp_path: Path) -> None:
+    args = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
+    one = train(tmp_path / "one", *args, "--devices", "1")
+    two = train(tmp_path / "two", *args, "--devices", "2")
+    assert one["world_size"] == 1 and two["world_size"] == 2 and two["strategy"] == "ddp"
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-4
+    assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=1 / 359)
+
+
+def test_two_workers_equal_one_on_mnist(tmp_path: Path, mnist_dir: Path) -> None:
+    """The core promise: 20 SGD steps of LeNet-5 on MNIST, same seed and global batch."""
+    args = ("--dataset", "mnist", "--data-dir", str(mnist_dir), "--steps", "20", "--optimizer", "sgd",
+            "--lr", "0.05", "--batch-size", "256")
+    train(tmp_path / "one", *args, "--devices", "1")
+    train(tmp_path / "two", *args, "--devices", "2")
+    diff = max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two"))
+    assert diff < 1e-4
+    # ...and the test can fail: a different data order moves the weights far more than that.
+    train(tmp_path / "other", *args, "--devices", "1", "--seed", "1")
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "other")) > 1e-2
+
+
+def test_mnist_two_workers_two_epochs_reach_98_percent(tmp_path: Path, mnist_dir: Path) -> None:
+    summary = train(tmp_path / "run", "--dataset", "mnist", "--data-dir", str(mnist_dir), "--devices", "2",
+                    "--epochs", "2", "--batch-size", "128")
+    assert summary["world_size"] == 2 and summary["epochs"] == 2
+    assert summary["test_accuracy"] >= 0.98
+
+
+def test_eval_reports_the_summary_accuracy(tmp_path: Path) -> None:
+    summary = train(tmp_path / "run", "--steps", "30", "--devices", "1")
+    proc = run_cli("eval", "--checkpoint", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"test_accuracy {summary['test_accuracy']:.4f}" in proc.stdout
+
+
+def test_resume_continues_to_the_same_weights(tmp_path: Path) -> None:
+    """A run stopped after 15 steps and resumed to 40 ends where a 40-step run ends."""
+    args = ("--devices", "1", "--seed", "3", "--dropout", "0.3", "--model", "mnist-net")
+    train(tmp_path / "whole", *args, "--steps", "40")
+    train(tmp_path / "part", *args, "--steps", "15")
+    proc = run_cli("train", "--quiet", "--resume", str(tmp_path / "part"), "--steps", "40")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "part" / "summary.json").read_text())["steps"] == 40
+    assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / "part")) < 1e-6
