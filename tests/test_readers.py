@@ -146,3 +146,13 @@ def test_digits_embedded() -> None:
     assert data.train[0].shape[1:] == (1, 28, 28)
     assert sum(len(p[1]) for p in (data.train, data.val, data.test)) == 1797
     assert data.image_size == 28 and data.num_classes == 10
+
+
+def test_digits_fast_path_equals_load_digits() -> None:
+    from sklearn.datasets import load_digits
+
+    from paratrain.data import digits
+
+    images, labels = digits._arrays()
+    bunch = load_digits()
+    assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
