@@ -96,10 +96,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = resolve_config(args)
     if launch.under_torchrun():
-        rank, world_size, _ = launch.torchrun_ranks()
-        plan = devices.resolve(cfg.accelerator, "auto", cfg.threads_per_worker)
-        plan = devices.Plan(plan.accelerator, world_size, plan.threads_per_worker, plan.backend)
-        is_main = rank == 0
+        plan = launch.torchrun_plan(cfg.accelerator, cfg.threads_per_worker)
+        is_main = launch.torchrun_ranks()[0] == 0
     else:
         plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker)
         is_main = True

@@ -36,6 +36,12 @@ class DistContext:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
+    def generator(self) -> torch.Generator:
+        """The default generator that dropout on this worker's device draws from."""
+        if self.device.type == "cuda":
+            return torch.cuda.default_generators[self.device.index]
+        return torch.default_generator
+
     def synchronize(self) -> None:
         """Wait for queued device work, so that a clock read afterwards measures it."""
         if self.device.type == "cuda":

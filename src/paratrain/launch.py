@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from . import dist
 from .config import TrainConfig
 from .data import Splits
-from .devices import Plan
+from .devices import Plan, usable_cores
 from .errors import UserError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -30,6 +30,20 @@ def under_torchrun() -> bool:
 
 def torchrun_ranks() -> tuple[int, int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+
+
+def torchrun_plan(accelerator: str, threads_per_worker: int | None) -> Plan:
+    """The plan torchrun imposes: its world size, and this node's cores shared by its local workers."""
+    _, world_size, local_rank = torchrun_ranks()
+    local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    n_gpus = torch.cuda.device_count()
+    if accelerator == "auto":
+        accelerator = "gpu" if n_gpus else "cpu"
+    if accelerator == "gpu" and local_rank >= n_gpus:
+        raise UserError(f"torchrun started {local_workers} workers on this node but it has {n_gpus} GPU(s); "
+                        f"use --nproc-per-node {n_gpus} or --accelerator cpu")
+    threads = threads_per_worker or max(1, usable_cores() // local_workers)
+    return Plan(accelerator, world_size, threads, "nccl" if accelerator == "gpu" else "gloo")
 
 
 def tune_malloc() -> None:

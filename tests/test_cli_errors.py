@@ -1,0 +1,152 @@
+"""Bad input: one line on stderr naming the problem and the fix, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+from paratrain.cli import main
+
+
+def _one_line_error(capsys: pytest.CaptureFixture, code: int, expected: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("paratrain: error:") and expected in err, err
+    assert "Traceback" not in err
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse errors leave through SystemExit
+        return int(e.code)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["train", "--model", "resnet"], "invalid choice: 'resnet'"),
+    (["train", "--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+    (["train", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
+    (["train", "--lr", "0"], "--lr must be a positive number"),
+    (["train", "--lr=-1e-3"], "--lr must be a positive number"),
+    (["train", "--lr", "nan"], "--lr must be a positive number"),
+    (["train", "--lr", "fast"], "invalid float value: 'fast'"),
+    (["train", "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["train", "--epochs", "0"], "--epochs must be at least 1"),
+    (["train", "--steps=-5"], "--steps must be at least 1"),
+    (["train", "--dropout", "1.5"], "--dropout must be in [0, 1)"),
+    (["train", "--devices", "two"], "--devices must be 'auto' or a positive number"),
+    (["train", "--devices", "10000"], "use --devices"),
+    (["train", "--devices", "2", "--batch-size", "63"], "does not split evenly over 2 workers"),
+    (["train", "--devices", "1", "--batch-size", "100000"], "larger than the 1294 training examples"),
+    (["train", "--threads-per-worker", "64", "--devices", "1"], "exceed the"),
+    (["train", "--accelerator", "gpu"] if not torch.cuda.is_available() else ["train", "--devices", "999"],
+     "--accelerator cpu" if not torch.cuda.is_available() else "use --devices"),
+    (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["fly"], "invalid choice: 'fly'"),
+])
+def test_bad_flags(argv: list[str], expected: str, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    _one_line_error(capsys, _main([*argv, "--out", str(tmp_path / "run")] if argv[0] == "train" else argv),
+                    expected)
+
+
+def test_missing_mnist_files(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    code = _main(["train", "--dataset", "mnist", "--data-dir", str(tmp_path), "--no-download"])
+    _one_line_error(capsys, code, "train-images-idx3-ubyte")
+
+
+def test_corrupt_mnist_file(capsys: pytest.CaptureFixture, tmp_path: Path, mnist_dir: Path) -> None:
+    import shutil
+
+    for f in mnist_dir.glob("*-ubyte.gz"):
+        shutil.copy(f, tmp_path)
+    (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8b not really gzip")
+    code = _main(["train", "--dataset", "mnist", "--data-dir", str(tmp_path), "--no-download"])
+    _one_line_error(capsys, code, "t10k-images-idx3-ubyte.gz is corrupt")
+
+
+@pytest.mark.parametrize("yaml_text,expected", [
+    ("learning_rate: 0.1\n", "unknown config key(s): learning_rate"),
+    ("lr: [1, 2]\n", "config key 'lr' has an invalid value"),
+    ("- just\n- a list\n", "must be a mapping"),
+    ("lr: 0.1\n  bad: indent\n", "is not valid YAML"),
+    ("batch_size: 3.5\n", "config key 'batch_size' has an invalid value"),
+])
+def test_bad_yaml(yaml_text: str, expected: str, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text)
+    _one_line_error(capsys, _main(["train", "--config", str(path)]), expected)
+
+
+def test_missing_config_file(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    _one_line_error(capsys, _main(["train", "--config", str(tmp_path / "nope.yaml")]), "cannot read config file")
+
+
+def test_unreadable_checkpoint(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"this is not a checkpoint")
+    _one_line_error(capsys, _main(["eval", "--checkpoint", str(bad)]), "is unreadable")
+
+
+def test_missing_checkpoint(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    _one_line_error(capsys, _main(["eval", "--checkpoint", str(tmp_path / "none.pt")]), "does not exist")
+
+
+def test_checkpoint_that_is_not_paratrains(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    path = tmp_path / "other.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, path)
+    _one_line_error(capsys, _main(["eval", "--checkpoint", str(path)]), "not a paratrain checkpoint")
+
+
+class _Evil:
+    def __reduce__(self):  # noqa: ANN204
+        return (print, ("code ran",))
+
+
+def test_checkpoint_with_code_is_refused(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    path = tmp_path / "evil.pt"
+    torch.save({"model": _Evil(), "optimizer": {}, "step": 0, "epoch": 0, "config": {}}, path)
+    _one_line_error(capsys, _main(["eval", "--checkpoint", str(path)]), "was refused")
+    assert "code ran" not in capsys.readouterr().out
+
+
+def test_checkpoint_of_another_model(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    from paratrain.config import TrainConfig
+    from paratrain.models import build_model
+
+    # A checkpoint whose config claims lenet5 but whose weights are an MLP's.
+    weights = build_model("mlp", 1, 28, 10, width=16, depth=1).state_dict()
+    cfg = TrainConfig(model="lenet5").to_dict()
+    path = tmp_path / "mixed.pt"
+    torch.save({"model": weights, "optimizer": {}, "step": 1, "epoch": 0, "config": cfg}, path)
+    _one_line_error(capsys, _main(["eval", "--checkpoint", str(path)]), "holds weights of a different model")
+
+
+def test_resume_with_another_model(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    from paratrain import checkpoint, config
+    from paratrain.models import build_model
+
+    run = tmp_path / "run"
+    cfg = config.TrainConfig(model="lenet5", out=str(run))
+    run.mkdir()
+    config.save_yaml(cfg, run / "config.yaml")
+    checkpoint.save({"model": build_model("lenet5", 1, 32, 10).state_dict(), "optimizer": {}, "step": 1,
+                     "epoch": 0, "config": cfg.to_dict()}, run / "checkpoints" / "last.pt")
+    _one_line_error(capsys, _main(["train", "--resume", str(run), "--model", "mlp"]),
+                    "is of model 'lenet5', not 'mlp'")
+
+
+def test_resume_of_a_folder_that_is_no_run(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    _one_line_error(capsys, _main(["train", "--resume", str(tmp_path)]), "no config.yaml there")
+
+
+def test_errors_from_a_real_process_have_no_traceback(tmp_path: Path) -> None:
+    """The same promise, seen from a shell: exit status 2 and one line."""
+    proc = run_cli("train", "--batch-size", "0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["paratrain: error: --batch-size must be at least 1, not 0"]
+    proc = run_cli("train", "--devices", "2", "--batch-size", "65", "--out", str(tmp_path / "r"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

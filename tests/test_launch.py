@@ -1,0 +1,79 @@
+"""Launching: torchrun joins instead of spawning; Ctrl-C leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import max_abs_diff, train, weights
+
+ARGS = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
+
+
+def test_torchrun_group_equals_single_device(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "torchrun"), *ARGS],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("test_accuracy") == 1  # only rank 0 reports
+    one = train(tmp_path / "one", *ARGS, "--devices", "1")
+    import json
+
+    summary = json.loads((tmp_path / "torchrun" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["strategy"] == "ddp"
+    assert summary["test_accuracy"] == one["test_accuracy"]
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "torchrun")) < 1e-4
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        p, pp = map(int, line.split())
+        children.setdefault(pp, []).append(p)
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes (its parent may not have reaped it yet)
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "train", "--devices", "2", "--epochs", "1000", "--quiet",
+         "--log-every", "1", "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
+        time.sleep(0.2)
+    assert metrics.exists(), "training never started"
+    workers = _descendants(launcher.pid)
+    assert len(workers) >= 2
+    launcher.send_signal(signal.SIGINT)  # what Ctrl-C sends (here to the launcher alone, the harder case)
+    try:
+        code = launcher.wait(timeout=20)
+    finally:
+        launcher.kill()
+    assert code == 130
+    time.sleep(1)
+    assert [p for p in workers if _alive(p)] == []
+    stderr = launcher.stderr.read()
+    assert "Traceback" not in stderr, stderr
