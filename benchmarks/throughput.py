@@ -4,8 +4,9 @@
 
 Rows (each measured in a fresh process, one after another, never side by side):
   plain-loop        one process, all cores as threads, the whole dataset as in-memory tensors
-  dataloader-loop   the classic examples' way: torchvision per-sample transforms in a DataLoader
-                    (1 loader worker + 1 compute thread: the 2 cores, not oversubscribed)
+  dataloader-loop   the classic examples' way on a CPU (pytorch/examples mnist/main.py): torchvision
+                    per-sample transforms in a DataLoader with its defaults (no loader processes),
+                    all cores as threads
   paratrain N       `paratrain train` with its defaults except --devices N, --steps and --batch-size
 Prints examples/sec (median and spread over repeats) and each row's ratio to plain-loop.
 Run it alone: any other heavy process on the machine ruins the figures.
@@ -83,11 +84,11 @@ def dataloader_loop(data_dir: str | None, steps: int, batch: int) -> float:
     from paratrain.models import build_model
 
     tune_malloc()
-    torch.set_num_threads(1)
+    torch.set_num_threads(os.cpu_count() or 1)
     x_all, y_all = _data(data_dir).train
     tf = transforms.Compose([transforms.Pad(2), transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
     loader = torch.utils.data.DataLoader(_PilDigits(x_all, y_all, tf), batch_size=batch, shuffle=True,
-                                         num_workers=1, drop_last=True, persistent_workers=True)
+                                         drop_last=True)
     model = build_model("lenet5", 1, 32, 10)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     done, t0 = 0, 0.0

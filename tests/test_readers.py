@@ -156,3 +156,19 @@ def test_digits_fast_path_equals_load_digits() -> None:
     images, labels = digits._arrays()
     bunch = load_digits()
     assert np.array_equal(images, bunch.images) and np.array_equal(labels, bunch.target)
+
+
+def test_failed_download_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib.error
+
+    import torchvision
+
+    def offline(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise urllib.error.URLError("no route to host")
+
+    monkeypatch.setattr(torchvision.datasets, "MNIST", offline)
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", offline)
+    with pytest.raises(UserError, match="could not download MNIST .*pass --data-dir"):
+        load_dataset("mnist", str(tmp_path), download=True)
+    with pytest.raises(UserError, match="could not download CIFAR-10 .*pass --data-dir"):
+        load_dataset("cifar10", str(tmp_path), download=True)

@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+
+from paratrain import config
+from paratrain.cli import build_parser, resolve_config
+from paratrain.errors import UserError
+
+
+def _resolve(*argv: str) -> config.TrainConfig:
+    return resolve_config(build_parser().parse_args(["train", *argv]))
+
+
+def test_defaults_depend_on_the_dataset() -> None:
+    assert _resolve("--out", "x").batch_size == 64  # digits: small set, small batches
+    cfg = _resolve("--dataset", "mnist", "--out", "x")
+    assert (cfg.batch_size, cfg.epochs) == (512, 5)
+
+
+def test_flags_override_yaml_which_overrides_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("model: mnist-net\nlr: 0.01\nbatch-size: 100\noptimizer: sgd\n")
+    cfg = _resolve("--config", str(path), "--lr", "0.5", "--out", "x")
+    assert (cfg.model, cfg.lr, cfg.batch_size, cfg.optimizer) == ("mnist-net", 0.5, 100, "sgd")
+
+
+def test_every_field_is_a_flag() -> None:
+    flags = {a.dest for a in build_parser()._subparsers._group_actions[0].choices["train"]._actions}
+    assert set(config.FIELDS) <= flags
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    cfg = _resolve("--model", "mlp", "--width", "64", "--devices", "1", "--out", str(tmp_path / "r"))
+    config.save_yaml(cfg, tmp_path / "c.yaml")
+    assert config.from_dict(config.load_yaml(tmp_path / "c.yaml")) == cfg
+
+
+def test_resume_takes_the_runs_config_and_its_directory(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    config.save_yaml(config.TrainConfig(model="mlp", lr=0.123, out=str(run)), run / "config.yaml")
+    cfg = _resolve("--resume", str(run), "--steps", "99")
+    assert (cfg.model, cfg.lr, cfg.steps, cfg.out) == ("mlp", 0.123, 99, str(run))
+
+
+def test_unknown_key() -> None:
+    with pytest.raises(UserError, match="unknown config key"):
+        config.from_dict({"epochz": 3})

@@ -1,0 +1,38 @@
+import json
+
+import pytest
+import torch
+
+from paratrain import devices
+from paratrain.cli import main
+from paratrain.errors import UserError
+
+
+def test_devices_json(capsys: pytest.CaptureFixture) -> None:
+    assert main(["devices", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["cpu"]["cores"] == devices.usable_cores() >= 1
+    assert len(info["gpus"]) == torch.cuda.device_count()
+    assert info["backend"] == ("nccl" if torch.cuda.is_available() else "gloo")
+    assert info["auto_devices"] * info["threads_per_worker"] <= info["cpu"]["cores"] or info["gpus"]
+
+
+def test_devices_text(capsys: pytest.CaptureFixture) -> None:
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU:" in out and "--devices auto =" in out
+
+
+def test_cpu_plan_never_oversubscribes() -> None:
+    cores = devices.usable_cores()
+    plan = devices.resolve("cpu", "auto", None)
+    assert plan.backend == "gloo" and plan.workers * plan.threads_per_worker <= cores
+    assert devices.resolve("cpu", "1", None).threads_per_worker == cores
+    with pytest.raises(UserError, match="more CPU workers than"):
+        devices.resolve("cpu", str(cores + 1), None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_gpu_asked_without_gpu() -> None:
+    with pytest.raises(UserError, match="no CUDA GPU"):
+        devices.resolve("gpu", "auto", None)

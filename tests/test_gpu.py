@@ -1,0 +1,39 @@
+"""The GPU paths: NCCL data parallelism and the dataset on the device. Skipped without CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import max_abs_diff, train, weights
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+needs_2_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="fewer than 2 CUDA GPUs here")
+
+
+@needs_gpu
+def test_one_gpu_trains_digits(tmp_path: Path) -> None:
+    summary = train(tmp_path / "gpu", "--accelerator", "gpu", "--devices", "1")
+    assert summary["devices"][0].startswith("cuda:0")
+    assert summary["test_accuracy"] >= 0.95
+
+
+@needs_gpu
+def test_gpu_matches_cpu(tmp_path: Path) -> None:
+    """Same seed, same batches: a GPU run and a CPU run differ only by floating-point rounding."""
+    args = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64", "--devices", "1")
+    train(tmp_path / "gpu", *args, "--accelerator", "gpu")
+    train(tmp_path / "cpu", *args, "--accelerator", "cpu")
+    assert max_abs_diff(weights(tmp_path / "gpu"), weights(tmp_path / "cpu")) < 1e-3
+
+
+@needs_2_gpus
+def test_gpus_equal_one_gpu_on_mnist(tmp_path: Path, mnist_dir: Path) -> None:
+    n = torch.cuda.device_count()
+    args = ("--accelerator", "gpu", "--dataset", "mnist", "--data-dir", str(mnist_dir), "--steps", "20",
+            "--optimizer", "sgd", "--lr", "0.05", "--batch-size", str(128 * n))
+    one = train(tmp_path / "one", *args, "--devices", "1")
+    many = train(tmp_path / "many", *args, "--devices", str(n))
+    assert many["world_size"] == n and one["world_size"] == 1
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "many")) < 1e-4
