@@ -71,6 +71,13 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     return C.validate(cfg)
 
 
+def _load_data(cfg: C.TrainConfig):  # noqa: ANN202
+    from .data import load_dataset
+
+    channels = 3 if cfg.model == "cifar10-net" else 1  # shapes only the synthetic dataset
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, channels)
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     from . import devices
 
@@ -91,8 +98,6 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, launch
-    from .data import load_dataset
-    from .models import REGISTRY
 
     cfg = resolve_config(args)
     if launch.under_torchrun():
@@ -108,10 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if resume is not None and resume["config"].get("model") != cfg.model:
         raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "
                         f"not '{cfg.model}'; resume with --model {resume['config'].get('model')}")
-    channels = 3 if cfg.model == "cifar10-net" else 1  # shapes only the synthetic dataset
-    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, channels)
-    if cfg.model not in REGISTRY:
-        raise UserError(f"unknown model '{cfg.model}'")
+    data = _load_data(cfg)
     if is_main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
@@ -129,7 +131,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, dist
-    from .data import load_dataset
     from .data.transforms import Normalize
     from .models import input_size
     from .train import evaluate, make_model
@@ -139,8 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     overrides = {"dataset": args.dataset, "data_dir": args.data_dir, "download": args.download}
     cfg = C.validate(cfg.replace(**{k: v for k, v in overrides.items() if v is not None}))
     plan = devices.resolve(args.accelerator, "1", None)
-    channels = 3 if cfg.model == "cifar10-net" else 1
-    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, channels)
+    data = _load_data(cfg)
     model = make_model(cfg, data)
     checkpoint.load_weights(model, state, args.checkpoint)
     ctx = dist.init(0, 1, 0, plan.accelerator)

@@ -75,8 +75,6 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere."""
     run_dir = Path(cfg.out)
     B, W = cfg.batch_size, ctx.world_size
-    if B % W:
-        raise UserError(f"--batch-size {B} does not split evenly over {W} workers; use a multiple of {W}")
     n_train = len(data.train[1])
     per_epoch = steps_per_epoch(n_train, B)
     if per_epoch == 0:
