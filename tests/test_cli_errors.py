@@ -41,7 +41,7 @@ def _main(argv: list[str]) -> int:
     (["train", "--devices", "two"], "--devices must be 'auto' or a positive number"),
     (["train", "--devices", "10000"], "use --devices"),
     (["train", "--devices", "2", "--batch-size", "63"], "does not split evenly over 2 workers"),
-    (["train", "--devices", "1", "--batch-size", "100000"], "larger than the 1294 training examples"),
+    (["train", "--devices", "1", "--batch-size", "100000"], "more than the 1294 training examples"),
     (["train", "--threads-per-worker", "64", "--devices", "1"], "exceed the"),
     (["train", "--accelerator", "gpu"] if not torch.cuda.is_available() else ["train", "--devices", "999"],
      "--accelerator cpu" if not torch.cuda.is_available() else "use --devices"),

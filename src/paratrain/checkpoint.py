@@ -37,6 +37,25 @@ def save(state: dict[str, Any], path: str | Path) -> None:
         os.close(dir_fd)
 
 
+def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -> Path:
+    """Save `step-NNNNNNNN.pt`, point `last.pt` at it atomically, and keep only the `keep` newest step
+    files (last.pt is a hard link, so it survives the pruning of its step file)."""
+    folder = Path(folder)
+    step_path = folder / f"step-{step:08d}.pt"
+    save(state, step_path)
+    last = folder / "last.pt"
+    tmp = folder / ".last.pt.link"
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(step_path, tmp)
+        os.replace(tmp, last)
+    except OSError:  # a filesystem without hard links: write it again
+        save(state, last)
+    for old in sorted(folder.glob("step-*.pt"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return step_path
+
+
 def load(path: str | Path) -> dict[str, Any]:
     """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused."""
     path = Path(path)

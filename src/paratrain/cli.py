@@ -22,6 +22,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", help="start from a named recipe (see `paratrain recipes`); flags override it")
     p.add_argument("--config", help="YAML file of training options (flags override it)")
     for name, f in C.FIELDS.items():
         flag = f.metadata.get("flag", "--" + name.replace("_", "-"))
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     dev = sub.add_parser("devices", help="show the CPU, GPUs, backend, and what --devices auto means")
     dev.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("recipes", help="list the recipes that `paratrain train --recipe NAME` takes")
     train = sub.add_parser("train", help="train a model with data parallelism on the local devices")
     _add_train_flags(train)
     ev = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
@@ -52,17 +54,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
-    """dataclass defaults <- the resumed run's config <- --config YAML <- flags."""
+    """dataclass defaults <- the resumed run's config or a recipe <- --config YAML <- flags."""
+    from . import recipes
+
     base = C.TrainConfig()
     if args.resume:
         saved = Path(args.resume) / "config.yaml"
         if not saved.is_file():
             raise UserError(f"--resume {args.resume}: no config.yaml there; pass the directory of a paratrain run")
         base = C.from_dict(C.load_yaml(saved))
+    elif args.recipe:
+        base = C.from_dict(recipes.load(args.recipe))
     values: dict[str, Any] = {}
     if args.config:
         values.update(C.load_yaml(args.config))
     values.update({name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None})
+    if "batch_size" in values and "batch_per_worker" not in values:
+        values["batch_per_worker"] = None  # an explicit global batch overrides a per-worker one
     cfg = C.from_dict(values, base)
     if cfg.resume:
         cfg = cfg.replace(out=cfg.resume)
@@ -106,6 +114,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker)
         is_main = True
+    if cfg.batch_per_worker:
+        cfg = cfg.replace(batch_size=cfg.batch_per_worker * plan.workers)
     if cfg.batch_size % plan.workers:
         raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} workers; "
                         f"use a multiple of {plan.workers}")
@@ -131,9 +141,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, dist
-    from .data.transforms import Normalize
-    from .models import input_size
-    from .train import evaluate, make_model
+    from .train import evaluate, make_model, make_pipeline
 
     state = checkpoint.load(args.checkpoint)
     cfg = C.from_dict(state["config"])
@@ -142,19 +150,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     plan = devices.resolve(args.accelerator, "1", None)
     data = _load_data(cfg)
     model = make_model(cfg, data)
-    checkpoint.load_weights(model, state, args.checkpoint)
+    use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
+    checkpoint.load_weights(model, {**state, "model": state["ema_model"]} if use_ema else state, args.checkpoint)
     ctx = dist.init(0, 1, 0, plan.accelerator)
     data = data.to(ctx.device)
-    prep = Normalize(data.mean, data.std, input_size(cfg.model, data.image_size), ctx.device)
-    acc, loss = evaluate(model.to(ctx.device), data.test, prep, ctx, cfg.eval_batch_size)
+    acc, loss = evaluate(model.to(ctx.device), data.test, make_pipeline(cfg, data, ctx.device), ctx,
+                         cfg.eval_batch_size)
     print(f"test_accuracy {acc:.4f}  test_loss {loss:.4f}  ({len(data.test[1])} {cfg.dataset} test images, "
-          f"{cfg.model}, step {state['step']})")
+          f"{cfg.model}{' EMA' if use_ema else ''} weights, step {state['step']})")
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from . import recipes
+
+    for name, line in recipes.available().items():
+        print(f"{name:<18} {line}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval}
+    commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes}
     try:
         return commands[args.command](args)
     except UserError as e:

@@ -18,7 +18,9 @@ from .errors import UserError
 
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp")
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta")
+SCHEDULES = ("constant", "exponential", "step", "cosine")
+PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 
 
@@ -45,19 +47,43 @@ class TrainConfig:
     threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
     # optimisation
     batch_size: int | None = _f(None, "GLOBAL batch size, split evenly across workers (default: per dataset)")
+    batch_per_worker: int | None = _f(None, "batch per worker instead: the global batch is this x workers")
+    accumulate: int = _f(1, "micro-batches of --batch-size per optimizer step (gradient accumulation)")
     eval_batch_size: int = _f(2048, "batch size per worker for evaluation")
     epochs: int | None = _f(None, "training epochs (default: per dataset; --steps overrides it)")
-    steps: int | None = _f(None, "training steps (global batches); overrides --epochs")
+    steps: int | None = _f(None, "training steps (optimizer updates); overrides --epochs")
+    max_time: float | None = _f(None, "stop training after this many seconds, then evaluate and save")
     optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
     lr: float = _f(2e-3, "learning rate")
-    momentum: float = _f(0.9, "SGD momentum")
+    momentum: float = _f(0.9, "SGD/RMSprop momentum")
+    nesterov: bool = _f(False, "SGD: Nesterov momentum", flag="--nesterov")
     weight_decay: float = _f(0.0, "L2 weight decay")
+    clip_grad_norm: float | None = _f(None, "clip the gradients' global L2 norm to this")
+    lr_schedule: str = _f("constant", "learning-rate schedule", choices=SCHEDULES)
+    lr_decay_rate: float = _f(0.1, "exponential/step: multiply the lr by this every decay period")
+    lr_decay_steps: int | None = _f(None, "exponential/step: the decay period in steps")
+    lr_decay_epochs: float | None = _f(None, "exponential/step: the decay period in epochs")
+    lr_staircase: bool = _f(False, "exponential: decay in whole periods (the tutorial's staircase=True)",
+                            flag="--lr-staircase")
+    warmup_steps: int = _f(0, "linear warm-up from 0 to --lr over this many steps")
+    ema: float | None = _f(None, "keep an exponential moving average of the weights with this decay")
+    eval_ema: bool = _f(False, "evaluate (and report) with the averaged weights", flag="--eval-ema")
+    precision: str = _f("32", "32, bf16 (autocast) or 16-mixed (fp16 autocast + GradScaler)", choices=PRECISIONS)
+    # augmentation of training batches, on the device (validation/test use the centre crop)
+    random_crop: bool = _f(False, "random crop to the model's input size", flag="--random-crop")
+    crop_padding: int = _f(0, "zero padding added before the random crop")
+    hflip: bool = _f(False, "random horizontal flips", flag="--hflip")
+    brightness: float = _f(0.0, "random brightness shift in [-b, b] (pixel scale 0..1)")
+    contrast: float = _f(0.0, "random contrast factor in [1-c, 1+c]")
     seed: int = _f(0, "seed of the initial weights, the data order and dropout")
     # run directory, logs, checkpoints
     out: str | None = _f(None, "run directory (default: runs/<model>-<dataset>-<time>)")
     resume: str | None = _f(None, "continue the run in this run directory from its last checkpoint")
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = _f(1, "how many step checkpoints to keep beside last.pt")
     log_every: int = _f(50, "log training loss/accuracy every N steps")
+    histogram_every: int = _f(0, "TensorBoard histograms of weights and gradients every N steps (0: never)")
+    tensorboard: bool = _f(True, "write TensorBoard event files under RUN_DIR/tb", flag="--no-tensorboard")
     quiet: bool = _f(False, "no progress bar or per-epoch lines", flag="--quiet")
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -143,7 +169,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise UserError(msg)
 
     for name, value in (("model", cfg.model), ("dataset", cfg.dataset), ("optimizer", cfg.optimizer),
-                        ("activation", cfg.activation), ("accelerator", cfg.accelerator)):
+                        ("activation", cfg.activation), ("accelerator", cfg.accelerator),
+                        ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision)):
         choices = FIELDS[name].metadata["choices"]
         if value not in choices:
             bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")
@@ -155,15 +182,29 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 "epochs": cfg.epochs, "log_every": cfg.log_every, "width": cfg.width, "depth": cfg.depth}
     if cfg.steps is not None:
         positive["steps"] = cfg.steps
-    if cfg.threads_per_worker is not None:
-        positive["threads_per_worker"] = cfg.threads_per_worker
+    positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints)
+    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps", "lr_decay_epochs", "max_time",
+                 "clip_grad_norm"):
+        if getattr(cfg, name) is not None:
+            positive[name] = getattr(cfg, name)
     for name, value in positive.items():
         if value < 1:
             bad(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     for name, value in (("momentum", cfg.momentum), ("weight_decay", cfg.weight_decay),
-                        ("checkpoint_every", cfg.checkpoint_every), ("val_size", cfg.val_size or 0)):
+                        ("checkpoint_every", cfg.checkpoint_every), ("val_size", cfg.val_size or 0),
+                        ("warmup_steps", cfg.warmup_steps), ("crop_padding", cfg.crop_padding),
+                        ("brightness", cfg.brightness), ("contrast", cfg.contrast),
+                        ("histogram_every", cfg.histogram_every)):
         if value < 0:
             bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
     if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
         bad(f"--dropout must be in [0, 1), not {cfg.dropout}")
+    if cfg.ema is not None and not 0 < cfg.ema < 1:
+        bad(f"--ema must be a decay in (0, 1), such as 0.999; not {cfg.ema}")
+    if cfg.eval_ema and cfg.ema is None:
+        bad("--eval-ema needs --ema DECAY")
+    if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):
+        bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
+    if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
+        bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
     return cfg

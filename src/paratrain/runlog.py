@@ -1,4 +1,4 @@
-"""What rank 0 writes into a run directory: metrics.jsonl, summary.json, and the console lines."""
+"""What rank 0 writes about a run: metrics.jsonl, TensorBoard events, console lines, a progress bar."""
 
 from __future__ import annotations
 
@@ -7,23 +7,36 @@ import math
 from pathlib import Path
 from typing import Any
 
+from torch import nn
 from tqdm import tqdm
+
+from .config import TrainConfig
+
+
+def _clean(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
 
 
 class RunLog:
-    """JSON-lines metrics and an optional progress bar; every method is a no-op off rank 0."""
+    """Every method is a no-op off rank 0, so the loop can call them unconditionally."""
 
-    def __init__(self, run_dir: Path, active: bool, quiet: bool, total_steps: int, start_step: int) -> None:
+    def __init__(self, run_dir: Path, active: bool, cfg: TrainConfig, total_steps: int, start_step: int) -> None:
         self.active = active
-        self.quiet = quiet
+        self.quiet = cfg.quiet
+        self.total_steps = total_steps
         self.path = run_dir / "metrics.jsonl"
         self.bar = None
+        self.tb = None
         if not active:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         self._truncate_after(start_step)
         self.file = open(self.path, "a")  # noqa: SIM115 (closed in close())
-        if not quiet:
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imported only where it is used: ~1 s
+
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+        if not cfg.quiet:
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                             mininterval=0.5)
 
@@ -35,29 +48,59 @@ class RunLog:
                 if line.strip() and json.loads(line).get("step", 0) <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
 
-    def record(self, **fields: Any) -> None:
-        if self.active:
-            clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
-            self.file.write(json.dumps(clean) + "\n")
-            self.file.flush()
-
-    def advance(self, steps: int = 1, **postfix: float) -> None:
-        if self.bar is not None:
-            self.bar.update(steps)
-            if postfix:
-                self.bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+    def _write(self, fields: dict[str, Any]) -> None:
+        self.file.write(json.dumps(_clean(fields)) + "\n")
+        self.file.flush()
 
     def say(self, line: str) -> None:
         """A console line that does not break the progress bar."""
         if self.active and not self.quiet:
             tqdm.write(line)
 
+    def step(self, *, step: int, sec_per_batch: float, **fields: Any) -> None:
+        """The tutorials' per-step line: step, loss, training accuracy, examples/sec, sec/batch."""
+        if not self.active:
+            return
+        self._write({"step": step, **fields})
+        self.say(f"step {step}/{self.total_steps}  loss {fields['loss']:.4f}  train_accuracy "
+                 f"{fields['train_accuracy']:.4f}  {fields['examples_per_sec']:,.0f} examples/sec  "
+                 f"{sec_per_batch:.3f} sec/batch  lr {fields['lr']:.3g}")
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{fields['loss']:.4g}", acc=f"{fields['train_accuracy']:.4f}", refresh=False)
+        if self.tb is not None:
+            for key in ("loss", "train_accuracy", "lr", "examples_per_sec"):
+                self.tb.add_scalar(f"train/{key}", fields[key], step)
+
+    def epoch(self, *, step: int, epoch: int, epochs: int, **fields: Any) -> None:
+        if not self.active:
+            return
+        self._write({"step": step, "epoch": epoch, **fields})
+        self.say(f"epoch {epoch}/{epochs}  val_accuracy {fields['val_accuracy']:.4f}  "
+                 f"val_loss {fields['val_loss']:.4f}  {fields['epoch_time_s']:.2f}s")
+        if self.tb is not None and math.isfinite(fields["val_accuracy"]):
+            self.tb.add_scalar("val/accuracy", fields["val_accuracy"], step)
+            self.tb.add_scalar("val/loss", fields["val_loss"], step)
+
+    def histograms(self, step: int, model: nn.Module) -> None:
+        if self.tb is None:
+            return
+        for name, p in model.named_parameters():
+            self.tb.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
+            if p.grad is not None:
+                self.tb.add_histogram(f"gradients/{name}", p.grad.detach().float().cpu(), step)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
     def close(self) -> None:
-        if self.active:
+        if self.active and not self.file.closed:
             if self.bar is not None:
                 self.bar.close()
+            if self.tb is not None:
+                self.tb.close()
             self.file.close()
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -10,16 +11,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 
 from . import checkpoint, strategies
 from .config import TrainConfig
 from .data import Splits
 from .data.sharding import epoch_permutation, eval_range, global_batch, steps_per_epoch, worker_part
-from .data.transforms import Normalize
+from .data.transforms import Augment, BatchPipeline
 from .dist import DistContext
 from .errors import UserError
 from .models import build_model, input_size
+from .optim import make_optimizer, make_scheduler
 from .runlog import RunLog, write_summary
+
+AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def make_model(cfg: TrainConfig, data: Splits) -> nn.Module:
@@ -27,20 +32,37 @@ def make_model(cfg: TrainConfig, data: Splits) -> nn.Module:
                        width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout)
 
 
-def make_optimizer(cfg: TrainConfig, params) -> torch.optim.Optimizer:  # noqa: ANN001
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+def make_pipeline(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline:
+    augment = Augment(cfg.random_crop, cfg.crop_padding, cfg.hflip, cfg.brightness, cfg.contrast)
+    return BatchPipeline(data.mean, data.std, input_size(cfg.model, data.image_size), device, augment)
+
+
+def ema_decay(decay: float, num_updates: int) -> float:
+    """TensorFlow's ExponentialMovingAverage(decay, num_updates), as the CIFAR-10 tutorial uses it: the
+    decay ramps up as min(decay, (1 + n) / (10 + n)), so a young average is not stuck at the start."""
+    return min(decay, (1 + num_updates) / (10 + num_updates))
+
+
+def make_ema(model: nn.Module, decay: float) -> AveragedModel:
+    """ema <- d * ema + (1 - d) * weights after every update, d = ema_decay(decay, updates so far);
+    the first update copies the weights."""
+
+    @torch.no_grad()
+    def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
+        d = ema_decay(decay, int(num_averaged))
+        torch._foreach_lerp_(averaged, current, 1 - d)
+
+    return AveragedModel(model, multi_avg_fn=update, use_buffers=True)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
-    """The seed of one worker's randomness (dropout) at one step: a pure function, so a resumed run
-    draws exactly what an uninterrupted one would, and workers draw different masks."""
+    """The seed of one worker's randomness (dropout, augmentation) at one step: a pure function, so a
+    resumed run draws exactly what an uninterrupted one would, and workers draw differently."""
     return ((seed * 1_000_003 + step) * 4099 + rank) % (2**63)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: Normalize, ctx: DistContext,
+def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
              batch_size: int) -> tuple[float, float]:
     """Accuracy and mean loss over the whole set: each worker takes a contiguous, unpadded share and
     the sums are all-reduced, so the figures are exactly those of the full set."""
@@ -51,7 +73,7 @@ def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: No
     model.eval()
     for start in range(share.start, share.stop, batch_size):
         stop = min(start + batch_size, share.stop)
-        logits = model(prep(x_all[start:stop]))
+        logits = model(prep.eval(x_all[start:stop]))
         y = y_all[start:stop]
         sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
         sums[1] += (logits.argmax(1) == y).sum()
@@ -63,105 +85,165 @@ def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: No
     return correct / count, loss_sum / count
 
 
-def _state(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-           epoch: int) -> dict[str, Any]:
-    cpu = {k: v.detach().cpu() for k, v in strategies.unwrap(model).state_dict().items()}
-    return {"model": cpu, "optimizer": optimizer.state_dict(), "step": step, "epoch": epoch,
-            "config": cfg.to_dict()}
+def _state(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any,
+           ema: AveragedModel | None, step: int, epoch: int) -> dict[str, Any]:
+    def cpu(module: nn.Module) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+
+    state = {"model": cpu(strategies.unwrap(model)), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step, "epoch": epoch,
+             "config": cfg.to_dict()}
+    if ema is not None:
+        state["ema_model"] = cpu(ema.module)
+        state["ema_n_averaged"] = int(ema.n_averaged)
+    return state
 
 
 def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
         devices: list[str] | None = None) -> dict[str, Any] | None:
     """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere."""
     run_dir = Path(cfg.out)
-    B, W = cfg.batch_size, ctx.world_size
+    B, W, acc = cfg.batch_size, ctx.world_size, cfg.accumulate
     n_train = len(data.train[1])
-    per_epoch = steps_per_epoch(n_train, B)
+    per_epoch = steps_per_epoch(n_train, B * acc)  # optimizer updates per epoch
     if per_epoch == 0:
-        raise UserError(f"--batch-size {B} is larger than the {n_train} training examples; lower it")
+        raise UserError(f"--batch-size {B} x --accumulate {acc} is more than the {n_train} training examples; "
+                        "lower them")
     total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     epochs = math.ceil(total_steps / per_epoch)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
     model = make_model(cfg, data).to(ctx.device)
     optimizer = make_optimizer(cfg, model.parameters())
+    scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "16-mixed")
+    ema = make_ema(model, cfg.ema) if cfg.ema else None
     step = 0
     if resume is not None:
         checkpoint.load_weights(model, resume, cfg.resume)
         optimizer.load_state_dict(resume["optimizer"])
+        scheduler.load_state_dict(resume.get("scheduler", {"last_epoch": resume["step"]}))
+        scaler.load_state_dict(resume.get("scaler", {}))
+        if ema is not None and "ema_model" in resume:
+            ema.module.load_state_dict(resume["ema_model"])
+            ema.n_averaged.fill_(resume["ema_n_averaged"])
         step = int(resume["step"])
     model = strategies.wrap(model, ctx)
+    raw = strategies.unwrap(model)
     data = data.to(ctx.device)
-    prep = Normalize(data.mean, data.std, input_size(cfg.model, data.image_size), ctx.device)
+    pipe = make_pipeline(cfg, data, ctx.device)
     train_x, train_y = data.train
-    log = RunLog(run_dir, ctx.is_main, cfg.quiet, total_steps, step)
-    ckpt_path = run_dir / "checkpoints" / "last.pt"
+    log = RunLog(run_dir, ctx.is_main, cfg, total_steps, step)
+    ckpt_dir = run_dir / "checkpoints"
+    autocast_dtype = AUTOCAST[cfg.precision]
 
+    def autocast() -> contextlib.AbstractContextManager:
+        if autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(ctx.device.type, dtype=autocast_dtype)
+
+    def checkpoint_now(epoch: int) -> None:
+        if ctx.is_main:
+            state = _state(cfg, model, optimizer, scheduler, scaler, ema, step, epoch)
+            checkpoint.save_step(state, ckpt_dir, step, cfg.keep_checkpoints)
+
+    generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
     train_time = 0.0
     steps_run = 0
-    val_acc = val_loss = math.nan
+    stopped_by_time = False
+    val = (math.nan, math.nan)
     window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
-    t_window = time.perf_counter()
-    generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
+    t_start = t_window = time.perf_counter()
     model.train()
     for epoch in range(step // per_epoch, epochs):
         perm = epoch_permutation(n_train, cfg.seed, epoch).to(ctx.device)
         ctx.synchronize()
         t_epoch = time.perf_counter()
         for i in range(step - epoch * per_epoch, min(per_epoch, total_steps - epoch * per_epoch)):
-            idx = worker_part(global_batch(perm, i, B), ctx.rank, W)
-            x, y = prep(train_x[idx]), train_y[idx]
             generator.manual_seed(step_seed(cfg.seed, step, ctx.rank))
-            logits = model(x)
-            loss = F.cross_entropy(logits, y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+            for k in range(acc):  # micro-batches; DDP all-reduces only on the last backward
+                idx = worker_part(global_batch(perm, i * acc + k, B), ctx.rank, W)
+                x, y = pipe.train(train_x[idx], generator), train_y[idx]
+                no_sync = model.no_sync() if ctx.distributed and k < acc - 1 else contextlib.nullcontext()
+                with no_sync:
+                    with autocast():
+                        logits = model(x)
+                    loss = F.cross_entropy(logits.float(), y)
+                    scaler.scale(loss / acc).backward()
+                step_loss += loss.detach().double()
+                # Accumulate on the device; read back only at log steps (an .item() per batch stalls a GPU).
+                window[0] += loss.detach().double() * len(y)
+                window[1] += (logits.detach().argmax(1) == y).sum()
+                window[2] += len(y)
+            # One tiny all-reduce per update: every worker learns, before updating, whether any loss is
+            # non-finite and whether rank 0's clock ran out, so they all stop at the same step.
+            time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - t_start > cfg.max_time
+            flags = torch.stack([step_loss / acc, torch.tensor(float(time_up), device=ctx.device,
+                                                               dtype=torch.float64)])
+            mean_loss, stop = (ctx.all_reduce_sum(flags) / torch.tensor([W, 1], device=ctx.device)).tolist()
+            if not math.isfinite(mean_loss):
+                log.close()
+                raise UserError(f"the loss became {mean_loss} at step {step + 1}; stopped before updating. "
+                                f"Lower --lr; the last good checkpoint is kept in {ckpt_dir}", code=3)
+            if cfg.clip_grad_norm:
+                scaler.unscale_(optimizer)
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            if ema is not None:
+                ema.update_parameters(raw)
             step += 1
             steps_run += 1
-            # Accumulate on the device; read back only at log steps (a .item() per step would stall a GPU).
-            window[0] += loss.detach().double() * len(y)
-            window[1] += (logits.detach().argmax(1) == y).sum()
-            window[2] += len(y)
-            due_checkpoint = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-            # A checkpoint step is also a check step, so a non-finite loss is caught before it is saved.
-            if step % cfg.log_every == 0 or step == total_steps or due_checkpoint:
+            if cfg.histogram_every and step % cfg.histogram_every == 0:
+                log.histograms(step, raw)
+            optimizer.zero_grad(set_to_none=True)
+            if step % cfg.log_every == 0 or step == total_steps:
                 loss_sum, correct, count = ctx.all_reduce_sum(window).tolist()
                 now = time.perf_counter()
-                mean_loss = loss_sum / count
-                if not math.isfinite(mean_loss):
-                    raise UserError(f"the loss became {mean_loss} at step {step}; lower --lr", code=3)
-                log.record(step=step, epoch=epoch + 1, loss=mean_loss, train_accuracy=correct / count,
-                           examples_per_sec=count / (now - t_window), lr=optimizer.param_groups[0]["lr"],
-                           time_s=now - t_window)
-                log.advance(0, loss=mean_loss, acc=correct / count)
+                log.step(step=step, epoch=epoch + 1, loss=loss_sum / count, train_accuracy=correct / count,
+                         examples_per_sec=count / (now - t_window), lr=optimizer.param_groups[0]["lr"],
+                         time_s=now - t_window, sec_per_batch=(now - t_window) * B * acc / count)
                 window.zero_()
                 t_window = now
-            log.advance(1)
-            if due_checkpoint and ctx.is_main:
-                checkpoint.save(_state(cfg, model, optimizer, step, epoch), ckpt_path)
+            log.advance()
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                checkpoint_now(epoch)
+            if stop:
+                stopped_by_time = True
+                break
         ctx.synchronize()
         epoch_time = time.perf_counter() - t_epoch
         train_time += epoch_time
         if len(data.val[1]):
-            val_acc, val_loss = evaluate(strategies.unwrap(model), data.val, prep, ctx, cfg.eval_batch_size)
-        log.record(step=step, epoch=epoch + 1, val_accuracy=val_acc, val_loss=val_loss, epoch_time_s=epoch_time)
-        log.say(f"epoch {epoch + 1}/{epochs}  val_accuracy {val_acc:.4f}  val_loss {val_loss:.4f}  "
-                f"{epoch_time:.2f}s")
+            val = evaluate(ema.module if cfg.eval_ema else raw, data.val, pipe, ctx, cfg.eval_batch_size)
+        log.epoch(step=step, epoch=epoch + 1, epochs=epochs, val_accuracy=val[0], val_loss=val[1],
+                  epoch_time_s=epoch_time)
         t_window = time.perf_counter()  # evaluation is not training time
+        if stopped_by_time:
+            break
 
-    test_acc, test_loss = evaluate(strategies.unwrap(model), data.test, prep, ctx, cfg.eval_batch_size)
+    test = evaluate(raw, data.test, pipe, ctx, cfg.eval_batch_size)
+    test_ema = evaluate(ema.module, data.test, pipe, ctx, cfg.eval_batch_size) if ema is not None else None
+    checkpoint_now(epochs)
     log.close()
     if not ctx.is_main:
         return None
-    checkpoint.save(_state(cfg, model, optimizer, step, epochs), ckpt_path)
+    reported = test_ema if cfg.eval_ema else test
+
+    def finite(v: float) -> float | None:
+        return v if math.isfinite(v) else None
+
     summary = {
         "model": cfg.model, "dataset": cfg.dataset, "strategy": "ddp" if ctx.distributed else "single",
-        "world_size": W, "global_batch_size": B, "steps": step, "epochs": epochs,
-        "train_time_s": train_time, "examples_per_sec": steps_run * B / train_time if train_time else None,
-        "test_accuracy": test_acc, "test_loss": test_loss,
-        "val_accuracy": None if math.isnan(val_acc) else val_acc,
-        "val_loss": None if math.isnan(val_loss) else val_loss,
+        "world_size": W, "global_batch_size": B * acc, "steps": step, "epochs": epochs,
+        "train_time_s": train_time, "examples_per_sec": steps_run * B * acc / train_time if train_time else None,
+        "test_accuracy": reported[0], "test_loss": reported[1],
+        "val_accuracy": finite(val[0]), "val_loss": finite(val[1]),
+        "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,
+        "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": stopped_by_time,
+        "final_lr": optimizer.param_groups[0]["lr"], "precision": cfg.precision,
         "seed": cfg.seed, "torch_version": torch.__version__, "devices": devices or [str(ctx.device)] * W,
         "run_dir": str(run_dir),
     }

@@ -1,26 +1,94 @@
-"""Batch-wise input preparation on the batch's device: no per-sample Python on the hot path."""
+"""Batch-wise input preparation and augmentation on the batch's device: no per-sample Python.
+
+Training batches may be randomly cropped, flipped and jittered (the CIFAR-10 tutorial's distortions);
+validation and test batches get the deterministic centre crop (or padding) to the model's input size.
+Random draws come from the generator the loop seeds per step, so they are reproducible and resumable.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 
-class Normalize:
-    """uint8 N x C x H x W -> float, normalised per channel, padded or centre-cropped to `size`."""
+@dataclass(frozen=True)
+class Augment:
+    random_crop: bool = False
+    crop_padding: int = 0
+    hflip: bool = False
+    brightness: float = 0.0  # shift in [-b, b] on the 0..1 pixel scale
+    contrast: float = 0.0  # factor in [1-c, 1+c] around each image's per-channel mean
 
-    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], size: int,
-                 device: torch.device) -> None:
-        self.scale = (1.0 / (255.0 * torch.tensor(std, device=device))).view(1, -1, 1, 1)
-        self.shift = (torch.tensor(mean, device=device) / torch.tensor(std, device=device)).view(1, -1, 1, 1)
+    @property
+    def active(self) -> bool:
+        return self.random_crop or self.hflip or self.brightness > 0 or self.contrast > 0
+
+
+def fit_to_size(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Centre-pad (e.g. MNIST 28 -> LeNet-5's 32, with raw zeros as the tutorials do) or centre-crop
+    (e.g. CIFAR 32 -> 24) square images to `size`."""
+    side = x.shape[-1]
+    if side < size:
+        p = (size - side) // 2
+        return F.pad(x, (p, size - side - p, p, size - side - p))
+    if side > size:
+        o = (side - size) // 2
+        return x[..., o: o + size, o: o + size]
+    return x
+
+
+def random_crop(x: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """A `size` x `size` window at an independent random offset in every image, in one gather."""
+    n, _, h, w = x.shape
+    oy = torch.randint(0, h - size + 1, (n,), generator=generator, device=x.device)
+    ox = torch.randint(0, w - size + 1, (n,), generator=generator, device=x.device)
+    ar = torch.arange(size, device=x.device)
+    rows, cols = (oy[:, None] + ar)[:, :, None], (ox[:, None] + ar)[:, None, :]
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
+
+
+class BatchPipeline:
+    """uint8 N x C x H x W -> float, sized to the model, (augmented,) normalised per channel."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], size: int, device: torch.device,
+                 augment: Augment | None = None) -> None:
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+        self.inv_std = 1.0 / torch.tensor(std, device=device).view(1, -1, 1, 1)
         self.size = size
+        self.augment = augment or Augment()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        side = x.shape[-1]
-        if side < self.size:  # e.g. MNIST 28 -> LeNet-5's 32: pad raw zeros, as the tutorials do
-            p = (self.size - side) // 2
-            x = F.pad(x, (p, self.size - side - p, p, self.size - side - p))
-        elif side > self.size:  # e.g. CIFAR 32 -> 24: the evaluation-time centre crop
-            o = (side - self.size) // 2
-            x = x[..., o: o + self.size, o: o + self.size]
-        return x.float() * self.scale - self.shift
+    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) * self.inv_std
+
+    def eval(self, x: torch.Tensor) -> torch.Tensor:
+        return self._normalise(fit_to_size(x, self.size).float().div_(255))
+
+    __call__ = eval
+
+    def train(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        a = self.augment
+        if not a.active:
+            return self.eval(x)
+        x = x.float().div_(255)
+        if a.random_crop:
+            if x.shape[-1] < self.size:  # pad small images up first, as evaluation does
+                x = fit_to_size(x, self.size)
+            if a.crop_padding:
+                x = F.pad(x, (a.crop_padding,) * 4)
+            x = random_crop(x, self.size, generator)
+        else:
+            x = fit_to_size(x, self.size)
+        n = x.shape[0]
+        if a.hflip:
+            flip = torch.rand(n, generator=generator, device=x.device) < 0.5
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        if a.brightness:
+            x = x + (torch.rand(n, 1, 1, 1, generator=generator, device=x.device) * 2 - 1) * a.brightness
+        if a.contrast:
+            factor = 1 + (torch.rand(n, 1, 1, 1, generator=generator, device=x.device) * 2 - 1) * a.contrast
+            m = x.mean(dim=(2, 3), keepdim=True)
+            x = (x - m) * factor + m
+        return self._normalise(x)

@@ -1,0 +1,50 @@
+"""Optimizers and learning-rate schedules, on torch.optim and torch.optim.lr_scheduler."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from .config import TrainConfig
+
+
+def make_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    wd = cfg.weight_decay
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=wd)
+    if cfg.optimizer == "gd":  # the tutorials' GradientDescentOptimizer: SGD without momentum
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=wd)
+    if cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=wd)
+    if cfg.optimizer == "adagrad":
+        return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=wd)
+    if cfg.optimizer == "adadelta":
+        return torch.optim.Adadelta(params, lr=cfg.lr, weight_decay=wd)
+    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=wd)
+
+
+def lr_factor(cfg: TrainConfig, step: int, total_steps: int, steps_per_epoch: int) -> float:
+    """The multiplier of --lr for the update that follows `step` completed updates: a pure function,
+    so a resumed run has exactly the lr an uninterrupted one would."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    t = step - cfg.warmup_steps
+    if cfg.lr_schedule == "cosine":
+        span = max(1, total_steps - cfg.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(t, span) / span))
+    if cfg.lr_schedule in ("exponential", "step"):
+        period = cfg.lr_decay_steps or cfg.lr_decay_epochs * steps_per_epoch
+        periods = t / period
+        if cfg.lr_schedule == "step" or cfg.lr_staircase:
+            periods = math.floor(periods)
+        return cfg.lr_decay_rate**periods
+    return 1.0
+
+
+def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int,
+                   steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Stepped once per optimizer update; its state (the update count) goes into checkpoints."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(cfg, step, total_steps, steps_per_epoch))
