@@ -183,10 +183,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.steps is not None:
         positive["steps"] = cfg.steps
     positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints)
-    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps", "lr_decay_epochs", "max_time",
-                 "clip_grad_norm"):
+    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps"):
         if getattr(cfg, name) is not None:
             positive[name] = getattr(cfg, name)
+    for name in ("lr_decay_epochs", "max_time", "clip_grad_norm"):
+        value = getattr(cfg, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            bad(f"--{name.replace('_', '-')} must be a positive number, not {value}")
     for name, value in positive.items():
         if value < 1:
             bad(f"--{name.replace('_', '-')} must be at least 1, not {value}")

@@ -1,0 +1,255 @@
+"""Training features of the tutorials: schedules, EMA, accumulation, augmentation, checkpoints, NaN stop."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import max_abs_diff, run_cli, train, weights
+
+from paratrain import checkpoint, config, dist
+from paratrain.data import load_dataset
+from paratrain.data.transforms import Augment, BatchPipeline
+from paratrain.optim import lr_factor, make_optimizer, make_scheduler
+from paratrain.train import ema_decay, fit, make_ema
+
+
+def _cfg(**kw: object) -> config.TrainConfig:
+    return config.validate(config.TrainConfig(**kw))
+
+
+def _fit(tmp_path: Path, name: str, **kw: object) -> dict:
+    cfg = _cfg(out=str(tmp_path / name), quiet=True, tensorboard=False, **kw)
+    return fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset(cfg.dataset, val_size=cfg.val_size))
+
+
+# ---- learning-rate schedules -------------------------------------------------------------------------
+
+def _lrs(cfg: config.TrainConfig, steps: int, per_epoch: int = 10) -> list[float]:
+    opt = make_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])
+    sched = make_scheduler(cfg, opt, steps, per_epoch)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_staircase_decay_changes_exactly_at_the_boundaries() -> None:
+    cfg = _cfg(lr=0.1, lr_schedule="exponential", lr_decay_rate=0.1, lr_decay_steps=350, lr_staircase=True)
+    lrs = _lrs(cfg, 1051)
+    assert lrs[0] == lrs[349] == pytest.approx(0.1)
+    assert lrs[350] == lrs[699] == pytest.approx(0.01)
+    assert lrs[700] == pytest.approx(0.001) and lrs[1050] == pytest.approx(1e-4)
+
+
+def test_smooth_exponential_and_epoch_periods() -> None:
+    cfg = _cfg(lr=1.0, lr_schedule="exponential", lr_decay_rate=0.5, lr_decay_epochs=2)
+    assert lr_factor(cfg, 10, 100, steps_per_epoch=10) == pytest.approx(0.5**0.5)
+    assert lr_factor(cfg, 20, 100, steps_per_epoch=10) == pytest.approx(0.5)
+    step_cfg = _cfg(lr=1.0, lr_schedule="step", lr_decay_rate=0.5, lr_decay_steps=4)
+    assert [lr_factor(step_cfg, s, 100, 10) for s in (3, 4, 7, 8)] == [1.0, 0.5, 0.5, 0.25]
+
+
+def test_warmup_then_cosine() -> None:
+    cfg = _cfg(lr=1.0, lr_schedule="cosine", warmup_steps=4)
+    lrs = _lrs(cfg, 104)
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[54] == pytest.approx(0.5)  # half-way through the cosine
+    assert lr_factor(cfg, 104, 104, 10) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_schedule_needs_a_period(capsys: pytest.CaptureFixture) -> None:
+    from paratrain.cli import main
+
+    assert main(["train", "--lr-schedule", "step"]) == 2
+    assert "needs --lr-decay-steps or --lr-decay-epochs" in capsys.readouterr().err
+
+
+# ---- EMA -----------------------------------------------------------------------------------------------
+
+def test_ema_matches_a_hand_computation() -> None:
+    model = torch.nn.Linear(2, 1, bias=False)
+    ema = make_ema(model, decay=0.9)
+    expected = None
+    for n, value in enumerate([1.0, 3.0, -2.0, 5.0, 0.5]):
+        with torch.no_grad():
+            model.weight.fill_(value)
+        ema.update_parameters(model)
+        if expected is None:
+            expected = value  # the first update copies the weights
+        else:
+            d = min(0.9, (1 + n) / (10 + n))
+            expected = d * expected + (1 - d) * value
+        assert ema.module.weight[0, 0].item() == pytest.approx(expected, rel=1e-6)
+    assert ema_decay(0.9999, 0) == pytest.approx(0.1) and ema_decay(0.9999, 10**7) == 0.9999
+
+
+def test_eval_ema_reports_both(tmp_path: Path) -> None:
+    summary = _fit(tmp_path, "ema", steps=30, ema=0.99, eval_ema=True)
+    assert summary["evaluated_with"] == "ema"
+    assert summary["test_accuracy"] == summary["test_accuracy_ema"] != summary["test_accuracy_raw"]
+    state = checkpoint.load(tmp_path / "ema")
+    assert state["ema_n_averaged"] == 30 and state["ema_model"].keys() == state["model"].keys()
+
+
+# ---- accumulation, clipping, precision ---------------------------------------------------------------
+
+def test_accumulation_equals_the_big_batch(tmp_path: Path) -> None:
+    common = dict(steps=6, optimizer="sgd", lr=0.05, dropout=0.0)
+    _fit(tmp_path, "big", batch_size=256, **common)
+    _fit(tmp_path, "acc", batch_size=64, accumulate=4, **common)
+    assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 1e-5
+
+
+def test_accumulation_across_two_workers(tmp_path: Path) -> None:
+    """no_sync on the inner micro-batches must not change the result."""
+    args = ("--steps", "6", "--optimizer", "sgd", "--lr", "0.05")
+    train(tmp_path / "big", *args, "--batch-size", "256", "--devices", "1")
+    train(tmp_path / "acc", *args, "--batch-size", "64", "--accumulate", "4", "--devices", "2")
+    assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 1e-5
+
+
+def test_clipping_bounds_the_update(tmp_path: Path) -> None:
+    _fit(tmp_path, "clipped", steps=3, optimizer="gd", lr=1.0, clip_grad_norm=1e-6, seed=5)
+    _fit(tmp_path, "start", steps=1, optimizer="gd", lr=1e-30, seed=5)  # ~ the initial weights
+    assert max_abs_diff(weights(tmp_path / "clipped"), weights(tmp_path / "start")) <= 3e-6 + 1e-7
+
+
+def test_bf16_autocast_trains(tmp_path: Path) -> None:
+    summary = _fit(tmp_path, "bf16", steps=60, precision="bf16")
+    assert summary["precision"] == "bf16" and summary["test_accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("optimizer", ["gd", "rmsprop", "adagrad", "adadelta"])
+def test_every_optimizer_learns(tmp_path: Path, optimizer: str) -> None:
+    lr = {"gd": 0.1, "rmsprop": 1e-3, "adagrad": 0.01, "adadelta": 1.0}[optimizer]
+    summary = _fit(tmp_path, optimizer, steps=60, optimizer=optimizer, lr=lr, nesterov=False)
+    assert summary["test_accuracy"] > 0.5
+
+
+# ---- augmentation ----------------------------------------------------------------------------------------
+
+def test_augmentation_shapes_and_determinism() -> None:
+    x = torch.randint(0, 256, (16, 3, 32, 32), dtype=torch.uint8)
+    aug = Augment(random_crop=True, crop_padding=2, hflip=True, brightness=0.2, contrast=0.5)
+    pipe = BatchPipeline((0.5,) * 3, (0.25,) * 3, 24, torch.device("cpu"), aug)
+    a = pipe.train(x, torch.Generator().manual_seed(1))
+    b = pipe.train(x, torch.Generator().manual_seed(1))
+    c = pipe.train(x, torch.Generator().manual_seed(2))
+    assert a.shape == (16, 3, 24, 24) and a.dtype == torch.float32
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert pipe.eval(x).shape == (16, 3, 24, 24)
+    assert torch.equal(pipe.eval(x), pipe.eval(x))
+
+
+def test_random_crop_takes_real_windows() -> None:
+    x = torch.arange(2 * 1 * 8 * 8, dtype=torch.uint8).view(2, 1, 8, 8)
+    pipe = BatchPipeline((0.0,), (1 / 255,), 5, torch.device("cpu"), Augment(random_crop=True))
+    out = pipe.train(x, torch.Generator().manual_seed(0)).round().to(torch.uint8)  # undo normalisation
+    for i in range(2):
+        windows = [x[i, 0, r:r + 5, c:c + 5] for r in range(4) for c in range(4)]
+        assert any(torch.equal(out[i, 0], w) for w in windows)
+
+
+def test_eval_uses_the_centre_crop() -> None:
+    x = torch.arange(36, dtype=torch.uint8).view(1, 1, 6, 6)
+    pipe = BatchPipeline((0.0,), (1 / 255,), 4, torch.device("cpu"), Augment(random_crop=True, hflip=True))
+    assert torch.equal(pipe.eval(x).round().to(torch.uint8), x[..., 1:5, 1:5])
+
+
+# ---- checkpoints, resume, NaN stop -------------------------------------------------------------------------
+
+def test_resume_restores_schedule_ema_augmentation_and_dropout(tmp_path: Path) -> None:
+    features = dict(model="mnist-net", dropout=0.3, lr_schedule="cosine", warmup_steps=5, ema=0.9,
+                    random_crop=True, crop_padding=2, hflip=True, seed=4, checkpoint_every=7)
+    _fit(tmp_path, "whole", steps=30, **features)
+    _fit(tmp_path, "part", steps=30, max_time=1e-9, **features)  # stops after its first update
+    part = checkpoint.load(tmp_path / "part")
+    assert part["step"] == 1
+    cfg = _cfg(out=str(tmp_path / "part"), resume=str(tmp_path / "part"), quiet=True, tensorboard=False,
+               steps=30, **features)
+    fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset("digits"), resume=part)
+    whole, resumed = checkpoint.load(tmp_path / "whole"), checkpoint.load(tmp_path / "part")
+    assert resumed["step"] == 30
+    assert max_abs_diff(whole["model"], resumed["model"]) < 1e-5
+    assert max_abs_diff(whole["ema_model"], resumed["ema_model"]) < 1e-5
+
+
+def test_keep_checkpoints(tmp_path: Path) -> None:
+    _fit(tmp_path, "keep", steps=20, checkpoint_every=5, keep_checkpoints=2)
+    files = sorted(p.name for p in (tmp_path / "keep" / "checkpoints").iterdir())
+    assert files == ["last.pt", "step-00000015.pt", "step-00000020.pt"]
+    assert checkpoint.load(tmp_path / "keep")["step"] == 20
+
+
+def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    run = tmp_path / "nan"
+    proc = run_cli("train", "--quiet", "--out", str(run), "--devices", "2", "--optimizer", "gd", "--lr", "1e6",
+                   "--checkpoint-every", "1", "--steps", "50")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "the loss became" in err[0] and "at step" in err[0], proc.stderr
+    state = checkpoint.load(run)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert state["step"] >= 1
+
+
+def test_max_time_stops_and_saves(tmp_path: Path) -> None:
+    summary = _fit(tmp_path, "timed", steps=10_000, max_time=2.0)
+    assert summary["stopped_by_time"] and summary["steps"] < 10_000
+    assert checkpoint.load(tmp_path / "timed")["step"] == summary["steps"]
+
+
+# ---- logs ------------------------------------------------------------------------------------------
+
+def test_step_lines_and_tensorboard_events(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = run_cli("train", "--out", str(tmp_path / "tb"), "--devices", "1", "--steps", "20", "--log-every", "5",
+                   "--histogram-every", "10")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(s for s in proc.stderr.splitlines() + proc.stdout.splitlines() if s.startswith("step 10/20"))
+    assert "loss" in line and "examples/sec" in line and "sec/batch" in line
+    events = EventAccumulator(str(tmp_path / "tb" / "tb"), size_guidance={"histograms": 0}).Reload()
+    tags = events.Tags()
+    assert {"train/loss", "train/train_accuracy", "train/lr", "train/examples_per_sec", "val/accuracy"} <= set(
+        tags["scalars"])
+    assert [e.step for e in events.Scalars("train/loss")] == [5, 10, 15, 20]
+    assert any(t.startswith("weights/") for t in tags["histograms"])
+    assert any(t.startswith("gradients/") for t in tags["histograms"])
+
+
+# ---- recipes ----------------------------------------------------------------------------------------
+
+def test_recipes_list_and_validate(capsys: pytest.CaptureFixture) -> None:
+    from paratrain import recipes
+    from paratrain.cli import main
+
+    names = {"lenet5-mnist", "convnet-mnist", "mnist-net-sgd", "cifar10-tutorial", "mnist-fast"}
+    assert names <= set(recipes.available())
+    for name in names:
+        config.validate(config.from_dict(recipes.load(name)))
+    assert main(["recipes"]) == 0
+    assert all(name in capsys.readouterr().out for name in names)
+
+
+def test_flags_override_a_recipe() -> None:
+    from paratrain.cli import build_parser, resolve_config
+
+    args = build_parser().parse_args(["train", "--recipe", "cifar10-tutorial", "--lr", "0.05", "--batch-size",
+                                      "64", "--out", "x"])
+    cfg = resolve_config(args)
+    assert (cfg.model, cfg.lr, cfg.batch_size, cfg.batch_per_worker, cfg.ema) == ("cifar10-net", 0.05, 64, None,
+                                                                                  0.9999)
+    assert math.isclose(cfg.brightness, 0.247)
+
+
+def test_unknown_recipe(capsys: pytest.CaptureFixture) -> None:
+    from paratrain.cli import main
+
+    assert main(["train", "--recipe", "imagenet-in-an-hour"]) == 2
+    assert "unknown recipe 'imagenet-in-an-hour'" in capsys.readouterr().err
