@@ -3,6 +3,7 @@ import torch
 
 from paratrain.errors import UserError
 from paratrain.models import REGISTRY, build_model, input_size
+from paratrain.models.layers import BandedLRN
 
 
 @pytest.mark.parametrize("name,channels,data_size", [
@@ -31,7 +32,7 @@ def test_lenet5_layers() -> None:
 
 def test_cifar10_net_matches_the_tutorial() -> None:
     model = build_model("cifar10-net", 3, 24, 10)
-    lrn = [m for m in model if isinstance(m, torch.nn.LocalResponseNorm)]
+    lrn = [m for m in model if isinstance(m, BandedLRN)]
     assert len(lrn) == 2 and lrn[0].size == 9 and lrn[0].alpha == pytest.approx(0.001)
     linear = [m for m in model if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linear] == [(2304, 384), (384, 192), (192, 10)]
@@ -53,3 +54,15 @@ def test_models_stay_on_the_cpu_until_moved() -> None:
 def test_unknown_model() -> None:
     with pytest.raises(UserError, match="unknown model 'resnet'"):
         build_model("resnet", 1, 28, 10)
+
+
+@pytest.mark.parametrize("size", [9, 4, 5])
+def test_banded_lrn_is_pytorchs_lrn(size: int) -> None:
+    ref, ours = torch.nn.LocalResponseNorm(size, 0.001, 0.75, 1.0), BandedLRN(16, size, 0.001, 0.75, 1.0)
+    x = (torch.randn(4, 16, 5, 5, generator=torch.Generator().manual_seed(0)) * 3).requires_grad_(True)
+    x2 = x.detach().clone().requires_grad_(True)
+    a, b = ref(x), ours(x2)
+    a.pow(2).sum().backward()
+    b.pow(2).sum().backward()
+    assert torch.allclose(a, b, atol=1e-5) and torch.allclose(x.grad, x2.grad, atol=1e-4)
+    assert not BandedLRN(8, 3).state_dict()  # nothing new in checkpoints
