@@ -188,7 +188,8 @@ def test_keep_checkpoints(tmp_path: Path) -> None:
 
 def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "nan"
-    proc = run_cli("train", "--quiet", "--out", str(run), "--devices", "2", "--optimizer", "gd", "--lr", "1e6",
+    proc = run_cli("train", "--quiet", "--out", str(run), "--recipe", "lenet5-mnist", "--dataset", "digits",
+                   "--batch-size", "64", "--devices", "2", "--optimizer", "gd", "--lr", "1e6",
                    "--checkpoint-every", "1", "--steps", "50")
     assert proc.returncode == 3, proc.stderr[-2000:]
     err = proc.stderr.strip().splitlines()
@@ -234,7 +235,9 @@ def test_recipes_list_and_validate(capsys: pytest.CaptureFixture) -> None:
     for name in names:
         config.validate(config.from_dict(recipes.load(name)))
     assert main(["recipes"]) == 0
-    assert all(name in capsys.readouterr().out for name in names)
+    listing = capsys.readouterr().out.splitlines()
+    assert sorted(line.split()[0] for line in listing) == sorted(recipes.available())
+    assert names <= {line.split()[0] for line in listing}
 
 
 def test_flags_override_a_recipe() -> None:
@@ -253,3 +256,10 @@ def test_unknown_recipe(capsys: pytest.CaptureFixture) -> None:
 
     assert main(["train", "--recipe", "imagenet-in-an-hour"]) == 2
     assert "unknown recipe 'imagenet-in-an-hour'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_mnist_fast_reaches_99_percent(tmp_path: Path, mnist_dir: Path) -> None:
+    """The mnist-fast recipe as a user runs it (about 45 s on 2 cores)."""
+    summary = train(tmp_path / "fast", "--recipe", "mnist-fast", "--data-dir", str(mnist_dir), timeout=600)
+    assert summary["test_accuracy"] >= 0.990

@@ -37,3 +37,11 @@ def test_gpus_equal_one_gpu_on_mnist(tmp_path: Path, mnist_dir: Path) -> None:
     many = train(tmp_path / "many", *args, "--devices", str(n))
     assert many["world_size"] == n and one["world_size"] == 1
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "many")) < 1e-4
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", ["bf16", "16-mixed"])
+def test_mixed_precision_on_gpu(tmp_path: Path, precision: str) -> None:
+    summary = train(tmp_path / precision, "--accelerator", "gpu", "--devices", "1", "--precision", precision,
+                    "--steps", "100")
+    assert summary["precision"] == precision and summary["test_accuracy"] >= 0.8

@@ -237,7 +237,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
 
     summary = {
         "model": cfg.model, "dataset": cfg.dataset, "strategy": "ddp" if ctx.distributed else "single",
-        "world_size": W, "global_batch_size": B * acc, "steps": step, "epochs": epochs,
+        "world_size": W, "global_batch_size": B * acc, "steps": step, "epochs": math.ceil(step / per_epoch),
         "train_time_s": train_time, "examples_per_sec": steps_run * B * acc / train_time if train_time else None,
         "test_accuracy": reported[0], "test_loss": reported[1],
         "val_accuracy": finite(val[0]), "val_loss": finite(val[1]),

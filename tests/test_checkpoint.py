@@ -1,0 +1,49 @@
+"""Checkpoints survive a kill at any moment of a save."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from paratrain import checkpoint
+
+WRITER = """
+import sys, torch
+from paratrain import checkpoint
+folder = sys.argv[1]
+step = 0
+while True:
+    step += 1
+    big = torch.full((4_000_000,), float(step))  # 16 MB: a save takes long enough to be hit mid-way
+    state = {"model": {"w": big}, "optimizer": {}, "step": step, "epoch": 0, "config": {"model": "x"}}
+    checkpoint.save_step(state, folder, step, keep=2)
+    print(step, flush=True)
+"""
+
+
+def test_kill_during_saves_never_leaves_a_broken_last_pt(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    rng = random.Random(0)
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip()  # at least one save finished
+        time.sleep(rng.uniform(0.0, 0.4))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        state = checkpoint.load(folder / "last.pt")
+        w = state["model"]["w"]
+        assert w.shape == (4_000_000,) and bool((w == float(state["step"])).all())  # complete, one step
+        assert len(list(folder.glob("step-*.pt"))) <= 3  # kept 2, plus at most the one being replaced
+
+
+def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
+    state = {"model": {"w": torch.ones(3)}, "optimizer": {}, "step": 1, "epoch": 0, "config": {}}
+    checkpoint.save(state, tmp_path / "a.pt")
+    assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]
+    assert torch.equal(checkpoint.load(tmp_path / "a.pt")["model"]["w"], torch.ones(3))
