@@ -104,6 +104,20 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tower_plan(cfg: C.TrainConfig, plan: Any) -> tuple[Any, C.TrainConfig]:
+    """A tower run is one process whose device is the parameter device; its replicas are the plan's
+    devices (GPUs, or copies on the CPU), recorded in the config so the loop can build them."""
+    from . import devices, launch
+
+    if launch.under_torchrun():
+        raise UserError("--strategy tower runs in one process; start it without torchrun")
+    if cfg.batch_size % plan.workers:
+        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} towers")
+    on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
+    one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
+    return one, cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, launch
 
@@ -116,6 +130,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         is_main = True
     if cfg.batch_per_worker:
         cfg = cfg.replace(batch_size=cfg.batch_per_worker * plan.workers)
+    if cfg.strategy == "tower":
+        plan, cfg = _tower_plan(cfg, plan)
     if cfg.batch_size % plan.workers:
         raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} workers; "
                         f"use a multiple of {plan.workers}")

@@ -43,6 +43,10 @@ class TrainConfig:
     dropout: float | None = _f(None, "dropout probability (default: the model's own)")
     # where to run
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
+    strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device",
+                       choices=("ddp", "tower"))
+    param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
+                           choices=("auto", "cpu", "cuda:0"))
     devices: str = _f("auto", "data-parallel workers: auto or a number")
     threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
     # optimisation
@@ -170,7 +174,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     for name, value in (("model", cfg.model), ("dataset", cfg.dataset), ("optimizer", cfg.optimizer),
                         ("activation", cfg.activation), ("accelerator", cfg.accelerator),
-                        ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision)):
+                        ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
+                        ("strategy", cfg.strategy), ("param_device", cfg.param_device)):
         choices = FIELDS[name].metadata["choices"]
         if value not in choices:
             bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")

@@ -128,7 +128,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             ema.module.load_state_dict(resume["ema_model"])
             ema.n_averaged.fill_(resume["ema_n_averaged"])
         step = int(resume["step"])
-    model = strategies.wrap(model, ctx)
+    model = strategies.wrap(model, ctx, cfg)
     raw = strategies.unwrap(model)
     data = data.to(ctx.device)
     pipe = make_pipeline(cfg, data, ctx.device)
@@ -236,8 +236,9 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         return v if math.isfinite(v) else None
 
     summary = {
-        "model": cfg.model, "dataset": cfg.dataset, "strategy": "ddp" if ctx.distributed else "single",
-        "world_size": W, "global_batch_size": B * acc, "steps": step, "epochs": math.ceil(step / per_epoch),
+        "model": cfg.model, "dataset": cfg.dataset, "strategy": strategies.name(ctx, cfg),
+        "world_size": int(cfg.devices) if cfg.strategy == "tower" else W, "global_batch_size": B * acc,
+        "steps": step, "epochs": math.ceil(step / per_epoch),
         "train_time_s": train_time, "examples_per_sec": steps_run * B * acc / train_time if train_time else None,
         "test_accuracy": reported[0], "test_loss": reported[1],
         "val_accuracy": finite(val[0]), "val_loss": finite(val[1]),

@@ -16,7 +16,3 @@ def wrap(model: nn.Module, ctx: DistContext) -> nn.Module:
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     # gradient_as_bucket_view: gradients live in the all-reduce buckets, saving a copy per step.
     return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
