@@ -44,6 +44,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("recipes", help="list the recipes that `paratrain train --recipe NAME` takes")
     train = sub.add_parser("train", help="train a model with data parallelism on the local devices")
     _add_train_flags(train)
+    bench = sub.add_parser("bench", help="measure the same training in every device configuration, with plots")
+    bench.add_argument("--model", default="lenet5", choices=C.MODELS)
+    bench.add_argument("--dataset", default="mnist", choices=C.DATASETS)
+    bench.add_argument("--data-dir")
+    bench.add_argument("--no-download", dest="download", action="store_false")
+    bench.add_argument("--configs", help="e.g. cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2 (default: all here)")
+    length = bench.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=int, default=None, help="epochs per run (default: 2)")
+    length.add_argument("--steps", type=int, help="steps per run instead")
+    bench.add_argument("--batch-size", type=int, help="global batch (default: the dataset's)")
+    bench.add_argument("--repeats", type=int, default=2, help="runs per configuration (default: 2)")
+    bench.add_argument("--out", required=True, help="report directory")
+    rep = sub.add_parser("report", help="the bench plots and table for finished training runs")
+    rep.add_argument("runs", nargs="+", help="run directories")
+    rep.add_argument("--out", required=True, help="report directory")
     ev = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
     ev.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
     ev.add_argument("--dataset", choices=C.DATASETS, help="default: the checkpoint's dataset")
@@ -177,6 +192,45 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench, devices, plot
+
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be at least 1, not {args.repeats}")
+    for name in ("epochs", "steps", "batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    import torch
+
+    configs = (bench.parse_configs(args.configs) if args.configs
+               else bench.default_configs(devices.usable_cores(), torch.cuda.device_count()))
+    flags = ["--model", args.model, "--dataset", args.dataset, "--log-every", "20"]
+    flags += ["--data-dir", args.data_dir] if args.data_dir else []
+    flags += [] if args.download else ["--no-download"]
+    flags += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs or 2)]
+    flags += ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    _load_data(C.validate(C.TrainConfig(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+                                        download=args.download)))  # a missing dataset fails here, once
+    out = Path(args.out)
+    report = bench.run_bench(configs, flags, args.repeats, out)
+    path = plot.write_report(report, out)
+    failed = [r["name"] for r in report["results"] if r["status"] != "ok"]
+    print(f"bench: {len(configs) - len(failed)} of {len(configs)} configurations measured"
+          f"{' (failed: ' + ', '.join(failed) + ')' if failed else ''}; report: {path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from . import bench, plot
+
+    results = [bench.result_from_run(Path(run)) for run in args.runs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = plot.write_report({"context": bench.context(), "results": results}, out, title="paratrain runs")
+    print(f"report: {path}")
+    return 0
+
+
 def cmd_recipes(args: argparse.Namespace) -> int:
     from . import recipes
 
@@ -187,7 +241,8 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes}
+    commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes,
+                "bench": cmd_bench, "report": cmd_report}
     try:
         return commands[args.command](args)
     except UserError as e:

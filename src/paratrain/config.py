@@ -86,6 +86,8 @@ class TrainConfig:
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = _f(1, "how many step checkpoints to keep beside last.pt")
     log_every: int = _f(50, "log training loss/accuracy every N steps")
+    time_phases: bool = _f(False, "time data/compute/all-reduce/optimizer per step (no comm. overlap)",
+                           flag="--time-phases")
     histogram_every: int = _f(0, "TensorBoard histograms of weights and gradients every N steps (0: never)")
     tensorboard: bool = _f(True, "write TensorBoard event files under RUN_DIR/tb", flag="--no-tensorboard")
     quiet: bool = _f(False, "no progress bar or per-epoch lines", flag="--quiet")

@@ -22,6 +22,7 @@ from .dist import DistContext
 from .errors import UserError
 from .models import build_model, input_size
 from .optim import make_optimizer, make_scheduler
+from .phases import PhaseTimer
 from .runlog import RunLog, write_summary
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
@@ -147,6 +148,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             state = _state(cfg, model, optimizer, scheduler, scaler, ema, step, epoch)
             checkpoint.save_step(state, ckpt_dir, step, cfg.keep_checkpoints)
 
+    timer = PhaseTimer(ctx, cfg.time_phases)
+    eval_time = 0.0
     generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
     train_time = 0.0
     steps_run = 0
@@ -163,10 +166,12 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             generator.manual_seed(step_seed(cfg.seed, step, ctx.rank))
             step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
             for k in range(acc):  # micro-batches; DDP all-reduces only on the last backward
-                idx = worker_part(global_batch(perm, i * acc + k, B), ctx.rank, W)
-                x, y = pipe.train(train_x[idx], generator), train_y[idx]
-                no_sync = model.no_sync() if ctx.distributed and k < acc - 1 else contextlib.nullcontext()
-                with no_sync:
+                with timer.phase("data"):
+                    idx = worker_part(global_batch(perm, i * acc + k, B), ctx.rank, W)
+                    x, y = pipe.train(train_x[idx], generator), train_y[idx]
+                inner = k < acc - 1 or timer.active  # timed runs all-reduce explicitly, below
+                no_sync = model.no_sync() if ctx.distributed and inner else contextlib.nullcontext()
+                with no_sync, timer.phase("compute"):
                     with autocast():
                         logits = model(x)
                     loss = F.cross_entropy(logits.float(), y)
@@ -186,14 +191,17 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
                 log.close()
                 raise UserError(f"the loss became {mean_loss} at step {step + 1}; stopped before updating. "
                                 f"Lower --lr; the last good checkpoint is kept in {ckpt_dir}", code=3)
-            if cfg.clip_grad_norm:
-                scaler.unscale_(optimizer)
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            if ema is not None:
-                ema.update_parameters(raw)
+            timer.allreduce_gradients(raw)
+            with timer.phase("optimizer"):
+                if cfg.clip_grad_norm:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()
+                if ema is not None:
+                    ema.update_parameters(raw)
+            timer.steps += 1
             step += 1
             steps_run += 1
             if cfg.histogram_every and step % cfg.histogram_every == 0:
@@ -216,16 +224,20 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         ctx.synchronize()
         epoch_time = time.perf_counter() - t_epoch
         train_time += epoch_time
+        t_eval = time.perf_counter()
         if len(data.val[1]):
             val = evaluate(ema.module if cfg.eval_ema else raw, data.val, pipe, ctx, cfg.eval_batch_size)
+        eval_time += time.perf_counter() - t_eval
         log.epoch(step=step, epoch=epoch + 1, epochs=epochs, val_accuracy=val[0], val_loss=val[1],
                   epoch_time_s=epoch_time)
         t_window = time.perf_counter()  # evaluation is not training time
         if stopped_by_time:
             break
 
+    t_eval = time.perf_counter()
     test = evaluate(raw, data.test, pipe, ctx, cfg.eval_batch_size)
     test_ema = evaluate(ema.module, data.test, pipe, ctx, cfg.eval_batch_size) if ema is not None else None
+    eval_time += time.perf_counter() - t_eval
     checkpoint_now(epochs)
     log.close()
     if not ctx.is_main:
@@ -239,7 +251,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         "model": cfg.model, "dataset": cfg.dataset, "strategy": strategies.name(ctx, cfg),
         "world_size": int(cfg.devices) if cfg.strategy == "tower" else W, "global_batch_size": B * acc,
         "steps": step, "epochs": math.ceil(step / per_epoch),
-        "train_time_s": train_time, "examples_per_sec": steps_run * B * acc / train_time if train_time else None,
+        "train_time_s": train_time, "eval_time_s": eval_time, "step_phases_s": timer.per_step(),
+        "examples_per_sec": steps_run * B * acc / train_time if train_time else None,
         "test_accuracy": reported[0], "test_loss": reported[1],
         "val_accuracy": finite(val[0]), "val_loss": finite(val[1]),
         "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,

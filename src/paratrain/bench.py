@@ -1,0 +1,169 @@
+"""`paratrain bench`: the same training in every configuration the machine offers, measured side by side.
+
+Each configuration runs as `paratrain train` in a fresh process (never two at once), `--repeats` times,
+plus one short run with --time-phases for the step-time breakdown. A configuration that fails is
+recorded with its error and the others still run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from . import devices
+from .errors import UserError
+
+_SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu):(\d+)(t?)$")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str  # as written: cpu:2t, ddp-cpu:2, gpu:4, tower-gpu:2
+    family: str  # cpu, ddp-cpu, gpu, tower-cpu, tower-gpu: the configurations one scaling line joins
+    devices: int  # data-parallel replicas (1 for the cpu:Kt rows)
+    flags: tuple[str, ...]  # the `paratrain train` flags that make it
+
+
+def parse_configs(spec: str) -> list[BenchConfig]:
+    """`cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2` -> configurations (a pure function)."""
+    out = []
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        m = _SPEC.match(token)
+        if not m or (m.group(1) == "cpu") != (m.group(3) == "t") or int(m.group(2)) < 1:
+            raise UserError(f"--configs: cannot read '{token}'; write cpu:Kt (one process, K threads), "
+                            "ddp-cpu:N, gpu:N, tower-cpu:N or tower-gpu:N")
+        kind, n = m.group(1), int(m.group(2))
+        if kind == "cpu":
+            flags = ("--accelerator", "cpu", "--devices", "1", "--threads-per-worker", str(n))
+            out.append(BenchConfig(token, kind, 1, flags))
+            continue
+        accel = "gpu" if kind.endswith("gpu") else "cpu"
+        flags = ("--accelerator", accel, "--devices", str(n))
+        if kind.startswith("tower"):
+            flags += ("--strategy", "tower")
+        out.append(BenchConfig(token, kind, n, flags))
+    if not out:
+        raise UserError("--configs is empty; name at least one configuration, e.g. ddp-cpu:1,ddp-cpu:2")
+    return out
+
+
+def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
+    """Every meaningful configuration: the CPU with 1 thread and all cores, N gloo workers for N up to
+    the cores, each GPU count with DDP, and the tower strategy beside DDP."""
+    names = ["cpu:1t"] + ([f"cpu:{cores}t"] if cores > 1 else [])
+    names += [f"ddp-cpu:{n}" for n in range(1, cores + 1)]
+    names += [f"gpu:{n}" for n in range(1, gpus + 1)]
+    names += [f"tower-gpu:{gpus}"] if gpus > 1 else ([f"tower-cpu:{cores}"] if cores > 1 else [])
+    return parse_configs(",".join(names))
+
+
+def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--no-tensorboard", "--out", str(out), *flags]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
+        raise RuntimeError(lines[-1][:300])
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"summary": summary, "wall_s": wall,
+            "epoch_times": [r["epoch_time_s"] for r in records if "epoch_time_s" in r],
+            "window_rates": [r["examples_per_sec"] for r in records if "loss" in r]}
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "std": None}
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path, timeout: float) -> dict:
+    runs = [_train([*train_flags, *config.flags], out / "runs" / f"{config.name.replace(':', '-')}-r{i}", timeout)
+            for i in range(repeats)]
+    # Warm-up excluded: the first logged window of each run holds start-up and first-touch costs.
+    rates = [r for run in runs for r in (run["window_rates"][1:] or run["window_rates"])]
+    epochs = [run["epoch_times"] for run in runs]
+    steady = [t for times in epochs for t in (times[1:] or times)]
+    phased = _train([*train_flags, *config.flags, "--time-phases", "--steps", "30", "--log-every", "10"],
+                    out / "runs" / f"{config.name.replace(':', '-')}-phases", timeout)
+    first = runs[0]["summary"]
+    return {
+        **asdict(config), "status": "ok", "repeats": repeats,
+        "examples_per_sec": _stats(rates),
+        "epoch_time_s": _stats(steady), "epoch_times_s": epochs[0],
+        "eval_time_s": _stats([run["summary"]["eval_time_s"] for run in runs]),
+        "total_time_s": _stats([run["wall_s"] for run in runs]),
+        "test_accuracy": _stats([run["summary"]["test_accuracy"] for run in runs]),
+        "step_phases_s": phased["summary"]["step_phases_s"],
+        "world_size": first["world_size"], "global_batch_size": first["global_batch_size"],
+        "devices_used": first["devices"],
+    }
+
+
+def add_speedups(results: list[dict]) -> None:
+    """Speed-up against the 1-device baseline (gpu:1 on GPU rows, ddp-cpu:1 or cpu:1t otherwise) and
+    scaling efficiency = speed-up / devices."""
+    ok = {r["name"]: r for r in results if r["status"] == "ok"}
+    cpu_base = ok.get("ddp-cpu:1") or ok.get("cpu:1t")
+    for r in results:
+        if r["status"] != "ok":
+            continue
+        base = ok.get("gpu:1") if "gpu" in r["family"] else cpu_base
+        if base is None:
+            r["speedup"] = r["efficiency"] = None
+            continue
+        r["speedup"] = r["examples_per_sec"]["mean"] / base["examples_per_sec"]["mean"]
+        r["efficiency"] = r["speedup"] / r["devices"]
+
+
+def context() -> dict:
+    info = devices.describe()
+    return {"torch_version": torch.__version__, "cpu": info["cpu"], "gpus": info["gpus"],
+            "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "malloc": os.environ.get("GLIBC_TUNABLES", "glibc defaults + paratrain's mallopt")}
+
+
+def result_from_run(run_dir: Path) -> dict:
+    """A finished `paratrain train` run as one row of a report (for `paratrain report`)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError) as e:
+        raise UserError(f"{run_dir} is not a finished paratrain run ({e}); pass run directories") from None
+    epochs = [r["epoch_time_s"] for r in records if "epoch_time_s" in r]
+    rates = [r["examples_per_sec"] for r in records if "loss" in r]
+    total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
+    return {"name": run_dir.name, "family": summary["strategy"], "devices": summary["world_size"],
+            "status": "ok", "repeats": 1, "examples_per_sec": _stats(rates[1:] or rates),
+            "epoch_time_s": _stats(epochs[1:] or epochs), "epoch_times_s": epochs,
+            "eval_time_s": _stats([summary.get("eval_time_s") or 0.0]), "total_time_s": _stats([total]),
+            "test_accuracy": _stats([summary["test_accuracy"]]), "step_phases_s": summary.get("step_phases_s"),
+            "speedup": None, "efficiency": None}
+
+
+def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, out: Path,
+              timeout: float = 3600) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for config in tqdm(configs, desc="bench", unit="config"):
+        try:
+            results.append(measure(config, train_flags, repeats, out, timeout))
+        except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as e:
+            results.append({**asdict(config), "status": "failed", "error": str(e).strip()})
+            tqdm.write(f"bench: {config.name} failed: {e}")
+    add_speedups(results)
+    report = {"context": context(), "train_flags": train_flags, "repeats": repeats, "results": results}
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report

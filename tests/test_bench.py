@@ -1,0 +1,73 @@
+"""paratrain bench and report: configuration parsing, and the report files of a tiny bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, train
+
+from paratrain.bench import add_speedups, default_configs, parse_configs
+from paratrain.errors import UserError
+
+
+def test_parse_configs() -> None:
+    configs = parse_configs("cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2")
+    assert [c.name for c in configs] == ["cpu:1t", "cpu:2t", "ddp-cpu:2", "gpu:1", "gpu:2", "tower-gpu:2"]
+    assert configs[1].flags == ("--accelerator", "cpu", "--devices", "1", "--threads-per-worker", "2")
+    assert configs[5].flags == ("--accelerator", "gpu", "--devices", "2", "--strategy", "tower")
+    assert [c.devices for c in configs] == [1, 1, 2, 1, 2, 2]
+
+
+@pytest.mark.parametrize("spec", ["cpu:2", "ddp-cpu:2t", "tpu:1", "gpu:0", "gpu:x", ","])
+def test_bad_configs(spec: str) -> None:
+    with pytest.raises(UserError, match="--configs"):
+        parse_configs(spec)
+
+
+def test_default_configs() -> None:
+    assert [c.name for c in default_configs(2, 0)] == ["cpu:1t", "cpu:2t", "ddp-cpu:1", "ddp-cpu:2", "tower-cpu:2"]
+    names = [c.name for c in default_configs(4, 2)]
+    assert names[-3:] == ["gpu:1", "gpu:2", "tower-gpu:2"] and "ddp-cpu:4" in names
+
+
+def test_speedups() -> None:
+    rows = [{"name": "ddp-cpu:1", "family": "ddp-cpu", "devices": 1, "status": "ok", "examples_per_sec": {"mean": 100}},
+            {"name": "ddp-cpu:2", "family": "ddp-cpu", "devices": 2, "status": "ok", "examples_per_sec": {"mean": 150}},
+            {"name": "gpu:2", "family": "gpu", "devices": 2, "status": "ok", "examples_per_sec": {"mean": 9}},
+            {"name": "x", "family": "gpu", "devices": 1, "status": "failed", "error": "boom"}]
+    add_speedups(rows)
+    assert rows[1]["speedup"] == 1.5 and rows[1]["efficiency"] == 0.75
+    assert rows[2]["speedup"] is None  # no gpu:1 baseline
+
+
+def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    proc = run_cli("bench", "--dataset", "synthetic", "--steps", "8", "--repeats", "1", "--configs",
+                   "ddp-cpu:1,ddp-cpu:2,gpu:64", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "results.json").read_text())
+    assert {"context", "train_flags", "repeats", "results"} <= report.keys()
+    ok, failed = report["results"][:2], report["results"][2]
+    assert failed["status"] == "failed" and failed["error"]  # reported, and the others still ran
+    for row in ok:
+        assert row["status"] == "ok"
+        assert {"examples_per_sec", "epoch_time_s", "eval_time_s", "total_time_s", "speedup", "efficiency",
+                "step_phases_s", "epoch_times_s"} <= row.keys()
+        assert row["examples_per_sec"]["mean"] > 0
+        assert set(row["step_phases_s"]) == {"data", "compute", "allreduce", "optimizer"}
+    assert ok[0]["speedup"] == 1.0 and ok[1]["step_phases_s"]["allreduce"] > 0
+    for name in ("report.md", "epoch_times.png", "times.png", "scaling.png", "breakdown.png"):
+        assert (out / name).stat().st_size > 0
+    assert "| ddp-cpu:2 | 2 |" in (out / "report.md").read_text()
+
+
+def test_report_of_finished_runs(tmp_path: Path) -> None:
+    train(tmp_path / "a", "--steps", "10", "--devices", "1")
+    proc = run_cli("report", str(tmp_path / "a"), "--out", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    assert "| a | 1 |" in (tmp_path / "rep" / "report.md").read_text()
+    assert (tmp_path / "rep" / "scaling.png").exists()
+    proc = run_cli("report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2"))
+    assert proc.returncode == 2 and "is not a finished paratrain run" in proc.stderr
