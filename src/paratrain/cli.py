@@ -59,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="the bench plots and table for finished training runs")
     rep.add_argument("runs", nargs="+", help="run directories")
     rep.add_argument("--out", required=True, help="report directory")
+    pl = sub.add_parser("plan", help="predict scaling to 1..1024 devices from a bench (ring all-reduce model)")
+    pl.add_argument("--results", required=True, help="a bench report folder (or its results.json)")
+    pl.add_argument("--link", default="measured", help="pcie4, nvlink4, ib-ndr, ethernet-25g, or measured "
+                    "(2 local gloo processes; default)")
+    pl.add_argument("--bandwidth-gbs", type=float, help="explicit all-reduce bandwidth, GB/s")
+    pl.add_argument("--latency-us", type=float, help="explicit per-message latency, microseconds")
+    pl.add_argument("--per-device-batch", type=int, help="weak scaling with this batch per device "
+                    "(default: the bench's global batch per device)")
+    pl.add_argument("--global-batch", type=int, help="strong scaling: this global batch split over the devices")
+    pl.add_argument("--max-devices", type=int, default=1024)
+    pl.add_argument("--out", help="folder for plan.png and plan.json")
     ev = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
     ev.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
     ev.add_argument("--dataset", choices=C.DATASETS, help="default: the checkpoint's dataset")
@@ -231,6 +242,63 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from . import plan
+
+    results = plan.load_results(args.results)
+    w, base = plan.workload_from_bench(results)
+    if (args.bandwidth_gbs is None) != (args.latency_us is None):
+        raise UserError("give both --bandwidth-gbs and --latency-us, or neither")
+    if args.bandwidth_gbs is not None:
+        if args.bandwidth_gbs <= 0 or args.latency_us < 0:
+            raise UserError("--bandwidth-gbs must be positive and --latency-us not negative")
+        link, (bw, lat) = "explicit", (args.bandwidth_gbs * 1e9, args.latency_us * 1e-6)
+    elif args.link == "measured":
+        link, (bw, lat) = "measured (2 local gloo processes)", plan.measure_link()
+    elif args.link in plan.LINKS:
+        link, (bw, lat) = args.link, plan.LINKS[args.link]
+    else:
+        raise UserError(f"unknown --link '{args.link}'; choose measured, {', '.join(plan.LINKS)}")
+    for name in ("per_device_batch", "global_batch", "max_devices"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    b = args.per_device_batch or base["global_batch_size"]
+    print(f"workload: {w.compute_per_example_s * 1e6:.1f} us compute per example and {w.fixed_per_step_s * 1e3:.2f}"
+          f" ms fixed per step (bench row {base['name']}), {w.grad_bytes / 1e6:.2f} MB of gradients")
+    print(f"link: {link}: {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per message; ring all-reduce "
+          "2(N-1)/N x bytes / bandwidth + 2(N-1) x latency")
+    print("assumptions: compute per example is constant (linear in the batch); with overlap the all-reduce hides "
+          f"in the backward pass ({plan.BACKWARD_FRACTION:.0%} of compute); "
+          + (f"strong scaling, global batch {args.global_batch}" if args.global_batch
+             else f"weak scaling, {b} examples per device"))
+    rows = []
+    n = 1
+    while n <= args.max_devices:
+        kw = {"global_batch": args.global_batch} if args.global_batch else {"per_device_batch": b}
+        rows.append((plan.predict(w, n, bw, lat, False, **kw), plan.predict(w, n, bw, lat, True, **kw)))
+        n *= 2
+    print(f"{'devices':>8}{'ex/s (no overlap)':>20}{'efficiency':>12}{'ex/s (overlap)':>18}{'efficiency':>12}")
+    for plain, over in rows:
+        print(f"{plain['devices']:>8}{plain['examples_per_sec']:>20,.0f}{plain['efficiency']:>12.1%}"
+              f"{over['examples_per_sec']:>18,.0f}{over['efficiency']:>12.1%}")
+    checks = plan.validate(results, w, bw, lat)
+    if checks:
+        print("validation against the bench (strong scaling at its global batch, no overlap for timed rows):")
+        for c in checks:
+            print(f"  {c['name']:<12} measured {c['measured']:>9,.0f} ex/s  predicted {c['predicted']:>9,.0f}  "
+                  f"error {c['error']:+.1%}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps({"link": link, "bandwidth": bw, "latency": lat, "rows": rows,
+                                                   "validation": checks}, indent=2) + "\n")
+        from .plot import plan_curve
+
+        plan_curve(rows, out / "plan.png", link)
+        print(f"plan: {out / 'plan.png'}")
+    return 0
+
+
 def cmd_recipes(args: argparse.Namespace) -> int:
     from . import recipes
 
@@ -242,7 +310,7 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes,
-                "bench": cmd_bench, "report": cmd_report}
+                "bench": cmd_bench, "report": cmd_report, "plan": cmd_plan}
     try:
         return commands[args.command](args)
     except UserError as e:

@@ -138,3 +138,19 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench") -> Pat
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def plan_curve(rows: list, path: Path, link: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ns = [plain["devices"] for plain, _ in rows]
+    ax.plot(ns, [p["examples_per_sec"] for p, _ in rows], marker="o", label="no overlap")
+    ax.plot(ns, [o["examples_per_sec"] for _, o in rows], marker="s", label="all-reduce overlapped")
+    ax.plot(ns, [rows[0][0]["examples_per_sec"] * n for n in ns], "--", color="gray", label="ideal (linear)")
+    ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="examples / second",
+           title=f"Predicted data-parallel throughput ({link})")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

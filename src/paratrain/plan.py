@@ -1,0 +1,140 @@
+"""`paratrain plan`: predict data-parallel throughput beyond this machine from a bench's measurements.
+
+Cost model (every assumption is printed with the table):
+- a step on each of N devices = per-device batch b x compute time per example (measured on one device,
+  taken as linear in b) + a fixed per-step cost (data indexing + optimizer, measured);
+- the gradient all-reduce is a ring: 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency (alpha-beta);
+- with overlap, the all-reduce runs during the backward pass (2/3 of the compute) and only what sticks
+  out of it adds to the step; without overlap it adds whole;
+- weak scaling (a fixed batch per device) unless a global batch is given (strong scaling).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+# Effective all-reduce bus bandwidth (bytes/s) and per-message latency (s): round published figures.
+LINKS = {
+    "pcie4": (20e9, 5e-6),  # PCIe 4.0 x16 through host memory
+    "nvlink4": (370e9, 3e-6),  # H100 NVLink 4 (NCCL bus bandwidth)
+    "ib-ndr": (45e9, 5e-6),  # InfiniBand NDR 400 Gb/s between nodes
+    "ethernet-25g": (2.8e9, 30e-6),  # 25 GbE with TCP
+}
+BACKWARD_FRACTION = 2 / 3  # backward ~ 2x forward: the window an all-reduce can hide in
+
+
+def ring_allreduce_s(n: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
+
+
+@dataclass(frozen=True)
+class Workload:
+    compute_per_example_s: float
+    fixed_per_step_s: float
+    grad_bytes: float
+
+
+def step_time_s(w: Workload, n: int, per_device_batch: float, bandwidth: float, latency: float,
+                overlap: bool) -> float:
+    compute = per_device_batch * w.compute_per_example_s
+    comm = ring_allreduce_s(n, w.grad_bytes, bandwidth, latency)
+    exposed = max(0.0, comm - BACKWARD_FRACTION * compute) if overlap else comm
+    return compute + w.fixed_per_step_s + exposed
+
+
+def predict(w: Workload, n: int, bandwidth: float, latency: float, overlap: bool,
+            per_device_batch: float | None = None, global_batch: float | None = None) -> dict[str, float]:
+    """Throughput and scaling efficiency on n devices (against the same model on one device)."""
+    b = global_batch / n if global_batch else per_device_batch
+    one_b = global_batch if global_batch else per_device_batch
+    rate = n * b / step_time_s(w, n, b, bandwidth, latency, overlap)
+    rate_1 = one_b / step_time_s(w, 1, one_b, bandwidth, latency, overlap)
+    return {"devices": n, "examples_per_sec": rate, "speedup": rate / rate_1, "efficiency": rate / rate_1 / n}
+
+
+def workload_from_bench(results: dict) -> tuple[Workload, dict]:
+    """The 1-device row of a bench (cpu:1t, gpu:1, or ddp-cpu:1): compute per example, fixed cost, and
+    the gradient size of the bench's model."""
+    from .models import build_model, input_size
+
+    rows = {r["name"]: r for r in results["results"] if r["status"] == "ok" and r.get("step_phases_s")}
+    base = rows.get("gpu:1") or rows.get("cpu:1t") or rows.get("ddp-cpu:1")
+    if base is None:
+        raise UserError("the bench has no 1-device row with a step breakdown (gpu:1, cpu:1t or ddp-cpu:1); "
+                        "run `paratrain bench` with one of them")
+    flags = results["train_flags"]
+    model = flags[flags.index("--model") + 1] if "--model" in flags else "lenet5"
+    channels = 3 if model == "cifar10-net" else 1
+    side = input_size(model, 32 if channels == 3 else 28)
+    params = sum(p.numel() for p in build_model(model, channels, side, 10).parameters())
+    phases = base["step_phases_s"]
+    w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"], 4.0 * params)
+    return w, base
+
+
+def measure_link(sizes: tuple[int, ...] = (1, 2**14, 2**18, 2**21), repeats: int = 20) -> tuple[float, float]:
+    """All-reduce bandwidth and latency between 2 local gloo processes, fitted to the ring model."""
+    import torch.multiprocessing as mp
+
+    from .launch import _free_port
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_time_allreduce, args=(f"tcp://127.0.0.1:{_free_port()}", sizes, repeats, queue),
+                       nprocs=2, start_method="spawn")
+    times = queue.get()
+    xs, ys = [4.0 * s for s in sizes], times  # with n=2: t = bytes / bw + 2 x latency
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return 1.0 / slope, max(intercept / 2, 0.0)
+
+
+def _time_allreduce(rank: int, init: str, sizes: tuple[int, ...], repeats: int, queue) -> None:  # noqa: ANN001
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    out = []
+    for size in sizes:
+        t = torch.ones(size)
+        for _ in range(3):
+            dist.all_reduce(t)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            samples.append(time.perf_counter() - start)
+        out.append(statistics.median(samples))
+    if rank == 0:
+        queue.put(out)
+    dist.destroy_process_group()
+
+
+def validate(results: dict, w: Workload, bandwidth: float, latency: float) -> list[dict]:
+    """The model's prediction for every measured multi-device DDP row of the bench, beside the measurement."""
+    out = []
+    for r in results["results"]:
+        if r["status"] != "ok" or r["family"] not in ("ddp-cpu", "gpu") or r["devices"] < 2:
+            continue
+        predicted = predict(w, r["devices"], bandwidth, latency, overlap=r["family"] == "gpu",
+                            global_batch=r["global_batch_size"])["examples_per_sec"]
+        measured = r["examples_per_sec"]["mean"]
+        out.append({"name": r["name"], "measured": measured, "predicted": predicted,
+                    "error": predicted / measured - 1})
+    return out
+
+
+def load_results(path: str) -> dict:
+    p = Path(path)
+    p = p / "results.json" if p.is_dir() else p
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read bench results {p} ({e}); pass the folder `paratrain bench --out` wrote") from None

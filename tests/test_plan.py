@@ -1,0 +1,55 @@
+"""The scaling planner's cost model on known inputs, and its command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from paratrain.plan import Workload, predict, ring_allreduce_s, step_time_s
+
+
+def test_ring_allreduce_formula() -> None:
+    # 8 devices, 100 MB at 10 GB/s, 5 us: 2*7/8*0.01 s + 14*5 us
+    assert ring_allreduce_s(8, 100e6, 10e9, 5e-6) == pytest.approx(0.0175 + 70e-6)
+    assert ring_allreduce_s(1, 100e6, 10e9, 5e-6) == 0.0
+    assert ring_allreduce_s(2, 4e6, 1e9, 0.0) == pytest.approx(4e-3)  # 2(N-1)/N = 1 for two devices
+
+
+def test_step_time_with_and_without_overlap() -> None:
+    w = Workload(compute_per_example_s=1e-4, fixed_per_step_s=1e-3, grad_bytes=1e9)
+    # compute 100 x 1e-4 = 10 ms; comm for 4 devices: 1.5 x 1e9 / 1e11 = 15 ms (no latency)
+    assert step_time_s(w, 4, 100, 1e11, 0.0, overlap=False) == pytest.approx(0.010 + 0.001 + 0.015)
+    # overlap hides 2/3 x 10 ms of the 15 ms
+    assert step_time_s(w, 4, 100, 1e11, 0.0, overlap=True) == pytest.approx(0.010 + 0.001 + 0.015 - 0.010 * 2 / 3)
+
+
+def test_weak_and_strong_scaling() -> None:
+    w = Workload(1e-4, 0.0, 0.0)  # no communication: perfect scaling either way
+    assert predict(w, 16, 1e9, 0.0, False, per_device_batch=64)["efficiency"] == pytest.approx(1.0)
+    strong = predict(Workload(1e-4, 1e-3, 0.0), 4, 1e9, 0.0, False, global_batch=400)
+    # one device: 400 ex in 41 ms; four: 100 ex each in 11 ms -> 400 / 0.011
+    assert strong["examples_per_sec"] == pytest.approx(400 / 0.011)
+    assert strong["speedup"] == pytest.approx(0.041 / 0.011)
+
+
+def test_plan_command(tmp_path: Path) -> None:
+    results = {"train_flags": ["--model", "lenet5", "--dataset", "mnist"], "results": [
+        {"name": "cpu:1t", "family": "cpu", "devices": 1, "status": "ok", "global_batch_size": 512,
+         "examples_per_sec": {"mean": 5000.0}, "step_phases_s": {"data": 0.002, "compute": 0.1, "allreduce": 0.0,
+                                                                 "optimizer": 0.001}},
+        {"name": "ddp-cpu:2", "family": "ddp-cpu", "devices": 2, "status": "ok", "global_batch_size": 512,
+         "examples_per_sec": {"mean": 9000.0}, "step_phases_s": None}]}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    proc = run_cli("plan", "--results", str(tmp_path), "--link", "ib-ndr", "--max-devices", "1024",
+                   "--out", str(tmp_path / "plan"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any(line.split()[:1] == ["1024"] for line in lines)
+    assert "ddp-cpu:2" in proc.stdout and "error" in proc.stdout
+    saved = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert len(saved["rows"]) == 11 and (tmp_path / "plan" / "plan.png").exists()
+    bad = run_cli("plan", "--results", str(tmp_path), "--link", "carrier-pigeon")
+    assert bad.returncode == 2 and "unknown --link 'carrier-pigeon'" in bad.stderr
