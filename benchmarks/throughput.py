@@ -60,24 +60,10 @@ def plain_loop(data_dir: str | None, steps: int, batch: int) -> float:
     return steps * batch / (time.perf_counter() - t0)
 
 
-class _PilDigits:
-    """What torchvision.datasets.MNIST.__getitem__ does: a PIL image per sample, then the transforms."""
-
-    def __init__(self, images, labels, transform) -> None:  # noqa: ANN001
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):  # noqa: ANN204
-        from PIL import Image
-
-        return self.transform(Image.fromarray(self.images[i, 0].numpy(), mode="L")), int(self.labels[i])
-
-
 def dataloader_loop(data_dir: str | None, steps: int, batch: int) -> float:
     import torch
     import torch.nn.functional as F
+    from torchrun_dataloader import PilMnist  # the same per-sample dataset as the torchrun row
     from torchvision import transforms
 
     from paratrain.launch import tune_malloc
@@ -87,7 +73,7 @@ def dataloader_loop(data_dir: str | None, steps: int, batch: int) -> float:
     torch.set_num_threads(os.cpu_count() or 1)
     x_all, y_all = _data(data_dir).train
     tf = transforms.Compose([transforms.Pad(2), transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
-    loader = torch.utils.data.DataLoader(_PilDigits(x_all, y_all, tf), batch_size=batch, shuffle=True,
+    loader = torch.utils.data.DataLoader(PilMnist(x_all, y_all, tf), batch_size=batch, shuffle=True,
                                          drop_last=True)
     model = build_model("lenet5", 1, 32, 10)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -16,6 +16,12 @@ def _plt():  # noqa: ANN202
     return plt
 
 
+def _save(fig, path: Path) -> None:  # noqa: ANN001
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
 def _ok(results: list[dict]) -> list[dict]:
     return [r for r in results if r["status"] == "ok"]
 
@@ -29,9 +35,7 @@ def epoch_times(results: list[dict], path: Path) -> None:
     ax.set(xlabel="epoch", ylabel="epoch time (s)", title="Epoch time per epoch")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def mean_times(results: list[dict], path: Path) -> None:
@@ -49,9 +53,7 @@ def mean_times(results: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=20)
     ax.set(ylabel="seconds", title="Mean epoch, evaluation and total time")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def scaling(results: list[dict], path: Path) -> None:
@@ -76,9 +78,7 @@ def scaling(results: list[dict], path: Path) -> None:
     ax.set(xlabel="devices", ylabel="examples / second", title="Throughput against device count")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def breakdown(results: list[dict], path: Path) -> None:
@@ -93,9 +93,7 @@ def breakdown(results: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=20)
     ax.set(ylabel="ms per step", title="Where a step's time goes (timed runs, no overlap)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _fmt(stat: dict | None, digits: int = 2) -> str:
@@ -151,6 +149,4 @@ def plan_curve(rows: list, path: Path, link: str) -> None:
            title=f"Predicted data-parallel throughput ({link})")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
