@@ -156,6 +156,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     stopped_by_time = False
     val = (math.nan, math.nan)
     window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
+    to_means = torch.tensor([W, 1.0], dtype=torch.float64, device=ctx.device)  # mean loss, any worker's stop
     t_start = t_window = time.perf_counter()
     model.train()
     for epoch in range(step // per_epoch, epochs):
@@ -186,7 +187,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - t_start > cfg.max_time
             flags = torch.stack([step_loss / acc, torch.tensor(float(time_up), device=ctx.device,
                                                                dtype=torch.float64)])
-            mean_loss, stop = (ctx.all_reduce_sum(flags) / torch.tensor([W, 1], device=ctx.device)).tolist()
+            mean_loss, stop = (ctx.all_reduce_sum(flags) / to_means).tolist()
             if not math.isfinite(mean_loss):
                 log.close()
                 raise UserError(f"the loss became {mean_loss} at step {step + 1}; stopped before updating. "
