@@ -68,6 +68,15 @@ def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
     return parse_configs(",".join(names))
 
 
+def _read_run(run_dir: Path) -> dict[str, Any]:
+    """A run directory's summary, epoch times and logged examples/sec windows."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"summary": summary,
+            "epoch_times": [r["epoch_time_s"] for r in records if "epoch_time_s" in r],
+            "window_rates": [r["examples_per_sec"] for r in records if "loss" in r]}
+
+
 def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--no-tensorboard", "--out", str(out), *flags]
     t0 = time.perf_counter()
@@ -76,11 +85,7 @@ def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
     if proc.returncode:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
         raise RuntimeError(lines[-1][:300])
-    summary = json.loads((out / "summary.json").read_text())
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"summary": summary, "wall_s": wall,
-            "epoch_times": [r["epoch_time_s"] for r in records if "epoch_time_s" in r],
-            "window_rates": [r["examples_per_sec"] for r in records if "loss" in r]}
+    return {**_read_run(out), "wall_s": wall}
 
 
 def _stats(values: list[float]) -> dict[str, float | None]:
@@ -138,12 +143,10 @@ def context() -> dict:
 def result_from_run(run_dir: Path) -> dict:
     """A finished `paratrain train` run as one row of a report (for `paratrain report`)."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        run = _read_run(run_dir)
     except (OSError, ValueError) as e:
         raise UserError(f"{run_dir} is not a finished paratrain run ({e}); pass run directories") from None
-    epochs = [r["epoch_time_s"] for r in records if "epoch_time_s" in r]
-    rates = [r["examples_per_sec"] for r in records if "loss" in r]
+    summary, epochs, rates = run["summary"], run["epoch_times"], run["window_rates"]
     total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
     return {"name": run_dir.name, "family": summary["strategy"], "devices": summary["world_size"],
             "status": "ok", "repeats": 1, "examples_per_sec": _stats(rates[1:] or rates),

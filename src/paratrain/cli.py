@@ -107,9 +107,9 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
 
 def _load_data(cfg: C.TrainConfig):  # noqa: ANN202
     from .data import load_dataset
+    from .models import native_channels
 
-    channels = 3 if cfg.model == "cifar10-net" else 1  # shapes only the synthetic dataset
-    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, channels)
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model))
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -137,8 +137,6 @@ def _tower_plan(cfg: C.TrainConfig, plan: Any) -> tuple[Any, C.TrainConfig]:
 
     if launch.under_torchrun():
         raise UserError("--strategy tower runs in one process; start it without torchrun")
-    if cfg.batch_size % plan.workers:
-        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} towers")
     on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
     one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
     return one, cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers))
@@ -156,11 +154,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         is_main = True
     if cfg.batch_per_worker:
         cfg = cfg.replace(batch_size=cfg.batch_per_worker * plan.workers)
+    if cfg.batch_size % plan.workers:  # checked here, once, before any process starts
+        unit = "towers" if cfg.strategy == "tower" else "workers"
+        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} {unit}; "
+                        f"use a multiple of {plan.workers}")
     if cfg.strategy == "tower":
         plan, cfg = _tower_plan(cfg, plan)
-    if cfg.batch_size % plan.workers:
-        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} workers; "
-                        f"use a multiple of {plan.workers}")
     resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
     if resume is not None and resume["config"].get("model") != cfg.model:
         raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "

@@ -79,17 +79,26 @@ def _set_threads(n: int) -> None:
         pass
 
 
+def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | None, plan: Plan,
+                cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None,
+                devices: list[str] | None) -> dict[str, Any] | None:
+    """This process as one worker: tune it, join the group, train, leave the group."""
+    from .train import fit
+
+    tune_malloc()
+    _set_threads(plan.threads_per_worker)
+    ctx = dist.init(rank, world_size, local_rank, plan.accelerator, init_method)
+    try:
+        return fit(ctx, cfg, data, resume, devices=devices)
+    finally:
+        dist.teardown(ctx)
+
+
 def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: TrainConfig, data: Splits,
             resume: dict[str, Any] | None, result_queue: Any) -> None:
     """Entry point of a spawned worker: a UserError becomes one line on stderr and its exit code."""
-    tune_malloc()
-    _set_threads(plan.threads_per_worker)
-    ctx = None
     try:
-        ctx = dist.init(rank, world_size, rank, plan.accelerator, init_method)
-        from .train import fit
-
-        summary = fit(ctx, cfg, data, resume, devices=describe_devices(plan))
+        summary = _train_here(rank, world_size, rank, init_method, plan, cfg, data, resume, describe_devices(plan))
         if summary is not None:
             result_queue.put(summary)
     except UserError as e:
@@ -98,9 +107,6 @@ def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: Train
         sys.exit(e.code)
     except KeyboardInterrupt:
         sys.exit(130)
-    finally:
-        if ctx is not None:
-            dist.teardown(ctx)
 
 
 def describe_devices(plan: Plan) -> list[str]:
@@ -111,22 +117,11 @@ def describe_devices(plan: Plan) -> list[str]:
 
 def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None) -> dict[str, Any] | None:
     """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks)."""
-    from .train import fit
-
     if under_torchrun():
         rank, world_size, local_rank = torchrun_ranks()
-        tune_malloc()
-        _set_threads(plan.threads_per_worker)
-        ctx = dist.init(rank, world_size, local_rank, plan.accelerator, None)
-        try:
-            return fit(ctx, cfg, data, resume, devices=None)
-        finally:
-            dist.teardown(ctx)
+        return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None)
     if plan.workers == 1:
-        tune_malloc()
-        _set_threads(plan.threads_per_worker)
-        ctx = dist.init(0, 1, 0, plan.accelerator)
-        return fit(ctx, cfg, data, resume, devices=describe_devices(plan))
+        return _train_here(0, 1, 0, None, plan, cfg, data, resume, describe_devices(plan))
     return _spawn(cfg, plan, data, resume)
 
 

@@ -63,7 +63,8 @@ def predict(w: Workload, n: int, bandwidth: float, latency: float, overlap: bool
 def workload_from_bench(results: dict) -> tuple[Workload, dict]:
     """The 1-device row of a bench (cpu:1t, gpu:1, or ddp-cpu:1): compute per example, fixed cost, and
     the gradient size of the bench's model."""
-    from .models import build_model, input_size
+    from .data import synthetic_side
+    from .models import build_model, input_size, native_channels
 
     rows = {r["name"]: r for r in results["results"] if r["status"] == "ok" and r.get("step_phases_s")}
     base = rows.get("gpu:1") or rows.get("cpu:1t") or rows.get("ddp-cpu:1")
@@ -72,8 +73,8 @@ def workload_from_bench(results: dict) -> tuple[Workload, dict]:
                         "run `paratrain bench` with one of them")
     flags = results["train_flags"]
     model = flags[flags.index("--model") + 1] if "--model" in flags else "lenet5"
-    channels = 3 if model == "cifar10-net" else 1
-    side = input_size(model, 32 if channels == 3 else 28)
+    channels = native_channels(model)
+    side = input_size(model, synthetic_side(channels))
     params = sum(p.numel() for p in build_model(model, channels, side, 10).parameters())
     phases = base["step_phases_s"]
     w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"], 4.0 * params)

@@ -11,6 +11,11 @@ DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 DEFAULT_DATA_DIR = "data"
 
 
+def synthetic_side(channels: int) -> int:
+    """Synthetic images look like CIFAR-10 (32x32) in colour and like MNIST (28x28) in grey."""
+    return 32 if channels == 3 else 28
+
+
 def load_dataset(name: str, data_dir: str | None = None, download: bool = True, val_size: int | None = None,
                  channels: int = 1) -> Splits:
     """Load a dataset into memory; `channels` only shapes the synthetic one."""
@@ -30,8 +35,8 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
     if name == "synthetic":
         from . import synthetic
 
-        return synthetic.load(channels, 32 if channels == 3 else 28, val_size)
+        return synthetic.load(channels, synthetic_side(channels), val_size)
     raise UserError(f"unknown dataset '{name}'; choose one of: {', '.join(DATASETS)}")
 
 
-__all__ = ["DATASETS", "Splits", "load_dataset"]
+__all__ = ["DATASETS", "Splits", "load_dataset", "synthetic_side"]

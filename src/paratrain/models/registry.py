@@ -22,13 +22,14 @@ class ModelSpec:
     # None: any size (the MLP flattens whatever it gets).
     input_size: int | None
     default_dropout: float | None = None
+    channels: int = 1  # of the images the model was drawn for (shapes the synthetic dataset)
 
 
 REGISTRY: dict[str, ModelSpec] = {
     "lenet5": ModelSpec(lambda c, k, o: LeNet5(c, k), 32),
     "convnet": ModelSpec(lambda c, k, o: ConvNet(c, k, o["dropout"]), 28, 0.25),
     "mnist-net": ModelSpec(lambda c, k, o: MnistNet(c, k, o["dropout"]), 28, 0.5),
-    "cifar10-net": ModelSpec(lambda c, k, o: Cifar10Net(c, k), 24),
+    "cifar10-net": ModelSpec(lambda c, k, o: Cifar10Net(c, k), 24, channels=3),
     "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
                                          o["dropout"]), None, 0.0),
 }
@@ -38,6 +39,11 @@ def _spec(name: str) -> ModelSpec:
     if name not in REGISTRY:
         raise UserError(f"unknown model '{name}'; choose one of: {', '.join(REGISTRY)}")
     return REGISTRY[name]
+
+
+def native_channels(name: str) -> int:
+    """Colour channels of the dataset the model was drawn for: 3 for the CIFAR-10 net, else 1."""
+    return _spec(name).channels
 
 
 def input_size(name: str, data_size: int) -> int:
