@@ -231,7 +231,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         eval_time += time.perf_counter() - t_eval
         log.epoch(step=step, epoch=epoch + 1, epochs=epochs, val_accuracy=val[0], val_loss=val[1],
                   epoch_time_s=epoch_time)
-        t_window = time.perf_counter()  # evaluation is not training time
+        t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
         if stopped_by_time:
             break
 
