@@ -24,12 +24,17 @@ def test_step_time_with_and_without_overlap() -> None:
     assert step_time_s(w, 4, 100, 1e11, 0.0, overlap=False) == pytest.approx(0.010 + 0.001 + 0.015)
     # overlap hides 2/3 x 10 ms of the 15 ms
     assert step_time_s(w, 4, 100, 1e11, 0.0, overlap=True) == pytest.approx(0.010 + 0.001 + 0.015 - 0.010 * 2 / 3)
+    # latency: 2(N-1) messages for the gradients and as many for the 16-byte flags, which are never hidden
+    no_data = Workload(compute_per_example_s=1e-4, fixed_per_step_s=0.0, grad_bytes=0.0)
+    assert step_time_s(no_data, 4, 100, float("inf"), 1e-5, overlap=False) == pytest.approx(0.010 + 12e-5)
+    assert step_time_s(no_data, 4, 100, float("inf"), 1e-5, overlap=True) == pytest.approx(0.010 + 6e-5)
 
 
 def test_weak_and_strong_scaling() -> None:
     w = Workload(1e-4, 0.0, 0.0)  # no communication: perfect scaling either way
-    assert predict(w, 16, 1e9, 0.0, False, per_device_batch=64)["efficiency"] == pytest.approx(1.0)
-    strong = predict(Workload(1e-4, 1e-3, 0.0), 4, 1e9, 0.0, False, global_batch=400)
+    free = float("inf")  # an infinitely fast link with no latency
+    assert predict(w, 16, free, 0.0, False, per_device_batch=64)["efficiency"] == pytest.approx(1.0)
+    strong = predict(Workload(1e-4, 1e-3, 0.0), 4, free, 0.0, False, global_batch=400)
     # one device: 400 ex in 41 ms; four: 100 ex each in 11 ms -> 400 / 0.011
     assert strong["examples_per_sec"] == pytest.approx(400 / 0.011)
     assert strong["speedup"] == pytest.approx(0.041 / 0.011)

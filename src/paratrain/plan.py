@@ -3,10 +3,14 @@
 Cost model (every assumption is printed with the table):
 - a step on each of N devices = per-device batch b x compute time per example (measured on one device,
   taken as linear in b) + a fixed per-step cost (data indexing + optimizer, measured);
-- the gradient all-reduce is a ring: 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency (alpha-beta);
+- the gradient all-reduce is a ring: 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency (alpha-beta), plus
+  paratrain's one 16-byte all-reduce per step (the loss and stop flags) at the same cost;
 - with overlap, the all-reduce runs during the backward pass (2/3 of the compute) and only what sticks
   out of it adds to the step; without overlap it adds whole;
-- weak scaling (a fixed batch per device) unless a global batch is given (strong scaling).
+- weak scaling (a fixed batch per device) unless a global batch is given (strong scaling);
+- devices do not slow each other's compute (true of separate GPUs). CPU worker processes on one host do:
+  they share caches and memory bandwidth. To validate on CPU workers, that slowdown is measured on its own
+  (N processes computing without communicating) and applied to the compute term.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ LINKS = {
     "ib-ndr": (45e9, 5e-6),  # InfiniBand NDR 400 Gb/s between nodes
     "ethernet-25g": (2.8e9, 30e-6),  # 25 GbE with TCP
 }
+FLAG_BYTES = 16  # the per-step [mean loss, stop] all-reduce of the training loop
 BACKWARD_FRACTION = 2 / 3  # backward ~ 2x forward: the window an all-reduce can hide in
 
 
@@ -47,7 +52,8 @@ def step_time_s(w: Workload, n: int, per_device_batch: float, bandwidth: float, 
     compute = per_device_batch * w.compute_per_example_s
     comm = ring_allreduce_s(n, w.grad_bytes, bandwidth, latency)
     exposed = max(0.0, comm - BACKWARD_FRACTION * compute) if overlap else comm
-    return compute + w.fixed_per_step_s + exposed
+    flags = ring_allreduce_s(n, FLAG_BYTES, bandwidth, latency)  # after backward: never hidden
+    return compute + w.fixed_per_step_s + exposed + flags
 
 
 def predict(w: Workload, n: int, bandwidth: float, latency: float, overlap: bool,
@@ -71,8 +77,7 @@ def workload_from_bench(results: dict) -> tuple[Workload, dict]:
     if base is None:
         raise UserError("the bench has no 1-device row with a step breakdown (gpu:1, cpu:1t or ddp-cpu:1); "
                         "run `paratrain bench` with one of them")
-    flags = results["train_flags"]
-    model = flags[flags.index("--model") + 1] if "--model" in flags else "lenet5"
+    model = bench_model(results)
     channels = native_channels(model)
     side = input_size(model, synthetic_side(channels))
     params = sum(p.numel() for p in build_model(model, channels, side, 10).parameters())
@@ -118,18 +123,82 @@ def _time_allreduce(rank: int, init: str, sizes: tuple[int, ...], repeats: int, 
     dist.destroy_process_group()
 
 
-def validate(results: dict, w: Workload, bandwidth: float, latency: float) -> list[dict]:
-    """The model's prediction for every measured multi-device DDP row of the bench, beside the measurement."""
+def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: int = 30) -> float:
+    """Compute time per example of n 1-thread processes that each run forward + backward at `batch` on this
+    host at once (no communication: they share only caches and memory bandwidth), over that of one process
+    alone at `base_batch` (the bench's 1-device row). Both timings come from the same processes, one right
+    after the other, so machine drift mostly cancels."""
+    import torch.multiprocessing as mp
+
+    from .launch import _free_port
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_time_compute, args=(f"tcp://127.0.0.1:{_free_port()}", n, model, (base_batch, batch),
+                                            steps, queue), nprocs=n, start_method="spawn")
+    results = [queue.get() for _ in range(n)]
+    alone = next(t for rank, t, _ in results if rank == 0)
+    return statistics.fmean(t for _, _, t in results) / batch / (alone / base_batch)
+
+
+def _time_compute(rank: int, init: str, n: int, model: str, batches: tuple[int, int], steps: int,
+                  queue) -> None:  # noqa: ANN001
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from .data import synthetic_side
+    from .launch import tune_malloc
+    from .models import build_model, input_size, native_channels
+
+    torch.set_num_threads(1)
+    tune_malloc()  # as in a training worker
+    channels = native_channels(model)
+    side = input_size(model, synthetic_side(channels))
+    net = build_model(model, channels, side, 10)
+
+    def median_step(batch: int) -> float:
+        x, y = torch.randn(batch, channels, side, side), torch.randint(0, 10, (batch,))
+        for _ in range(3):  # warm-up: first-touch allocations
+            F.cross_entropy(net(x), y).backward()
+        samples = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            net.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x), y).backward()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
+    dist.barrier()
+    alone = median_step(batches[0]) if rank == 0 else 0.0  # the others wait in the barrier below
+    dist.barrier()
+    together = median_step(batches[1])
+    dist.barrier()
+    queue.put((rank, alone, together))
+    dist.destroy_process_group()
+
+
+def validate(results: dict, w: Workload, bandwidth: float, latency: float,
+             slowdown: dict[int, float] | None = None) -> list[dict]:
+    """The model's prediction for every measured multi-device DDP row of the bench, beside the measurement.
+    `slowdown[n]` scales the compute of n co-located CPU workers (measure_colocation)."""
     out = []
     for r in results["results"]:
         if r["status"] != "ok" or r["family"] not in ("ddp-cpu", "gpu") or r["devices"] < 2:
             continue
-        predicted = predict(w, r["devices"], bandwidth, latency, overlap=r["family"] == "gpu",
+        factor = (slowdown or {}).get(r["devices"], 1.0) if r["family"] == "ddp-cpu" else 1.0
+        wr = Workload(w.compute_per_example_s * factor, w.fixed_per_step_s, w.grad_bytes)
+        predicted = predict(wr, r["devices"], bandwidth, latency, overlap=r["family"] == "gpu",
                             global_batch=r["global_batch_size"])["examples_per_sec"]
         measured = r["examples_per_sec"]["mean"]
         out.append({"name": r["name"], "measured": measured, "predicted": predicted,
-                    "error": predicted / measured - 1})
+                    "colocation_slowdown": factor, "error": predicted / measured - 1})
     return out
+
+
+def bench_model(results: dict) -> str:
+    flags = results["train_flags"]
+    return flags[flags.index("--model") + 1] if "--model" in flags else "lenet5"
 
 
 def load_results(path: str) -> dict:
