@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, train
+from conftest import max_abs_diff, run_cli, train, weights
 
 from paratrain.bench import add_speedups, default_configs, parse_configs
+from paratrain.devices import usable_cores
 from paratrain.errors import UserError
 
 
@@ -44,12 +45,16 @@ def test_speedups() -> None:
 
 def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
+    all_cores = f"cpu:{usable_cores()}t"  # one process with every core: what ddp-cpu:1 runs as
     proc = run_cli("bench", "--dataset", "synthetic", "--steps", "8", "--repeats", "1", "--configs",
-                   "ddp-cpu:1,ddp-cpu:2,gpu:64", "--out", str(out), timeout=600)
+                   f"ddp-cpu:1,ddp-cpu:2,gpu:64,{all_cores}", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     assert {"context", "train_flags", "repeats", "results"} <= report.keys()
-    ok, failed = report["results"][:2], report["results"][2]
+    ok, failed, same = report["results"][:2], report["results"][2], report["results"][3]
+    assert same["name"] == all_cores and same["same_as"] == "ddp-cpu:1" and same["family"] == "cpu"
+    assert same["examples_per_sec"] == ok[0]["examples_per_sec"]  # measured once, not twice
+    assert not list((out / "runs").glob("cpu-*"))
     assert failed["status"] == "failed" and failed["error"]  # reported, and the others still ran
     for row in ok:
         assert row["status"] == "ok"
@@ -71,3 +76,14 @@ def test_report_of_finished_runs(tmp_path: Path) -> None:
     assert (tmp_path / "rep" / "scaling.png").exists()
     proc = run_cli("report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2"))
     assert proc.returncode == 2 and "is not a finished paratrain run" in proc.stderr
+
+
+def test_timed_phases_train_the_same_weights(tmp_path: Path) -> None:
+    """--time-phases swaps DDP's overlapped all-reduce for an explicit one after backward: same update."""
+    args = ("--steps", "6", "--devices", "2", "--optimizer", "sgd", "--batch-size", "64")
+    plain = train(tmp_path / "plain", *args)
+    timed = train(tmp_path / "timed", *args, "--time-phases")
+    assert plain["step_phases_s"] is None
+    assert set(timed["step_phases_s"]) == {"data", "compute", "allreduce", "optimizer"}
+    assert timed["step_phases_s"]["allreduce"] > 0
+    assert max_abs_diff(weights(tmp_path / "plain"), weights(tmp_path / "timed")) < 1e-6

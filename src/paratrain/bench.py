@@ -156,13 +156,30 @@ def result_from_run(run_dir: Path) -> dict:
             "speedup": None, "efficiency": None}
 
 
+def _setup(config: BenchConfig) -> tuple:
+    """What a configuration runs as, once resolved: ddp-cpu:1 is cpu:Kt with K = every core, for one."""
+    flags = dict(zip(config.flags[::2], config.flags[1::2], strict=False))
+    threads = int(flags["--threads-per-worker"]) if "--threads-per-worker" in flags else None
+    try:
+        plan = devices.resolve(flags["--accelerator"], flags["--devices"], threads)
+    except UserError:  # measured anyway: the failure goes into the report
+        return config.flags
+    return plan, "--strategy" in config.flags
+
+
 def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, out: Path,
               timeout: float = 3600) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results: list[dict] = []
+    measured: dict[tuple, dict] = {}  # resolved set-up -> its row: the same runs are never repeated
     for config in tqdm(configs, desc="bench", unit="config"):
+        same = measured.get(_setup(config))
+        if same is not None:
+            results.append({**same, **asdict(config), "same_as": same["name"]})
+            continue
         try:
             results.append(measure(config, train_flags, repeats, out, timeout))
+            measured[_setup(config)] = results[-1]
         except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as e:
             results.append({**asdict(config), "status": "failed", "error": str(e).strip()})
             tqdm.write(f"bench: {config.name} failed: {e}")

@@ -19,6 +19,7 @@ from torch import nn
 from .dist import DistContext
 
 PHASES = ("data", "compute", "allreduce", "optimizer")
+WARMUP_STEPS = 1  # the first step allocates every buffer: it is left out of the averages
 
 
 class PhaseTimer:
@@ -29,7 +30,7 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        if not self.active:
+        if not self.active or self.steps < WARMUP_STEPS:
             yield
             return
         self.ctx.synchronize()
@@ -53,6 +54,7 @@ class PhaseTimer:
                 offset += g.numel()
 
     def per_step(self) -> dict[str, float] | None:
-        if not self.active or not self.steps:
+        timed = self.steps - WARMUP_STEPS
+        if not self.active or timed < 1:
             return None
-        return {name: self.seconds[name] / self.steps for name in PHASES}
+        return {name: self.seconds[name] / timed for name in PHASES}

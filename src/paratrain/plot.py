@@ -125,12 +125,14 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench") -> Pat
         split = " / ".join(f"{1000 * phases[p]:.1f}" for p in PHASES) if phases else "-"
         speed = f"{r['speedup']:.2f}x" if r.get("speedup") is not None else "-"
         eff = f"{100 * r['efficiency']:.0f}%" if r.get("efficiency") is not None else "-"
-        lines.append(f"| {r['name']} | {r['devices']} | {_fmt(r['examples_per_sec'], 0)} | {speed} | {eff} | "
+        name = f"{r['name']} (= {r['same_as']})" if r.get("same_as") else r["name"]
+        lines.append(f"| {name} | {r['devices']} | {_fmt(r['examples_per_sec'], 0)} | {speed} | {eff} | "
                      f"{_fmt(r['epoch_time_s'])} | {_fmt(r['eval_time_s'])} | {_fmt(r['total_time_s'])} | "
                      f"{_fmt(r['test_accuracy'], 4)} | {split} |")
     lines += ["", "Examples/s exclude each run's first logged window (warm-up); epoch times exclude the first "
               "epoch. Speed-up is against the 1-device row of the same kind of device; efficiency is speed-up / "
-              "devices. The step breakdown comes from a separate 30-step run with --time-phases, which "
+              "devices. A row marked (= X) runs exactly as X does (same processes and threads): it is measured "
+              "once. The step breakdown comes from a separate 30-step run with --time-phases (step 1 left out), which "
               "synchronises around each phase and all-reduces after the backward pass instead of during it.", ""]
     lines += [f"![{name[:-4]}]({name})" for name in plots]
     path = out / "report.md"
