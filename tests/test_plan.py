@@ -58,3 +58,17 @@ def test_plan_command(tmp_path: Path) -> None:
     assert len(saved["rows"]) == 11 and (tmp_path / "plan" / "plan.png").exists()
     bad = run_cli("plan", "--results", str(tmp_path), "--link", "carrier-pigeon")
     assert bad.returncode == 2 and "unknown --link 'carrier-pigeon'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_plan_predicts_two_gloo_workers_within_20_percent(tmp_path: Path) -> None:
+    """The issue's validation: the model's prediction for measured CPU workers (gloo) is within 20%.
+    Slow (a bench of two configurations, then measurements of this host), and as noisy as the host."""
+    out = tmp_path / "bench"
+    proc = run_cli("bench", "--dataset", "synthetic", "--configs", "cpu:1t,ddp-cpu:2", "--steps", "120",
+                   "--repeats", "1", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("plan", "--results", str(out), "--max-devices", "2", "--out", str(tmp_path / "plan"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (check,) = json.loads((tmp_path / "plan" / "plan.json").read_text())["validation"]
+    assert check["name"] == "ddp-cpu:2" and abs(check["error"]) < 0.20, check
