@@ -17,7 +17,7 @@ MNIST_DIR = SHARED_DATA / "mnist"
 CIFAR_DIR = SHARED_DATA / "cifar-10-batches-bin"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def mnist_dir() -> Path:
     if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip(f"real MNIST files not found in {MNIST_DIR} (they come with the project's shared/ folder)")

@@ -42,8 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("devices", help="show the CPU, GPUs, backend, and what --devices auto means")
     dev.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("recipes", help="list the recipes that `paratrain train --recipe NAME` takes")
-    train = sub.add_parser("train", help="train a model with data parallelism on the local devices")
+    train = sub.add_parser("train", help="train a model with data, pipeline or hybrid parallelism")
     _add_train_flags(train)
+    train.add_argument("--print-split", action="store_true",
+                       help="pipeline/hybrid: show the stages, their parameters and counted cost, and exit")
     bench = sub.add_parser("bench", help="measure the same training in every device configuration, with plots")
     bench.add_argument("--model", default="lenet5", choices=C.MODELS)
     bench.add_argument("--dataset", default="mnist", choices=C.DATASETS)
@@ -99,6 +101,10 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     values.update({name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None})
     if "batch_size" in values and "batch_per_worker" not in values:
         values["batch_per_worker"] = None  # an explicit global batch overrides a per-worker one
+    if values.get("strategy", base.strategy) != base.strategy:  # e.g. resuming a pipeline run with DDP
+        values.setdefault("stages", None)
+        values.setdefault("split", "auto")
+        values.setdefault("devices", "auto")
     cfg = C.from_dict(values, base)
     if cfg.resume:
         cfg = cfg.replace(out=cfg.resume)
@@ -144,22 +150,60 @@ def _tower_plan(cfg: C.TrainConfig, plan: Any) -> tuple[Any, C.TrainConfig]:
     return one, cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers))
 
 
+def _pipeline_copies(cfg: C.TrainConfig, workers: int) -> int:
+    """How many copies of the K-stage pipeline N workers make (1 for --strategy pipeline)."""
+    k = cfg.stages
+    if cfg.strategy == "pipeline" and workers != k:
+        raise UserError(f"--strategy pipeline runs one worker per stage: --stages {k} needs --devices {k}, not "
+                        f"{workers}; for more workers use --strategy hybrid")
+    if workers % k:
+        raise UserError(f"--strategy hybrid needs a worker count that --stages {k} divides; {workers} is not; "
+                        f"use --devices {k * max(1, workers // k)}")
+    return workers // k
+
+
+def _pipeline_split(cfg: C.TrainConfig, data: Any) -> tuple[C.TrainConfig, str]:
+    """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker."""
+    import torch
+
+    from .models import input_size
+    from .strategies import pipeline
+    from .train import make_model
+
+    model = pipeline.layers_of(make_model(cfg, data), cfg.model)
+    side = input_size(cfg.model, data.image_size)
+    cuts, costs = pipeline.resolve_cuts(model, cfg.split, cfg.stages, torch.zeros(1, data.channels, side, side))
+    return cfg.replace(split=",".join(map(str, cuts))), pipeline.split_table(model, cuts, costs)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, launch
 
     cfg = resolve_config(args)
+    if args.print_split:
+        if cfg.strategy not in C.PIPELINED:
+            raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
+        print(_pipeline_split(cfg, _load_data(cfg))[1])
+        return 0
+    if cfg.strategy == "pipeline" and cfg.devices == "auto":
+        cfg = cfg.replace(devices=str(cfg.stages))  # a pipeline is one worker per stage
     if launch.under_torchrun():
         plan = launch.torchrun_plan(cfg.accelerator, cfg.threads_per_worker)
         is_main = launch.torchrun_ranks()[0] == 0
     else:
-        plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker)
+        plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker, cfg.oversubscribe)
         is_main = True
+    copies = _pipeline_copies(cfg, plan.workers) if cfg.strategy in C.PIPELINED else plan.workers
     if cfg.batch_per_worker:
-        cfg = cfg.replace(batch_size=cfg.batch_per_worker * plan.workers)
-    if cfg.batch_size % plan.workers:  # checked here, once, before any process starts
-        unit = "towers" if cfg.strategy == "tower" else "workers"
-        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {plan.workers} {unit}; "
-                        f"use a multiple of {plan.workers}")
+        cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
+    if cfg.batch_size % copies:  # checked here, once, before any process starts
+        unit = {"tower": "towers", "pipeline": "pipeline", "hybrid": "pipeline copies"}.get(cfg.strategy, "workers")
+        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {unit}; "
+                        f"use a multiple of {copies}")
+    if cfg.strategy in C.PIPELINED and (cfg.batch_size // copies) % cfg.microbatches:
+        raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
+                        f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
+                        f"{copies * cfg.microbatches}")
     if cfg.strategy == "tower":
         plan, cfg = _tower_plan(cfg, plan)
     resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
@@ -167,6 +211,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "
                         f"not '{cfg.model}'; resume with --model {resume['config'].get('model')}")
     data = _load_data(cfg)
+    if cfg.strategy in C.PIPELINED:
+        cfg = _pipeline_split(cfg, data)[0]
     if is_main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")

@@ -22,6 +22,9 @@ OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta")
 SCHEDULES = ("constant", "exponential", "step", "cosine")
 PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
+STRATEGIES = ("ddp", "tower", "pipeline", "hybrid")
+PIPELINED = ("pipeline", "hybrid")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -43,12 +46,19 @@ class TrainConfig:
     dropout: float | None = _f(None, "dropout probability (default: the model's own)")
     # where to run
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
-    strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device",
-                       choices=("ddp", "tower"))
+    strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
+                       "pipeline: the layers cut into --stages, a process each; hybrid: data x pipeline",
+                       choices=STRATEGIES)
     param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
                            choices=("auto", "cpu", "cuda:0"))
-    devices: str = _f("auto", "data-parallel workers: auto or a number")
+    devices: str = _f("auto", "workers (processes): auto or a number")
     threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
+    oversubscribe: bool = _f(False, "allow more CPU workers than cores (much slower; for tests)",
+                             flag="--oversubscribe")
+    stages: int | None = _f(None, "pipeline/hybrid: stages the layers are cut into, a worker each")
+    microbatches: int = _f(4, "pipeline/hybrid: micro-batches each worker's batch is cut into")
+    schedule: str = _f("gpipe", "pipeline/hybrid: the pipeline schedule", choices=PIPELINE_SCHEDULES)
+    split: str = _f("auto", "pipeline/hybrid: auto (balance the counted cost) or cut points, e.g. 3,5")
     # optimisation
     batch_size: int | None = _f(None, "GLOBAL batch size, split evenly across workers (default: per dataset)")
     batch_per_worker: int | None = _f(None, "batch per worker instead: the global batch is this x workers")
@@ -177,7 +187,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name, value in (("model", cfg.model), ("dataset", cfg.dataset), ("optimizer", cfg.optimizer),
                         ("activation", cfg.activation), ("accelerator", cfg.accelerator),
                         ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
-                        ("strategy", cfg.strategy), ("param_device", cfg.param_device)):
+                        ("strategy", cfg.strategy), ("param_device", cfg.param_device),
+                        ("schedule", cfg.schedule)):
         choices = FIELDS[name].metadata["choices"]
         if value not in choices:
             bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")
@@ -189,7 +200,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 "epochs": cfg.epochs, "log_every": cfg.log_every, "width": cfg.width, "depth": cfg.depth}
     if cfg.steps is not None:
         positive["steps"] = cfg.steps
-    positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints)
+    positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints, microbatches=cfg.microbatches)
     for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps"):
         if getattr(cfg, name) is not None:
             positive[name] = getattr(cfg, name)
@@ -217,4 +228,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
     if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
         bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
+    if cfg.strategy in PIPELINED:
+        if cfg.stages is None or cfg.stages < 2:
+            bad(f"--strategy {cfg.strategy} needs --stages K, 2 or more (the pieces the layers are cut into)")
+        # What a pipeline does not do (yet): each needs the whole model's gradients or weights per step.
+        for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
+                         (cfg.precision != "32", "--precision " + cfg.precision),
+                         (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases")):
+            if on:
+                bad(f"{flag} is not available with --strategy {cfg.strategy}; leave it out or use --strategy ddp")
+    elif cfg.stages is not None:
+        bad(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
     return cfg

@@ -74,8 +74,9 @@ class Plan:
         return asdict(self)
 
 
-def resolve(accelerator: str, devices: str, threads_per_worker: int | None) -> Plan:
-    """Turn --accelerator/--devices/--threads-per-worker into a concrete plan, or a UserError."""
+def resolve(accelerator: str, devices: str, threads_per_worker: int | None, oversubscribe: bool = False) -> Plan:
+    """Turn --accelerator/--devices/--threads-per-worker into a concrete plan, or a UserError.
+    `oversubscribe` lets CPU workers outnumber the cores (one thread each): slow, but it runs."""
     n_gpus = torch.cuda.device_count()
     cores = usable_cores()
     if accelerator == "auto":
@@ -91,9 +92,11 @@ def resolve(accelerator: str, devices: str, threads_per_worker: int | None) -> P
         threads = threads_per_worker or max(1, cores // workers)
         return Plan("gpu", workers, threads, "nccl")
     workers = min(cores, MAX_AUTO_CPU_WORKERS) if devices == "auto" else int(devices)
+    if oversubscribe and workers > cores:
+        return Plan("cpu", workers, 1, "gloo")
     if workers > cores:
         raise UserError(f"--devices {workers} asks for more CPU workers than the {cores} cores here "
-                        f"(it would oversubscribe them); use --devices {cores} or fewer")
+                        f"(it would oversubscribe them); use --devices {cores} or fewer, or --oversubscribe")
     threads = threads_per_worker or max(1, cores // workers)
     if workers * threads > cores:
         raise UserError(f"{workers} workers x {threads} threads exceed the {cores} cores here; "

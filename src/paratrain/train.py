@@ -6,7 +6,7 @@ import contextlib
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from . import checkpoint, strategies
-from .config import TrainConfig
+from .config import PIPELINED, TrainConfig
 from .data import Splits
 from .data.sharding import epoch_permutation, eval_range, global_batch, steps_per_epoch, worker_part
 from .data.transforms import Augment, BatchPipeline
@@ -24,6 +24,9 @@ from .models import build_model, input_size
 from .optim import make_optimizer, make_scheduler
 from .phases import PhaseTimer
 from .runlog import RunLog, write_summary
+
+if TYPE_CHECKING:
+    from .strategies.pipeline import Pipeline
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -86,18 +89,30 @@ def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: Ba
     return correct / count, loss_sum / count
 
 
-def _state(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any,
+def _state(cfg: TrainConfig, weights: nn.Module, optimizer_state: dict, scheduler: Any, scaler: Any,
            ema: AveragedModel | None, step: int, epoch: int) -> dict[str, Any]:
     def cpu(module: nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in module.state_dict().items()}
 
-    state = {"model": cpu(strategies.unwrap(model)), "optimizer": optimizer.state_dict(),
+    state = {"model": cpu(weights), "optimizer": optimizer_state,
              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step, "epoch": epoch,
              "config": cfg.to_dict()}
     if ema is not None:
         state["ema_model"] = cpu(ema.module)
         state["ema_n_averaged"] = int(ema.n_averaged)
     return state
+
+
+def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Module) -> Pipeline:
+    """This worker's stage of the pipeline (pipeline and hybrid strategies)."""
+    from .strategies.pipeline import Layout, Pipeline, layers_of  # imported only where a pipeline runs
+
+    layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
+    side = input_size(cfg.model, data.image_size)
+    micro = cfg.batch_size // layout.replicas // cfg.microbatches
+    cuts = [int(c) for c in cfg.split.split(",")]  # resolved by the launcher
+    return Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
+                    torch.zeros(micro, data.channels, side, side))
 
 
 def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
@@ -114,15 +129,23 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     epochs = math.ceil(total_steps / per_epoch)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
-    model = make_model(cfg, data).to(ctx.device)
+    model = make_model(cfg, data)
+    if resume is not None:
+        checkpoint.load_weights(model, resume, cfg.resume)
+    # A pipeline worker trains only its stage's layers; dp_rank/dp_size: which share of each batch it takes.
+    stage = make_stage(cfg, ctx, data, model) if cfg.strategy in PIPELINED else None
+    model = stage.module if stage is not None else model.to(ctx.device)
+    dp_rank, dp_size = (stage.layout.replica, stage.layout.replicas) if stage else (ctx.rank, W)
     optimizer = make_optimizer(cfg, model.parameters())
     scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "16-mixed")
     ema = make_ema(model, cfg.ema) if cfg.ema else None
     step = 0
     if resume is not None:
-        checkpoint.load_weights(model, resume, cfg.resume)
-        optimizer.load_state_dict(resume["optimizer"])
+        if stage is not None:
+            stage.load_optimizer(optimizer, resume["optimizer"])
+        else:
+            optimizer.load_state_dict(resume["optimizer"])
         scheduler.load_state_dict(resume.get("scheduler", {"last_epoch": resume["step"]}))
         scaler.load_state_dict(resume.get("scaler", {}))
         if ema is not None and "ema_model" in resume:
@@ -143,9 +166,17 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             return contextlib.nullcontext()
         return torch.autocast(ctx.device.type, dtype=autocast_dtype)
 
+    def whole_model() -> nn.Module:
+        """The model with its current weights: gathered from the stages in a pipeline (collective)."""
+        return stage.gather_model() if stage is not None else raw
+
     def checkpoint_now(epoch: int) -> None:
+        if stage is not None:  # collectives: every worker takes part, rank 0 writes
+            weights, optimizer_state = whole_model(), stage.gather_optimizer(optimizer)
+        elif ctx.is_main:
+            weights, optimizer_state = raw, optimizer.state_dict()
         if ctx.is_main:
-            state = _state(cfg, model, optimizer, scheduler, scaler, ema, step, epoch)
+            state = _state(cfg, weights, optimizer_state, scheduler, scaler, ema, step, epoch)
             checkpoint.save_step(state, ckpt_dir, step, cfg.keep_checkpoints)
 
     timer = PhaseTimer(ctx, cfg.time_phases)
@@ -156,7 +187,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     stopped_by_time = False
     val = (math.nan, math.nan)
     window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
-    to_means = torch.tensor([W, 1.0], dtype=torch.float64, device=ctx.device)  # mean loss, any worker's stop
+    # mean loss (summed over the workers that compute one), any worker's stop
+    to_means = torch.tensor([dp_size, 1.0], dtype=torch.float64, device=ctx.device)
     t_start = t_window = time.perf_counter()
     model.train()
     for epoch in range(step // per_epoch, epochs):
@@ -168,15 +200,20 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
             for k in range(acc):  # micro-batches; DDP all-reduces only on the last backward
                 with timer.phase("data"):
-                    idx = worker_part(global_batch(perm, i * acc + k, B), ctx.rank, W)
+                    idx = worker_part(global_batch(perm, i * acc + k, B), dp_rank, dp_size)
                     x, y = pipe.train(train_x[idx], generator), train_y[idx]
-                inner = k < acc - 1 or timer.active  # timed runs all-reduce explicitly, below
-                no_sync = model.no_sync() if ctx.distributed and inner else contextlib.nullcontext()
-                with no_sync, timer.phase("compute"):
-                    with autocast():
-                        logits = model(x)
-                    loss = F.cross_entropy(logits.float(), y)
-                    scaler.scale(loss / acc).backward()
+                if stage is not None:  # forward and backward through the stages; the last has the loss
+                    loss, logits = stage.step(x, y)
+                    if loss is None:
+                        continue
+                else:
+                    inner = k < acc - 1 or timer.active  # timed runs all-reduce explicitly, below
+                    no_sync = model.no_sync() if ctx.distributed and inner else contextlib.nullcontext()
+                    with no_sync, timer.phase("compute"):
+                        with autocast():
+                            logits = model(x)
+                        loss = F.cross_entropy(logits.float(), y)
+                        scaler.scale(loss / acc).backward()
                 step_loss += loss.detach().double()
                 # Accumulate on the device; read back only at log steps (an .item() per batch stalls a GPU).
                 window[0] += loss.detach().double() * len(y)
@@ -193,6 +230,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
                 raise UserError(f"the loss became {mean_loss} at step {step + 1}; stopped before updating. "
                                 f"Lower --lr; the last good checkpoint is kept in {ckpt_dir}", code=3)
             timer.allreduce_gradients(raw)
+            if stage is not None:
+                stage.average_gradients()
             with timer.phase("optimizer"):
                 if cfg.clip_grad_norm:
                     scaler.unscale_(optimizer)
@@ -227,7 +266,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         train_time += epoch_time
         t_eval = time.perf_counter()
         if len(data.val[1]):
-            val = evaluate(ema.module if cfg.eval_ema else raw, data.val, pipe, ctx, cfg.eval_batch_size)
+            val = evaluate(ema.module if cfg.eval_ema else whole_model(), data.val, pipe, ctx, cfg.eval_batch_size)
         eval_time += time.perf_counter() - t_eval
         log.epoch(step=step, epoch=epoch + 1, epochs=epochs, val_accuracy=val[0], val_loss=val[1],
                   epoch_time_s=epoch_time)
@@ -236,11 +275,13 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             break
 
     t_eval = time.perf_counter()
-    test = evaluate(raw, data.test, pipe, ctx, cfg.eval_batch_size)
+    test = evaluate(whole_model(), data.test, pipe, ctx, cfg.eval_batch_size)
     test_ema = evaluate(ema.module, data.test, pipe, ctx, cfg.eval_batch_size) if ema is not None else None
     eval_time += time.perf_counter() - t_eval
     checkpoint_now(epochs)
     log.close()
+    pipeline_info = {"stages": cfg.stages, "microbatches": cfg.microbatches, "schedule": cfg.schedule,
+                     "cuts": cfg.split, "bubble": stage.bubble()} if stage is not None else None
     if not ctx.is_main:
         return None
     reported = test_ema if cfg.eval_ema else test
@@ -260,7 +301,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": stopped_by_time,
         "final_lr": optimizer.param_groups[0]["lr"], "precision": cfg.precision,
         "seed": cfg.seed, "torch_version": torch.__version__, "devices": devices or [str(ctx.device)] * W,
-        "run_dir": str(run_dir),
+        "run_dir": str(run_dir), "pipeline": pipeline_info,
     }
     write_summary(run_dir, summary)
     return summary

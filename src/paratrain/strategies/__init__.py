@@ -17,6 +17,8 @@ def wrap(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> nn.Module:
         n = int(cfg.devices)
         devices = [torch.device("cuda", i) for i in range(n)] if cfg.accelerator == "gpu" else [ctx.device] * n
         return Tower(model, devices)
+    if cfg.strategy in ("pipeline", "hybrid"):  # the stage's layers; pipeline.py moves the data
+        return model
     return wrap_ddp(model, ctx)
 
 
@@ -25,8 +27,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def name(ctx: DistContext, cfg: TrainConfig) -> str:
-    if cfg.strategy == "tower":
-        return "tower"
+    if cfg.strategy in ("tower", "pipeline", "hybrid"):
+        return cfg.strategy
     return "ddp" if ctx.distributed else "single"
 
 

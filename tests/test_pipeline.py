@@ -1,0 +1,145 @@
+"""Pipeline and hybrid parallelism: where the layers are cut, and training equal to one device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import max_abs_diff, run_cli, train, weights
+
+from paratrain.errors import UserError
+from paratrain.models import build_model
+from paratrain.strategies.pipeline import (
+    Layout,
+    balanced_cuts,
+    layer_costs,
+    merge_optimizer_states,
+    parse_split,
+    slice_optimizer_state,
+    stage_bounds,
+    theoretical_bubble,
+)
+
+
+def test_balanced_cuts_minimise_the_costliest_stage() -> None:
+    assert balanced_cuts([1, 1, 1, 1], 2) == [2]
+    assert balanced_cuts([5, 1, 1, 1, 1, 1], 2) == [1]  # {5} | {1 x 5}: max 5, the best there is
+    assert balanced_cuts([1, 2, 3, 4, 5, 6], 3) == [3, 5]  # 6 | 9 | 6
+    assert balanced_cuts([3, 3, 3], 3) == [1, 2]
+    with pytest.raises(UserError, match="use 2 to 3 stages"):
+        balanced_cuts([1, 1, 1], 4)
+
+
+def test_parse_split_and_bounds() -> None:
+    assert parse_split("3,5", 12, 3) == [3, 5]
+    assert stage_bounds([3, 5], 12) == [(0, 3), (3, 5), (5, 12)]
+    for bad in ("3", "5,3", "0,5", "3,12", "a,b", "3,3"):
+        with pytest.raises(UserError, match="--split"):
+            parse_split(bad, 12, 3)
+
+
+def test_layer_costs_count_lenet5() -> None:
+    model = build_model("lenet5", 1, 32, 10)
+    costs = layer_costs(model, torch.zeros(1, 1, 32, 32))
+    assert len(costs) == len(model)
+    # conv1: 6 x 28 x 28 outputs, 25 multiply-adds each = 2 x 117,600 FLOPs, plus its 4,704 outputs
+    assert costs[0] == 2 * 6 * 28 * 28 * 25 + 6 * 28 * 28
+    assert costs[1] == 6 * 28 * 28  # ReLU: one op per element
+
+
+def test_optimizer_state_slices_merge_back() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    full = opt.state_dict()
+    parts = [(0, slice_optimizer_state(full, 0, 2)), (2, slice_optimizer_state(full, 2, 2))]
+    assert list(parts[1][1]["state"]) == [0, 1] and parts[1][1]["param_groups"][0]["params"] == [0, 1]
+    merged = merge_optimizer_states(parts, 4)
+    assert merged["param_groups"] == full["param_groups"]
+    assert merged["state"].keys() == full["state"].keys()
+    assert all(torch.equal(merged["state"][i]["exp_avg"], full["state"][i]["exp_avg"]) for i in range(4))
+
+
+def test_layout_and_bubble_formula() -> None:
+    assert [(Layout(2, 2, r).replica, Layout(2, 2, r).stage) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert theoretical_bubble(2, 1) == pytest.approx(0.5) and theoretical_bubble(4, 8) == pytest.approx(3 / 11)
+
+
+# 10 SGD steps of LeNet-5 (no dropout) on MNIST, the same seed and global batch everywhere.
+EQUIV = ("--model", "lenet5", "--dataset", "mnist", "--steps", "10", "--optimizer", "sgd", "--lr", "0.05",
+         "--batch-size", "64", "--no-tensorboard")
+
+
+@pytest.fixture(scope="module")
+def single_mnist(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> Path:
+    run = tmp_path_factory.mktemp("single") / "run"
+    train(run, *EQUIV, "--data-dir", str(mnist_dir), "--devices", "1")
+    return run
+
+
+@pytest.mark.parametrize(("microbatches", "schedule"), [(1, "gpipe"), (2, "gpipe"), (4, "1f1b")])
+def test_pipeline_equals_one_device(tmp_path: Path, mnist_dir: Path, single_mnist: Path, microbatches: int,
+                                    schedule: str) -> None:
+    run = tmp_path / "pipe"
+    summary = train(run, *EQUIV, "--data-dir", str(mnist_dir), "--strategy", "pipeline", "--stages", "2",
+                    "--microbatches", str(microbatches), "--schedule", schedule)
+    assert summary["strategy"] == "pipeline" and summary["world_size"] == 2
+    assert max_abs_diff(weights(single_mnist), weights(run)) < 1e-4
+    bubble = summary["pipeline"]["bubble"]
+    assert bubble["theoretical"] == pytest.approx(1 / (microbatches + 1))
+    assert len(bubble["measured_idle_fraction"]) == 2 and all(0 <= f < 1 for f in bubble["measured_idle_fraction"])
+
+
+def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_dir: Path,
+                                                           single_mnist: Path) -> None:
+    run = tmp_path / "hybrid"
+    # 4 processes on however many cores: --oversubscribe, since this checks results, not speed
+    summary = train(run, *EQUIV, "--data-dir", str(mnist_dir), "--strategy", "hybrid", "--stages", "2",
+                    "--devices", "4", "--microbatches", "2", "--oversubscribe")
+    assert summary["strategy"] == "hybrid" and summary["world_size"] == 4
+    assert max_abs_diff(weights(single_mnist), weights(run)) < 1e-4
+
+
+def test_pipeline_checkpoint_is_a_whole_model_for_eval_and_resume(tmp_path: Path) -> None:
+    """Saved by a 2-stage pipeline, evaluated on one device, resumed by DDP: the same as never switching
+    (Adam, so the optimizer state must come through whole too)."""
+    args = ("--steps", "8", "--batch-size", "64", "--no-tensorboard")
+    pipe = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2")
+    assert pipe["pipeline"]["cuts"] == "3"  # --split auto: conv1 | the rest, by counted cost
+    proc = run_cli("eval", "--checkpoint", str(tmp_path / "pipe"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"{pipe['test_accuracy']:.4f}" in proc.stdout
+
+    train(tmp_path / "pipe", "--resume", str(tmp_path / "pipe"), "--steps", "16", "--strategy", "ddp",
+          "--devices", "1")
+    train(tmp_path / "whole", *args[2:], "--steps", "16", "--devices", "1")
+    assert max_abs_diff(weights(tmp_path / "pipe"), weights(tmp_path / "whole")) < 1e-4
+
+
+def test_print_split(tmp_path: Path) -> None:
+    proc = run_cli("train", "--strategy", "pipeline", "--stages", "2", "--split", "7", "--print-split")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:3] == ["stage", "layers", "parameters"]
+    assert lines[1].split()[:3] == ["0", "0-6", "2,572"] and lines[2].split()[:2] == ["1", "7-11"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--strategy", "pipeline"), "needs --stages K"),
+    (("--strategy", "pipeline", "--stages", "2", "--model", "mnist-net"), "is not one"),
+    (("--strategy", "pipeline", "--stages", "2", "--devices", "1"), "one worker per stage"),
+    (("--strategy", "hybrid", "--stages", "2", "--devices", "3", "--oversubscribe"), "that --stages 2 divides"),
+    (("--strategy", "pipeline", "--stages", "2", "--batch-size", "30", "--microbatches", "4"), "--microbatches 4"),
+    (("--strategy", "pipeline", "--stages", "2", "--split", "20"), "--split '20'"),
+    (("--strategy", "pipeline", "--stages", "2", "--ema", "0.99"), "--ema is not available"),
+    (("--stages", "2",), "--stages is for --strategy pipeline or hybrid"),
+    (("--print-split",), "--print-split shows a pipeline's stages"),
+    (("--strategy", "pipeline", "--stages", "2", "--schedule", "zigzag"), "invalid choice"),
+])
+def test_pipeline_flag_errors(flags: tuple[str, ...], message: str) -> None:
+    proc = run_cli("train", "--steps", "1", *flags)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
