@@ -19,9 +19,15 @@ def test_parse_configs() -> None:
     assert configs[1].flags == ("--accelerator", "cpu", "--devices", "1", "--threads-per-worker", "2")
     assert configs[5].flags == ("--accelerator", "gpu", "--devices", "2", "--strategy", "tower")
     assert [c.devices for c in configs] == [1, 1, 2, 1, 2, 2]
+    pipe, hybrid = parse_configs("pipeline-gpu:2x8,hybrid-cpu:2x3")
+    assert pipe.family == "pipeline-gpu" and pipe.devices == 2
+    assert pipe.flags == ("--accelerator", "gpu", "--devices", "2", "--strategy", "pipeline", "--stages", "2",
+                          "--microbatches", "8")
+    assert hybrid.family == "hybrid-cpu" and hybrid.devices == 6 and "hybrid" in hybrid.flags
 
 
-@pytest.mark.parametrize("spec", ["cpu:2", "ddp-cpu:2t", "tpu:1", "gpu:0", "gpu:x", ","])
+@pytest.mark.parametrize("spec", ["cpu:2", "ddp-cpu:2t", "tpu:1", "gpu:0", "gpu:x", ",", "pipeline-cpu:1x4",
+                                  "pipeline-cpu:2", "hybrid-tpu:2x2"])
 def test_bad_configs(spec: str) -> None:
     with pytest.raises(UserError, match="--configs"):
         parse_configs(spec)
@@ -47,11 +53,11 @@ def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
     all_cores = f"cpu:{usable_cores()}t"  # one process with every core: what ddp-cpu:1 runs as
     proc = run_cli("bench", "--dataset", "synthetic", "--steps", "8", "--repeats", "1", "--configs",
-                   f"ddp-cpu:1,ddp-cpu:2,gpu:64,{all_cores}", "--out", str(out), timeout=600)
+                   f"ddp-cpu:1,ddp-cpu:2,gpu:64,{all_cores},pipeline-cpu:2x2", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "results.json").read_text())
     assert {"context", "train_flags", "repeats", "results"} <= report.keys()
-    ok, failed, same = report["results"][:2], report["results"][2], report["results"][3]
+    ok, failed, same, pipe = report["results"][:2], *report["results"][2:]
     assert same["name"] == all_cores and same["same_as"] == "ddp-cpu:1" and same["family"] == "cpu"
     assert same["examples_per_sec"] == ok[0]["examples_per_sec"]  # measured once, not twice
     assert not list((out / "runs").glob("cpu-*"))
@@ -65,7 +71,11 @@ def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
     assert ok[0]["speedup"] == 1.0 and ok[1]["step_phases_s"]["allreduce"] > 0
     for name in ("report.md", "epoch_times.png", "times.png", "scaling.png", "breakdown.png"):
         assert (out / name).stat().st_size > 0
-    assert "| ddp-cpu:2 | 2 |" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert "| ddp-cpu:2 | 2 |" in text
+    assert pipe["status"] == "ok" and pipe["step_phases_s"] is None  # no --time-phases in a pipeline
+    assert pipe["pipeline"]["bubble"]["theoretical"] == pytest.approx(1 / 3)
+    assert "| pipeline-cpu:2x2 | 2 |" in text and "in theory" in text
 
 
 def test_report_of_finished_runs(tmp_path: Path) -> None:

@@ -25,13 +25,14 @@ from . import devices
 from .errors import UserError
 
 _SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu):(\d+)(t?)$")
+_PIPE_SPEC = re.compile(r"^(pipeline|hybrid)-(cpu|gpu):(\d+)x(\d+)$")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    name: str  # as written: cpu:2t, ddp-cpu:2, gpu:4, tower-gpu:2
-    family: str  # cpu, ddp-cpu, gpu, tower-cpu, tower-gpu: the configurations one scaling line joins
-    devices: int  # data-parallel replicas (1 for the cpu:Kt rows)
+    name: str  # as written: cpu:2t, ddp-cpu:2, gpu:4, tower-gpu:2, pipeline-cpu:2x4, hybrid-gpu:2x2
+    family: str  # cpu, ddp-cpu, gpu, tower-cpu, ...: the configurations one scaling line joins
+    devices: int  # devices (processes or towers) it uses (1 for the cpu:Kt rows)
     flags: tuple[str, ...]  # the `paratrain train` flags that make it
 
 
@@ -39,10 +40,15 @@ def parse_configs(spec: str) -> list[BenchConfig]:
     """`cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2` -> configurations (a pure function)."""
     out = []
     for token in (t.strip() for t in spec.split(",") if t.strip()):
+        pm = _PIPE_SPEC.match(token)
+        if pm:
+            out.append(_pipeline_config(token, pm.group(1), pm.group(2), int(pm.group(3)), int(pm.group(4))))
+            continue
         m = _SPEC.match(token)
         if not m or (m.group(1) == "cpu") != (m.group(3) == "t") or int(m.group(2)) < 1:
             raise UserError(f"--configs: cannot read '{token}'; write cpu:Kt (one process, K threads), "
-                            "ddp-cpu:N, gpu:N, tower-cpu:N or tower-gpu:N")
+                            "ddp-cpu:N, gpu:N, tower-cpu:N, tower-gpu:N, pipeline-cpu:KxM (K stages, M "
+                            "micro-batches), pipeline-gpu:KxM or hybrid-cpu:KxR (R copies of K stages)")
         kind, n = m.group(1), int(m.group(2))
         if kind == "cpu":
             flags = ("--accelerator", "cpu", "--devices", "1", "--threads-per-worker", str(n))
@@ -56,6 +62,17 @@ def parse_configs(spec: str) -> list[BenchConfig]:
     if not out:
         raise UserError("--configs is empty; name at least one configuration, e.g. ddp-cpu:1,ddp-cpu:2")
     return out
+
+
+def _pipeline_config(token: str, kind: str, accel: str, k: int, x: int) -> BenchConfig:
+    """pipeline-cpu:2x4: 2 stages, 4 micro-batches. hybrid-cpu:2x2: 2 copies of a 2-stage pipeline (with
+    2 micro-batches each, the least that overlaps anything)."""
+    if k < 2 or x < 1:
+        raise UserError(f"--configs: '{token}' needs 2 or more stages and at least 1 micro-batch or copy")
+    workers, micro = (k, x) if kind == "pipeline" else (k * x, 2)
+    flags = ("--accelerator", accel, "--devices", str(workers), "--strategy", kind, "--stages", str(k),
+             "--microbatches", str(micro))
+    return BenchConfig(token, f"{kind}-{accel}", workers, flags)
 
 
 def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
@@ -101,8 +118,10 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
     rates = [r for run in runs for r in (run["window_rates"][1:] or run["window_rates"])]
     epochs = [run["epoch_times"] for run in runs]
     steady = [t for times in epochs for t in (times[1:] or times)]
-    phased = _train([*train_flags, *config.flags, "--time-phases", "--steps", "30", "--log-every", "10"],
-                    out / "runs" / f"{config.name.replace(':', '-')}-phases", timeout)
+    pipelined = "--stages" in config.flags  # no --time-phases there: the bubble is measured instead
+    phased = None if pipelined else _train([*train_flags, *config.flags, "--time-phases", "--steps", "30",
+                                            "--log-every", "10"],
+                                           out / "runs" / f"{config.name.replace(':', '-')}-phases", timeout)
     first = runs[0]["summary"]
     return {
         **asdict(config), "status": "ok", "repeats": repeats,
@@ -111,17 +130,20 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
         "eval_time_s": _stats([run["summary"]["eval_time_s"] for run in runs]),
         "total_time_s": _stats([run["wall_s"] for run in runs]),
         "test_accuracy": _stats([run["summary"]["test_accuracy"] for run in runs]),
-        "step_phases_s": phased["summary"]["step_phases_s"],
+        "step_phases_s": phased["summary"]["step_phases_s"] if phased else None,
+        "pipeline": first.get("pipeline"),
         "world_size": first["world_size"], "global_batch_size": first["global_batch_size"],
+        "oversubscribed": "cpu" in config.family and config.devices > devices.usable_cores(),
         "devices_used": first["devices"],
     }
 
 
-def add_speedups(results: list[dict]) -> None:
-    """Speed-up against the 1-device baseline (gpu:1 on GPU rows, ddp-cpu:1 or cpu:1t otherwise) and
-    scaling efficiency = speed-up / devices."""
+def add_speedups(results: list[dict], cores: int | None = None) -> None:
+    """Speed-up against the 1-device baseline (gpu:1 on GPU rows; on CPU rows the CPU as one device:
+    ddp-cpu:1 or its twin cpu:Kt with every core, else cpu:1t) and scaling efficiency = speed-up / devices."""
     ok = {r["name"]: r for r in results if r["status"] == "ok"}
-    cpu_base = ok.get("ddp-cpu:1") or ok.get("cpu:1t")
+    cores = cores or devices.usable_cores()
+    cpu_base = ok.get("ddp-cpu:1") or ok.get(f"cpu:{cores}t") or ok.get("cpu:1t")
     for r in results:
         if r["status"] != "ok":
             continue
@@ -159,12 +181,12 @@ def result_from_run(run_dir: Path) -> dict:
 def _setup(config: BenchConfig) -> tuple:
     """What a configuration runs as, once resolved: ddp-cpu:1 is cpu:Kt with K = every core, for one."""
     flags = dict(zip(config.flags[::2], config.flags[1::2], strict=False))
-    threads = int(flags["--threads-per-worker"]) if "--threads-per-worker" in flags else None
+    threads = int(flags.pop("--threads-per-worker")) if "--threads-per-worker" in flags else None
     try:
-        plan = devices.resolve(flags["--accelerator"], flags["--devices"], threads)
+        plan = devices.resolve(flags.pop("--accelerator"), flags.pop("--devices"), threads)
     except UserError:  # measured anyway: the failure goes into the report
         return config.flags
-    return plan, "--strategy" in config.flags
+    return plan, tuple(sorted(flags.items()))
 
 
 def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, out: Path,

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     length.add_argument("--steps", type=int, help="steps per run instead")
     bench.add_argument("--batch-size", type=int, help="global batch (default: the dataset's)")
     bench.add_argument("--repeats", type=int, default=2, help="runs per configuration (default: 2)")
+    bench.add_argument("--oversubscribe", action="store_true",
+                       help="run configurations with more CPU workers than cores (marked in the report)")
     bench.add_argument("--out", required=True, help="report directory")
     rep = sub.add_parser("report", help="the bench plots and table for finished training runs")
     rep.add_argument("runs", nargs="+", help="run directories")
@@ -267,6 +269,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     flags += [] if args.download else ["--no-download"]
     flags += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs or 2)]
     flags += ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    flags += ["--oversubscribe"] if args.oversubscribe else []
     _load_data(C.validate(C.TrainConfig(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
                                         download=args.download)))  # a missing dataset fails here, once
     out = Path(args.out)

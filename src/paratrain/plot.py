@@ -121,11 +121,15 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench") -> Pat
         if r["status"] != "ok":
             lines.append(f"| {r['name']} | {r['devices']} | failed: {r['error']} | | | | | | | |")
             continue
-        phases = r.get("step_phases_s")
+        phases, pipe = r.get("step_phases_s"), r.get("pipeline")
         split = " / ".join(f"{1000 * phases[p]:.1f}" for p in PHASES) if phases else "-"
+        if pipe:  # a pipeline's step: the stages' measured idle time instead
+            split = (f"bubble {pipe['bubble']['measured_mean']:.0%} measured, "
+                     f"{pipe['bubble']['theoretical']:.0%} in theory")
         speed = f"{r['speedup']:.2f}x" if r.get("speedup") is not None else "-"
         eff = f"{100 * r['efficiency']:.0f}%" if r.get("efficiency") is not None else "-"
         name = f"{r['name']} (= {r['same_as']})" if r.get("same_as") else r["name"]
+        name += " (oversubscribed)" if r.get("oversubscribed") else ""
         lines.append(f"| {name} | {r['devices']} | {_fmt(r['examples_per_sec'], 0)} | {speed} | {eff} | "
                      f"{_fmt(r['epoch_time_s'])} | {_fmt(r['eval_time_s'])} | {_fmt(r['total_time_s'])} | "
                      f"{_fmt(r['test_accuracy'], 4)} | {split} |")
