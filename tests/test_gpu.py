@@ -45,3 +45,13 @@ def test_mixed_precision_on_gpu(tmp_path: Path, precision: str) -> None:
     summary = train(tmp_path / precision, "--accelerator", "gpu", "--devices", "1", "--precision", precision,
                     "--steps", "100")
     assert summary["precision"] == precision and summary["test_accuracy"] >= 0.8
+
+
+@needs_2_gpus
+def test_two_stage_pipeline_on_gpus_equals_one_gpu(tmp_path: Path) -> None:
+    """The pipeline on NCCL: stage 0 on cuda:0, stage 1 on cuda:1, micro-batches sent between them."""
+    args = ("--accelerator", "gpu", "--steps", "10", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
+    train(tmp_path / "one", *args, "--devices", "1")
+    summary = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2", "--microbatches", "4")
+    assert summary["world_size"] == 2 and summary["strategy"] == "pipeline"
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "pipe")) < 1e-3
