@@ -51,3 +51,28 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for line in out.splitlines():
+        p, pp = map(int, line.split())
+        children.setdefault(pp, []).append(p)
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes (its parent may not have reaped it yet)
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

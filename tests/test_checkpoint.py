@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from paratrain import checkpoint
@@ -27,10 +28,9 @@ while True:
 """
 
 
-def test_kill_during_saves_never_leaves_a_broken_last_pt(tmp_path: Path) -> None:
-    folder = tmp_path / "checkpoints"
-    rng = random.Random(0)
-    for _ in range(5):
+def _kill_during_saves(folder: Path, kills: int, seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(kills):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip()  # at least one save finished
         time.sleep(rng.uniform(0.0, 0.4))
@@ -40,6 +40,16 @@ def test_kill_during_saves_never_leaves_a_broken_last_pt(tmp_path: Path) -> None
         w = state["model"]["w"]
         assert w.shape == (4_000_000,) and bool((w == float(state["step"])).all())  # complete, one step
         assert len(list(folder.glob("step-*.pt"))) <= 3  # kept 2, plus at most the one being replaced
+
+
+def test_kill_during_saves_never_leaves_a_broken_last_pt(tmp_path: Path) -> None:
+    _kill_during_saves(tmp_path / "checkpoints", kills=5, seed=0)
+
+
+@pytest.mark.slow
+def test_twenty_kills_during_saves(tmp_path: Path) -> None:
+    """The fault-tolerance issue's count: kill -9 at 20 random moments of the saves."""
+    _kill_during_saves(tmp_path / "checkpoints", kills=20, seed=1)
 
 
 def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:

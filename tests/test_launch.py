@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import max_abs_diff, train, weights
+from conftest import alive, descendants, max_abs_diff, train, weights
 
 ARGS = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
 
@@ -30,31 +29,6 @@ def test_torchrun_group_equals_single_device(tmp_path: Path) -> None:
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "torchrun")) < 1e-4
 
 
-def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in out.splitlines():
-        p, pp = map(int, line.split())
-        children.setdefault(pp, []).append(p)
-    found, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.append(c)
-            todo.append(c)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes (its parent may not have reaped it yet)
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-m", "paratrain", "train", "--devices", "2", "--epochs", "1000", "--quiet",
@@ -65,7 +39,7 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
         time.sleep(0.2)
     assert metrics.exists(), "training never started"
-    workers = _descendants(launcher.pid)
+    workers = descendants(launcher.pid)
     assert len(workers) >= 2
     launcher.send_signal(signal.SIGINT)  # what Ctrl-C sends (here to the launcher alone, the harder case)
     try:
@@ -74,6 +48,6 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
         launcher.kill()
     assert code == 130
     time.sleep(1)
-    assert [p for p in workers if _alive(p)] == []
+    assert [p for p in workers if alive(p)] == []
     stderr = launcher.stderr.read()
     assert "Traceback" not in stderr, stderr

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import config as C
 from .errors import UserError
+from .interrupt import Stopped
 
 
 class _Parser(argparse.ArgumentParser):
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except UserError as e:
-        print(f"paratrain: error: {e}", file=sys.stderr)
+        print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)

@@ -53,6 +53,8 @@ class TrainConfig:
                            choices=("auto", "cpu", "cuda:0"))
     devices: str = _f("auto", "workers (processes): auto or a number")
     threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
+    max_restarts: int = _f(0, "restart every worker from the last checkpoint when one dies, up to this many times")
+    collective_timeout: float = _f(300.0, "seconds a collective may wait for a worker before the run ends")
     oversubscribe: bool = _f(False, "allow more CPU workers than cores (much slower; for tests)",
                              flag="--oversubscribe")
     stages: int | None = _f(None, "pipeline/hybrid: stages the layers are cut into, a worker each")
@@ -204,7 +206,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps"):
         if getattr(cfg, name) is not None:
             positive[name] = getattr(cfg, name)
-    for name in ("lr_decay_epochs", "max_time", "clip_grad_norm"):
+    for name in ("lr_decay_epochs", "max_time", "clip_grad_norm", "collective_timeout"):
         value = getattr(cfg, name)
         if value is not None and not (math.isfinite(value) and value > 0):
             bad(f"--{name.replace('_', '-')} must be a positive number, not {value}")
@@ -215,7 +217,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                         ("checkpoint_every", cfg.checkpoint_every), ("val_size", cfg.val_size or 0),
                         ("warmup_steps", cfg.warmup_steps), ("crop_padding", cfg.crop_padding),
                         ("brightness", cfg.brightness), ("contrast", cfg.contrast),
-                        ("histogram_every", cfg.histogram_every)):
+                        ("histogram_every", cfg.histogram_every), ("max_restarts", cfg.max_restarts)):
         if value < 0:
             bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
     if cfg.dropout is not None and not 0 <= cfg.dropout < 1:

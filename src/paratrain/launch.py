@@ -10,6 +10,9 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +23,7 @@ from .config import TrainConfig
 from .data import Splits
 from .devices import Plan, usable_cores
 from .errors import UserError
+from .interrupt import Stopped, StopRequest
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -81,32 +85,56 @@ def _set_threads(n: int) -> None:
 
 def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | None, plan: Plan,
                 cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None,
-                devices: list[str] | None) -> dict[str, Any] | None:
+                devices: list[str] | None, restarts: int = 0) -> dict[str, Any] | None:
     """This process as one worker: tune it, join the group, train, leave the group."""
     from .train import fit
 
     tune_malloc()
     _set_threads(plan.threads_per_worker)
-    ctx = dist.init(rank, world_size, local_rank, plan.accelerator, init_method)
+    ctx = dist.init(rank, world_size, local_rank, plan.accelerator, init_method, cfg.collective_timeout)
     try:
-        return fit(ctx, cfg, data, resume, devices=devices)
+        with StopRequest().installed() as stop:
+            return fit(ctx, cfg, data, resume, devices=devices, stop=stop, restarts=restarts)
     finally:
         dist.teardown(ctx)
 
 
 def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: TrainConfig, data: Splits,
-            resume: dict[str, Any] | None, result_queue: Any) -> None:
-    """Entry point of a spawned worker: a UserError becomes one line on stderr and its exit code."""
+            resume: dict[str, Any] | None, restarts: int, heartbeats: Any, result_queue: Any) -> None:
+    """Entry point of a spawned worker: a UserError becomes one line on stderr and its exit code; a
+    collective that timed out names the workers whose heartbeat stopped."""
+    beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
+    beat.start()
     try:
-        summary = _train_here(rank, world_size, rank, init_method, plan, cfg, data, resume, describe_devices(plan))
+        summary = _train_here(rank, world_size, rank, init_method, plan, cfg, data, resume,
+                              describe_devices(plan), restarts)
         if summary is not None:
             result_queue.put(summary)
     except UserError as e:
         if rank == 0:  # every worker meets the same input; one line is enough
-            print(f"paratrain: error: {e}", file=sys.stderr, flush=True)
+            print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{e}", file=sys.stderr, flush=True)
         sys.exit(e.code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except RuntimeError as e:  # gloo and NCCL report a timed-out collective as a RuntimeError
+        if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+            raise
+        silent = [r for r in range(world_size) if time.monotonic() - heartbeats[r] > 3 * HEARTBEAT_S]
+        who = ", ".join(map(str, silent)) or "unknown (all heartbeats are recent)"
+        print(f"paratrain: error: worker {rank}: a collective waited more than --collective-timeout "
+              f"{cfg.collective_timeout:g} s; the worker(s) that stopped answering: rank {who}", file=sys.stderr,
+              flush=True)
+        sys.exit(TIMEOUT_EXIT)
+
+
+HEARTBEAT_S = 0.5
+TIMEOUT_EXIT = 4
+
+
+def _beat(heartbeats: Any, rank: int) -> None:
+    """A clock in shared memory that this process updates while it runs, even while its main thread waits
+    inside a collective; a stopped or frozen process stops updating it."""
+    while True:
+        heartbeats[rank] = time.monotonic()
+        time.sleep(HEARTBEAT_S)
 
 
 def describe_devices(plan: Plan) -> list[str]:
@@ -119,42 +147,93 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
     """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks)."""
     if under_torchrun():
         rank, world_size, local_rank = torchrun_ranks()
-        return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None)
+        # torchrun --max-restarts starts the workers again after a failure: carry on from the checkpoint.
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if restarts and resume is None:
+            resume = _last_checkpoint(cfg)
+        return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts)
     if plan.workers == 1:
         return _train_here(0, 1, 0, None, plan, cfg, data, resume, describe_devices(plan))
-    return _spawn(cfg, plan, data, resume)
+    for restarts in range(cfg.max_restarts + 1):
+        try:
+            return _spawn(cfg, plan, data, resume, restarts)
+        except WorkerFailed as e:
+            if restarts == cfg.max_restarts:
+                hint = "" if cfg.max_restarts else "; --max-restarts R restarts the run from its last checkpoint"
+                raise UserError(f"{e}; the run stopped{hint}", code=1) from None
+            print(f"paratrain: {e}; restarting all workers from the last checkpoint "
+                  f"(restart {restarts + 1} of {cfg.max_restarts})", file=sys.stderr, flush=True)
+            resume = _last_checkpoint(cfg)
+            cfg = cfg.replace(resume=cfg.out) if resume is not None else cfg
+    raise AssertionError("unreachable")
 
 
-def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None) -> dict[str, Any]:
+def _last_checkpoint(cfg: TrainConfig) -> dict[str, Any] | None:
+    from .checkpoint import load
+
+    last = Path(cfg.out) / "checkpoints" / "last.pt"
+    return load(last) if last.is_file() else None
+
+
+class WorkerFailed(Exception):
+    """A worker died or failed (not a user error, not a requested stop): the group can be restarted."""
+
+
+def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
+           restarts: int) -> dict[str, Any]:
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     smp = mp.get_context("spawn")
     results = smp.SimpleQueue()
+    heartbeats = smp.Array("d", [time.monotonic()] * plan.workers, lock=False)
     # The dataset tensors travel to the workers through shared memory: loaded and checked once, here.
-    context = mp.start_processes(_worker, args=(plan.workers, init_method, plan, cfg, data, resume, results),
+    context = mp.start_processes(_worker, args=(plan.workers, init_method, plan, cfg, data, resume, restarts,
+                                                heartbeats, results),
                                  nprocs=plan.workers, join=False, start_method="spawn")
+    old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while not context.join(timeout=0.5, grace_period=5):
             pass
     except mp.ProcessExitedException as e:
-        if e.exit_code in (2, 3, 130):  # the worker already printed its one-line message
+        if e.exit_code in (2, 3, 130, 143):  # the worker already printed its one-line message
             raise SystemExit(e.exit_code) from None
-        raise UserError(f"worker {e.error_index} died ({e.msg}); the run stopped, see the lines above",
-                        code=1) from None
-    except KeyboardInterrupt:
-        _stop(context.processes)
-        raise
+        how = "stopped answering" if e.exit_code == TIMEOUT_EXIT else f"died ({e.msg})"
+        raise WorkerFailed(f"worker {e.error_index} {how}") from None
+    except mp.ProcessRaisedException as e:  # a bug or a crash, not bad input: show its traceback
+        print(str(e), file=sys.stderr, flush=True)
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else "an exception"
+        raise WorkerFailed(f"worker {e.error_index} failed: {last}") from None
+    except (KeyboardInterrupt, _Terminated) as e:
+        signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
+        _stop(context.processes, signum)
+        raise SystemExit(128 + signum) from None
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
     if results.empty():
         raise UserError("the workers finished without a summary; see the lines above", code=1)
     return results.get()
 
 
-def _stop(processes: list) -> None:
-    """Ctrl-C: ask every worker to stop, then make sure it did, so no process outlives the run."""
+class _Terminated(Exception):
+    pass
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+STOP_WAIT_S = 8  # workers finish their step and save; then they are killed (the promise is 10 s)
+
+
+def _stop(processes: list, signum: int) -> None:
+    """Ctrl-C or SIGTERM: pass the signal on (each worker stops after its step, saves, exits), then make
+    sure every worker is gone, so no process outlives the run."""
     for p in processes:
         if p.is_alive():
-            os.kill(p.pid, signal.SIGINT)
+            os.kill(p.pid, signum)
+    deadline = time.monotonic() + STOP_WAIT_S
     for p in processes:
-        p.join(timeout=5)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in processes:
         if p.is_alive():
             p.kill()
             p.join()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from .data.sharding import epoch_permutation, eval_range, global_batch, steps_pe
 from .data.transforms import Augment, BatchPipeline
 from .dist import DistContext
 from .errors import UserError
+from .interrupt import Stopped, StopRequest, signal_name
 from .models import build_model, input_size
 from .optim import make_optimizer, make_scheduler
 from .phases import PhaseTimer
@@ -116,8 +118,10 @@ def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Modul
 
 
 def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
-        devices: list[str] | None = None) -> dict[str, Any] | None:
-    """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere."""
+        devices: list[str] | None = None, stop: StopRequest | None = None, restarts: int = 0) -> dict[str, Any] | None:
+    """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere.
+    `stop` records SIGINT/SIGTERM: the workers then stop together, save, and raise Stopped.
+    `restarts`: how many times the launcher restarted this run after a worker died (for the summary)."""
     run_dir = Path(cfg.out)
     B, W, acc = cfg.batch_size, ctx.world_size, cfg.accumulate
     n_train = len(data.train[1])
@@ -170,7 +174,11 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         """The model with its current weights: gathered from the stages in a pipeline (collective)."""
         return stage.gather_model() if stage is not None else raw
 
+    saved_step = -1
+
     def checkpoint_now(epoch: int) -> None:
+        nonlocal saved_step
+        saved_step = step
         if stage is not None:  # collectives: every worker takes part, rank 0 writes
             weights, optimizer_state = whole_model(), stage.gather_optimizer(optimizer)
         elif ctx.is_main:
@@ -184,11 +192,11 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
     train_time = 0.0
     steps_run = 0
-    stopped_by_time = False
+    stopped_by_time = stopped_by_signal = False
     val = (math.nan, math.nan)
     window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
     # mean loss (summed over the workers that compute one), any worker's stop
-    to_means = torch.tensor([dp_size, 1.0], dtype=torch.float64, device=ctx.device)
+    to_means = torch.tensor([dp_size, 1.0, 1.0], dtype=torch.float64, device=ctx.device)
     t_start = t_window = time.perf_counter()
     model.train()
     for epoch in range(step // per_epoch, epochs):
@@ -220,11 +228,13 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
                 window[1] += (logits.detach().argmax(1) == y).sum()
                 window[2] += len(y)
             # One tiny all-reduce per update: every worker learns, before updating, whether any loss is
-            # non-finite and whether rank 0's clock ran out, so they all stop at the same step.
+            # non-finite, whether rank 0's clock ran out, and whether any worker was asked to stop
+            # (SIGINT/SIGTERM), so they all stop at the same step.
             time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - t_start > cfg.max_time
-            flags = torch.stack([step_loss / acc, torch.tensor(float(time_up), device=ctx.device,
-                                                               dtype=torch.float64)])
-            mean_loss, stop = (ctx.all_reduce_sum(flags) / to_means).tolist()
+            asked = stop is not None and stop.signum != 0
+            flags = torch.stack([step_loss / acc, torch.tensor(float(time_up), device=ctx.device, dtype=torch.float64),
+                                 torch.tensor(float(asked), device=ctx.device, dtype=torch.float64)])
+            mean_loss, time_flag, signal_flag = (ctx.all_reduce_sum(flags) / to_means).tolist()
             if not math.isfinite(mean_loss):
                 log.close()
                 raise UserError(f"the loss became {mean_loss} at step {step + 1}; stopped before updating. "
@@ -258,12 +268,22 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             log.advance()
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 checkpoint_now(epoch)
-            if stop:
+            if signal_flag:
+                stopped_by_signal = True
+                break
+            if time_flag:
                 stopped_by_time = True
                 break
         ctx.synchronize()
         epoch_time = time.perf_counter() - t_epoch
         train_time += epoch_time
+        if stopped_by_signal:  # save what was done and leave quickly: no evaluation
+            if saved_step != step:
+                checkpoint_now(epoch)
+            log.close()
+            signum = stop.signum if stop is not None and stop.signum else signal.SIGTERM
+            raise Stopped(f"stopped by {signal_name(signum)} at step {step}; the checkpoint is in {ckpt_dir}; "
+                          f"continue with --resume {run_dir}", signum)
         t_eval = time.perf_counter()
         if len(data.val[1]):
             val = evaluate(ema.module if cfg.eval_ema else whole_model(), data.val, pipe, ctx, cfg.eval_batch_size)
@@ -271,7 +291,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         log.epoch(step=step, epoch=epoch + 1, epochs=epochs, val_accuracy=val[0], val_loss=val[1],
                   epoch_time_s=epoch_time)
         t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
-        if stopped_by_time:
+        if stopped_by_time or stopped_by_signal:
             break
 
     t_eval = time.perf_counter()
@@ -301,7 +321,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": stopped_by_time,
         "final_lr": optimizer.param_groups[0]["lr"], "precision": cfg.precision,
         "seed": cfg.seed, "torch_version": torch.__version__, "devices": devices or [str(ctx.device)] * W,
-        "run_dir": str(run_dir), "pipeline": pipeline_info,
+        "run_dir": str(run_dir), "pipeline": pipeline_info, "restarts": restarts,
     }
     write_summary(run_dir, summary)
     return summary

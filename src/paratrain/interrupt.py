@@ -1,0 +1,44 @@
+"""Stopping on request: SIGINT (Ctrl-C) and SIGTERM become a flag that the training loop reads between
+steps, so that every worker stops at the same step and a checkpoint is saved before they leave."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from types import FrameType
+
+from .errors import UserError
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequest:
+    """A signal handler that only records which signal came; the loop decides when to act on it."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        """Handle SIGINT and SIGTERM with this object while training (main thread only)."""
+        old = {s: signal.signal(s, self) for s in SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+
+class Stopped(UserError):
+    """Training stopped on a signal, after saving: exit with 128 + the signal's number (130, 143)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message, code=128 + signum)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
