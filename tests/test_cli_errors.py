@@ -163,3 +163,100 @@ def test_errors_from_a_real_process_have_no_traceback(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines() == ["paratrain: error: --batch-size must be at least 1, not 0"]
     proc = run_cli("train", "--devices", "2", "--batch-size", "65", "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# ---- a table of bad dataset files, built small in a temporary folder ----
+
+def _idx(dims: list[int], magic_type: int = 0x08) -> bytes:
+    header = bytes([0, 0, magic_type, len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims)
+    count = 1
+    for d in dims:
+        count *= d
+    return header + bytes(i % 10 for i in range(count))
+
+
+def _mnist(folder: Path, **override: bytes) -> None:
+    """Four small, valid IDX files (20 train, 10 test examples), some of them replaced."""
+    files = {"train-images-idx3-ubyte": _idx([20, 28, 28]), "train-labels-idx1-ubyte": _idx([20]),
+             "t10k-images-idx3-ubyte": _idx([10, 28, 28]), "t10k-labels-idx1-ubyte": _idx([10])}
+    files.update({k.replace("_", "-"): v for k, v in override.items()})
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+
+
+def _cifar_bin(folder: Path, last: bytes | None = None) -> None:
+    record = bytes([3]) + bytes(3072)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / f"{name}.bin").write_bytes(record * 4)
+    if last is not None:
+        (folder / "test_batch.bin").write_bytes(last)
+
+
+def _cifar_pickle(folder: Path) -> None:
+    import pickle
+
+    class Evil:
+        def __reduce__(self):  # noqa: ANN204
+            return (print, ("code ran",))
+
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(pickle.dumps({"data": Evil(), "labels": [1]}))
+
+
+def _tar(folder: Path, member: str, data: bytes = b"x", link_to: str | None = None) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(folder / "cifar-10-python.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo(member)
+        if link_to:
+            info.type, info.linkname = tarfile.SYMTYPE, link_to
+            tar.addfile(info)
+            return
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+
+BAD_DATA = [
+    ("mnist", lambda d: _mnist(d, train_images_idx3_ubyte=_idx([20, 28, 28])[:-100]), "truncated or corrupt"),
+    ("mnist", lambda d: _mnist(d, train_labels_idx1_ubyte=_idx([20], magic_type=0x0D)), "wrong magic number"),
+    ("mnist", lambda d: _mnist(d, t10k_images_idx3_ubyte=_idx([10, 28]) ), "wrong magic number"),
+    ("mnist", lambda d: _mnist(d, t10k_labels_idx1_ubyte=_idx([9])), "differ in count"),
+    ("mnist", lambda d: _mnist(d, train_labels_idx1_ubyte=_idx([20])[:8] + bytes([12] * 20)), "class above 9"),
+    ("mnist", lambda d: _mnist(d, train_images_idx3_ubyte=b""), "wrong magic number"),
+    ("cifar10", lambda d: _cifar_bin(d, last=bytes(3073 * 2 + 5)), "not a whole number of 3073-byte"),
+    ("cifar10", lambda d: _cifar_bin(d, last=bytes([11]) + bytes(3072)), "label above 9"),
+    ("cifar10", _cifar_pickle, "not a readable CIFAR-10 python batch"),
+    ("cifar10", lambda d: _tar(d, "../escaped.txt"), "unsafe member"),
+    # the 'data' filter strips the leading slash: the member lands inside the folder, then no batches are found
+    ("cifar10", lambda d: _tar(d, "/tmp/absolute-paratrain-test.txt"), "CIFAR-10 batches"),
+    ("cifar10", lambda d: _tar(d, "cifar-10-batches-py/data_batch_1", link_to="../../../etc/passwd"),
+     "unsafe member"),
+    ("cifar10", lambda d: (d / "cifar-10-python.tar.gz").write_bytes(b"not a tar"), "not a readable tar archive"),
+]
+
+
+@pytest.mark.parametrize(("dataset", "make", "expected"), BAD_DATA)
+def test_bad_dataset_files(dataset: str, make, expected: str, capsys: pytest.CaptureFixture,  # noqa: ANN001
+                           tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    make(data)
+    code = _main(["train", "--dataset", dataset, "--data-dir", str(data), "--no-download", "--steps", "1",
+                  "--out", str(tmp_path / "run")])
+    _one_line_error(capsys, code, expected)
+    assert "code ran" not in capsys.readouterr().out
+    assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/absolute-paratrain-test.txt").exists()
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["train", "--collective-timeout", "0"], "--collective-timeout must be a positive number"),
+    (["train", "--max-restarts=-1"], "--max-restarts must not be negative"),
+    (["train", "--strategy", "pipeline", "--stages", "1"], "needs --stages K, 2 or more"),
+    (["train", "--microbatches", "0"], "--microbatches must be at least 1"),
+    (["train", "--strategy", "hybrid", "--stages", "2", "--clip-grad-norm", "1"], "--clip-grad-norm is not available"),
+])
+def test_bad_fault_and_pipeline_flags(argv: list[str], expected: str, capsys: pytest.CaptureFixture,
+                                      tmp_path: Path) -> None:
+    _one_line_error(capsys, _main([*argv, "--out", str(tmp_path / "run")]), expected)

@@ -172,3 +172,20 @@ def test_failed_download_says_what_to_do(tmp_path: Path, monkeypatch: pytest.Mon
         load_dataset("mnist", str(tmp_path), download=True)
     with pytest.raises(UserError, match="could not download CIFAR-10 .*pass --data-dir"):
         load_dataset("cifar10", str(tmp_path), download=True)
+
+
+def test_cifar_archive_is_extracted_safely_and_read(tmp_path: Path) -> None:
+    """An official-looking archive in --data-dir is unpacked (with the 'data' filter) and read."""
+    import tarfile
+
+    src = tmp_path / "src" / "cifar-10-batches-bin"
+    src.mkdir(parents=True)
+    record = bytes([7]) + bytes(3072)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (src / f"{name}.bin").write_bytes(record * 3)
+    data = tmp_path / "data"
+    data.mkdir()
+    with tarfile.open(data / "cifar-10-binary.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname="cifar-10-batches-bin")
+    splits = cifar10.load(str(data), download=False, val_size=5)
+    assert len(splits.train[1]) == 10 and len(splits.test[1]) == 3 and int(splits.test[1][0]) == 7

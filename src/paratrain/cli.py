@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import config as C
-from .errors import UserError
+from .errors import UserError, one_line
 from .interrupt import Stopped
 
 
@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands[args.command](args)
     except UserError as e:
-        print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{e}", file=sys.stderr)
+        print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)

@@ -7,3 +7,8 @@ class UserError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
+
+
+def one_line(message: object) -> str:
+    """A message as one line: some library errors span several (tarfile lists every method it tried)."""
+    return " ".join(str(message).split())

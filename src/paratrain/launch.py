@@ -22,7 +22,7 @@ from . import dist
 from .config import TrainConfig
 from .data import Splits
 from .devices import Plan, usable_cores
-from .errors import UserError
+from .errors import UserError, one_line
 from .interrupt import Stopped, StopRequest
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -112,7 +112,8 @@ def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: Train
             result_queue.put(summary)
     except UserError as e:
         if rank == 0:  # every worker meets the same input; one line is enough
-            print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{e}", file=sys.stderr, flush=True)
+            print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr,
+                  flush=True)
         sys.exit(e.code)
     except RuntimeError as e:  # gloo and NCCL report a timed-out collective as a RuntimeError
         if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
