@@ -115,8 +115,8 @@ def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: Train
             print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr,
                   flush=True)
         sys.exit(e.code)
-    except RuntimeError as e:  # gloo and NCCL report a timed-out collective as a RuntimeError
-        if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+    except RuntimeError as e:
+        if not _timed_out(e):
             raise
         silent = [r for r in range(world_size) if time.monotonic() - heartbeats[r] > 3 * HEARTBEAT_S]
         who = ", ".join(map(str, silent)) or "unknown (all heartbeats are recent)"
@@ -124,6 +124,11 @@ def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: Train
               f"{cfg.collective_timeout:g} s; the worker(s) that stopped answering: rank {who}", file=sys.stderr,
               flush=True)
         sys.exit(TIMEOUT_EXIT)
+
+
+def _timed_out(e: RuntimeError) -> bool:
+    """gloo and NCCL report a collective that waited too long as a RuntimeError that says so."""
+    return "timed out" in str(e).lower() or "timeout" in str(e).lower()
 
 
 HEARTBEAT_S = 0.5
@@ -152,7 +157,14 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if restarts and resume is None:
             resume = _last_checkpoint(cfg)
-        return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts)
+        try:
+            return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts)
+        except RuntimeError as e:
+            if not _timed_out(e):
+                raise
+            raise UserError(f"rank {rank}: a collective waited more than --collective-timeout "
+                            f"{cfg.collective_timeout:g} s for a worker that stopped answering (torchrun's agent "
+                            "names the one that failed)", code=1) from None
     if plan.workers == 1:
         return _train_here(0, 1, 0, None, plan, cfg, data, resume, describe_devices(plan))
     for restarts in range(cfg.max_restarts + 1):
