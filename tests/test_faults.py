@@ -139,3 +139,19 @@ def test_killed_worker_restarts_from_the_checkpoint(tmp_path: Path, mnist_dir: P
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == whole["steps"]
     assert abs(summary["test_accuracy"] - whole["test_accuracy"]) <= 0.005
+
+
+def test_a_torchrun_restart_carries_on_from_the_checkpoint(tmp_path: Path) -> None:
+    """torchrun --max-restarts starts the workers again with TORCHELASTIC_RESTART_COUNT set: they find the
+    checkpoint in --out and go on from it (here one worker, in the environment torchrun would give it)."""
+    args = ("--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64", "--no-tensorboard", "--devices", "1")
+    train(tmp_path / "run", *args, "--steps", "10")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "TORCHELASTIC_RESTART_COUNT": "1"}
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "run"),
+                           *args, "--steps", "20"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["steps"] == 20 and summary["resumed_from_step"] == 10
+    train(tmp_path / "whole", *args, "--steps", "20")
+    assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "whole")) < 1e-4

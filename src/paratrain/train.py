@@ -156,6 +156,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             ema.module.load_state_dict(resume["ema_model"])
             ema.n_averaged.fill_(resume["ema_n_averaged"])
         step = int(resume["step"])
+    first_step = step
     model = strategies.wrap(model, ctx, cfg)
     raw = strategies.unwrap(model)
     data = data.to(ctx.device)
@@ -322,6 +323,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         "final_lr": optimizer.param_groups[0]["lr"], "precision": cfg.precision,
         "seed": cfg.seed, "torch_version": torch.__version__, "devices": devices or [str(ctx.device)] * W,
         "run_dir": str(run_dir), "pipeline": pipeline_info, "restarts": restarts,
+        "resumed_from_step": first_step or None,
     }
     write_summary(run_dir, summary)
     return summary
