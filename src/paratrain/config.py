@@ -18,7 +18,7 @@ from .errors import UserError
 
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp")
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
-OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta")
+OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
 SCHEDULES = ("constant", "exponential", "step", "cosine")
 PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
@@ -44,6 +44,8 @@ class TrainConfig:
     depth: int = _f(2, "mlp: number of hidden layers")
     activation: str = _f("relu", "mlp: activation", choices=ACTIVATIONS)
     dropout: float | None = _f(None, "dropout probability (default: the model's own)")
+    filters: int = _f(64, "convnet: filters of the first convolution (the next two have 4x and 8x)")
+    kernel: int = _f(5, "convnet: kernel size of the first convolution")
     # where to run
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
     strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
@@ -199,7 +201,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if not (math.isfinite(cfg.lr) and cfg.lr > 0):
         bad(f"--lr must be a positive number, not {cfg.lr}")
     positive = {"batch_size": cfg.batch_size, "eval_batch_size": cfg.eval_batch_size,
-                "epochs": cfg.epochs, "log_every": cfg.log_every, "width": cfg.width, "depth": cfg.depth}
+                "epochs": cfg.epochs, "log_every": cfg.log_every, "width": cfg.width, "depth": cfg.depth,
+                "filters": cfg.filters, "kernel": cfg.kernel}
     if cfg.steps is not None:
         positive["steps"] = cfg.steps
     positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints, microbatches=cfg.microbatches)

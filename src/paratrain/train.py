@@ -35,7 +35,8 @@ AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
 
 def make_model(cfg: TrainConfig, data: Splits) -> nn.Module:
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
-                       width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout)
+                       width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
+                       filters=cfg.filters, kernel=cfg.kernel)
 
 
 def make_pipeline(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline:

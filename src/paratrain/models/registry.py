@@ -27,7 +27,7 @@ class ModelSpec:
 
 REGISTRY: dict[str, ModelSpec] = {
     "lenet5": ModelSpec(lambda c, k, o: LeNet5(c, k), 32),
-    "convnet": ModelSpec(lambda c, k, o: ConvNet(c, k, o["dropout"]), 28, 0.25),
+    "convnet": ModelSpec(lambda c, k, o: ConvNet(c, k, o["dropout"], o["filters"], o["kernel"]), 28, 0.25),
     "mnist-net": ModelSpec(lambda c, k, o: MnistNet(c, k, o["dropout"]), 28, 0.5),
     "cifar10-net": ModelSpec(lambda c, k, o: Cifar10Net(c, k), 24, channels=3),
     "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
@@ -52,10 +52,11 @@ def input_size(name: str, data_size: int) -> int:
 
 
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int, *, width: int = 512,
-                depth: int = 2, activation: str = "relu", dropout: float | None = None) -> nn.Module:
+                depth: int = 2, activation: str = "relu", dropout: float | None = None, filters: int = 64,
+                kernel: int = 5) -> nn.Module:
     """Build a registry model on the CPU; the caller moves it to its device."""
     spec = _spec(name)
     opts = {"width": width, "depth": depth, "activation": activation,
-            "dropout": spec.default_dropout if dropout is None else dropout,
+            "dropout": spec.default_dropout if dropout is None else dropout, "filters": filters, "kernel": kernel,
             "in_features": in_channels * image_size * image_size}
     return spec.builder(in_channels, num_classes, opts)
