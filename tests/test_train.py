@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -108,4 +109,4 @@ def test_logged_rates_leave_out_evaluation(tmp_path: Path) -> None:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(r["step"] % 15 for r in records if "epoch_time_s" in r)  # an epoch ends inside a window
     rates = [r["examples_per_sec"] for r in records if "loss" in r][1:]  # the first window holds warm-up
-    assert max(rates) < 2 * min(rates), rates
+    assert max(rates) < 5 * statistics.median(rates), rates  # the bug was 20x; a busy machine varies 3x

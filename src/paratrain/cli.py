@@ -22,10 +22,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _add_train_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--recipe", help="start from a named recipe (see `paratrain recipes`); flags override it")
-    p.add_argument("--config", help="YAML file of training options (flags override it)")
+def _add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = frozenset()) -> None:
+    if not skip:
+        p.add_argument("--recipe", help="start from a named recipe (see `paratrain recipes`); flags override it")
+        p.add_argument("--config", help="YAML file of training options (flags override it)")
     for name, f in C.FIELDS.items():
+        if name in skip:
+            continue
         flag = f.metadata.get("flag", "--" + name.replace("_", "-"))
         helptext = f"{f.metadata['help']} (default: {f.default})"
         if f.type == "bool":
@@ -61,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--oversubscribe", action="store_true",
                        help="run configurations with more CPU workers than cores (marked in the report)")
     bench.add_argument("--out", required=True, help="report directory")
+    search = sub.add_parser("search", help="hyper-parameter search: many trainings at once (Optuna)")
+    from .search import command as search_command
+
+    search_command.add_flags(search)
+    _add_train_flags(search, skip=search_command.NOT_TRAIN_FLAGS)
     rep = sub.add_parser("report", help="the bench plots and table for finished training runs")
     rep.add_argument("runs", nargs="+", help="run directories")
     rep.add_argument("--out", required=True, help="report directory")
@@ -282,6 +290,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    from .search import command
+
+    values = {name: getattr(args, name) for name in C.FIELDS
+              if name not in command.NOT_TRAIN_FLAGS and getattr(args, name, None) is not None}
+    return command.run(args, values)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from . import bench, plot
 
@@ -378,7 +394,7 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes,
-                "bench": cmd_bench, "report": cmd_report, "plan": cmd_plan}
+                "bench": cmd_bench, "report": cmd_report, "plan": cmd_plan, "search": cmd_search}
     try:
         return commands[args.command](args)
     except UserError as e:

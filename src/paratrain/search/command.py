@@ -1,0 +1,144 @@
+"""The `paratrain search` command: settings from the flags, the pool of trial workers, the outputs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import config as C
+from ..errors import UserError
+
+# `paratrain train` options that a search sets itself (or that mean something else here)
+NOT_TRAIN_FLAGS = {"strategy", "out", "resume", "devices", "threads_per_worker", "quiet", "tensorboard", "seed"}
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    from . import runner
+
+    p.add_argument("--space", required=True, help="a space YAML file, or mlp-mnist / cnn-mnist")
+    p.add_argument("--strategy", default="genetic", help=f"{', '.join(runner.STRATEGIES)} (default: genetic)")
+    p.add_argument("--population", type=int, default=20, help="genetic: networks per generation (default: 20)")
+    p.add_argument("--generations", type=int, default=10, help="genetic: generations (default: 10)")
+    p.add_argument("--mutation-prob", type=float, help="genetic: probability of mutating each parameter")
+    p.add_argument("--crossover-prob", type=float, default=0.9, help="genetic: crossover probability (0.9)")
+    p.add_argument("--trials", type=int, help="trials to run (tpe/random: default 20; grid: at most this many)")
+    p.add_argument("--parallel", type=int, help="trials at once (default: one per GPU, or 2 on CPUs with 2+ cores)")
+    p.add_argument("--devices-per-trial", type=int, default=1, help="data-parallel workers per trial (default: 1)")
+    p.add_argument("--storage", help="Optuna storage URL (default: a SQLite file in --out); postgresql://... "
+                                     "lets workers on several machines share the study")
+    p.add_argument("--study", default="search", help="study name in the storage (default: search)")
+    p.add_argument("--worker", action="store_true", help="join a study another `paratrain search` started")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampler and of every trial's training")
+    p.add_argument("--out", required=True, help="output folder")
+
+
+def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
+    from ..devices import usable_cores
+    from . import report, runner, space
+
+    sp = space.load(args.space)
+    searched = sorted(set(train_values) & {p.name for p in sp.params})
+    if searched:
+        raise UserError(f"--{searched[0].replace('_', '-')} is a searched parameter of {args.space}; drop the flag")
+    base = {**sp.fixed, **train_values, "seed": args.seed}
+    cfg = C.validate(C.from_dict(base))
+    if cfg.val_size == 0:
+        raise UserError("a search needs a validation set (its fitness); drop --val-size 0")
+    if args.strategy not in runner.STRATEGIES:
+        raise UserError(f"unknown --strategy '{args.strategy}'; choose one of: {', '.join(runner.STRATEGIES)}")
+    for name in ("population", "generations", "trials", "parallel", "devices_per_trial"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    for name in ("mutation_prob", "crossover_prob"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= 1:
+            raise UserError(f"--{name.replace('_', '-')} must be a probability in [0, 1], not {value}")
+    import torch
+
+    gpus = torch.cuda.device_count() if cfg.accelerator in ("auto", "gpu") else 0
+    accelerator = "gpu" if gpus else "cpu"
+    cores = usable_cores()
+    parallel = args.parallel or (max(1, gpus // args.devices_per_trial) if gpus else min(2, cores))
+    if gpus and parallel * args.devices_per_trial > gpus:
+        raise UserError(f"{parallel} trials x {args.devices_per_trial} GPUs exceed the {gpus} GPUs here; "
+                        "lower --parallel or --devices-per-trial")
+    workers = 1 if gpus else args.devices_per_trial  # CPU processes per trial
+    if not gpus and parallel * workers > cores:
+        raise UserError(f"{parallel} trials x {workers} workers exceed the {cores} cores here (they would "
+                        f"oversubscribe them); use --parallel {max(1, cores // workers)}")
+    threads = max(1, cores // (parallel * workers))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = runner.Settings(args.strategy, args.population, args.generations, args.mutation_prob,
+                               args.crossover_prob, args.trials, parallel, args.devices_per_trial,
+                               args.storage or f"sqlite:///{out.resolve() / 'study.db'}", args.study, str(out),
+                               args.seed, args.worker)
+    budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
+    from ..cli import _load_data
+
+    _load_data(cfg)  # a missing or corrupt dataset fails here, once
+    study = runner.open_study(settings, sp, base)
+    if not args.worker and settings.storage.startswith("sqlite"):
+        requeued = runner.requeue_abandoned(study)
+        if requeued:
+            print(f"search: {requeued} trial(s) left running by an interrupted search are queued again")
+    finished = runner.counts(study)[0]
+    print(f"search: {args.strategy}, {budget} trials ({finished} already done), {parallel} at once x "
+          f"{threads} thread(s){' on GPUs' if gpus else ''}; study '{args.study}' in {settings.storage}", flush=True)
+    start = time.perf_counter()
+    _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
+    wall = time.perf_counter() - start
+    if args.worker:
+        print(f"search worker: done after {wall:.0f} s")
+        return 0
+    result = report.write(study, base, out, wall)
+    if result.get("best_trial") is None:
+        raise UserError("no trial finished; see the errors in trials.csv", code=1)
+    print(result["leaderboard"])
+    print(f"search: best validation accuracy {result['best_val_accuracy']:.4f} (trial {result['best_trial']}); "
+          f"its test accuracy {result['best_test_accuracy']:.4f}; {result['complete']} trials in {wall:.0f} s; "
+          f"best.yaml, trials.csv, leaderboard.md, fitness.png in {out}")
+    return 0
+
+
+def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
+          budget: int) -> None:
+    """P worker processes run the trials; this one shows the progress (polling the storage) and makes sure
+    none of them outlives the search."""
+    import torch.multiprocessing as mp
+    from tqdm import tqdm
+
+    from . import runner
+
+    context = mp.start_processes(runner._pool_worker, args=(s, sp, base, threads, accelerator), nprocs=parallel,
+                                 join=False, start_method="spawn")
+    bar = tqdm(total=budget, desc="search", unit="trial")
+    try:
+        while not context.join(timeout=1.0, grace_period=5):
+            _progress(bar, study)
+    except mp.ProcessExitedException as e:
+        raise UserError(f"search worker {e.error_index} stopped ({e.msg}); run the same command again to "
+                        "resume", code=e.exit_code if e.exit_code in (2, 130) else 1) from None
+    except KeyboardInterrupt:
+        import signal
+
+        from ..launch import _stop
+
+        _stop(context.processes, signal.SIGINT)
+        raise
+    finally:
+        _progress(bar, study)
+        bar.close()
+
+
+def _progress(bar: Any, study: Any) -> None:
+    from . import runner
+
+    finished = runner.counts(study)[0]
+    bar.update(max(0, finished - bar.n))
+    values = [t.value for t in study.get_trials(deepcopy=False) if t.value is not None]
+    if values:
+        bar.set_postfix(best=f"{max(values):.4f}")

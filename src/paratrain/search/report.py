@@ -1,0 +1,119 @@
+"""What a search leaves behind: a leaderboard, best.yaml, trials.csv, and two plots."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RUN_ONLY = ("out", "resume", "quiet", "tensorboard")  # not part of a configuration to reuse
+
+
+def rows(study: Any) -> list[dict[str, Any]]:
+    """Every trial that was a real point of the search, in order."""
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("unused"):
+            continue
+        out.append({"number": t.number, "state": t.state.name, "value": t.value, "params": dict(t.params),
+                    "generation": t.system_attrs.get("NSGAIISampler:generation"),
+                    "test_accuracy": t.user_attrs.get("test_accuracy"),
+                    "train_time_s": t.user_attrs.get("train_time_s"), "error": t.user_attrs.get("error"),
+                    "worker": t.user_attrs.get("worker")})
+    return out
+
+
+def leaderboard(trials: list[dict[str, Any]], top: int = 10) -> str:
+    done = sorted((r for r in trials if r["state"] == "COMPLETE"), key=lambda r: -r["value"])[:top]
+    lines = ["| rank | trial | val accuracy | train time (s) | parameters |", "|---|---|---|---|---|"]
+    for i, r in enumerate(done, 1):
+        params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items())
+        lines.append(f"| {i} | {r['number']} | {r['value']:.4f} | {r['train_time_s']:.1f} | {params} |")
+    return "\n".join(lines)
+
+
+def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None) -> dict[str, Any]:
+    trials = rows(study)
+    done = [r for r in trials if r["state"] == "COMPLETE"]
+    if not done:
+        return {"trials": len(trials), "best": None}
+    best = max(done, key=lambda r: r["value"])
+    config = {k: v for k, v in {**base, **best["params"]}.items() if k not in RUN_ONLY}
+    (out / "best.yaml").write_text(f"# paratrain search: trial {best['number']}, validation accuracy "
+                                   f"{best['value']:.4f}; use with `paratrain train --config best.yaml`\n"
+                                   + yaml.safe_dump(config, sort_keys=False))
+    names = sorted({k for r in trials for k in r["params"]})
+    with open(out / "trials.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["number", "state", "val_accuracy", "generation", "train_time_s", *names, "error", "worker"])
+        for r in trials:
+            w.writerow([r["number"], r["state"], r["value"], r["generation"], r["train_time_s"],
+                        *(r["params"].get(n) for n in names), r["error"], r["worker"]])
+    board = leaderboard(trials)
+    (out / "leaderboard.md").write_text(board + "\n")
+    _plot_fitness(trials, out / "fitness.png")
+    importances = _plot_importance(study, out / "importance.png")
+    summary = {"trials": len(trials), "complete": len(done), "failed": sum(r["state"] == "FAIL" for r in trials),
+               "best_trial": best["number"], "best_val_accuracy": best["value"], "best_params": best["params"],
+               "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s, "importance": importances}
+    (out / "summary.yaml").write_text(yaml.safe_dump(summary, sort_keys=False))
+    return {**summary, "leaderboard": board}
+
+
+def _plot_fitness(trials: list[dict[str, Any]], path: Path) -> None:
+    """Best and median fitness per generation (genetic) or per trial (running best)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in trials if r["state"] == "COMPLETE"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if any(r["generation"] is not None for r in done):
+        gens = sorted({r["generation"] for r in done if r["generation"] is not None})
+        values = [[r["value"] for r in done if r["generation"] == g] for g in gens]
+        ax.plot(gens, [max(v) for v in values], marker="o", label="best")
+        ax.plot(gens, [statistics.median(v) for v in values], marker="s", label="median")
+        ax.set(xlabel="generation", title="Fitness per generation")
+    else:
+        xs = [r["number"] for r in done]
+        running, best = [], float("-inf")
+        for r in done:
+            best = max(best, r["value"])
+            running.append(best)
+        ax.scatter(xs, [r["value"] for r in done], s=12, label="trial")
+        ax.plot(xs, running, color="C1", label="best so far")
+        ax.set(xlabel="trial", title="Fitness per trial")
+    ax.set_ylabel("validation accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_importance(study: Any, path: Path) -> dict[str, float] | None:
+    """Optuna's parameter importance (fANOVA), when the finished trials allow one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna
+
+    try:
+        importances = optuna.importance.get_param_importances(study)
+    except (RuntimeError, ValueError):  # too few finished trials, or a parameter that never varied
+        return None
+    if not importances:
+        return None
+    names = list(importances)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
+    ax.barh(names, [importances[n] for n in names])
+    ax.set(xlabel="importance (fANOVA)", title="Parameter importance")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return {k: float(v) for k, v in importances.items()}

@@ -1,0 +1,224 @@
+"""`paratrain search`: an Optuna study whose trials are `paratrain train` runs on a pool of devices.
+
+Optuna is the engine: its samplers choose the trials (GridSampler for brute force, NSGAIISampler for the
+genetic algorithm, TPE, random) and its storage (a SQLite file, or PostgreSQL shared by many machines)
+holds them, so an interrupted search resumes where it stopped. paratrain runs the trials: P worker
+processes, each with cores / P threads (or a GPU each), each training in-process on a dataset it loaded
+once. The fitness is the validation accuracy; the test accuracy is kept aside and reported for the winner.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import config as C
+from ..errors import UserError
+from .space import Space
+
+STRATEGIES = ("grid", "genetic", "tpe", "random")
+HEARTBEAT_S, GRACE_S = 5, 20  # a trial whose worker is silent this long is failed and queued again
+
+
+@dataclass(frozen=True)
+class Settings:
+    strategy: str
+    population: int
+    generations: int
+    mutation_prob: float | None
+    crossover_prob: float
+    trials: int | None
+    parallel: int
+    devices_per_trial: int
+    storage: str
+    study: str
+    out: str
+    seed: int
+    worker: bool
+
+    def budget(self, space: Space) -> int:
+        """How many trials the search runs."""
+        if self.strategy == "genetic":
+            return self.trials or self.population * self.generations
+        if self.strategy == "grid":
+            return min(len(space.grid()), self.trials or len(space.grid()))
+        return self.trials or 20
+
+
+def sampler(s: Settings) -> Any:
+    import optuna
+
+    if s.strategy == "genetic":
+        return optuna.samplers.NSGAIISampler(population_size=s.population, mutation_prob=s.mutation_prob,
+                                             crossover_prob=s.crossover_prob, seed=s.seed)
+    if s.strategy == "tpe":
+        return optuna.samplers.TPESampler(seed=s.seed)
+    if s.strategy == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    return optuna.samplers.RandomSampler(seed=s.seed)  # grid: every point is queued up front (see open_study)
+
+
+def storage(url: str, create_tables: bool = True) -> Any:
+    import warnings
+
+    import optuna
+
+    # heartbeats are marked experimental; they are what lets a killed worker's trial run again
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    try:
+        return optuna.storages.RDBStorage(
+            url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+            skip_table_creation=not create_tables)
+    except Exception as e:  # sqlalchemy and the database drivers raise many types
+        raise UserError(f"cannot open the search storage {url} ({type(e).__name__}: {str(e).splitlines()[0]})"
+                        ) from None
+
+
+def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
+    """Create the study (queueing the grid's points, recording what the search is) or load it, and refuse to
+    mix two different searches in one study."""
+    import optuna
+
+    what = {"strategy": s.strategy, "space": {p.name: list(p.choices) if p.choices else [p.low, p.high, p.log]
+                                                for p in space.params}, "base": base}
+    if s.worker:  # join a study that another `paratrain search` made (and wait a minute for it to appear)
+        for _ in range(60):
+            try:
+                store = storage(s.storage, create_tables=False)  # two creators of the tables would collide
+                if s.study in [x.study_name for x in store.get_all_studies()]:
+                    break
+            except Exception:  # noqa: BLE001 (no tables yet: the first search is still setting up)
+                pass
+            time.sleep(1)
+        else:
+            raise UserError(f"no study '{s.study}' in {s.storage}; start the search without --worker first")
+        study = optuna.load_study(study_name=s.study, storage=store, sampler=sampler(s))
+    else:
+        store = storage(s.storage)
+        study = optuna.create_study(storage=store, sampler=sampler(s), study_name=s.study, direction="maximize",
+                                    load_if_exists=True)
+    saved = study.user_attrs.get("search")
+    if saved is None and not s.worker:
+        if s.strategy == "grid":
+            points = space.grid()
+            random.Random(s.seed).shuffle(points)  # a budget below the grid takes a fair sample of it
+            for point in points[: s.budget(space)]:
+                study.enqueue_trial(point, user_attrs={"grid_point": True})
+        study.set_user_attr("search", what)
+        study.set_user_attr("budget", s.budget(space))  # last: a joining worker waits for it
+    elif s.worker:
+        for _ in range(60):
+            if "budget" in study.user_attrs:
+                break
+            time.sleep(1)
+        else:
+            raise UserError(f"the study '{s.study}' in {s.storage} was never set up; start it again without --worker")
+    elif saved is not None and not s.worker and saved != what:
+        raise UserError(f"the study '{s.study}' in {s.storage} was made by another search (strategy, space or "
+                        "fixed options differ); use another --out or --study")
+    return study
+
+
+def requeue_abandoned(study: Any) -> int:
+    """Trials left running by a search that was killed (this machine's own SQLite study): failed, and their
+    parameters queued again, so they run once more and nothing finished runs twice."""
+    from optuna.trial import TrialState
+
+    abandoned = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in abandoned:
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={**t.user_attrs, "retry_of": t.number})
+    return len(abandoned)
+
+
+def counts(study: Any) -> tuple[int, int, int]:
+    """(finished, running, waiting) trials; a failure counts as finished when the training itself failed
+    (it would fail again), not when its worker vanished (it is queued again)."""
+    from optuna.trial import TrialState
+
+    finished = running = waiting = 0
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and "error" in t.user_attrs):
+            finished += 1
+        elif t.state == TrialState.RUNNING:
+            running += 1
+        elif t.state == TrialState.WAITING:
+            waiting += 1
+    return finished, running, waiting
+
+
+def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int, accelerator: str) -> None:
+    """One process of the pool: load the data once, then run trials until the search has its budget."""
+    import optuna
+    import torch
+
+    from ..cli import _load_data
+    from ..launch import tune_malloc
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    torch.set_num_threads(threads)
+    tune_malloc()
+    cfg0 = C.validate(C.from_dict(base))
+    data = _load_data(cfg0)
+    study = open_study(s, space, base)
+    budget = study.user_attrs["budget"]
+    grid = study.user_attrs["search"]["strategy"] == "grid"
+
+    def objective(trial: Any) -> float:
+        if grid and not trial.user_attrs.get("grid_point"):  # the queue ran dry under us: not a grid point
+            trial.set_user_attr("unused", True)
+            raise optuna.TrialPruned()
+        params = space.suggest(trial)
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+        cfg = C.validate(C.from_dict({**base, **params, "out": str(Path(s.out) / "trials" / f"{trial.number:04d}"),
+                                      "quiet": True, "tensorboard": False}))
+        try:
+            summary = train_one(cfg, data, index, threads, accelerator, s.devices_per_trial)
+        except UserError as e:  # a NaN loss, an impossible combination: this point fails, the search goes on
+            trial.set_user_attr("error", str(e))
+            return float("nan")
+        for key in ("test_accuracy", "train_time_s", "val_loss", "examples_per_sec"):
+            trial.set_user_attr(key, summary[key])
+        return summary["val_accuracy"]
+
+    while True:
+        finished, running, waiting = counts(study)
+        if (grid and not waiting) or (not grid and not waiting and finished + running >= budget):
+            return
+        study.optimize(objective, n_trials=1)
+
+
+def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerator: str,
+              devices_per_trial: int) -> dict[str, Any]:
+    """One trial: in this process on one device, or data-parallel on devices_per_trial workers."""
+    from .. import dist
+    from ..devices import Plan
+    from ..launch import run
+    from ..train import fit
+
+    if devices_per_trial > 1:
+        plan = Plan(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
+        return run(cfg.replace(accelerator=accelerator, devices=str(devices_per_trial)), plan, data, None)
+    ctx = dist.init(0, 1, index if accelerator == "gpu" else 0, accelerator)
+    cfg = cfg.replace(accelerator=accelerator, devices="1")
+    return fit(ctx, cfg, data, None)
+
+
+def _pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,
+                 accelerator: str) -> None:
+    try:
+        worker(index, s, space, base, threads, accelerator)
+    except UserError as e:
+        print(f"paratrain: error: search worker {index}: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.code)
+    except KeyboardInterrupt:
+        sys.exit(130)

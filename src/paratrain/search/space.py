@@ -1,0 +1,137 @@
+"""Search spaces: a YAML file of fixed `paratrain train` options and the parameters to search.
+
+    fixed: {model: mlp, dataset: mnist}
+    params:
+      width: [64, 128, 256]              # a list: these choices
+      lr: {low: 1.0e-4, high: 1.0e-2, log: true}   # a range (int when both ends are ints)
+
+Every key is a `paratrain train` option (a TrainConfig field), checked when the file is read.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .. import config as C
+from ..errors import UserError
+
+NOT_SEARCHABLE = {"out", "resume", "data_dir", "quiet", "tensorboard", "devices", "threads_per_worker"}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    choices: tuple | None = None  # a categorical parameter ...
+    low: float | None = None  # ... or a range
+    high: float | None = None
+    log: bool = False
+
+    @property
+    def is_int(self) -> bool:
+        return self.choices is None and isinstance(self.low, int) and isinstance(self.high, int)
+
+
+@dataclass(frozen=True)
+class Space:
+    fixed: dict[str, Any]
+    params: tuple[Param, ...]
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every combination of the choices (brute force), in a fixed order."""
+        ranged = [p.name for p in self.params if p.choices is None]
+        if ranged:
+            raise UserError(f"grid search needs a list of choices for every parameter; {', '.join(ranged)} "
+                            "is a range (use --strategy genetic, tpe or random, or list the values)")
+        names = [p.name for p in self.params]
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(p.choices for p in self.params))]
+
+    def suggest(self, trial: Any) -> dict[str, Any]:
+        """Draw one point from an Optuna trial."""
+        out = {}
+        for p in self.params:
+            if p.choices is not None:
+                out[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+            elif p.is_int:
+                out[p.name] = trial.suggest_int(p.name, p.low, p.high, log=p.log)
+            else:
+                out[p.name] = trial.suggest_float(p.name, float(p.low), float(p.high), log=p.log)
+        return out
+
+
+def _bundled() -> dict[str, Any]:
+    folder = resources.files("paratrain") / "spaces"
+    return {f.name[:-5]: f for f in folder.iterdir() if f.name.endswith(".yaml")}
+
+
+def load(spec: str) -> Space:
+    """A space from a YAML file, or a bundled one by name (mlp-mnist, cnn-mnist)."""
+    bundled = _bundled()
+    if spec in bundled:
+        text = bundled[spec].read_text()
+    else:
+        try:
+            text = Path(spec).read_text()
+        except OSError as e:
+            raise UserError(f"cannot read the space file {spec} ({e.strerror}); pass a YAML file or one of: "
+                            f"{', '.join(sorted(bundled))}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise UserError(f"space file {spec} is not valid YAML ({str(e).splitlines()[0]})") from None
+    return parse(data, spec)
+
+
+def parse(data: Any, where: str = "the space") -> Space:
+    if not isinstance(data, dict) or not isinstance(data.get("params"), dict) or not data["params"]:
+        raise UserError(f"{where} must be a mapping with 'params' (the parameters to search) and optionally "
+                        "'fixed' (options every trial shares)")
+    unknown = set(data) - {"fixed", "params"}
+    if unknown:
+        raise UserError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}; use 'fixed' and 'params'")
+    fixed = {str(k).replace("-", "_"): v for k, v in (data.get("fixed") or {}).items()}
+    for name in fixed:
+        _check_name(name, where)
+    params = []
+    for raw_name, spec in data["params"].items():
+        name = str(raw_name).replace("-", "_")
+        _check_name(name, where)
+        if name in fixed:
+            raise UserError(f"{where}: '{name}' is both fixed and searched; keep one")
+        params.append(_param(name, spec, where))
+    base = C.TrainConfig()
+    for p in params:  # every value must make a valid config (checked now, not in trial 37)
+        values = p.choices if p.choices is not None else (p.low, p.high)
+        for v in values:
+            try:
+                C.validate(C.from_dict({**fixed, p.name: v}, base))
+            except UserError as e:
+                raise UserError(f"{where}: {p.name} = {v!r} is not a valid value ({e})") from None
+    return Space(fixed, tuple(params))
+
+
+def _check_name(name: str, where: str) -> None:
+    if name not in C.FIELDS or name in NOT_SEARCHABLE:
+        raise UserError(f"{where}: '{name}' is not a `paratrain train` option that a search can set; "
+                        "see `paratrain train --help`")
+
+
+def _param(name: str, spec: Any, where: str) -> Param:
+    if isinstance(spec, list):
+        if not spec or len(set(map(repr, spec))) != len(spec):
+            raise UserError(f"{where}: {name} needs a list of distinct choices, not {spec!r}")
+        return Param(name, choices=tuple(spec))
+    if isinstance(spec, dict) and {"low", "high"} <= spec.keys() and set(spec) <= {"low", "high", "log"}:
+        low, high, log = spec["low"], spec["high"], bool(spec.get("log", False))
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high))
+        if not numeric or not low < high or (log and low <= 0):
+            raise UserError(f"{where}: {name} range needs numbers low < high (and low > 0 with log), "
+                            f"not {spec!r}")
+        return Param(name, low=low, high=high, log=log)
+    raise UserError(f"{where}: {name} must be a list of choices or a range {{low: A, high: B, log: false}}, "
+                    f"not {spec!r}")

@@ -1,0 +1,188 @@
+"""paratrain search: spaces, grid and genetic searches with parallel trials, resuming, and PostgreSQL."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from paratrain.errors import UserError
+from paratrain.search import space
+
+SPACE = "fixed: {model: mlp, dataset: synthetic}\nparams:\n  width: [16, 32]\n  lr: [0.001, 0.003, 0.01]\n"
+PRODUCT = [{"width": w, "lr": lr} for w, lr in itertools.product([16, 32], [0.001, 0.003, 0.01])]
+
+
+def _space_file(tmp_path: Path, text: str = SPACE) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _complete(out: Path) -> list[dict]:
+    with open(out / "trials.csv") as f:
+        return [r for r in csv.DictReader(f) if r["state"] == "COMPLETE"]
+
+
+def test_bundled_spaces_parse() -> None:
+    mlp = space.load("mlp-mnist")
+    assert {p.name for p in mlp.params} == {"width", "depth", "activation", "optimizer"}
+    assert len(mlp.grid()) == 6 * 4 * 4 * 7
+    cnn = space.load("cnn-mnist")
+    assert {p.name for p in cnn.params} == {"filters", "kernel", "dropout", "lr", "batch_size"}
+    with pytest.raises(UserError, match="grid search needs a list of choices"):
+        cnn.grid()
+
+
+def test_grid_is_exactly_the_product() -> None:
+    grid = space.parse({"fixed": {"model": "mlp"}, "params": {"width": [16, 32], "lr": [0.001, 0.003, 0.01]}}).grid()
+    assert sorted(grid, key=repr) == sorted(PRODUCT, key=repr)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ([1, 2], "must be a mapping with 'params'"),
+    ({"params": {}}, "must be a mapping with 'params'"),
+    ({"params": {"neurons": [1, 2]}}, "'neurons' is not a `paratrain train` option"),
+    ({"params": {"out": ["a", "b"]}}, "'out' is not a `paratrain train` option that a search can set"),
+    ({"params": {"width": []}}, "needs a list of distinct choices"),
+    ({"params": {"width": [8, 8]}}, "needs a list of distinct choices"),
+    ({"params": {"lr": {"low": 0.1, "high": 0.01}}}, "range needs numbers low < high"),
+    ({"params": {"lr": {"low": 0, "high": 0.1, "log": True}}}, "low > 0 with log"),
+    ({"params": {"lr": "fast"}}, "must be a list of choices or a range"),
+    ({"params": {"optimizer": ["adam", "lbfgs"]}}, "optimizer = 'lbfgs' is not a valid value"),
+    ({"params": {"width": [8]}, "extra": 1}, "unknown section(s) extra"),
+    ({"fixed": {"width": 8}, "params": {"width": [8, 16]}}, "both fixed and searched"),
+])
+def test_bad_spaces(data: object, message: str) -> None:
+    with pytest.raises(UserError, match=None) as e:
+        space.parse(data)
+    assert message in str(e.value)
+
+
+def test_search_flag_errors(tmp_path: Path) -> None:
+    path = _space_file(tmp_path)
+    for args, message in ((("--strategy", "annealing"), "unknown --strategy 'annealing'"),
+                          (("--lr", "0.1"), "--lr is a searched parameter"),
+                          (("--parallel", "64"), "exceed the"),
+                          (("--population", "0"), "--population must be at least 1")):
+        proc = run_cli("search", "--space", path, "--out", str(tmp_path / "o"), *args)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli("search", "--space", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "cannot read the space file" in proc.stderr
+
+
+def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
+    out = tmp_path / "grid"
+    proc = run_cli("search", "--space", _space_file(tmp_path), "--strategy", "grid", "--parallel", "2",
+                   "--steps", "3", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = _complete(out)
+    assert sorted((int(r["width"]), float(r["lr"])) for r in done) == sorted((p["width"], p["lr"]) for p in PRODUCT)
+    for name in ("best.yaml", "leaderboard.md", "fitness.png", "summary.yaml"):
+        assert (out / name).stat().st_size > 0
+    best = run_cli("train", "--config", str(out / "best.yaml"), "--steps", "2", "--devices", "1", "--quiet",
+                   "--out", str(tmp_path / "best"))
+    assert best.returncode == 0, best.stderr  # best.yaml is a config `paratrain train` takes
+
+
+def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path) -> None:
+    out = tmp_path / "ga"
+    proc = run_cli("search", "--space", _space_file(tmp_path), "--strategy", "genetic", "--population", "4",
+                   "--generations", "2", "--parallel", "2", "--steps", "3", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = _complete(out)
+    assert len(done) == 8
+    assert {r["generation"] for r in done} == {"0", "1"}
+    assert len({r["worker"] for r in done}) == 2  # two trial processes shared the work
+    assert "search: best validation accuracy" in proc.stdout
+
+
+def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path) -> None:
+    out = tmp_path / "grid"
+    cmd = [sys.executable, "-m", "paratrain", "search", "--space", _space_file(tmp_path), "--strategy", "grid",
+           "--parallel", "1", "--steps", "40", "--out", str(out)]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 180
+    while len(list(out.glob("trials/*/summary.json"))) < 2:
+        assert time.time() < deadline and first.poll() is None, "the search did not get going"
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the search and its trial process, mid-trial
+    first.wait()
+    finished_before = {p.parent.name for p in out.glob("trials/*/summary.json")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = _complete(out)
+    assert len(done) == 6 and len({(r["width"], r["lr"]) for r in done}) == 6  # every point once
+    assert {f"{int(r['number']):04d}" for r in done} >= finished_before  # finished trials were kept, not re-run
+
+
+# ---- a study shared through a real PostgreSQL server ----
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (folder / name).exists():
+            return str(folder / name)
+    return None
+
+
+@pytest.fixture
+def postgres() -> str:
+    """A throw-away PostgreSQL server from the system's binaries; its URL."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not (initdb and pg_ctl):
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; .ci/run installs them")
+    pytest.importorskip("psycopg", reason="the psycopg driver is not installed (pip install 'psycopg[binary]')")
+    # not under pytest's tmp_path: that is private to root, and the server runs as another user
+    folder = Path(tempfile.mkdtemp(prefix="paratrain-pg-"))
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        os.chmod(folder, 0o777)
+        run_as = ["runuser", "-u", "postgres", "--"]
+    data, port = folder / "data", _free_port()
+    subprocess.run([*run_as, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
+                   capture_output=True)
+    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-w", "-o",
+                    f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_workers_share_a_postgresql_study(tmp_path: Path, postgres: str) -> None:
+    import optuna
+
+    common = ["--space", _space_file(tmp_path), "--strategy", "grid", "--storage", postgres, "--study", "shared",
+              "--parallel", "1", "--steps", "60"]
+    main = subprocess.Popen([sys.executable, "-m", "paratrain", "search", *common, "--out", str(tmp_path / "a")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    helper = subprocess.Popen([sys.executable, "-m", "paratrain", "search", *common, "--worker", "--out",
+                               str(tmp_path / "b")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for proc in (main, helper):
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+    study = optuna.load_study(study_name="shared", storage=postgres)
+    trials = [t for t in study.get_trials() if not t.user_attrs.get("unused")]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6  # none lost, none failed
+    assert sorted((t.params["width"], t.params["lr"]) for t in trials) == sorted(
+        (p["width"], p["lr"]) for p in PRODUCT)  # none duplicated
+    assert len({t.user_attrs["worker"] for t in trials}) == 2  # both machines' workers took part
