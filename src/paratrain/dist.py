@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,6 +48,18 @@ class DistContext:
         """Wait for queued device work, so that a clock read afterwards measures it."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def average_gradients(params: Iterable[torch.nn.Parameter], size: int, group: Any = None) -> None:
+    """Average the gradients over `size` processes of `group` in one flat all-reduce, in place."""
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset: offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def device_for(accelerator: str, local_rank: int) -> torch.device:

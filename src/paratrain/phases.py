@@ -12,11 +12,9 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
-from .dist import DistContext
+from .dist import DistContext, average_gradients
 
 PHASES = ("data", "compute", "allreduce", "optimizer")
 WARMUP_STEPS = 1  # the first step allocates every buffer: it is left out of the averages
@@ -44,14 +42,7 @@ class PhaseTimer:
         if not (self.active and self.ctx.distributed):
             return
         with self.phase("allreduce"):
-            grads = [p.grad for p in model.parameters() if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            flat /= self.ctx.world_size
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset: offset + g.numel()].view_as(g))
-                offset += g.numel()
+            average_gradients(model.parameters(), self.ctx.world_size)
 
     def per_step(self) -> dict[str, float] | None:
         timed = self.steps - WARMUP_STEPS

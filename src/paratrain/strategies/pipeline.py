@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..dist import average_gradients
 from ..errors import UserError
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -218,16 +219,8 @@ class Pipeline:
 
     def average_gradients(self) -> None:
         """Hybrid: average each stage's gradients over the R copies of the pipeline (one flat all-reduce)."""
-        if self.layout.replicas == 1:
-            return
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.layout.replicas
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset: offset + g.numel()].view_as(g))
-            offset += g.numel()
+        if self.layout.replicas > 1:
+            average_gradients(self.module.parameters(), self.layout.replicas, self.dp_group)
 
     def gather_model(self) -> nn.Module:
         """Every stage's weights into the whole model on every process of this pipeline (collective)."""
