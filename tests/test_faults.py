@@ -72,7 +72,7 @@ def test_sigterm_stops_saves_and_resumes(tmp_path: Path) -> None:
     state = checkpoint.load(run / "checkpoints" / "last.pt")
     assert state["step"] >= 10  # the work up to the stop was saved
     proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--resume", str(run), "--epochs",
-                           str(state["epoch"] + 1)], capture_output=True, text=True, timeout=300)
+                           str(state["epoch"] + 2)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run / "summary.json").read_text())["steps"] > state["step"]
 
@@ -108,6 +108,15 @@ def test_stopped_worker_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
     assert any("stopped answering" in line and "rank 1" in line for line in lines), stderr
     time.sleep(1)
     assert [p for p in every if alive(p)] == []
+
+
+def test_resuming_a_finished_run_changes_nothing(tmp_path: Path) -> None:
+    """--resume of a run that has all its steps: evaluate, write the summary, exit 0 (it once crashed)."""
+    train(tmp_path / "run", "--steps", "5", "--devices", "1", "--no-tensorboard")
+    before = weights(tmp_path / "run")
+    summary = train(tmp_path / "run", "--resume", str(tmp_path / "run"))
+    assert summary["steps"] == 5 and summary["examples_per_sec"] is None
+    assert max_abs_diff(before, weights(tmp_path / "run")) == 0
 
 
 def test_resume_with_fewer_workers(tmp_path: Path) -> None:

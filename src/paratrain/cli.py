@@ -233,8 +233,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                   flush=True)
     summary = launch.run(cfg, plan, data, resume)
     if summary is not None:
+        rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
         print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
-              f"examples/sec {summary['examples_per_sec']:.0f}  train_time {summary['train_time_s']:.1f}s  "
+              f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
               f"steps {summary['steps']}  -> {cfg.out}")
     return 0
 

@@ -316,7 +316,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         "world_size": int(cfg.devices) if cfg.strategy == "tower" else W, "global_batch_size": B * acc,
         "steps": step, "epochs": math.ceil(step / per_epoch),
         "train_time_s": train_time, "eval_time_s": eval_time, "step_phases_s": timer.per_step(),
-        "examples_per_sec": steps_run * B * acc / train_time if train_time else None,
+        "examples_per_sec": steps_run * B * acc / train_time if steps_run and train_time else None,
         "test_accuracy": reported[0], "test_loss": reported[1],
         "val_accuracy": finite(val[0]), "val_loss": finite(val[1]),
         "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,

@@ -129,13 +129,18 @@ def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
 
 
 def requeue_abandoned(study: Any) -> int:
-    """Trials left running by a search that was killed (this machine's own SQLite study): failed, and their
-    parameters queued again, so they run once more and nothing finished runs twice."""
+    """Trials that a killed or interrupted search left unfinished (this machine's own SQLite study): still
+    marked running, or failed without a training error (Ctrl-C). Their parameters are queued again, once, so
+    they run again and nothing that finished runs twice."""
     from optuna.trial import TrialState
 
-    abandoned = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
+    abandoned = [t for t in trials if t.state == TrialState.RUNNING or (
+        t.state == TrialState.FAIL and "error" not in t.user_attrs and t.number not in retried)]
     for t in abandoned:
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if t.state == TrialState.RUNNING:
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         study.enqueue_trial(t.params, user_attrs={**t.user_attrs, "retry_of": t.number})
     return len(abandoned)
 
