@@ -120,7 +120,11 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)  # the search and its trial process, mid-trial
     first.wait()
-    finished_before = {p.parent.name for p in out.glob("trials/*/summary.json")}
+    import optuna
+
+    # finished = recorded in the study (a trial killed between training and being recorded runs again)
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'study.db'}")
+    finished_before = {f"{t.number:04d}" for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = _complete(out)

@@ -141,7 +141,9 @@ def requeue_abandoned(study: Any) -> int:
     for t in abandoned:
         if t.state == TrialState.RUNNING:
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        study.enqueue_trial(t.params, user_attrs={**t.user_attrs, "retry_of": t.number})
+        # a trial killed before it drew its parameters has them only as the queue's fixed_params
+        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        study.enqueue_trial(params, user_attrs={**t.user_attrs, "retry_of": t.number})
     return len(abandoned)
 
 
