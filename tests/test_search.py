@@ -75,7 +75,9 @@ def test_search_flag_errors(tmp_path: Path) -> None:
     for args, message in ((("--strategy", "annealing"), "unknown --strategy 'annealing'"),
                           (("--lr", "0.1"), "--lr is a searched parameter"),
                           (("--parallel", "64"), "exceed the"),
-                          (("--population", "0"), "--population must be at least 1")):
+                          (("--population", "0"), "--population must be at least 1"),
+                          (("--epochs-per-trial", "0"), "--epochs must be at least 1"),
+                          (("--epochs-per-trial", "2", "--epochs", "3"), "not both")):
         proc = run_cli("search", "--space", path, "--out", str(tmp_path / "o"), *args)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1

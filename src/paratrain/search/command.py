@@ -26,6 +26,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=int, help="trials to run (tpe/random: default 20; grid: at most this many)")
     p.add_argument("--parallel", type=int, help="trials at once (default: one per GPU, or 2 on CPUs with 2+ cores)")
     p.add_argument("--devices-per-trial", type=int, default=1, help="data-parallel workers per trial (default: 1)")
+    p.add_argument("--epochs-per-trial", type=int, help="training epochs of each trial (the same as --epochs)")
     p.add_argument("--storage", help="Optuna storage URL (default: a SQLite file in --out); postgresql://... "
                                      "lets workers on several machines share the study")
     p.add_argument("--study", default="search", help="study name in the storage (default: search)")
@@ -38,6 +39,10 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     from ..devices import usable_cores
     from . import report, runner, space
 
+    if args.epochs_per_trial is not None:
+        if "epochs" in train_values and train_values["epochs"] != args.epochs_per_trial:
+            raise UserError("give --epochs-per-trial or --epochs, not both")
+        train_values = {**train_values, "epochs": args.epochs_per_trial}
     sp = space.load(args.space)
     searched = sorted(set(train_values) & {p.name for p in sp.params})
     if searched:
