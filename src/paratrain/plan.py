@@ -20,6 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import UserError
 
@@ -69,18 +70,13 @@ def predict(w: Workload, n: int, bandwidth: float, latency: float, overlap: bool
 def workload_from_bench(results: dict) -> tuple[Workload, dict]:
     """The 1-device row of a bench (cpu:1t, gpu:1, or ddp-cpu:1): compute per example, fixed cost, and
     the gradient size of the bench's model."""
-    from .data import synthetic_side
-    from .models import build_model, input_size, native_channels
-
     rows = {r["name"]: r for r in results["results"] if r["status"] == "ok" and r.get("step_phases_s")}
     base = rows.get("gpu:1") or rows.get("cpu:1t") or rows.get("ddp-cpu:1")
     if base is None:
         raise UserError("the bench has no 1-device row with a step breakdown (gpu:1, cpu:1t or ddp-cpu:1); "
                         "run `paratrain bench` with one of them")
-    model = bench_model(results)
-    channels = native_channels(model)
-    side = input_size(model, synthetic_side(channels))
-    params = sum(p.numel() for p in build_model(model, channels, side, 10).parameters())
+    net, _, _ = _bench_network(bench_model(results))
+    params = sum(p.numel() for p in net.parameters())
     phases = base["step_phases_s"]
     w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"], 4.0 * params)
     return w, base
@@ -146,15 +142,11 @@ def _time_compute(rank: int, init: str, n: int, model: str, batches: tuple[int, 
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from .data import synthetic_side
     from .launch import tune_malloc
-    from .models import build_model, input_size, native_channels
 
     torch.set_num_threads(1)
     tune_malloc()  # as in a training worker
-    channels = native_channels(model)
-    side = input_size(model, synthetic_side(channels))
-    net = build_model(model, channels, side, 10)
+    net, channels, side = _bench_network(model)
 
     def median_step(batch: int) -> float:
         x, y = torch.randn(batch, channels, side, side), torch.randint(0, 10, (batch,))
@@ -194,6 +186,16 @@ def validate(results: dict, w: Workload, bandwidth: float, latency: float,
         out.append({"name": r["name"], "measured": measured, "predicted": predicted,
                     "colocation_slowdown": factor, "error": predicted / measured - 1})
     return out
+
+
+def _bench_network(model: str) -> tuple[Any, int, int]:
+    """The bench's model as built for its own kind of image (channels, side): the network, channels, side."""
+    from .data import synthetic_side
+    from .models import build_model, input_size, native_channels
+
+    channels = native_channels(model)
+    side = input_size(model, synthetic_side(channels))
+    return build_model(model, channels, side, 10), channels, side
 
 
 def bench_model(results: dict) -> str:
