@@ -79,6 +79,22 @@ def load(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def owned(state: Any) -> Any:
+    """A copy of a checkpoint (nested dicts, lists, tuples of tensors) whose tensors belong to this process.
+
+    A checkpoint handed to spawned workers lies in shared memory: every worker sees the same buffers.
+    `Optimizer.load_state_dict` keeps a tensor that already has the right device and dtype instead of
+    copying it, so without this copy every worker updated one momentum or Adam moment buffer in place,
+    N times a step (resumed and restarted runs on N > 1 workers trained another model)."""
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return {k: owned(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(owned(v) for v in state)
+    return state
+
+
 def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
     """Load the checkpoint's weights into `model`, or explain which model the checkpoint is for."""
     try:

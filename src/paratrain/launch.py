@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.multiprocessing as mp
@@ -114,7 +114,7 @@ def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: Train
         if rank == 0:  # every worker meets the same input; one line is enough
             print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr,
                   flush=True)
-        sys.exit(e.code)
+        end_process(e.code)
     except RuntimeError as e:
         if not _timed_out(e):
             raise
@@ -123,7 +123,22 @@ def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: Train
         print(f"paratrain: error: worker {rank}: a collective waited more than --collective-timeout "
               f"{cfg.collective_timeout:g} s; the worker(s) that stopped answering: rank {who}", file=sys.stderr,
               flush=True)
-        sys.exit(TIMEOUT_EXIT)
+        end_process(TIMEOUT_EXIT)
+    end_process(0)
+
+
+def end_process(code: int) -> NoReturn:
+    """Leave a process that was in a process group without Python's finalization.
+
+    A gloo worker thread can still hold the last reference to a tensor of a finished collective when the
+    main thread exits; if it lets go while the interpreter is finalizing, it cannot take the GIL and the
+    process aborts (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489).
+    DDP keeps the process group alive past destroy_process_group, so its threads cannot be joined first.
+    That happened at the end of about 1 run in 8 with 2 workers here. Everything the run writes is
+    closed by then (files, queue, TensorBoard), so only the streams need flushing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _timed_out(e: RuntimeError) -> bool:

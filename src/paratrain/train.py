@@ -133,6 +133,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     epochs = math.ceil(total_steps / per_epoch)
 
+    # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
+    resume = checkpoint.owned(resume) if resume is not None else None
     torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
     model = make_model(cfg, data)
     if resume is not None:
