@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,36 @@ def test_bad_dataset_files(dataset: str, make, expected: str, capsys: pytest.Cap
 def test_bad_fault_and_pipeline_flags(argv: list[str], expected: str, capsys: pytest.CaptureFixture,
                                       tmp_path: Path) -> None:
     _one_line_error(capsys, _main([*argv, "--out", str(tmp_path / "run")]), expected)
+
+
+def _unwritable(tmp_path: Path, kind: str) -> str:
+    """An --out that is a file, under a file (its parent cannot be made), or in a read-only folder."""
+    if kind == "file":
+        (tmp_path / "taken").write_text("x")
+        return str(tmp_path / "taken")
+    if kind == "under-a-file":
+        (tmp_path / "taken").write_text("x")
+        return str(tmp_path / "taken" / "run")
+    if os.geteuid() == 0:  # root writes into any mode; /proc takes no new folders even from root
+        return "/proc/paratrain-test/run"
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    return str(locked / "run")
+
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file", "read-only"])
+@pytest.mark.parametrize("command", [
+    ["train", "--steps", "1"],
+    ["bench", "--dataset", "synthetic", "--steps", "2", "--configs", "cpu:1t"],
+    ["search", "--space", "mlp-mnist", "--trials", "1"],
+    ["report", "RUN"],
+    ["plan", "--results", "RUN", "--no-validate"],
+], ids=lambda c: c[0] if isinstance(c, list) else c)
+def test_out_that_cannot_be_written(command: list[str], kind: str, capsys: pytest.CaptureFixture,
+                                    tmp_path: Path) -> None:
+    """Checked first, before any data is loaded: one line and exit 2, nothing written, not a traceback."""
+    out = _unwritable(tmp_path, kind)
+    before = sorted(tmp_path.rglob("*"))
+    argv = [str(tmp_path / "no-run") if a == "RUN" else a for a in command]
+    _one_line_error(capsys, _main([*argv, "--out", out]), "--out")
+    assert sorted(tmp_path.rglob("*")) == before

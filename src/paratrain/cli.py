@@ -12,6 +12,7 @@ from typing import Any
 from . import config as C
 from .errors import UserError, one_line
 from .interrupt import Stopped
+from .rundir import writable_dir
 
 
 class _Parser(argparse.ArgumentParser):
@@ -191,6 +192,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, launch
 
     cfg = resolve_config(args)
+    if not args.print_split and (not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0):
+        writable_dir(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     if args.print_split:
         if cfg.strategy not in C.PIPELINED:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
@@ -225,7 +228,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.strategy in C.PIPELINED:
         cfg = _pipeline_split(cfg, data)[0]
     if is_main:
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
         if not cfg.quiet:
             print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
@@ -270,6 +272,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in ("epochs", "steps", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    writable_dir(args.out)
     import torch
 
     configs = (bench.parse_configs(args.configs) if args.configs
@@ -302,9 +305,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from . import bench, plot
 
+    out = writable_dir(args.out)
     results = [bench.result_from_run(Path(run)) for run in args.runs]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     path = plot.write_report({"context": bench.context(), "results": results}, out, title="paratrain runs")
     print(f"report: {path}")
     return 0
@@ -333,6 +335,8 @@ def _validate_plan(plan: Any, results: dict, w: Any, base: dict, link: tuple[flo
 def cmd_plan(args: argparse.Namespace) -> int:
     from . import plan
 
+    if args.out:
+        writable_dir(args.out)
     results = plan.load_results(args.results)
     w, base = plan.workload_from_bench(results)
     if (args.bandwidth_gbs is None) != (args.latency_us is None):
@@ -374,7 +378,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                              args.link == "measured")
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps({"link": link, "bandwidth": bw, "latency": lat, "rows": rows,
                                                    "validation": checks}, indent=2) + "\n")
         from .plot import plan_curve

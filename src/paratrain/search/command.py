@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 from .. import config as C
 from ..errors import UserError
+from ..rundir import writable_dir
 
 # `paratrain train` options that a search sets itself (or that mean something else here)
 NOT_TRAIN_FLAGS = {"strategy", "out", "resume", "devices", "threads_per_worker", "quiet", "tensorboard", "seed"}
@@ -75,8 +75,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         raise UserError(f"{parallel} trials x {workers} workers exceed the {cores} cores here (they would "
                         f"oversubscribe them); use --parallel {max(1, cores // workers)}")
     threads = max(1, cores // (parallel * workers))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_dir(args.out)
     settings = runner.Settings(args.strategy, args.population, args.generations, args.mutation_prob,
                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
                                args.storage or f"sqlite:///{out.resolve() / 'study.db'}", args.study, str(out),
