@@ -104,8 +104,12 @@ def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_
 
 def test_pipeline_checkpoint_is_a_whole_model_for_eval_and_resume(tmp_path: Path) -> None:
     """Saved by a 2-stage pipeline, evaluated on one device, resumed by DDP: the same as never switching
-    (Adam, so the optimizer state must come through whole too)."""
-    args = ("--steps", "8", "--batch-size", "64", "--no-tensorboard")
+    (SGD with momentum, so the optimizer state must come through whole too: without the momentum these
+    16 steps end 0.018 away). Not Adam: its first steps move each weight by about lr whatever the
+    gradient's size, so the last-bit differences of micro-batched sums grew to 1.6e-3 by step 16 on one
+    machine; with momentum SGD the gap measured 1.5e-8 with 1 and with 2 threads."""
+    args = ("--steps", "8", "--batch-size", "64", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",
+            "--no-tensorboard")
     pipe = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2")
     assert pipe["pipeline"]["cuts"] == "3"  # --split auto: conv1 | the rest, by counted cost
     proc = run_cli("eval", "--checkpoint", str(tmp_path / "pipe"))
