@@ -126,12 +126,19 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
 
     # finished = recorded in the study (a trial killed between training and being recorded runs again)
     study = optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'study.db'}")
-    finished_before = {f"{t.number:04d}" for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    finished_before = {t.number: (t.params, t.value, t.datetime_complete)
+                       for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    assert finished_before  # the kill came after at least one trial was recorded
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = _complete(out)
     assert len(done) == 6 and len({(r["width"], r["lr"]) for r in done}) == 6  # every point once
-    assert {f"{int(r['number']):04d}" for r in done} >= finished_before  # finished trials were kept, not re-run
+    # Every trial finished before the kill is kept as it was: same parameters, same value, not run again.
+    after = {t.number: (t.params, t.value, t.datetime_complete)
+             for t in optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'study.db'}").get_trials(
+                 states=(optuna.trial.TrialState.COMPLETE,))}
+    assert {n: after.get(n) for n in finished_before} == finished_before
+    assert {int(r["number"]) for r in done} >= set(finished_before)
 
 
 # ---- a study shared through a real PostgreSQL server ----
