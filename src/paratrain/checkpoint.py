@@ -95,6 +95,29 @@ def owned(state: Any) -> Any:
     return state
 
 
+def newest_in_group(ctx: Any, local: dict[str, Any] | None, restarts: int) -> tuple[dict[str, Any] | None, int]:
+    """The newest of the checkpoints the workers found on their own disks, for all of them, and the most
+    restarts any of them counts (collective).
+
+    Rank 0 writes the checkpoints, on its node only, and after a torchrun restart rank 0 may be on
+    another node: so every worker offers what it has, and the one with the most steps sends it to all.
+    torchrun counts restarts per node (a node whose workers were healthy restarts them without counting),
+    so the restart count is the group's largest. The checkpoint is None where nobody has one."""
+    import torch.distributed as dist
+
+    if not ctx.distributed:
+        return local, restarts
+    offers: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(offers, (-1 if local is None else int(local["step"]), restarts))
+    newest = max(range(ctx.world_size), key=lambda r: (offers[r][0], -r))
+    restarts = max(r for _, r in offers)
+    if offers[newest][0] < 0:
+        return None, restarts
+    box = [local if ctx.rank == newest else None]
+    dist.broadcast_object_list(box, src=newest)
+    return box[0], restarts
+
+
 def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
     """Load the checkpoint's weights into `model`, or explain which model the checkpoint is for."""
     try:

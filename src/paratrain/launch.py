@@ -85,14 +85,18 @@ def _set_threads(n: int) -> None:
 
 def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | None, plan: Plan,
                 cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None,
-                devices: list[str] | None, restarts: int = 0) -> dict[str, Any] | None:
-    """This process as one worker: tune it, join the group, train, leave the group."""
+                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False) -> dict[str, Any] | None:
+    """This process as one worker: tune it, join the group, train, leave the group.
+    `find_checkpoint`: resume from the newest checkpoint any worker of the group finds in --out."""
+    from .checkpoint import newest_in_group
     from .train import fit
 
     tune_malloc()
     _set_threads(plan.threads_per_worker)
     ctx = dist.init(rank, world_size, local_rank, plan.accelerator, init_method, cfg.collective_timeout)
     try:
+        if find_checkpoint:
+            resume, restarts = newest_in_group(ctx, _last_checkpoint(cfg), restarts)
         with StopRequest().installed() as stop:
             return fit(ctx, cfg, data, resume, devices=devices, stop=stop, restarts=restarts)
     finally:
@@ -168,12 +172,13 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
     """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks)."""
     if under_torchrun():
         rank, world_size, local_rank = torchrun_ranks()
-        # torchrun --max-restarts starts the workers again after a failure: carry on from the checkpoint.
+        # torchrun --max-restarts starts the workers again after a failure, on every node, but counts the
+        # restart only on the node that failed: so every start looks for a checkpoint in --out and carries
+        # on from the newest one any node has (rank 0 writes them, on its own disk).
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        if restarts and resume is None:
-            resume = _last_checkpoint(cfg)
         try:
-            return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts)
+            return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts,
+                               find_checkpoint=resume is None)
         except RuntimeError as e:
             if not _timed_out(e):
                 raise
