@@ -131,7 +131,7 @@ def test_resume_with_fewer_workers(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_killed_worker_restarts_from_the_checkpoint(tmp_path: Path, mnist_dir: Path) -> None:
     """kill -9 one of 2 workers in epoch 2 of 3 with --max-restarts 1: the run finishes, records the
-    restart, and ends as accurate as a run nobody touched."""
+    restart, and ends with the weights of a run nobody touched (Adam, the default)."""
     args = ("--dataset", "mnist", "--data-dir", str(mnist_dir), "--epochs", "3", "--devices", "2",
             "--checkpoint-every", "20", "--log-every", "5")
     whole = train(tmp_path / "whole", *args, "--no-tensorboard")
@@ -147,7 +147,8 @@ def test_killed_worker_restarts_from_the_checkpoint(tmp_path: Path, mnist_dir: P
     assert "restarting all workers from the last checkpoint (restart 1 of 1)" in stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == whole["steps"]
-    assert abs(summary["test_accuracy"] - whole["test_accuracy"]) <= 0.005
+    assert summary["test_accuracy"] == whole["test_accuracy"]
+    assert max_abs_diff(weights(run), weights(tmp_path / "whole")) <= 1e-6
 
 
 def test_a_torchrun_restart_carries_on_from_the_checkpoint(tmp_path: Path) -> None:
