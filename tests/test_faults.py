@@ -161,7 +161,13 @@ def test_a_torchrun_restart_carries_on_from_the_checkpoint(tmp_path: Path) -> No
     proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "run"),
                            *args, "--steps", "20"], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
+    assert "carrying on from the checkpoint of step 10 found in" in proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == 20 and summary["resumed_from_step"] == 10
     train(tmp_path / "whole", *args, "--steps", "20")
     assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "whole")) < 1e-4
+    # A checkpoint of another model in --out is one line and exit 2, not a resume or a traceback.
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "run"),
+                           *args, "--model", "mlp"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "is of model 'lenet5', not 'mlp'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -95,22 +95,29 @@ def owned(state: Any) -> Any:
     return state
 
 
-def newest_in_group(ctx: Any, local: dict[str, Any] | None, restarts: int) -> tuple[dict[str, Any] | None, int]:
-    """The newest of the checkpoints the workers found on their own disks, for all of them, and the most
-    restarts any of them counts (collective).
+def newest_in_group(ctx: Any, local: dict[str, Any] | None, error: str | None,
+                    restarts: int) -> tuple[dict[str, Any] | None, int]:
+    """The newest of the checkpoints the workers offer (found on their own disks), for all of them, and the
+    most restarts any of them counts (collective: every worker calls it, also one with an `error`).
 
     Rank 0 writes the checkpoints, on its node only, and after a torchrun restart rank 0 may be on
     another node: so every worker offers what it has, and the one with the most steps sends it to all.
     torchrun counts restarts per node (a node whose workers were healthy restarts them without counting),
-    so the restart count is the group's largest. The checkpoint is None where nobody has one."""
+    so the restart count is the group's largest. A worker's `error` (an unreadable checkpoint, one of
+    another model) stops every worker with that message. The checkpoint is None where nobody has one."""
     import torch.distributed as dist
 
     if not ctx.distributed:
+        if error:
+            raise UserError(error)
         return local, restarts
     offers: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(offers, (-1 if local is None else int(local["step"]), restarts))
+    dist.all_gather_object(offers, (-1 if local is None else int(local["step"]), restarts, error))
+    for rank, (_, _, problem) in enumerate(offers):
+        if problem:
+            raise UserError(f"rank {rank}: {problem}")
     newest = max(range(ctx.world_size), key=lambda r: (offers[r][0], -r))
-    restarts = max(r for _, r in offers)
+    restarts = max(r for _, r, _ in offers)
     if offers[newest][0] < 0:
         return None, restarts
     box = [local if ctx.rank == newest else None]

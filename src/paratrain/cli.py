@@ -12,7 +12,7 @@ from typing import Any
 from . import config as C
 from .errors import UserError, one_line
 from .interrupt import Stopped
-from .rundir import writable_dir
+from .rundir import check_writable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -193,7 +193,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = resolve_config(args)
     if not args.print_split and (not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0):
-        writable_dir(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
+        check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     if args.print_split:
         if cfg.strategy not in C.PIPELINED:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
@@ -228,6 +228,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.strategy in C.PIPELINED:
         cfg = _pipeline_split(cfg, data)[0]
     if is_main:
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
         if not cfg.quiet:
             print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
@@ -272,7 +273,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in ("epochs", "steps", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    writable_dir(args.out)
+    check_writable(args.out)
     import torch
 
     configs = (bench.parse_configs(args.configs) if args.configs
@@ -305,8 +306,9 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from . import bench, plot
 
-    out = writable_dir(args.out)
+    out = check_writable(args.out)
     results = [bench.result_from_run(Path(run)) for run in args.runs]
+    out.mkdir(parents=True, exist_ok=True)
     path = plot.write_report({"context": bench.context(), "results": results}, out, title="paratrain runs")
     print(f"report: {path}")
     return 0
@@ -336,7 +338,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from . import plan
 
     if args.out:
-        writable_dir(args.out)
+        check_writable(args.out)
     results = plan.load_results(args.results)
     w, base = plan.workload_from_bench(results)
     if (args.bandwidth_gbs is None) != (args.latency_us is None):
@@ -378,6 +380,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                                              args.link == "measured")
     if args.out:
         out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps({"link": link, "bandwidth": bw, "latency": lat, "rows": rows,
                                                    "validation": checks}, indent=2) + "\n")
         from .plot import plan_curve
@@ -400,13 +403,19 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"devices": cmd_devices, "train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes,
                 "bench": cmd_bench, "report": cmd_report, "plan": cmd_plan, "search": cmd_search}
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
     except UserError as e:
         print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr)
-        return e.code
+        code = e.code
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    if args.command == "train":
+        from . import launch  # torch is loaded by now
+
+        if launch.under_torchrun():  # a worker of torchrun's group: leave without finalization (see end_process)
+            launch.end_process(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | 
                 cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None,
                 devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False) -> dict[str, Any] | None:
     """This process as one worker: tune it, join the group, train, leave the group.
-    `find_checkpoint`: resume from the newest checkpoint any worker of the group finds in --out."""
+    `find_checkpoint`: carry on from the newest checkpoint that any worker of the group was given or finds
+    in --out (torchrun, where each node has its own disk)."""
     from .checkpoint import newest_in_group
     from .train import fit
 
@@ -96,7 +97,13 @@ def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | 
     ctx = dist.init(rank, world_size, local_rank, plan.accelerator, init_method, cfg.collective_timeout)
     try:
         if find_checkpoint:
-            resume, restarts = newest_in_group(ctx, _last_checkpoint(cfg), restarts)
+            given = resume is not None
+            resume, restarts = newest_in_group(ctx, *_offer(cfg, resume), restarts)
+            if resume is not None and not given:
+                cfg = cfg.replace(resume=cfg.out)
+                if ctx.is_main:
+                    print(f"paratrain: carrying on from the checkpoint of step {resume['step']} found in {cfg.out}",
+                          file=sys.stderr, flush=True)
         with StopRequest().installed() as stop:
             return fit(ctx, cfg, data, resume, devices=devices, stop=stop, restarts=restarts)
     finally:
@@ -138,8 +145,10 @@ def end_process(code: int) -> NoReturn:
     main thread exits; if it lets go while the interpreter is finalizing, it cannot take the GIL and the
     process aborts (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489).
     DDP keeps the process group alive past destroy_process_group, so its threads cannot be joined first.
-    That happened at the end of about 1 run in 8 with 2 workers here. Everything the run writes is
-    closed by then (files, queue, TensorBoard), so only the streams need flushing."""
+    That happened at the end of about 1 run in 8 with 2 workers here. The run's files are closed by then
+    (metrics.jsonl is flushed at every line, the result queue is written at once, and a finished, stopped
+    or diverged run closes TensorBoard); only a run that ends in a timed-out collective may lose its last
+    unflushed TensorBoard events."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -178,7 +187,7 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         try:
             return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts,
-                               find_checkpoint=resume is None)
+                               find_checkpoint=True)
         except RuntimeError as e:
             if not _timed_out(e):
                 raise
@@ -199,6 +208,21 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
             resume = _last_checkpoint(cfg)
             cfg = cfg.replace(resume=cfg.out) if resume is not None else cfg
     raise AssertionError("unreachable")
+
+
+def _offer(cfg: TrainConfig, resume: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+    """What this worker brings to the group's choice of checkpoint: the one it was given (--resume) or the
+    one in its --out, or why that one cannot be used (every worker then stops with that message)."""
+    if resume is not None:
+        return resume, None
+    try:
+        found = _last_checkpoint(cfg)
+    except UserError as e:
+        return None, str(e)
+    if found is not None and found["config"].get("model") != cfg.model:
+        return None, (f"the checkpoint in {cfg.out} is of model '{found['config'].get('model')}', not "
+                      f"'{cfg.model}'; pass another --out for a new run")
+    return found, None
 
 
 def _last_checkpoint(cfg: TrainConfig) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import config as C
 from ..errors import UserError
-from ..rundir import writable_dir
+from ..rundir import check_writable
 
 # `paratrain train` options that a search sets itself (or that mean something else here)
 NOT_TRAIN_FLAGS = {"strategy", "out", "resume", "devices", "threads_per_worker", "quiet", "tensorboard", "seed"}
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         raise UserError(f"{parallel} trials x {workers} workers exceed the {cores} cores here (they would "
                         f"oversubscribe them); use --parallel {max(1, cores // workers)}")
     threads = max(1, cores // (parallel * workers))
-    out = writable_dir(args.out)
+    out = check_writable(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     settings = runner.Settings(args.strategy, args.population, args.generations, args.mutation_prob,
                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
                                args.storage or f"sqlite:///{out.resolve() / 'study.db'}", args.study, str(out),
