@@ -199,3 +199,20 @@ def test_two_workers_share_a_postgresql_study(tmp_path: Path, postgres: str) -> 
     assert sorted((t.params["width"], t.params["lr"]) for t in trials) == sorted(
         (p["width"], p["lr"]) for p in PRODUCT)  # none duplicated
     assert len({t.user_attrs["worker"] for t in trials}) == 2  # both machines' workers took part
+
+
+def test_two_workers_that_see_the_last_place_do_not_both_take_it() -> None:
+    """The genetic search once ran 9 trials for a budget of 8: both workers saw 7 finished and started one.
+    The later-numbered of two trials started together gives way."""
+    import optuna
+
+    from paratrain.search.runner import over_budget
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    for value in range(7):
+        study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=float(value)))
+    first, second = study.ask(), study.ask()  # both RUNNING, numbers 7 and 8
+    assert not over_budget(study, first.number, 8)
+    assert over_budget(study, second.number, 8)
+    assert not over_budget(study, second.number, 9)

@@ -163,6 +163,16 @@ def counts(study: Any) -> tuple[int, int, int]:
     return finished, running, waiting
 
 
+def over_budget(study: Any, number: int, budget: int) -> bool:
+    """Whether trial `number`, just started, is one too many: two workers that both saw one place left
+    (budget - 1 trials finished) both start a trial; the later-numbered one gives way."""
+    from optuna.trial import TrialState
+
+    finished, _, _ = counts(study)
+    earlier = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.number < number)
+    return finished + earlier >= budget
+
+
 def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int, accelerator: str) -> None:
     """One process of the pool: load the data once, then run trials until the search has its budget."""
     import optuna
@@ -182,6 +192,9 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
 
     def objective(trial: Any) -> float:
         if grid and not trial.user_attrs.get("grid_point"):  # the queue ran dry under us: not a grid point
+            trial.set_user_attr("unused", True)
+            raise optuna.TrialPruned()
+        if not grid and over_budget(study, trial.number, budget):  # another worker took the last place first
             trial.set_user_attr("unused", True)
             raise optuna.TrialPruned()
         params = space.suggest(trial)
