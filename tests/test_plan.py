@@ -63,10 +63,11 @@ def test_plan_command(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_plan_predicts_two_gloo_workers_within_20_percent(tmp_path: Path) -> None:
     """The issue's validation: the model's prediction for measured CPU workers (gloo) is within 20%.
-    Slow (a bench of two configurations, then measurements of this host), and as noisy as the host."""
+    Slow (a bench of two configurations, then measurements of this host), and as noisy as the host: with one
+    run per configuration the error ranged 4-21% on the build machine, so the bench takes the mean of 3."""
     out = tmp_path / "bench"
     proc = run_cli("bench", "--dataset", "synthetic", "--configs", "cpu:1t,ddp-cpu:2", "--steps", "120",
-                   "--repeats", "1", "--out", str(out), timeout=600)
+                   "--repeats", "3", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_cli("plan", "--results", str(out), "--max-devices", "2", "--out", str(tmp_path / "plan"))
     assert proc.returncode == 0, proc.stderr[-3000:]
