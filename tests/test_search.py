@@ -72,7 +72,9 @@ def test_bad_spaces(data: object, message: str) -> None:
 
 def test_search_flag_errors(tmp_path: Path) -> None:
     path = _space_file(tmp_path)
-    for args, message in ((("--strategy", "annealing"), "unknown --strategy 'annealing'"),
+    for args, message in ((("--sampler", "annealing"), "unknown --sampler 'annealing'"),
+                          (("--strategy", "genetic"), "the search's sampler is --sampler genetic"),
+                          (("--strategy", "ddp"), "--strategy is not a search option"),
                           (("--lr", "0.1"), "--lr is a searched parameter"),
                           (("--parallel", "64"), "exceed the"),
                           (("--population", "0"), "--population must be at least 1"),
@@ -87,7 +89,7 @@ def test_search_flag_errors(tmp_path: Path) -> None:
 
 def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
     out = tmp_path / "grid"
-    proc = run_cli("search", "--space", _space_file(tmp_path), "--strategy", "grid", "--parallel", "2",
+    proc = run_cli("search", "--space", _space_file(tmp_path), "--sampler", "grid", "--parallel", "2",
                    "--steps", "3", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = _complete(out)
@@ -101,7 +103,7 @@ def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
 
 def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path) -> None:
     out = tmp_path / "ga"
-    proc = run_cli("search", "--space", _space_file(tmp_path), "--strategy", "genetic", "--population", "4",
+    proc = run_cli("search", "--space", _space_file(tmp_path), "--sampler", "genetic", "--population", "4",
                    "--generations", "2", "--parallel", "2", "--steps", "3", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = _complete(out)
@@ -113,7 +115,7 @@ def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path
 
 def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path) -> None:
     out = tmp_path / "grid"
-    cmd = [sys.executable, "-m", "paratrain", "search", "--space", _space_file(tmp_path), "--strategy", "grid",
+    cmd = [sys.executable, "-m", "paratrain", "search", "--space", _space_file(tmp_path), "--sampler", "grid",
            "--parallel", "1", "--steps", "40", "--out", str(out)]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 180
@@ -185,7 +187,7 @@ def _free_port() -> int:
 def test_two_workers_share_a_postgresql_study(tmp_path: Path, postgres: str) -> None:
     import optuna
 
-    common = ["--space", _space_file(tmp_path), "--strategy", "grid", "--storage", postgres, "--study", "shared",
+    common = ["--space", _space_file(tmp_path), "--sampler", "grid", "--storage", postgres, "--study", "shared",
               "--parallel", "1", "--steps", "60"]
     main = subprocess.Popen([sys.executable, "-m", "paratrain", "search", *common, "--out", str(tmp_path / "a")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -125,13 +125,6 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     return C.validate(cfg)
 
 
-def _load_data(cfg: C.TrainConfig):  # noqa: ANN202
-    from .data import load_dataset
-    from .models import native_channels
-
-    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model))
-
-
 def cmd_devices(args: argparse.Namespace) -> int:
     from . import devices
 
@@ -190,6 +183,7 @@ def _pipeline_split(cfg: C.TrainConfig, data: Any) -> tuple[C.TrainConfig, str]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, launch
+    from .data import load_for
 
     cfg = resolve_config(args)
     if not args.print_split and (not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0):
@@ -197,7 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_split:
         if cfg.strategy not in C.PIPELINED:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
-        print(_pipeline_split(cfg, _load_data(cfg))[1])
+        print(_pipeline_split(cfg, load_for(cfg))[1])
         return 0
     if cfg.strategy == "pipeline" and cfg.devices == "auto":
         cfg = cfg.replace(devices=str(cfg.stages))  # a pipeline is one worker per stage
@@ -224,7 +218,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if resume is not None and resume["config"].get("model") != cfg.model:
         raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "
                         f"not '{cfg.model}'; resume with --model {resume['config'].get('model')}")
-    data = _load_data(cfg)
+    data = load_for(cfg)
     if cfg.strategy in C.PIPELINED:
         cfg = _pipeline_split(cfg, data)[0]
     if is_main:
@@ -245,20 +239,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from . import checkpoint, devices, dist
-    from .train import evaluate, make_model, make_pipeline
+    from .data import load_for
+    from .train import evaluate, make_batch_transforms, make_model
 
     state = checkpoint.load(args.checkpoint)
     cfg = C.from_dict(state["config"])
     overrides = {"dataset": args.dataset, "data_dir": args.data_dir, "download": args.download}
     cfg = C.validate(cfg.replace(**{k: v for k, v in overrides.items() if v is not None}))
     plan = devices.resolve(args.accelerator, "1", None)
-    data = _load_data(cfg)
+    data = load_for(cfg)
     model = make_model(cfg, data)
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
     checkpoint.load_weights(model, {**state, "model": state["ema_model"]} if use_ema else state, args.checkpoint)
     ctx = dist.init(0, 1, 0, plan.accelerator)
     data = data.to(ctx.device)
-    acc, loss = evaluate(model.to(ctx.device), data.test, make_pipeline(cfg, data, ctx.device), ctx,
+    acc, loss = evaluate(model.to(ctx.device), data.test, make_batch_transforms(cfg, data, ctx.device), ctx,
                          cfg.eval_batch_size)
     print(f"test_accuracy {acc:.4f}  test_loss {loss:.4f}  ({len(data.test[1])} {cfg.dataset} test images, "
           f"{cfg.model}{' EMA' if use_ema else ''} weights, step {state['step']})")
@@ -267,6 +262,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench, devices, plot
+    from .data import load_for
 
     if args.repeats < 1:
         raise UserError(f"--repeats must be at least 1, not {args.repeats}")
@@ -284,7 +280,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     flags += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs or 2)]
     flags += ["--batch-size", str(args.batch_size)] if args.batch_size else []
     flags += ["--oversubscribe"] if args.oversubscribe else []
-    _load_data(C.validate(C.TrainConfig(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
+    load_for(C.validate(C.TrainConfig(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
                                         download=args.download)))  # a missing dataset fails here, once
     out = Path(args.out)
     report = bench.run_bench(configs, flags, args.repeats, out)

@@ -39,7 +39,8 @@ def make_model(cfg: TrainConfig, data: Splits) -> nn.Module:
                        filters=cfg.filters, kernel=cfg.kernel)
 
 
-def make_pipeline(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline:
+def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline:
+    """Normalisation and the training augmentation, applied to whole batches on the device."""
     augment = Augment(cfg.random_crop, cfg.crop_padding, cfg.hflip, cfg.brightness, cfg.contrast)
     return BatchPipeline(data.mean, data.std, input_size(cfg.model, data.image_size), device, augment)
 
@@ -163,7 +164,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     model = strategies.wrap(model, ctx, cfg)
     raw = strategies.unwrap(model)
     data = data.to(ctx.device)
-    pipe = make_pipeline(cfg, data, ctx.device)
+    pipe = make_batch_transforms(cfg, data, ctx.device)
     train_x, train_y = data.train
     log = RunLog(run_dir, ctx.is_main, cfg, total_steps, step)
     ckpt_dir = run_dir / "checkpoints"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from .splits import Splits
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 DATASETS = ("digits", "mnist", "cifar10", "synthetic")
 DEFAULT_DATA_DIR = "data"
@@ -39,4 +43,12 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
     raise UserError(f"unknown dataset '{name}'; choose one of: {', '.join(DATASETS)}")
 
 
-__all__ = ["DATASETS", "Splits", "load_dataset", "synthetic_side"]
+def load_for(cfg: TrainConfig) -> Splits:
+    """The dataset a training configuration names, shaped for its model (the synthetic images take the
+    model's native channels)."""
+    from ..models import native_channels
+
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model))
+
+
+__all__ = ["DATASETS", "Splits", "load_dataset", "load_for", "synthetic_side"]

@@ -18,7 +18,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     from . import runner
 
     p.add_argument("--space", required=True, help="a space YAML file, or mlp-mnist / cnn-mnist")
-    p.add_argument("--strategy", default="genetic", help=f"{', '.join(runner.STRATEGIES)} (default: genetic)")
+    p.add_argument("--sampler", default="genetic", help=f"{', '.join(runner.SAMPLERS)} (default: genetic)")
+    p.add_argument("--strategy", help=argparse.SUPPRESS)  # train's parallelism; caught in run() with a hint
     p.add_argument("--population", type=int, default=20, help="genetic: networks per generation (default: 20)")
     p.add_argument("--generations", type=int, default=10, help="genetic: generations (default: 10)")
     p.add_argument("--mutation-prob", type=float, help="genetic: probability of mutating each parameter")
@@ -51,8 +52,14 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     cfg = C.validate(C.from_dict(base))
     if cfg.val_size == 0:
         raise UserError("a search needs a validation set (its fitness); drop --val-size 0")
-    if args.strategy not in runner.STRATEGIES:
-        raise UserError(f"unknown --strategy '{args.strategy}'; choose one of: {', '.join(runner.STRATEGIES)}")
+    if args.strategy is not None:
+        if args.strategy in runner.SAMPLERS:
+            raise UserError(f"the search's sampler is --sampler {args.strategy}; --strategy is the parallelism of "
+                            "`paratrain train`")
+        raise UserError(f"--strategy is not a search option (trials are data-parallel with --devices-per-trial); "
+                        f"the sampler is --sampler {{{','.join(runner.SAMPLERS)}}}")
+    if args.sampler not in runner.SAMPLERS:
+        raise UserError(f"unknown --sampler '{args.sampler}'; choose one of: {', '.join(runner.SAMPLERS)}")
     for name in ("population", "generations", "trials", "parallel", "devices_per_trial"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -77,21 +84,21 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     threads = max(1, cores // (parallel * workers))
     out = check_writable(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = runner.Settings(args.strategy, args.population, args.generations, args.mutation_prob,
+    settings = runner.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
                                args.storage or f"sqlite:///{out.resolve() / 'study.db'}", args.study, str(out),
                                args.seed, args.worker)
     budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
-    from ..cli import _load_data
+    from ..data import load_for
 
-    _load_data(cfg)  # a missing or corrupt dataset fails here, once
+    load_for(cfg)  # a missing or corrupt dataset fails here, once
     study = runner.open_study(settings, sp, base)
     if not args.worker and settings.storage.startswith("sqlite"):
         requeued = runner.requeue_abandoned(study)
         if requeued:
             print(f"search: {requeued} trial(s) left running by an interrupted search are queued again")
     finished = runner.counts(study)[0]
-    print(f"search: {args.strategy}, {budget} trials ({finished} already done), {parallel} at once x "
+    print(f"search: {args.sampler}, {budget} trials ({finished} already done), {parallel} at once x "
           f"{threads} thread(s){' on GPUs' if gpus else ''}; study '{args.study}' in {settings.storage}", flush=True)
     start = time.perf_counter()
     _pool(settings, sp, base, parallel, threads, accelerator, study, budget)

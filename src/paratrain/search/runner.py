@@ -22,13 +22,13 @@ from .. import config as C
 from ..errors import UserError
 from .space import Space
 
-STRATEGIES = ("grid", "genetic", "tpe", "random")
+SAMPLERS = ("grid", "genetic", "tpe", "random")  # Optuna samplers; not a parallelism (--strategy of train)
 HEARTBEAT_S, GRACE_S = 5, 20  # a trial whose worker is silent this long is failed and queued again
 
 
 @dataclass(frozen=True)
 class Settings:
-    strategy: str
+    sampler: str
     population: int
     generations: int
     mutation_prob: float | None
@@ -44,22 +44,22 @@ class Settings:
 
     def budget(self, space: Space) -> int:
         """How many trials the search runs."""
-        if self.strategy == "genetic":
+        if self.sampler == "genetic":
             return self.trials or self.population * self.generations
-        if self.strategy == "grid":
+        if self.sampler == "grid":
             return min(len(space.grid()), self.trials or len(space.grid()))
         return self.trials or 20
 
 
-def sampler(s: Settings) -> Any:
+def make_sampler(s: Settings) -> Any:
     import optuna
 
-    if s.strategy == "genetic":
+    if s.sampler == "genetic":
         return optuna.samplers.NSGAIISampler(population_size=s.population, mutation_prob=s.mutation_prob,
                                              crossover_prob=s.crossover_prob, seed=s.seed)
-    if s.strategy == "tpe":
+    if s.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=s.seed)
-    if s.strategy == "random":
+    if s.sampler == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     return optuna.samplers.RandomSampler(seed=s.seed)  # grid: every point is queued up front (see open_study)
 
@@ -88,7 +88,7 @@ def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
     mix two different searches in one study."""
     import optuna
 
-    what = {"strategy": s.strategy, "space": {p.name: list(p.choices) if p.choices else [p.low, p.high, p.log]
+    what = {"sampler": s.sampler, "space": {p.name: list(p.choices) if p.choices else [p.low, p.high, p.log]
                                                 for p in space.params}, "base": base}
     if s.worker:  # join a study that another `paratrain search` made (and wait a minute for it to appear)
         for _ in range(60):
@@ -101,14 +101,14 @@ def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
             time.sleep(1)
         else:
             raise UserError(f"no study '{s.study}' in {s.storage}; start the search without --worker first")
-        study = optuna.load_study(study_name=s.study, storage=store, sampler=sampler(s))
+        study = optuna.load_study(study_name=s.study, storage=store, sampler=make_sampler(s))
     else:
         store = storage(s.storage)
-        study = optuna.create_study(storage=store, sampler=sampler(s), study_name=s.study, direction="maximize",
+        study = optuna.create_study(storage=store, sampler=make_sampler(s), study_name=s.study, direction="maximize",
                                     load_if_exists=True)
-    saved = study.user_attrs.get("search")
+    saved = described(study)
     if saved is None and not s.worker:
-        if s.strategy == "grid":
+        if s.sampler == "grid":
             points = space.grid()
             random.Random(s.seed).shuffle(points)  # a budget below the grid takes a fair sample of it
             for point in points[: s.budget(space)]:
@@ -123,9 +123,18 @@ def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
         else:
             raise UserError(f"the study '{s.study}' in {s.storage} was never set up; start it again without --worker")
     elif saved is not None and not s.worker and saved != what:
-        raise UserError(f"the study '{s.study}' in {s.storage} was made by another search (strategy, space or "
+        raise UserError(f"the study '{s.study}' in {s.storage} was made by another search (sampler, space or "
                         "fixed options differ); use another --out or --study")
     return study
+
+
+def described(study: Any) -> dict[str, Any] | None:
+    """What search made the study (sampler, space, fixed options); studies made before the sampler had its
+    own name recorded it as "strategy"."""
+    saved = study.user_attrs.get("search")
+    if saved is not None and "strategy" in saved:
+        saved = {"sampler": saved["strategy"], **{k: v for k, v in saved.items() if k != "strategy"}}
+    return saved
 
 
 def requeue_abandoned(study: Any) -> int:
@@ -178,17 +187,17 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     import optuna
     import torch
 
-    from ..cli import _load_data
+    from ..data import load_for
     from ..launch import tune_malloc
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(threads)
     tune_malloc()
     cfg0 = C.validate(C.from_dict(base))
-    data = _load_data(cfg0)
+    data = load_for(cfg0)
     study = open_study(s, space, base)
     budget = study.user_attrs["budget"]
-    grid = study.user_attrs["search"]["strategy"] == "grid"
+    grid = described(study)["sampler"] == "grid"
 
     def objective(trial: Any) -> float:
         if grid and not trial.user_attrs.get("grid_point"):  # the queue ran dry under us: not a grid point

@@ -47,7 +47,7 @@ class Space:
         ranged = [p.name for p in self.params if p.choices is None]
         if ranged:
             raise UserError(f"grid search needs a list of choices for every parameter; {', '.join(ranged)} "
-                            "is a range (use --strategy genetic, tpe or random, or list the values)")
+                            "is a range (use --sampler genetic, tpe or random, or list the values)")
         names = [p.name for p in self.params]
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(p.choices for p in self.params))]
 

@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..dist import average_gradients
 from ..errors import UserError
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
 
 
 def layers_of(model: nn.Module, name: str) -> nn.Sequential:
@@ -196,7 +196,7 @@ class Pipeline:
             inp = nn.Sequential(*list(full)[:lo])(example)
         self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
-        self.schedule = SCHEDULES[schedule](self.stage, microbatches, loss_fn=F.cross_entropy)
+        self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches, loss_fn=F.cross_entropy)
         self.is_first, self.is_last = layout.stage == 0, layout.stage == K - 1
         self.wall_s = 0.0
 
