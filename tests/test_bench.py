@@ -49,6 +49,7 @@ def test_speedups() -> None:
     assert rows[2]["speedup"] is None  # no gpu:1 baseline
 
 
+@pytest.mark.integration
 def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
     all_cores = f"cpu:{usable_cores()}t"  # one process with every core: what ddp-cpu:1 runs as
@@ -78,6 +79,7 @@ def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
     assert "| pipeline-cpu:2x2 | 2 |" in text and "in theory" in text
 
 
+@pytest.mark.integration
 def test_report_of_finished_runs(tmp_path: Path) -> None:
     train(tmp_path / "a", "--steps", "10", "--devices", "1")
     proc = run_cli("report", str(tmp_path / "a"), "--out", str(tmp_path / "rep"))
@@ -88,6 +90,7 @@ def test_report_of_finished_runs(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "is not a finished paratrain run" in proc.stderr
 
 
+@pytest.mark.integration
 def test_timed_phases_train_the_same_weights(tmp_path: Path) -> None:
     """--time-phases swaps DDP's overlapped all-reduce for an explicit one after backward: same update."""
     args = ("--steps", "6", "--devices", "2", "--optimizer", "sgd", "--batch-size", "64")

@@ -42,6 +42,7 @@ def _kill_during_saves(folder: Path, kills: int, seed: int) -> None:
         assert len(list(folder.glob("step-*.pt"))) <= 3  # kept 2, plus at most the one being replaced
 
 
+@pytest.mark.integration
 def test_kill_during_saves_never_leaves_a_broken_last_pt(tmp_path: Path) -> None:
     _kill_during_saves(tmp_path / "checkpoints", kills=5, seed=0)
 

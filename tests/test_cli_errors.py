@@ -157,6 +157,7 @@ def test_resume_of_a_folder_that_is_no_run(capsys: pytest.CaptureFixture, tmp_pa
     _one_line_error(capsys, _main(["train", "--resume", str(tmp_path)]), "no config.yaml there")
 
 
+@pytest.mark.integration
 def test_errors_from_a_real_process_have_no_traceback(tmp_path: Path) -> None:
     """The same promise, seen from a shell: exit status 2 and one line."""
     proc = run_cli("train", "--batch-size", "0")

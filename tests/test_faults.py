@@ -15,6 +15,8 @@ from conftest import alive, descendants, max_abs_diff, train, weights
 
 from paratrain import checkpoint
 
+pytestmark = pytest.mark.integration
+
 
 def _launch(run: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--quiet", "--no-tensorboard", "--out",

@@ -105,6 +105,7 @@ def test_accumulation_equals_the_big_batch(tmp_path: Path) -> None:
     assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 1e-5
 
 
+@pytest.mark.integration
 def test_accumulation_across_two_workers(tmp_path: Path) -> None:
     """no_sync on the inner micro-batches must not change the result."""
     args = ("--steps", "6", "--optimizer", "sgd", "--lr", "0.05")
@@ -189,6 +190,7 @@ def test_keep_checkpoints(tmp_path: Path) -> None:
     assert checkpoint.load(tmp_path / "keep")["step"] == 20
 
 
+@pytest.mark.integration
 def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
     run = tmp_path / "nan"
     proc = run_cli("train", "--quiet", "--out", str(run), "--recipe", "lenet5-mnist", "--dataset", "digits",
@@ -210,6 +212,7 @@ def test_max_time_stops_and_saves(tmp_path: Path) -> None:
 
 # ---- logs ------------------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_step_lines_and_tensorboard_events(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

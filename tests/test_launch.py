@@ -8,7 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import alive, descendants, max_abs_diff, train, weights
+
+pytestmark = pytest.mark.integration
 
 ARGS = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
 

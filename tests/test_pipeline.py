@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import max_abs_diff, run_cli, train, weights
 
+from paratrain.cli import main
 from paratrain.errors import UserError
 from paratrain.models import build_model
 from paratrain.strategies.pipeline import (
@@ -79,6 +80,7 @@ def single_mnist(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> P
     return run
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("microbatches", "schedule"), [(1, "gpipe"), (2, "gpipe"), (4, "1f1b")])
 def test_pipeline_equals_one_device(tmp_path: Path, mnist_dir: Path, single_mnist: Path, microbatches: int,
                                     schedule: str) -> None:
@@ -92,6 +94,7 @@ def test_pipeline_equals_one_device(tmp_path: Path, mnist_dir: Path, single_mnis
     assert len(bubble["measured_idle_fraction"]) == 2 and all(0 <= f < 1 for f in bubble["measured_idle_fraction"])
 
 
+@pytest.mark.integration
 def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_dir: Path,
                                                            single_mnist: Path) -> None:
     run = tmp_path / "hybrid"
@@ -102,6 +105,7 @@ def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_
     assert max_abs_diff(weights(single_mnist), weights(run)) < 1e-4
 
 
+@pytest.mark.integration
 def test_pipeline_checkpoint_is_a_whole_model_for_eval_and_resume(tmp_path: Path) -> None:
     """Saved by a 2-stage pipeline, evaluated on one device, resumed by DDP: the same as never switching
     (SGD with momentum, so the optimizer state must come through whole too: without the momentum these
@@ -122,10 +126,16 @@ def test_pipeline_checkpoint_is_a_whole_model_for_eval_and_resume(tmp_path: Path
     assert max_abs_diff(weights(tmp_path / "pipe"), weights(tmp_path / "whole")) < 1e-4
 
 
-def test_print_split(tmp_path: Path) -> None:
-    proc = run_cli("train", "--strategy", "pipeline", "--stages", "2", "--split", "7", "--print-split")
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
+def _main(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse errors leave through SystemExit
+        return int(e.code)
+
+
+def test_print_split(capsys: pytest.CaptureFixture) -> None:
+    assert _main(["train", "--strategy", "pipeline", "--stages", "2", "--split", "7", "--print-split"]) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["stage", "layers", "parameters"]
     assert lines[1].split()[:3] == ["0", "0-6", "2,572"] and lines[2].split()[:2] == ["1", "7-11"]
 
@@ -142,8 +152,10 @@ def test_print_split(tmp_path: Path) -> None:
     (("--print-split",), "--print-split shows a pipeline's stages"),
     (("--strategy", "pipeline", "--stages", "2", "--schedule", "zigzag"), "invalid choice"),
 ])
-def test_pipeline_flag_errors(flags: tuple[str, ...], message: str) -> None:
-    proc = run_cli("train", "--steps", "1", *flags)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+def test_pipeline_flag_errors(flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture,
+                              tmp_path: Path) -> None:
+    code = _main(["train", "--steps", "1", "--out", str(tmp_path / "run"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 

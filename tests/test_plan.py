@@ -40,6 +40,7 @@ def test_weak_and_strong_scaling() -> None:
     assert strong["speedup"] == pytest.approx(0.041 / 0.011)
 
 
+@pytest.mark.integration
 def test_plan_command(tmp_path: Path) -> None:
     results = {"train_flags": ["--model", "lenet5", "--dataset", "mnist"], "results": [
         {"name": "cpu:1t", "family": "cpu", "devices": 1, "status": "ok", "global_batch_size": 512,

@@ -70,7 +70,9 @@ def test_bad_spaces(data: object, message: str) -> None:
     assert message in str(e.value)
 
 
-def test_search_flag_errors(tmp_path: Path) -> None:
+def test_search_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from paratrain.cli import main
+
     path = _space_file(tmp_path)
     for args, message in ((("--sampler", "annealing"), "unknown --sampler 'annealing'"),
                           (("--strategy", "genetic"), "the search's sampler is --sampler genetic"),
@@ -80,13 +82,15 @@ def test_search_flag_errors(tmp_path: Path) -> None:
                           (("--population", "0"), "--population must be at least 1"),
                           (("--epochs-per-trial", "0"), "--epochs must be at least 1"),
                           (("--epochs-per-trial", "2", "--epochs", "3"), "not both")):
-        proc = run_cli("search", "--space", path, "--out", str(tmp_path / "o"), *args)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
-    proc = run_cli("search", "--space", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o"))
-    assert proc.returncode == 2 and "cannot read the space file" in proc.stderr
+        code = main(["search", "--space", path, "--out", str(tmp_path / "o"), *args])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert main(["search", "--space", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")]) == 2
+    assert "cannot read the space file" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
     out = tmp_path / "grid"
     proc = run_cli("search", "--space", _space_file(tmp_path), "--sampler", "grid", "--parallel", "2",
@@ -101,6 +105,7 @@ def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
     assert best.returncode == 0, best.stderr  # best.yaml is a config `paratrain train` takes
 
 
+@pytest.mark.integration
 def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path) -> None:
     out = tmp_path / "ga"
     proc = run_cli("search", "--space", _space_file(tmp_path), "--sampler", "genetic", "--population", "4",
@@ -113,6 +118,7 @@ def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path
     assert "search: best validation accuracy" in proc.stdout
 
 
+@pytest.mark.integration
 def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path) -> None:
     out = tmp_path / "grid"
     cmd = [sys.executable, "-m", "paratrain", "search", "--space", _space_file(tmp_path), "--sampler", "grid",
@@ -184,6 +190,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.integration
 def test_two_workers_share_a_postgresql_study(tmp_path: Path, postgres: str) -> None:
     import optuna
 

@@ -11,6 +11,7 @@ from conftest import max_abs_diff, train, weights
 from paratrain.strategies.tower import Tower
 
 
+@pytest.mark.integration
 def test_tower_equals_ddp_equals_single_device(tmp_path: Path, mnist_dir: Path) -> None:
     args = ("--dataset", "mnist", "--data-dir", str(mnist_dir), "--steps", "10", "--optimizer", "sgd",
             "--lr", "0.05", "--batch-size", "256")

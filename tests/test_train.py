@@ -41,6 +41,7 @@ def test_main_command_trains_digits_to_95_percent(tmp_path: Path) -> None:
     assert yaml.safe_load((run / "config.yaml").read_text())["batch_size"] == summary["global_batch_size"]
 
 
+@pytest.mark.integration
 def test_two_workers_equal_one_on_digits(tmp_path: Path) -> None:
     args = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
     one = train(tmp_path / "one", *args, "--devices", "1")
@@ -50,6 +51,7 @@ def test_two_workers_equal_one_on_digits(tmp_path: Path) -> None:
     assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=1 / 359)
 
 
+@pytest.mark.integration
 def test_two_workers_equal_one_on_mnist(tmp_path: Path, mnist_dir: Path) -> None:
     """The core promise: 20 SGD steps of LeNet-5 on MNIST, same seed and global batch."""
     args = ("--dataset", "mnist", "--data-dir", str(mnist_dir), "--steps", "20", "--optimizer", "sgd",
@@ -63,6 +65,7 @@ def test_two_workers_equal_one_on_mnist(tmp_path: Path, mnist_dir: Path) -> None
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "other")) > 1e-2
 
 
+@pytest.mark.integration
 def test_mnist_two_workers_two_epochs_reach_98_percent(tmp_path: Path, mnist_dir: Path) -> None:
     summary = train(tmp_path / "run", "--dataset", "mnist", "--data-dir", str(mnist_dir), "--devices", "2",
                     "--epochs", "2", "--batch-size", "128")
@@ -70,6 +73,7 @@ def test_mnist_two_workers_two_epochs_reach_98_percent(tmp_path: Path, mnist_dir
     assert summary["test_accuracy"] >= 0.98
 
 
+@pytest.mark.integration
 def test_eval_reports_the_summary_accuracy(tmp_path: Path) -> None:
     summary = train(tmp_path / "run", "--steps", "30", "--devices", "1")
     proc = run_cli("eval", "--checkpoint", str(tmp_path / "run"))
@@ -77,6 +81,7 @@ def test_eval_reports_the_summary_accuracy(tmp_path: Path) -> None:
     assert f"test_accuracy {summary['test_accuracy']:.4f}" in proc.stdout
 
 
+@pytest.mark.integration
 def test_resume_continues_to_the_same_weights(tmp_path: Path) -> None:
     """A run stopped after 15 steps and resumed to 40 ends where a 40-step run ends."""
     args = ("--devices", "1", "--seed", "3", "--dropout", "0.3", "--model", "mnist-net")
@@ -88,6 +93,7 @@ def test_resume_continues_to_the_same_weights(tmp_path: Path) -> None:
     assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / "part")) < 1e-6
 
 
+@pytest.mark.integration
 def test_cifar10_net_on_real_cifar10(tmp_path: Path, cifar_dir: Path) -> None:
     """The CIFAR-10 path end to end: binary .gz batches, 3 channels, 24x24 centre crops, 2 workers."""
     summary = train(tmp_path / "run", "--dataset", "cifar10", "--data-dir", str(cifar_dir), "--model",
@@ -96,11 +102,13 @@ def test_cifar10_net_on_real_cifar10(tmp_path: Path, cifar_dir: Path) -> None:
     assert summary["test_accuracy"] > 0.2  # well above chance after 30 steps
 
 
+@pytest.mark.integration
 def test_synthetic_data_for_throughput(tmp_path: Path) -> None:
     summary = train(tmp_path / "run", "--dataset", "synthetic", "--steps", "5", "--devices", "1")
     assert summary["dataset"] == "synthetic" and summary["examples_per_sec"] > 0
 
 
+@pytest.mark.integration
 def test_logged_rates_leave_out_evaluation(tmp_path: Path) -> None:
     """A log window that spans the end of an epoch counts neither the evaluation's time nor loses it: its
     examples/sec is in line with the others (it once came out 20x too high)."""

@@ -69,7 +69,7 @@ def tune_malloc() -> None:
     libc.mallopt(M_TOP_PAD, 256 * 2**20)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -238,7 +238,7 @@ class WorkerFailed(Exception):
 
 def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
            restarts: int) -> dict[str, Any]:
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    init_method = f"tcp://127.0.0.1:{free_port()}"
     smp = mp.get_context("spawn")
     results = smp.SimpleQueue()
     heartbeats = smp.Array("d", [time.monotonic()] * plan.workers, lock=False)
@@ -261,7 +261,7 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
         raise WorkerFailed(f"worker {e.error_index} failed: {last}") from None
     except (KeyboardInterrupt, _Terminated) as e:
         signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
-        _stop(context.processes, signum)
+        stop_processes(context.processes, signum)
         raise SystemExit(128 + signum) from None
     finally:
         signal.signal(signal.SIGTERM, old_term)
@@ -281,7 +281,7 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 STOP_WAIT_S = 8  # workers finish their step and save; then they are killed (the promise is 10 s)
 
 
-def _stop(processes: list, signum: int) -> None:
+def stop_processes(processes: list, signum: int) -> None:
     """Ctrl-C or SIGTERM: pass the signal on (each worker stops after its step, saves, exits), then make
     sure every worker is gone, so no process outlives the run."""
     for p in processes:

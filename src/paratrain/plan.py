@@ -86,10 +86,10 @@ def measure_link(sizes: tuple[int, ...] = (1, 2**14, 2**18, 2**21), repeats: int
     """All-reduce bandwidth and latency between 2 local gloo processes, fitted to the ring model."""
     import torch.multiprocessing as mp
 
-    from .launch import _free_port
+    from .launch import free_port
 
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_time_allreduce, args=(f"tcp://127.0.0.1:{_free_port()}", sizes, repeats, queue),
+    mp.start_processes(_time_allreduce, args=(f"tcp://127.0.0.1:{free_port()}", sizes, repeats, queue),
                        nprocs=2, start_method="spawn")
     times = queue.get()
     xs, ys = [4.0 * s for s in sizes], times  # with n=2: t = bytes / bw + 2 x latency
@@ -126,10 +126,10 @@ def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: i
     after the other, so machine drift mostly cancels."""
     import torch.multiprocessing as mp
 
-    from .launch import _free_port
+    from .launch import free_port
 
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_time_compute, args=(f"tcp://127.0.0.1:{_free_port()}", n, model, (base_batch, batch),
+    mp.start_processes(_time_compute, args=(f"tcp://127.0.0.1:{free_port()}", n, model, (base_batch, batch),
                                             steps, queue), nprocs=n, start_method="spawn")
     results = [queue.get() for _ in range(n)]
     alone = next(t for rank, t, _ in results if rank == 0)

@@ -137,9 +137,9 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
     except KeyboardInterrupt:
         import signal
 
-        from ..launch import _stop
+        from ..launch import stop_processes
 
-        _stop(context.processes, signal.SIGINT)
+        stop_processes(context.processes, signal.SIGINT)
         raise
     finally:
         _progress(bar, study)
