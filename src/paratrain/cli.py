@@ -357,7 +357,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f" ms fixed per step (bench row {base['name']}), {w.grad_bytes / 1e6:.2f} MB of gradients")
     print(f"link: {link}: {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per message; ring all-reduce "
           "2(N-1)/N x bytes / bandwidth + 2(N-1) x latency")
-    print("assumptions: compute per example is constant (linear in the batch); one more 16-byte all-reduce per "
+    print("assumptions: compute per example is constant (linear in the batch); one more 24-byte all-reduce per "
           "step (loss and stop flags); with overlap the gradient all-reduce hides "
           f"in the backward pass ({plan.BACKWARD_FRACTION:.0%} of compute); "
           + (f"strong scaling, global batch {args.global_batch}" if args.global_batch

@@ -4,7 +4,7 @@ Cost model (every assumption is printed with the table):
 - a step on each of N devices = per-device batch b x compute time per example (measured on one device,
   taken as linear in b) + a fixed per-step cost (data indexing + optimizer, measured);
 - the gradient all-reduce is a ring: 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency (alpha-beta), plus
-  paratrain's one 16-byte all-reduce per step (the loss and stop flags) at the same cost;
+  paratrain's one 24-byte all-reduce per step (the loss, time-up and stop flags) at the same cost;
 - with overlap, the all-reduce runs during the backward pass (2/3 of the compute) and only what sticks
   out of it adds to the step; without overlap it adds whole;
 - weak scaling (a fixed batch per device) unless a global batch is given (strong scaling);
@@ -31,7 +31,7 @@ LINKS = {
     "ib-ndr": (45e9, 5e-6),  # InfiniBand NDR 400 Gb/s between nodes
     "ethernet-25g": (2.8e9, 30e-6),  # 25 GbE with TCP
 }
-FLAG_BYTES = 16  # the per-step [mean loss, stop] all-reduce of the training loop
+FLAG_BYTES = 24  # the per-step all-reduce of the training loop: [loss, time up, stop] in float64
 BACKWARD_FRACTION = 2 / 3  # backward ~ 2x forward: the window an all-reduce can hide in
 
 

@@ -114,7 +114,7 @@ def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Modul
     layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
     side = input_size(cfg.model, data.image_size)
     micro = cfg.batch_size // layout.replicas // cfg.microbatches
-    cuts = [int(c) for c in cfg.split.split(",")]  # resolved by the launcher
+    cuts = [int(c) for c in cfg.split.split(",")]  # resolved once by `paratrain train` (cli._pipeline_split)
     return Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
                     torch.zeros(micro, data.channels, side, side))
 
