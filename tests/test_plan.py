@@ -24,7 +24,7 @@ def test_step_time_with_and_without_overlap() -> None:
     assert step_time_s(w, 4, 100, 1e11, 0.0, overlap=False) == pytest.approx(0.010 + 0.001 + 0.015)
     # overlap hides 2/3 x 10 ms of the 15 ms
     assert step_time_s(w, 4, 100, 1e11, 0.0, overlap=True) == pytest.approx(0.010 + 0.001 + 0.015 - 0.010 * 2 / 3)
-    # latency: 2(N-1) messages for the gradients and as many for the 16-byte flags, which are never hidden
+    # latency: 2(N-1) messages for the gradients and as many for the 24-byte flags, which are never hidden
     no_data = Workload(compute_per_example_s=1e-4, fixed_per_step_s=0.0, grad_bytes=0.0)
     assert step_time_s(no_data, 4, 100, float("inf"), 1e-5, overlap=False) == pytest.approx(0.010 + 12e-5)
     assert step_time_s(no_data, 4, 100, float("inf"), 1e-5, overlap=True) == pytest.approx(0.010 + 6e-5)
