@@ -16,6 +16,7 @@ SUMMARY_KEYS = {"model", "dataset", "strategy", "world_size", "global_batch_size
                 "torch_version", "devices"}
 
 
+@pytest.mark.integration
 def test_main_command_trains_digits_to_95_percent(tmp_path: Path) -> None:
     """The README's main command with its defaults: 2 CPU workers here, offline."""
     run = tmp_path / "run"
