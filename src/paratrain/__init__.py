@@ -1,3 +1,26 @@
-"""paratrain: data, model and hyper-parameter parallel training of classic image classifiers."""
+"""paratrain: train image classifiers with data, model and hyper-parameter parallelism, and measure it.
+
+The Python API; the `paratrain` command is one client of it:
+    fit(make_net, data, TrainConfig(...), optimizer=..., loss=...) -> the run's summary
+    evaluate(run_dir, ...)  -> test accuracy and loss of a run's last checkpoint
+    load_model(run_dir, ...) -> the trained network
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_model"]
+
+_WHERE = {"fit": "api", "evaluate": "api", "load_model": "api", "TrainConfig": "config", "Splits": "data",
+          "UserError": "errors"}
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: `paratrain --help` and its one-line errors need no torch (about 1.5 s).
+    if name not in _WHERE:
+        raise AttributeError(f"module 'paratrain' has no attribute '{name}'")
+    from importlib import import_module
+
+    return getattr(import_module(f".{_WHERE[name]}", __name__), name)

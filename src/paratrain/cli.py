@@ -143,92 +143,22 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tower_plan(cfg: C.TrainConfig, plan: Any) -> tuple[Any, C.TrainConfig]:
-    """A tower run is one process whose device is the parameter device; its replicas are the plan's
-    devices (GPUs, or copies on the CPU), recorded in the config so the loop can build them."""
-    from . import devices, launch
-
-    if launch.under_torchrun():
-        raise UserError("--strategy tower runs in one process; start it without torchrun")
-    on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
-    one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
-    return one, cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers))
-
-
-def _pipeline_copies(cfg: C.TrainConfig, workers: int) -> int:
-    """How many copies of the K-stage pipeline N workers make (1 for --strategy pipeline)."""
-    k = cfg.stages
-    if cfg.strategy == "pipeline" and workers != k:
-        raise UserError(f"--strategy pipeline runs one worker per stage: --stages {k} needs --devices {k}, not "
-                        f"{workers}; for more workers use --strategy hybrid")
-    if workers % k:
-        raise UserError(f"--strategy hybrid needs a worker count that --stages {k} divides; {workers} is not; "
-                        f"use --devices {k * max(1, workers // k)}")
-    return workers // k
-
-
-def _pipeline_split(cfg: C.TrainConfig, data: Any) -> tuple[C.TrainConfig, str]:
-    """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker."""
-    import torch
-
-    from .models import input_size
-    from .strategies import pipeline
-    from .train import make_model
-
-    model = pipeline.layers_of(make_model(cfg, data), cfg.model)
-    side = input_size(cfg.model, data.image_size)
-    cuts, costs = pipeline.resolve_cuts(model, cfg.split, cfg.stages, torch.zeros(1, data.channels, side, side))
-    return cfg.replace(split=",".join(map(str, cuts))), pipeline.split_table(model, cuts, costs)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import checkpoint, devices, launch
+    from . import api, launch
     from .data import load_for
 
     cfg = resolve_config(args)
-    if not args.print_split and (not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0):
-        check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     if args.print_split:
         if cfg.strategy not in C.PIPELINED:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
-        print(_pipeline_split(cfg, load_for(cfg))[1])
+        print(api.pipeline_split(cfg, load_for(cfg))[1])
         return 0
-    if cfg.strategy == "pipeline" and cfg.devices == "auto":
-        cfg = cfg.replace(devices=str(cfg.stages))  # a pipeline is one worker per stage
-    if launch.under_torchrun():
-        plan = launch.torchrun_plan(cfg.accelerator, cfg.threads_per_worker)
-        is_main = launch.torchrun_ranks()[0] == 0
-    else:
-        plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker, cfg.oversubscribe)
-        is_main = True
-    copies = _pipeline_copies(cfg, plan.workers) if cfg.strategy in C.PIPELINED else plan.workers
-    if cfg.batch_per_worker:
-        cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
-    if cfg.batch_size % copies:  # checked here, once, before any process starts
-        unit = {"tower": "towers", "pipeline": "pipeline", "hybrid": "pipeline copies"}.get(cfg.strategy, "workers")
-        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {unit}; "
-                        f"use a multiple of {copies}")
-    if cfg.strategy in C.PIPELINED and (cfg.batch_size // copies) % cfg.microbatches:
-        raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
-                        f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
-                        f"{copies * cfg.microbatches}")
-    if cfg.strategy == "tower":
-        plan, cfg = _tower_plan(cfg, plan)
-    resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
-    if resume is not None and resume["config"].get("model") != cfg.model:
-        raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "
-                        f"not '{cfg.model}'; resume with --model {resume['config'].get('model')}")
-    data = load_for(cfg)
-    if cfg.strategy in C.PIPELINED:
-        cfg = _pipeline_split(cfg, data)[0]
-    if is_main:
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
-        if not cfg.quiet:
-            print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
-                  f"{plan.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
-                  flush=True)
-    summary = launch.run(cfg, plan, data, resume)
+    if cfg.model == "custom":
+        raise UserError("model 'custom' is a network of your own, for paratrain.fit(model=...) in Python; "
+                        "from the command line choose a registry model")
+    if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
+        check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
+    summary = api.train(cfg, lambda: load_for(cfg))
     if summary is not None:
         rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
         print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
@@ -238,25 +168,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from . import checkpoint, devices, dist
-    from .data import load_for
-    from .train import evaluate, make_batch_transforms, make_model
+    from . import api
 
-    state = checkpoint.load(args.checkpoint)
-    cfg = C.from_dict(state["config"])
-    overrides = {"dataset": args.dataset, "data_dir": args.data_dir, "download": args.download}
-    cfg = C.validate(cfg.replace(**{k: v for k, v in overrides.items() if v is not None}))
-    plan = devices.resolve(args.accelerator, "1", None)
-    data = load_for(cfg)
-    model = make_model(cfg, data)
-    use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
-    checkpoint.load_weights(model, {**state, "model": state["ema_model"]} if use_ema else state, args.checkpoint)
-    ctx = dist.init(0, 1, 0, plan.accelerator)
-    data = data.to(ctx.device)
-    acc, loss = evaluate(model.to(ctx.device), data.test, make_batch_transforms(cfg, data, ctx.device), ctx,
-                         cfg.eval_batch_size)
-    print(f"test_accuracy {acc:.4f}  test_loss {loss:.4f}  ({len(data.test[1])} {cfg.dataset} test images, "
-          f"{cfg.model}{' EMA' if use_ema else ''} weights, step {state['step']})")
+    result = api.evaluate(args.checkpoint, dataset=args.dataset, data_dir=args.data_dir, download=args.download,
+                          accelerator=args.accelerator)
+    print(f"test_accuracy {result['test_accuracy']:.4f}  test_loss {result['test_loss']:.4f}  "
+          f"({result['test_examples']} {result['dataset']} test images, {result['model']}"
+          f"{' EMA' if result['ema'] else ''} weights, step {result['step']})")
     return 0
 
 

@@ -16,8 +16,8 @@ import yaml
 
 from .errors import UserError
 
-MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp")
-DATASETS = ("digits", "mnist", "cifar10", "synthetic")
+MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
+DATASETS = ("digits", "mnist", "cifar10", "synthetic", "custom")  # custom: tensors given to paratrain.fit
 OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
 PRECISIONS = ("32", "bf16", "16-mixed")
@@ -119,6 +119,7 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "mnist": {"batch_size": 512, "epochs": 5},
     "cifar10": {"batch_size": 128, "epochs": 10},
     "synthetic": {"batch_size": 512, "epochs": 1},
+    "custom": {"batch_size": 64, "epochs": 10},
 }
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

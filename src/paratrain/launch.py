@@ -85,7 +85,8 @@ def _set_threads(n: int) -> None:
 
 def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | None, plan: Plan,
                 cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None,
-                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False) -> dict[str, Any] | None:
+                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False,
+                parts: Any = None) -> dict[str, Any] | None:
     """This process as one worker: tune it, join the group, train, leave the group.
     `find_checkpoint`: carry on from the newest checkpoint that any worker of the group was given or finds
     in --out (torchrun, where each node has its own disk)."""
@@ -105,20 +106,20 @@ def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | 
                     print(f"paratrain: carrying on from the checkpoint of step {resume['step']} found in {cfg.out}",
                           file=sys.stderr, flush=True)
         with StopRequest().installed() as stop:
-            return fit(ctx, cfg, data, resume, devices=devices, stop=stop, restarts=restarts)
+            return fit(ctx, cfg, data, resume, devices=devices, stop=stop, restarts=restarts, parts=parts)
     finally:
         dist.teardown(ctx)
 
 
 def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: TrainConfig, data: Splits,
-            resume: dict[str, Any] | None, restarts: int, heartbeats: Any, result_queue: Any) -> None:
+            resume: dict[str, Any] | None, restarts: int, heartbeats: Any, result_queue: Any, parts: Any) -> None:
     """Entry point of a spawned worker: a UserError becomes one line on stderr and its exit code; a
     collective that timed out names the workers whose heartbeat stopped."""
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
     try:
         summary = _train_here(rank, world_size, rank, init_method, plan, cfg, data, resume,
-                              describe_devices(plan), restarts)
+                              describe_devices(plan), restarts, parts=parts)
         if summary is not None:
             result_queue.put(summary)
     except UserError as e:
@@ -177,8 +178,10 @@ def describe_devices(plan: Plan) -> list[str]:
     return [f"cpu ({plan.threads_per_worker} thread{'s' if plan.threads_per_worker > 1 else ''})"] * plan.workers
 
 
-def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks)."""
+def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
+        parts: Any = None) -> dict[str, Any] | None:
+    """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks).
+    `parts`: the user's model, optimizer and loss (parts.Parts), or None for the configuration's."""
     if under_torchrun():
         rank, world_size, local_rank = torchrun_ranks()
         # torchrun --max-restarts starts the workers again after a failure, on every node, but counts the
@@ -187,7 +190,7 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         try:
             return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts,
-                               find_checkpoint=True)
+                               find_checkpoint=True, parts=parts)
         except RuntimeError as e:
             if not _timed_out(e):
                 raise
@@ -195,10 +198,10 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
                             f"{cfg.collective_timeout:g} s for a worker that stopped answering (torchrun's agent "
                             "names the one that failed)", code=1) from None
     if plan.workers == 1:
-        return _train_here(0, 1, 0, None, plan, cfg, data, resume, describe_devices(plan))
+        return _train_here(0, 1, 0, None, plan, cfg, data, resume, describe_devices(plan), parts=parts)
     for restarts in range(cfg.max_restarts + 1):
         try:
-            return _spawn(cfg, plan, data, resume, restarts)
+            return _spawn(cfg, plan, data, resume, restarts, parts)
         except WorkerFailed as e:
             if restarts == cfg.max_restarts:
                 hint = "" if cfg.max_restarts else "; --max-restarts R restarts the run from its last checkpoint"
@@ -237,14 +240,14 @@ class WorkerFailed(Exception):
 
 
 def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
-           restarts: int) -> dict[str, Any]:
+           restarts: int, parts: Any = None) -> dict[str, Any]:
     init_method = f"tcp://127.0.0.1:{free_port()}"
     smp = mp.get_context("spawn")
     results = smp.SimpleQueue()
     heartbeats = smp.Array("d", [time.monotonic()] * plan.workers, lock=False)
     # The dataset tensors travel to the workers through shared memory: loaded and checked once, here.
     context = mp.start_processes(_worker, args=(plan.workers, init_method, plan, cfg, data, resume, restarts,
-                                                heartbeats, results),
+                                                heartbeats, results, parts),
                                  nprocs=plan.workers, join=False, start_method="spawn")
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:

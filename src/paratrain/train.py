@@ -28,12 +28,16 @@ from .phases import PhaseTimer
 from .runlog import RunLog, write_summary
 
 if TYPE_CHECKING:
+    from .parts import Parts
     from .strategies.pipeline import Pipeline
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
 
 
-def make_model(cfg: TrainConfig, data: Splits) -> nn.Module:
+def make_model(cfg: TrainConfig, data: Splits, parts: Parts | None = None) -> nn.Module:
+    """The user's network (from their factory) or the registry's, on the CPU."""
+    if parts is not None and parts.model is not None:
+        return parts.model()
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
                        width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
                        filters=cfg.filters, kernel=cfg.kernel)
@@ -71,7 +75,7 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-             batch_size: int) -> tuple[float, float]:
+             batch_size: int, loss: Any = None) -> tuple[float, float]:
     """Accuracy and mean loss over the whole set: each worker takes a contiguous, unpadded share and
     the sums are all-reduced, so the figures are exactly those of the full set."""
     x_all, y_all = pair
@@ -83,7 +87,10 @@ def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: Ba
         stop = min(start + batch_size, share.stop)
         logits = model(prep.eval(x_all[start:stop]))
         y = y_all[start:stop]
-        sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        if loss is None:
+            sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        else:  # a user's loss is the batch mean
+            sums[0] += loss(logits.float(), y).double() * (stop - start)
         sums[1] += (logits.argmax(1) == y).sum()
         sums[2] += stop - start
     model.train(was_training)
@@ -107,7 +114,7 @@ def _state(cfg: TrainConfig, weights: nn.Module, optimizer_state: dict, schedule
     return state
 
 
-def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Module) -> Pipeline:
+def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Module, loss: Any) -> Pipeline:
     """This worker's stage of the pipeline (pipeline and hybrid strategies)."""
     from .strategies.pipeline import Layout, Pipeline, layers_of  # imported only where a pipeline runs
 
@@ -116,14 +123,16 @@ def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Modul
     micro = cfg.batch_size // layout.replicas // cfg.microbatches
     cuts = [int(c) for c in cfg.split.split(",")]  # resolved once by `paratrain train` (cli._pipeline_split)
     return Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
-                    torch.zeros(micro, data.channels, side, side))
+                    torch.zeros(micro, data.channels, side, side), loss)
 
 
 def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
-        devices: list[str] | None = None, stop: StopRequest | None = None, restarts: int = 0) -> dict[str, Any] | None:
+        devices: list[str] | None = None, stop: StopRequest | None = None, restarts: int = 0,
+        parts: Parts | None = None) -> dict[str, Any] | None:
     """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere.
     `stop` records SIGINT/SIGTERM: the workers then stop together, save, and raise Stopped.
-    `restarts`: how many times the launcher restarted this run after a worker died (for the summary)."""
+    `restarts`: how many times the launcher restarted this run after a worker died (for the summary).
+    `parts`: the user's own model factory, optimizer factory and loss, in place of the configuration's."""
     run_dir = Path(cfg.out)
     B, W, acc = cfg.batch_size, ctx.world_size, cfg.accumulate
     n_train = len(data.train[1])
@@ -137,14 +146,18 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
     resume = checkpoint.owned(resume) if resume is not None else None
     torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
-    model = make_model(cfg, data)
+    model = make_model(cfg, data, parts)
+    loss_fn = parts.loss if parts is not None and parts.loss is not None else None  # None: cross-entropy
     if resume is not None:
         checkpoint.load_weights(model, resume, cfg.resume)
     # A pipeline worker trains only its stage's layers; dp_rank/dp_size: which share of each batch it takes.
-    stage = make_stage(cfg, ctx, data, model) if cfg.strategy in PIPELINED else None
+    stage = make_stage(cfg, ctx, data, model, loss_fn or F.cross_entropy) if cfg.strategy in PIPELINED else None
     model = stage.module if stage is not None else model.to(ctx.device)
     dp_rank, dp_size = (stage.layout.replica, stage.layout.replicas) if stage else (ctx.rank, W)
-    optimizer = make_optimizer(cfg, model.parameters())
+    if parts is not None and parts.optimizer is not None:
+        optimizer = parts.optimizer(model.parameters())
+    else:
+        optimizer = make_optimizer(cfg, model.parameters())
     scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "16-mixed")
     ema = make_ema(model, cfg.ema) if cfg.ema else None
@@ -225,7 +238,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
                     with no_sync, timer.phase("compute"):
                         with autocast():
                             logits = model(x)
-                        loss = F.cross_entropy(logits.float(), y)
+                        loss = (loss_fn or F.cross_entropy)(logits.float(), y)
                         scaler.scale(loss / acc).backward()
                 step_loss += loss.detach().double()
                 # Accumulate on the device; read back only at log steps (an .item() per batch stalls a GPU).
@@ -291,7 +304,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
                           f"continue with --resume {run_dir}", signum)
         t_eval = time.perf_counter()
         if len(data.val[1]):
-            val = evaluate(ema.module if cfg.eval_ema else whole_model(), data.val, pipe, ctx, cfg.eval_batch_size)
+            val = evaluate(ema.module if cfg.eval_ema else whole_model(), data.val, pipe, ctx, cfg.eval_batch_size,
+                           loss_fn)
         eval_time += time.perf_counter() - t_eval
         log.epoch(step=step, epoch=epoch + 1, epochs=epochs, val_accuracy=val[0], val_loss=val[1],
                   epoch_time_s=epoch_time)
@@ -300,8 +314,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
             break
 
     t_eval = time.perf_counter()
-    test = evaluate(whole_model(), data.test, pipe, ctx, cfg.eval_batch_size)
-    test_ema = evaluate(ema.module, data.test, pipe, ctx, cfg.eval_batch_size) if ema is not None else None
+    test = evaluate(whole_model(), data.test, pipe, ctx, cfg.eval_batch_size, loss_fn)
+    test_ema = evaluate(ema.module, data.test, pipe, ctx, cfg.eval_batch_size, loss_fn) if ema is not None else None
     eval_time += time.perf_counter() - t_eval
     checkpoint_now(epochs)
     log.close()
@@ -315,7 +329,8 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         return v if math.isfinite(v) else None
 
     summary = {
-        "model": cfg.model, "dataset": cfg.dataset, "strategy": strategies.name(ctx, cfg),
+        "model": parts.model_name() if parts is not None and parts.model is not None else cfg.model,
+        "dataset": cfg.dataset, "strategy": strategies.name(ctx, cfg),
         "world_size": int(cfg.devices) if cfg.strategy == "tower" else W, "global_batch_size": B * acc,
         "steps": step, "epochs": math.ceil(step / per_epoch),
         "train_time_s": train_time, "eval_time_s": eval_time, "step_phases_s": timer.per_step(),

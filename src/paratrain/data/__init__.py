@@ -36,6 +36,9 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
         from . import cifar10
 
         return cifar10.load(folder, download, val_size)
+    if name == "custom":
+        raise UserError("dataset 'custom' is tensors of your own: pass them to paratrain.fit or "
+                        "paratrain.evaluate(run, data); from the command line choose a dataset by name")
     if name == "synthetic":
         from . import synthetic
 

@@ -50,6 +50,11 @@ def random_crop(x: torch.Tensor, size: int, generator: torch.Generator) -> torch
     return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 
+def _unit_scale(x: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels to 0..1 floats; float images are taken as they are."""
+    return x.to(torch.float32, copy=True) if x.is_floating_point() else x.float().div_(255)
+
+
 class BatchPipeline:
     """uint8 N x C x H x W -> float, sized to the model, (augmented,) normalised per channel."""
 
@@ -64,7 +69,7 @@ class BatchPipeline:
         return (x - self.mean) * self.inv_std
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
-        return self._normalise(fit_to_size(x, self.size).float().div_(255))
+        return self._normalise(_unit_scale(fit_to_size(x, self.size)))
 
     __call__ = eval
 
@@ -72,7 +77,7 @@ class BatchPipeline:
         a = self.augment
         if not a.active:
             return self.eval(x)
-        x = x.float().div_(255)
+        x = _unit_scale(x)
         if a.random_crop:
             if x.shape[-1] < self.size:  # pad small images up first, as evaluation does
                 x = fit_to_size(x, self.size)

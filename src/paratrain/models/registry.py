@@ -17,7 +17,7 @@ from .mnist_net import MnistNet
 
 @dataclass(frozen=True)
 class ModelSpec:
-    builder: Callable[..., nn.Module]
+    builder: Callable[..., nn.Module] | None
     # Square input side the layers were sized for; the data pipeline pads or centre-crops to it.
     # None: any size (the MLP flattens whatever it gets).
     input_size: int | None
@@ -33,9 +33,13 @@ REGISTRY: dict[str, ModelSpec] = {
     "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
                                          o["dropout"]), None, 0.0),
 }
+# A network of the user's own, given to paratrain.fit as a factory: no builder here, any input size.
+CUSTOM = ModelSpec(None, None)
 
 
 def _spec(name: str) -> ModelSpec:
+    if name == "custom":
+        return CUSTOM
     if name not in REGISTRY:
         raise UserError(f"unknown model '{name}'; choose one of: {', '.join(REGISTRY)}")
     return REGISTRY[name]
@@ -56,6 +60,9 @@ def build_model(name: str, in_channels: int, image_size: int, num_classes: int, 
                 kernel: int = 5) -> nn.Module:
     """Build a registry model on the CPU; the caller moves it to its device."""
     spec = _spec(name)
+    if spec.builder is None:
+        raise UserError("model 'custom' is a network of your own: give its factory to paratrain.fit(model=...); "
+                        "from the command line choose a registry model")
     opts = {"width": width, "depth": depth, "activation": activation,
             "dropout": spec.default_dropout if dropout is None else dropout, "filters": filters, "kernel": kernel,
             "in_features": in_channels * image_size * image_size}

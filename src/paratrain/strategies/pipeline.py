@@ -181,7 +181,7 @@ class Pipeline:
     """This process's stage of a K-stage pipeline (one of R copies) and its schedule."""
 
     def __init__(self, full: nn.Sequential, cuts: list[int], layout: Layout, device: torch.device,
-                 microbatches: int, schedule: str, example: torch.Tensor) -> None:
+                 microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy) -> None:
         K, R = layout.stages, layout.replicas
         self.layout, self.device, self.microbatches = layout, device, microbatches
         mesh = init_device_mesh(device.type, (R, K), mesh_dim_names=("dp", "pp"))
@@ -196,7 +196,7 @@ class Pipeline:
             inp = nn.Sequential(*list(full)[:lo])(example)
         self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
-        self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches, loss_fn=F.cross_entropy)
+        self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches, loss_fn=loss)
         self.is_first, self.is_last = layout.stage == 0, layout.stage == K - 1
         self.wall_s = 0.0
 

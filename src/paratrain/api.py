@@ -1,0 +1,210 @@
+"""The Python API: train, evaluate and load back a model. `paratrain train` and `eval` are clients of it.
+
+    import paratrain
+    summary = paratrain.fit(make_net, "digits", paratrain.TrainConfig(devices="2", steps=100),
+                            optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
+
+Spawned workers rebuild the network from `make_net`, so it must be importable: a module-level function or
+class (scripts that start workers need the `if __name__ == "__main__":` guard, as with any spawn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import config as C
+from .data import Splits, load_for
+from .errors import UserError
+from .parts import Parts
+from .rundir import check_writable
+
+DataLike = str | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def fit(model: Callable[[], nn.Module] | None = None, data: DataLike = "digits",
+        config: C.TrainConfig | None = None, *,
+        optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any] | None:
+    """Train on 1..N local workers (or in torchrun's group) and return the summary that summary.json holds
+    (None on torchrun ranks other than 0).
+
+    model: a factory that builds the network (None: `config.model` from the registry).
+    data: a dataset name ("digits", "mnist", "cifar10", "synthetic"), a `Splits`, or a dict with "train",
+        "val" and "test" pairs (images N x C x H x W, uint8 0..255 or float; int64 labels 0..K-1).
+    config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...).
+    optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
+    loss: `loss(logits, targets)`, the batch mean (None: cross-entropy).
+    Raises UserError for bad input, with a message that says what to do.
+    """
+    cfg = config or C.TrainConfig()
+    if model is not None:
+        cfg = cfg.replace(model="custom")
+    elif cfg.model == "custom":
+        raise UserError("config.model 'custom' needs the network's factory: paratrain.fit(model=make_net, ...)")
+    if isinstance(data, str):
+        cfg = cfg.replace(dataset=data)
+    else:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
+        cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
+    if cfg.out is None:
+        import time
+
+        cfg = cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    cfg = C.validate(cfg)
+    check_writable(cfg.out)
+    return train(cfg, lambda: as_splits(data, cfg), Parts(model, optimizer, loss))
+
+
+def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
+    """The training, validation and test sets as a `Splits` (normalised with the training set's statistics)."""
+    if isinstance(data, Splits):
+        return data
+    if isinstance(data, str):
+        return load_for(cfg)
+    if not isinstance(data, dict) or not {"train", "val", "test"} <= data.keys():
+        raise UserError("data must be a dataset name, a Splits, or a dict with 'train', 'val' and 'test' "
+                        "(images, labels) pairs")
+    x = data["train"][0]
+    for name in ("train", "val", "test"):
+        images, labels = data[name]
+        if images.dim() != 4 or images.shape[1:] != x.shape[1:] or len(images) != len(labels):
+            raise UserError(f"data['{name}']: images must be N x C x H x W like the training images, with one "
+                            f"label each; got {tuple(images.shape)} and {len(labels)} labels")
+    unit = x.float() if x.is_floating_point() else x.float() / 255
+    mean, std = unit.mean(dim=(0, 2, 3)), unit.std(dim=(0, 2, 3))
+    classes = int(max(int(data[n][1].max()) for n in ("train", "val", "test") if len(data[n][1])) + 1)
+    return Splits("custom", tuple(data["train"]), tuple(data["val"]), tuple(data["test"]),
+                  tuple(mean.tolist()), tuple(std.tolist()), classes)
+
+
+def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None) -> dict[str, Any] | None:
+    """Plan the run (devices, batch split, strategy), check what can be checked before any process starts,
+    load the data, write config.yaml, and launch the workers."""
+    from . import checkpoint, devices, launch
+
+    if cfg.strategy == "pipeline" and cfg.devices == "auto":
+        cfg = cfg.replace(devices=str(cfg.stages))  # a pipeline is one worker per stage
+    if launch.under_torchrun():
+        plan = launch.torchrun_plan(cfg.accelerator, cfg.threads_per_worker)
+        is_main = launch.torchrun_ranks()[0] == 0
+    else:
+        plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker, cfg.oversubscribe)
+        is_main = True
+    copies = _pipeline_copies(cfg, plan.workers) if cfg.strategy in C.PIPELINED else plan.workers
+    if cfg.batch_per_worker:
+        cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
+    if cfg.batch_size % copies:  # checked here, once, before any process starts
+        unit = {"tower": "towers", "pipeline": "pipeline", "hybrid": "pipeline copies"}.get(cfg.strategy, "workers")
+        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {unit}; "
+                        f"use a multiple of {copies}")
+    if cfg.strategy in C.PIPELINED and (cfg.batch_size // copies) % cfg.microbatches:
+        raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
+                        f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
+                        f"{copies * cfg.microbatches}")
+    if cfg.strategy == "tower":
+        plan, cfg = _tower_plan(cfg, plan)
+    resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
+    if resume is not None and resume["config"].get("model") != cfg.model:
+        raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "
+                        f"not '{cfg.model}'; resume with --model {resume['config'].get('model')}")
+    data = load_data()
+    if cfg.strategy in C.PIPELINED:
+        cfg = pipeline_split(cfg, data, parts)[0]
+    if is_main:
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
+        if not cfg.quiet:
+            print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
+                  f"{plan.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
+                  flush=True)
+    return launch.run(cfg, plan, data, resume, parts)
+
+
+def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[], nn.Module] | None = None,
+             dataset: str | None = None, data_dir: str | None = None, download: bool | None = None,
+             accelerator: str = "auto") -> dict[str, Any]:
+    """Test accuracy and mean loss of a run's last checkpoint (or a .pt file) on one device. A run of a
+    user's network needs its factory (`model`); `data` defaults to the run's own dataset."""
+    from . import checkpoint, devices, dist
+    from .train import evaluate as evaluate_on
+    from .train import make_batch_transforms
+
+    state = checkpoint.load(run)
+    cfg = C.from_dict(state["config"])
+    overrides = {"dataset": dataset, "data_dir": data_dir, "download": download}
+    cfg = C.validate(cfg.replace(**{k: v for k, v in overrides.items() if v is not None}))
+    splits = as_splits(data if data is not None else cfg.dataset, cfg)
+    use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
+    net = _restore(cfg, splits, state, run, model, use_ema)
+    ctx = dist.init(0, 1, 0, devices.resolve(accelerator, "1", None).accelerator)
+    splits = splits.to(ctx.device)
+    acc, loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
+                            cfg.eval_batch_size)
+    return {"test_accuracy": acc, "test_loss": loss, "test_examples": len(splits.test[1]), "dataset": cfg.dataset,
+            "model": cfg.model, "ema": use_ema, "step": state["step"]}
+
+
+def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:
+    """The trained network of a run (its last checkpoint) or of a .pt file, on the CPU, in eval mode.
+    A run of a user's network needs its factory; `ema`: the averaged weights (runs with --ema)."""
+    from . import checkpoint
+
+    state = checkpoint.load(run)
+    cfg = C.from_dict(state["config"])
+    if ema and "ema_model" not in state:
+        raise UserError(f"checkpoint {run} has no averaged weights; it was trained without --ema")
+    splits = None if cfg.model == "custom" else load_for(C.validate(cfg))  # a registry model's input shape
+    return _restore(cfg, splits, state, run, model, ema).eval()
+
+
+def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | Path,
+             model: Callable[[], nn.Module] | None, ema: bool) -> nn.Module:
+    from . import checkpoint
+    from .train import make_model
+
+    if cfg.model == "custom" and model is None:
+        raise UserError(f"{run} holds a network of your own: pass its factory, model=make_net")
+    net = model() if model is not None else make_model(cfg, splits)
+    checkpoint.load_weights(net, {**state, "model": state["ema_model"]} if ema else state, run)
+    return net
+
+
+def _tower_plan(cfg: C.TrainConfig, plan: Any) -> tuple[Any, C.TrainConfig]:
+    """A tower run is one process whose device is the parameter device; its replicas are the plan's
+    devices (GPUs, or copies on the CPU), recorded in the config so the loop can build them."""
+    from . import devices, launch
+
+    if launch.under_torchrun():
+        raise UserError("--strategy tower runs in one process; start it without torchrun")
+    on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
+    one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
+    return one, cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers))
+
+
+def _pipeline_copies(cfg: C.TrainConfig, workers: int) -> int:
+    """How many copies of the K-stage pipeline N workers make (1 for --strategy pipeline)."""
+    k = cfg.stages
+    if cfg.strategy == "pipeline" and workers != k:
+        raise UserError(f"--strategy pipeline runs one worker per stage: --stages {k} needs --devices {k}, not "
+                        f"{workers}; for more workers use --strategy hybrid")
+    if workers % k:
+        raise UserError(f"--strategy hybrid needs a worker count that --stages {k} divides; {workers} is not; "
+                        f"use --devices {k * max(1, workers // k)}")
+    return workers // k
+
+
+def pipeline_split(cfg: C.TrainConfig, data: Splits, parts: Parts | None = None) -> tuple[C.TrainConfig, str]:
+    """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
+    table that --print-split shows."""
+    from .strategies import pipeline
+    from .models import input_size
+    from .train import make_model
+
+    model = pipeline.layers_of(make_model(cfg, data, parts), cfg.model)
+    side = input_size(cfg.model, data.image_size)
+    cuts, costs = pipeline.resolve_cuts(model, cfg.split, cfg.stages, torch.zeros(1, data.channels, side, side))
+    return cfg.replace(split=",".join(map(str, cuts))), pipeline.split_table(model, cuts, costs)
