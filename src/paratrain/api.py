@@ -200,8 +200,8 @@ def _pipeline_copies(cfg: C.TrainConfig, workers: int) -> int:
 def pipeline_split(cfg: C.TrainConfig, data: Splits, parts: Parts | None = None) -> tuple[C.TrainConfig, str]:
     """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
     table that --print-split shows."""
-    from .strategies import pipeline
     from .models import input_size
+    from .strategies import pipeline
     from .train import make_model
 
     model = pipeline.layers_of(make_model(cfg, data, parts), cfg.model)
