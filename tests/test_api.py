@@ -51,18 +51,28 @@ def test_fit_a_network_data_and_loss_of_ones_own(tmp_path: Path) -> None:
                             optimizer=lambda params: torch.optim.Adam(params, lr=1e-2))
     assert summary["model"] == "Tiny" and summary["dataset"] == "custom" and summary["steps"] == 40
     assert summary["test_accuracy"] > 0.9
-    # the reported loss is the user's (label smoothing keeps it well above plain cross-entropy's)
-    result = paratrain.evaluate(tmp_path / "run", _data(), model=Tiny)
-    assert result["test_accuracy"] == summary["test_accuracy"]
+    # the reported loss is the user's: label smoothing keeps it well above plain cross-entropy's
+    ours = paratrain.evaluate(tmp_path / "run", _data(), model=Tiny, loss=smooth_loss)
+    plain = paratrain.evaluate(tmp_path / "run", _data(), model=Tiny)
+    assert ours["test_accuracy"] == plain["test_accuracy"] == summary["test_accuracy"]
+    assert ours["test_loss"] == pytest.approx(summary["test_loss"]) and plain["test_loss"] < 0.8 * ours["test_loss"]
     net = paratrain.load_model(tmp_path / "run", model=Tiny)
     assert not net.training and max_abs_diff(net.state_dict(), weights(tmp_path / "run")) == 0
 
 
 def test_registry_models_still_come_from_the_config(tmp_path: Path) -> None:
-    summary = paratrain.fit(None, "digits", _cfg(tmp_path, model="mlp", width=32, depth=1))
+    summary = paratrain.fit(None, None, _cfg(tmp_path, model="mlp", width=32, depth=1, dataset="digits"))
     assert summary["model"] == "mlp" and summary["dataset"] == "digits"
     net = paratrain.load_model(tmp_path / "run")
     assert sum(p.numel() for p in net.parameters()) == sum(v.numel() for v in weights(tmp_path / "run").values())
+
+
+def test_a_registry_model_on_ones_own_tensors_loads_back_without_them(tmp_path: Path) -> None:
+    data = {k: (x, y.int()) for k, (x, y) in _data().items()}  # int32 labels, as numpy gives them
+    summary = paratrain.fit(None, data, _cfg(tmp_path, model="mlp", width=16, depth=1))
+    assert summary["dataset"] == "custom"
+    net = paratrain.load_model(tmp_path / "run")  # its shapes come from the checkpoint, not from the data
+    assert net(torch.zeros(1, 2, 8, 8)).shape == (1, 3)
 
 
 @pytest.mark.parametrize(("call", "message"), [
@@ -70,7 +80,9 @@ def test_registry_models_still_come_from_the_config(tmp_path: Path) -> None:
     (lambda p: paratrain.fit(Tiny, {"train": _tensors(8, 0)}, _cfg(p)), "a dict with 'train', 'val' and 'test'"),
     (lambda p: paratrain.fit(Tiny, {**_data(), "val": (torch.zeros(4, 3, 8, 8), torch.zeros(4))}, _cfg(p)),
      "images must be N x C x H x W like the training images"),
-    (lambda p: paratrain.fit(Tiny, _data(), _cfg(p, devices="64")), "--devices 64"),
+    (lambda p: paratrain.fit(Tiny, {**_data(), "test": (torch.zeros(4, 2, 8, 8), torch.zeros(4))}, _cfg(p)),
+     "labels must be integers"),
+    (lambda p: paratrain.fit(Tiny, _data(), _cfg(p, devices="100000")), "--devices 100000"),
 ])
 def test_bad_input_is_a_user_error(tmp_path: Path, call: object, message: str) -> None:
     with pytest.raises(paratrain.UserError) as e:
@@ -83,8 +95,11 @@ def test_a_run_of_ones_own_network_needs_its_factory(tmp_path: Path, capsys: pyt
     paratrain.fit(Tiny, _data(), _cfg(tmp_path, steps=2))
     with pytest.raises(paratrain.UserError, match="pass its factory"):
         paratrain.load_model(tmp_path / "run")
-    assert main(["train", "--model", "custom", "--steps", "1", "--out", str(tmp_path / "cli")]) == 2
-    assert "is a network of your own" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # not a command-line choice
+        main(["train", "--model", "custom", "--steps", "1", "--out", str(tmp_path / "cli")])
+    assert "invalid choice: 'custom'" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path / "run"), "--steps", "4"]) == 2
+    assert "carry it on in Python" in capsys.readouterr().err
 
 
 @pytest.mark.integration

@@ -4,12 +4,14 @@
     summary = paratrain.fit(make_net, "digits", paratrain.TrainConfig(devices="2", steps=100),
                             optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
 
-Spawned workers rebuild the network from `make_net`, so it must be importable: a module-level function or
-class (scripts that start workers need the `if __name__ == "__main__":` guard, as with any spawn).
+Spawned workers rebuild the network from `make_net` in their own process: a module-level function or class
+travels by reference, a lambda or local function by value (cloudpickle). Scripts that start workers need the
+`if __name__ == "__main__":` guard, as with any spawn.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from .rundir import check_writable
 DataLike = str | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
-def fit(model: Callable[[], nn.Module] | None = None, data: DataLike = "digits",
+def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = None,
         config: C.TrainConfig | None = None, *,
         optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any] | None:
@@ -35,12 +37,16 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike = "digits",
 
     model: a factory that builds the network (None: `config.model` from the registry).
     data: a dataset name ("digits", "mnist", "cifar10", "synthetic"), a `Splits`, or a dict with "train",
-        "val" and "test" pairs (images N x C x H x W, uint8 0..255 or float; int64 labels 0..K-1).
-    config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...).
+        "val" and "test" pairs (square images N x C x H x H, uint8 0..255 or float; integer labels 0..K-1);
+        None: `config.dataset`.
+    config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...);
+        `resume=RUN_DIR` carries that run on in its own folder (give the same options as it had).
     optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
     loss: `loss(logits, targets)`, the batch mean (None: cross-entropy).
     Raises UserError for bad input, with a message that says what to do.
     """
+    from . import launch
+
     cfg = config or C.TrainConfig()
     if model is not None:
         cfg = cfg.replace(model="custom")
@@ -48,15 +54,18 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike = "digits",
         raise UserError("config.model 'custom' needs the network's factory: paratrain.fit(model=make_net, ...)")
     if isinstance(data, str):
         cfg = cfg.replace(dataset=data)
-    else:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
+    elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
         cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
-    if cfg.out is None:
+    if cfg.resume:
+        cfg = cfg.replace(out=cfg.resume)
+    elif cfg.out is None:
         import time
 
         cfg = cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
     cfg = C.validate(cfg)
-    check_writable(cfg.out)
-    return train(cfg, lambda: as_splits(data, cfg), Parts(model, optimizer, loss))
+    if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
+        check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
+    return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg), Parts(model, optimizer, loss))
 
 
 def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
@@ -64,21 +73,28 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
     if isinstance(data, Splits):
         return data
     if isinstance(data, str):
-        return load_for(cfg)
+        return load_for(cfg.replace(dataset=data))
     if not isinstance(data, dict) or not {"train", "val", "test"} <= data.keys():
         raise UserError("data must be a dataset name, a Splits, or a dict with 'train', 'val' and 'test' "
                         "(images, labels) pairs")
     x = data["train"][0]
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[2] != x.shape[3] or not len(x):
+        raise UserError("data['train'] images must be a non-empty tensor of square images N x C x H x H; got "
+                        f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    pairs = {}
     for name in ("train", "val", "test"):
         images, labels = data[name]
-        if images.dim() != 4 or images.shape[1:] != x.shape[1:] or len(images) != len(labels):
+        if images.dim() != 4 or images.shape[1:] != x.shape[1:] or labels.dim() != 1 or len(images) != len(labels):
             raise UserError(f"data['{name}']: images must be N x C x H x W like the training images, with one "
-                            f"label each; got {tuple(images.shape)} and {len(labels)} labels")
+                            f"label each; got {tuple(images.shape)} and labels of shape {tuple(labels.shape)}")
+        if labels.is_floating_point() or labels.is_complex() or (len(labels) and int(labels.min()) < 0):
+            raise UserError(f"data['{name}']: labels must be integers 0..K-1 (class indices)")
+        pairs[name] = (images, labels.long())
     unit = x.float() if x.is_floating_point() else x.float() / 255
     mean, std = unit.mean(dim=(0, 2, 3)), unit.std(dim=(0, 2, 3))
-    classes = int(max(int(data[n][1].max()) for n in ("train", "val", "test") if len(data[n][1])) + 1)
-    return Splits("custom", tuple(data["train"]), tuple(data["val"]), tuple(data["test"]),
-                  tuple(mean.tolist()), tuple(std.tolist()), classes)
+    classes = max(int(p[1].max()) for p in pairs.values() if len(p[1])) + 1
+    return Splits("custom", pairs["train"], pairs["val"], pairs["test"], tuple(mean.tolist()), tuple(std.tolist()),
+                  classes)
 
 
 def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None) -> dict[str, Any] | None:
@@ -109,8 +125,10 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
         plan, cfg = _tower_plan(cfg, plan)
     resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
     if resume is not None and resume["config"].get("model") != cfg.model:
-        raise UserError(f"the checkpoint in {cfg.resume} is of model '{resume['config'].get('model')}', "
-                        f"not '{cfg.model}'; resume with --model {resume['config'].get('model')}")
+        saved = resume["config"].get("model")
+        how = ("in Python: paratrain.fit(model=make_net, config=TrainConfig(resume=...))" if saved == "custom"
+               else f"with --model {saved}")
+        raise UserError(f"the checkpoint in {cfg.resume} is of model '{saved}', not '{cfg.model}'; resume {how}")
     data = load_data()
     if cfg.strategy in C.PIPELINED:
         cfg = pipeline_split(cfg, data, parts)[0]
@@ -125,27 +143,33 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
 
 
 def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[], nn.Module] | None = None,
-             dataset: str | None = None, data_dir: str | None = None, download: bool | None = None,
-             accelerator: str = "auto") -> dict[str, Any]:
-    """Test accuracy and mean loss of a run's last checkpoint (or a .pt file) on one device. A run of a
-    user's network needs its factory (`model`); `data` defaults to the run's own dataset."""
+             loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, dataset: str | None = None,
+             data_dir: str | None = None, download: bool | None = None, accelerator: str = "auto") -> dict[str, Any]:
+    """Test accuracy and mean loss (cross-entropy, or `loss`) of a run's last checkpoint (or a .pt file) on
+    one device. `data` defaults to the run's own dataset (a run on tensors of your own needs them again);
+    a run of a user's network needs its factory (`model`)."""
     from . import checkpoint, devices, dist
     from .train import evaluate as evaluate_on
     from .train import make_batch_transforms
 
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
+    if isinstance(data, str):
+        dataset = data
     overrides = {"dataset": dataset, "data_dir": data_dir, "download": download}
     cfg = C.validate(cfg.replace(**{k: v for k, v in overrides.items() if v is not None}))
-    splits = as_splits(data if data is not None else cfg.dataset, cfg)
+    device = devices.resolve(accelerator, "1", None).accelerator  # a bad --accelerator fails before any data
+    splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)
+    if "data" in state:  # normalise as in training, whatever training set the caller passes now
+        splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
     net = _restore(cfg, splits, state, run, model, use_ema)
-    ctx = dist.init(0, 1, 0, devices.resolve(accelerator, "1", None).accelerator)
+    ctx = dist.init(0, 1, 0, device)
     splits = splits.to(ctx.device)
-    acc, loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
-                            cfg.eval_batch_size)
-    return {"test_accuracy": acc, "test_loss": loss, "test_examples": len(splits.test[1]), "dataset": cfg.dataset,
-            "model": cfg.model, "ema": use_ema, "step": state["step"]}
+    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
+                                 cfg.eval_batch_size, loss)
+    return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
+            "dataset": cfg.dataset, "model": cfg.model, "ema": use_ema, "step": state["step"]}
 
 
 def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:
@@ -157,7 +181,10 @@ def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, em
     cfg = C.from_dict(state["config"])
     if ema and "ema_model" not in state:
         raise UserError(f"checkpoint {run} has no averaged weights; it was trained without --ema")
-    splits = None if cfg.model == "custom" else load_for(C.validate(cfg))  # a registry model's input shape
+    if "data" in state:  # the shapes the model was built for, saved beside it
+        splits = Splits.shaped_like(cfg.dataset, state["data"])
+    else:  # a checkpoint from before they were saved: ask the dataset
+        splits = None if cfg.model == "custom" else load_for(C.validate(cfg))
     return _restore(cfg, splits, state, run, model, ema).eval()
 
 

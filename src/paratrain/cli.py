@@ -37,7 +37,9 @@ def _add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = fr
                            help=f.metadata["help"])
             continue
         kind = int if "int" in f.type else float if "float" in f.type else str
-        p.add_argument(flag, dest=name, type=kind, default=None, choices=f.metadata.get("choices"),
+        choices = f.metadata.get("choices")
+        choices = [c for c in choices if c != "custom"] if choices else None  # custom: for paratrain.fit only
+        p.add_argument(flag, dest=name, type=kind, default=None, choices=choices,
                        help=helptext, metavar=None if "choices" in f.metadata else name.upper())
 
 
@@ -52,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--print-split", action="store_true",
                        help="pipeline/hybrid: show the stages, their parameters and counted cost, and exit")
     bench = sub.add_parser("bench", help="measure the same training in every device configuration, with plots")
-    bench.add_argument("--model", default="lenet5", choices=C.MODELS)
-    bench.add_argument("--dataset", default="mnist", choices=C.DATASETS)
+    bench.add_argument("--model", default="lenet5", choices=C.MODELS[:-1])  # not custom (Python only)
+    bench.add_argument("--dataset", default="mnist", choices=C.DATASETS[:-1])
     bench.add_argument("--data-dir")
     bench.add_argument("--no-download", dest="download", action="store_false")
     bench.add_argument("--configs", help="e.g. cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2 (default: all here)")
@@ -88,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="skip checking the model against the bench's multi-device rows (which measures this host)")
     ev = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
     ev.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
-    ev.add_argument("--dataset", choices=C.DATASETS, help="default: the checkpoint's dataset")
+    ev.add_argument("--dataset", choices=C.DATASETS[:-1], help="default: the checkpoint's dataset")
     ev.add_argument("--data-dir", help="default: the checkpoint's")
     ev.add_argument("--no-download", dest="download", action="store_false", default=None)
     ev.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
@@ -153,9 +155,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
         print(api.pipeline_split(cfg, load_for(cfg))[1])
         return 0
-    if cfg.model == "custom":
-        raise UserError("model 'custom' is a network of your own, for paratrain.fit(model=...) in Python; "
-                        "from the command line choose a registry model")
+    if cfg.model == "custom" or cfg.dataset == "custom":  # a resumed run of the user's own network or tensors
+        raise UserError(f"{cfg.resume or 'this run'} trains a network or tensors of your own: carry it on in Python, "
+                        "paratrain.fit(model=make_net, data=..., config=TrainConfig(resume=...))")
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     summary = api.train(cfg, lambda: load_for(cfg))

@@ -101,13 +101,13 @@ def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: Ba
 
 
 def _state(cfg: TrainConfig, weights: nn.Module, optimizer_state: dict, scheduler: Any, scaler: Any,
-           ema: AveragedModel | None, step: int, epoch: int) -> dict[str, Any]:
+           ema: AveragedModel | None, step: int, epoch: int, data: Splits) -> dict[str, Any]:
     def cpu(module: nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in module.state_dict().items()}
 
     state = {"model": cpu(weights), "optimizer": optimizer_state,
              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step, "epoch": epoch,
-             "config": cfg.to_dict()}
+             "config": cfg.to_dict(), "data": data.shape_info()}  # to rebuild the model without the data
     if ema is not None:
         state["ema_model"] = cpu(ema.module)
         state["ema_n_averaged"] = int(ema.n_averaged)
@@ -121,7 +121,7 @@ def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Modul
     layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
     side = input_size(cfg.model, data.image_size)
     micro = cfg.batch_size // layout.replicas // cfg.microbatches
-    cuts = [int(c) for c in cfg.split.split(",")]  # resolved once by `paratrain train` (cli._pipeline_split)
+    cuts = [int(c) for c in cfg.split.split(",")]  # resolved once before launch (api.pipeline_split)
     return Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
                     torch.zeros(micro, data.channels, side, side), loss)
 
@@ -202,7 +202,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         elif ctx.is_main:
             weights, optimizer_state = raw, optimizer.state_dict()
         if ctx.is_main:
-            state = _state(cfg, weights, optimizer_state, scheduler, scaler, ema, step, epoch)
+            state = _state(cfg, weights, optimizer_state, scheduler, scaler, ema, step, epoch, data)
             checkpoint.save_step(state, ckpt_dir, step, cfg.keep_checkpoints)
 
     timer = PhaseTimer(ctx, cfg.time_phases)

@@ -27,6 +27,18 @@ class Splits:
     def image_size(self) -> int:
         return self.train[0].shape[-1]
 
+    def shape_info(self) -> dict:
+        """What a model is built for and fed with (saved in checkpoints): no images."""
+        return {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
+                "mean": list(self.mean), "std": list(self.std)}
+
+    @classmethod
+    def shaped_like(cls, name: str, info: dict) -> Splits:
+        """Empty splits of a checkpoint's shapes: enough to build its model and its batch transforms."""
+        c, s = int(info["channels"]), int(info["image_size"])
+        empty = (torch.zeros(0, c, s, s, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64))
+        return cls(name, empty, empty, empty, tuple(info["mean"]), tuple(info["std"]), int(info["num_classes"]))
+
     def to(self, device: torch.device) -> Splits:
         """Move every tensor once (the whole dataset lives on the GPU where there is one)."""
         move = lambda p: (p[0].to(device), p[1].to(device))  # noqa: E731
