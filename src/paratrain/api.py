@@ -21,6 +21,7 @@ from torch import nn
 
 from . import config as C
 from .data import Splits, load_for
+from .data.transforms import unit_scale
 from .errors import UserError
 from .parts import Parts
 from .rundir import check_writable
@@ -56,13 +57,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         cfg = cfg.replace(dataset=data)
     elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
         cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
-    if cfg.resume:
-        cfg = cfg.replace(out=cfg.resume)
-    elif cfg.out is None:
-        import time
-
-        cfg = cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
-    cfg = C.validate(cfg)
+    cfg = C.validate(C.with_run_dir(cfg))
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg), Parts(model, optimizer, loss))
@@ -90,7 +85,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
         if labels.is_floating_point() or labels.is_complex() or (len(labels) and int(labels.min()) < 0):
             raise UserError(f"data['{name}']: labels must be integers 0..K-1 (class indices)")
         pairs[name] = (images, labels.long())
-    unit = x.float() if x.is_floating_point() else x.float() / 255
+    unit = unit_scale(x)
     mean, std = unit.mean(dim=(0, 2, 3)), unit.std(dim=(0, 2, 3))
     classes = max(int(p[1].max()) for p in pairs.values() if len(p[1])) + 1
     return Splits("custom", pairs["train"], pairs["val"], pairs["test"], tuple(mean.tolist()), tuple(std.tolist()),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -119,12 +118,7 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
         values.setdefault("stages", None)
         values.setdefault("split", "auto")
         values.setdefault("devices", "auto")
-    cfg = C.from_dict(values, base)
-    if cfg.resume:
-        cfg = cfg.replace(out=cfg.resume)
-    elif not cfg.out:
-        cfg = cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
-    return C.validate(cfg)
+    return C.validate(C.with_run_dir(C.from_dict(values, base)))
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

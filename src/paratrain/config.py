@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,15 @@ def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainC
         raise UserError(f"unknown config key(s): {', '.join(unknown)}; see `paratrain train --help`")
     base = base or TrainConfig()
     return base.replace(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def with_run_dir(cfg: TrainConfig) -> TrainConfig:
+    """The run directory: a resumed run's own folder, the given --out, or runs/<model>-<dataset>-<time>."""
+    if cfg.resume:
+        return cfg.replace(out=cfg.resume)
+    if cfg.out:
+        return cfg
+    return cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:

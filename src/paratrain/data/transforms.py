@@ -50,7 +50,7 @@ def random_crop(x: torch.Tensor, size: int, generator: torch.Generator) -> torch
     return x.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
 
 
-def _unit_scale(x: torch.Tensor) -> torch.Tensor:
+def unit_scale(x: torch.Tensor) -> torch.Tensor:
     """uint8 pixels to 0..1 floats; float images are taken as they are."""
     return x.to(torch.float32, copy=True) if x.is_floating_point() else x.float().div_(255)
 
@@ -69,7 +69,7 @@ class BatchPipeline:
         return (x - self.mean) * self.inv_std
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
-        return self._normalise(_unit_scale(fit_to_size(x, self.size)))
+        return self._normalise(unit_scale(fit_to_size(x, self.size)))
 
     __call__ = eval
 
@@ -77,7 +77,7 @@ class BatchPipeline:
         a = self.augment
         if not a.active:
             return self.eval(x)
-        x = _unit_scale(x)
+        x = unit_scale(x)
         if a.random_crop:
             if x.shape[-1] < self.size:  # pad small images up first, as evaluation does
                 x = fit_to_size(x, self.size)
