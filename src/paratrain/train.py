@@ -6,6 +6,7 @@ import contextlib
 import math
 import signal
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +25,11 @@ from .errors import UserError
 from .interrupt import Stopped, StopRequest, signal_name
 from .models import build_model, input_size
 from .optim import make_optimizer, make_scheduler
+from .parts import Parts
 from .phases import PhaseTimer
 from .runlog import RunLog, write_summary
 
 if TYPE_CHECKING:
-    from .parts import Parts
     from .strategies.pipeline import Pipeline
 
 AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
@@ -145,19 +146,17 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
 
     # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
     resume = checkpoint.owned(resume) if resume is not None else None
+    parts = parts or Parts()
     torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
     model = make_model(cfg, data, parts)
-    loss_fn = parts.loss if parts is not None and parts.loss is not None else None  # None: cross-entropy
+    loss_fn = parts.loss  # None: cross-entropy
     if resume is not None:
         checkpoint.load_weights(model, resume, cfg.resume)
     # A pipeline worker trains only its stage's layers; dp_rank/dp_size: which share of each batch it takes.
     stage = make_stage(cfg, ctx, data, model, loss_fn or F.cross_entropy) if cfg.strategy in PIPELINED else None
     model = stage.module if stage is not None else model.to(ctx.device)
     dp_rank, dp_size = (stage.layout.replica, stage.layout.replicas) if stage else (ctx.rank, W)
-    if parts is not None and parts.optimizer is not None:
-        optimizer = parts.optimizer(model.parameters())
-    else:
-        optimizer = make_optimizer(cfg, model.parameters())
+    optimizer = (parts.optimizer or partial(make_optimizer, cfg))(model.parameters())
     scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "16-mixed")
     ema = make_ema(model, cfg.ema) if cfg.ema else None
@@ -329,7 +328,7 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
         return v if math.isfinite(v) else None
 
     summary = {
-        "model": parts.model_name() if parts is not None and parts.model is not None else cfg.model,
+        "model": parts.model_name() if parts.model is not None else cfg.model,
         "dataset": cfg.dataset, "strategy": strategies.name(ctx, cfg),
         "world_size": int(cfg.devices) if cfg.strategy == "tower" else W, "global_batch_size": B * acc,
         "steps": step, "epochs": math.ceil(step / per_epoch),
