@@ -36,6 +36,18 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder")
 
 
+def _check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]) -> None:
+    """--sampler picks how trials are chosen; --strategy (train's parallelism) once meant that here."""
+    if strategy is not None:
+        if strategy in samplers:
+            raise UserError(f"the search's sampler is --sampler {strategy}; --strategy is the parallelism of "
+                            "`paratrain train`")
+        raise UserError(f"--strategy is not a search option (trials are data-parallel with --devices-per-trial); "
+                        f"the sampler is --sampler {{{','.join(samplers)}}}")
+    if sampler not in samplers:
+        raise UserError(f"unknown --sampler '{sampler}'; choose one of: {', '.join(samplers)}")
+
+
 def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     from ..devices import usable_cores
     from . import report, runner, space
@@ -52,14 +64,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     cfg = C.validate(C.from_dict(base))
     if cfg.val_size == 0:
         raise UserError("a search needs a validation set (its fitness); drop --val-size 0")
-    if args.strategy is not None:
-        if args.strategy in runner.SAMPLERS:
-            raise UserError(f"the search's sampler is --sampler {args.strategy}; --strategy is the parallelism of "
-                            "`paratrain train`")
-        raise UserError(f"--strategy is not a search option (trials are data-parallel with --devices-per-trial); "
-                        f"the sampler is --sampler {{{','.join(runner.SAMPLERS)}}}")
-    if args.sampler not in runner.SAMPLERS:
-        raise UserError(f"unknown --sampler '{args.sampler}'; choose one of: {', '.join(runner.SAMPLERS)}")
+    _check_sampler(args.sampler, args.strategy, runner.SAMPLERS)
     for name in ("population", "generations", "trials", "parallel", "devices_per_trial"):
         value = getattr(args, name)
         if value is not None and value < 1:
