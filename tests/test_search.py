@@ -196,18 +196,20 @@ def test_two_workers_share_a_postgresql_study(tmp_path: Path, postgres: str) -> 
 
     common = ["--space", _space_file(tmp_path), "--sampler", "grid", "--storage", postgres, "--study", "shared",
               "--parallel", "1", "--steps", "60"]
-    main = subprocess.Popen([sys.executable, "-m", "paratrain", "search", *common, "--out", str(tmp_path / "a")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the helper starts first (it waits for the study): started second, its worker may come up to a taken grid
     helper = subprocess.Popen([sys.executable, "-m", "paratrain", "search", *common, "--worker", "--out",
                                str(tmp_path / "b")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    main = subprocess.Popen([sys.executable, "-m", "paratrain", "search", *common, "--out", str(tmp_path / "a")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for proc in (main, helper):
         assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
     study = optuna.load_study(study_name="shared", storage=postgres)
     trials = [t for t in study.get_trials() if not t.user_attrs.get("unused")]
-    assert [t.state.name for t in trials] == ["COMPLETE"] * 6  # none lost, none failed
+    seen = [(t.number, t.state.name, t.params, t.user_attrs) for t in study.get_trials()]
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 6, seen  # none lost, none failed
     assert sorted((t.params["width"], t.params["lr"]) for t in trials) == sorted(
-        (p["width"], p["lr"]) for p in PRODUCT)  # none duplicated
-    assert len({t.user_attrs["worker"] for t in trials}) == 2  # both machines' workers took part
+        (p["width"], p["lr"]) for p in PRODUCT), seen  # none duplicated
+    assert len({t.user_attrs["worker"] for t in trials}) == 2, seen  # both machines' workers took part
 
 
 def test_two_workers_that_see_the_last_place_do_not_both_take_it() -> None:
@@ -225,3 +227,34 @@ def test_two_workers_that_see_the_last_place_do_not_both_take_it() -> None:
     assert not over_budget(study, first.number, 8)
     assert over_budget(study, second.number, 8)
     assert not over_budget(study, second.number, 9)
+
+
+def test_a_queued_trial_goes_to_one_worker_only(tmp_path: Path) -> None:
+    """CI once ran a grid point twice ("Cannot tell a COMPLETE trial"): on SQLite, two workers both read a
+    queued trial WAITING and both took it (optuna#4002). Four storages pop a queue of 40 at once."""
+    import collections
+    import threading
+
+    import optuna
+
+    from paratrain.search.runner import storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp_path}/study.db"
+    study = optuna.create_study(storage=storage(url), study_name="queue")
+    for i in range(40):
+        study.enqueue_trial({"i": i})
+    taken: collections.Counter[int] = collections.Counter()
+
+    def take() -> None:
+        mine = optuna.load_study(study_name="queue", storage=storage(url, create_tables=False))
+        while (trial_id := mine._pop_waiting_trial_id()) is not None:
+            taken[trial_id] += 1
+
+    workers = [threading.Thread(target=take) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(taken) == 40
+    assert [t for t, n in taken.items() if n > 1] == []

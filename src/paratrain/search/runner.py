@@ -72,15 +72,34 @@ def storage(url: str, create_tables: bool = True) -> Any:
     # heartbeats are marked experimental; they are what lets a killed worker's trial run again
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    sqlite = url.startswith("sqlite")
+    # isolation_level None: the driver starts no transaction of its own; _serialise starts each one
+    kwargs = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
     try:
-        return optuna.storages.RDBStorage(
+        store = optuna.storages.RDBStorage(
             url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
             heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
             skip_table_creation=not create_tables)
     except Exception as e:  # sqlalchemy and the database drivers raise many types
         raise UserError(f"cannot open the search storage {url} ({type(e).__name__}: {str(e).splitlines()[0]})"
                         ) from None
+    if sqlite:
+        _serialise(store.engine)
+    return store
+
+
+def _serialise(engine: Any) -> None:
+    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
+
+    Optuna hands a queued trial to one worker by reading it WAITING and writing it RUNNING "for update";
+    SQLite has no SELECT FOR UPDATE, so two workers both read WAITING and both ran the same grid point
+    (optuna/optuna#4002; seen in CI as "Cannot tell a COMPLETE trial"). PostgreSQL honours the row lock.
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
