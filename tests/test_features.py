@@ -12,8 +12,8 @@ from conftest import max_abs_diff, run_cli, train, weights
 from paratrain import checkpoint, config, dist
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
-from paratrain.optim import lr_factor, make_optimizer, make_scheduler
-from paratrain.train import ema_decay, fit, make_ema
+from paratrain.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
+from paratrain.train import fit
 
 
 def _cfg(**kw: object) -> config.TrainConfig:

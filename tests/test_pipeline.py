@@ -11,7 +11,7 @@ from conftest import max_abs_diff, run_cli, train, weights
 from paratrain.cli import main
 from paratrain.errors import UserError
 from paratrain.models import build_model
-from paratrain.strategies.pipeline import (
+from paratrain.strategies.stages import (
     Layout,
     balanced_cuts,
     layer_costs,

@@ -93,40 +93,27 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
 
 
 def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None) -> dict[str, Any] | None:
-    """Plan the run (devices, batch split, strategy), check what can be checked before any process starts,
-    load the data, write config.yaml, and launch the workers."""
-    from . import checkpoint, devices, launch
+    """Plan the run (devices, batch split: the strategy's rules), check what can be checked before any process
+    starts, load the data, write config.yaml, and launch the workers."""
+    from . import checkpoint, devices, launch, strategies
 
-    if cfg.strategy == "pipeline" and cfg.devices == "auto":
-        cfg = cfg.replace(devices=str(cfg.stages))  # a pipeline is one worker per stage
+    strategy = strategies.get(cfg.strategy)
+    cfg = strategy.defaults(cfg)
     if launch.under_torchrun():
         plan = launch.torchrun_plan(cfg.accelerator, cfg.threads_per_worker)
         is_main = launch.torchrun_ranks()[0] == 0
     else:
         plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker, cfg.oversubscribe)
         is_main = True
-    copies = _pipeline_copies(cfg, plan.workers) if cfg.strategy in C.PIPELINED else plan.workers
-    if cfg.batch_per_worker:
-        cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
-    if cfg.batch_size % copies:  # checked here, once, before any process starts
-        unit = {"tower": "towers", "pipeline": "pipeline", "hybrid": "pipeline copies"}.get(cfg.strategy, "workers")
-        raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {unit}; "
-                        f"use a multiple of {copies}")
-    if cfg.strategy in C.PIPELINED and (cfg.batch_size // copies) % cfg.microbatches:
-        raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
-                        f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
-                        f"{copies * cfg.microbatches}")
-    if cfg.strategy == "tower":
-        plan, cfg = _tower_plan(cfg, plan)
+    cfg, plan = strategy.plan(cfg, plan, launch.under_torchrun())
     resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
-    if resume is not None and resume["config"].get("model") != cfg.model:
+    if resume is not None and (why := checkpoint.model_mismatch(resume, cfg.model, cfg.resume)):
         saved = resume["config"].get("model")
         how = ("in Python: paratrain.fit(model=make_net, config=TrainConfig(resume=...))" if saved == "custom"
                else f"with --model {saved}")
-        raise UserError(f"the checkpoint in {cfg.resume} is of model '{saved}', not '{cfg.model}'; resume {how}")
+        raise UserError(f"{why}; resume {how}")
     data = load_data()
-    if cfg.strategy in C.PIPELINED:
-        cfg = pipeline_split(cfg, data, parts)[0]
+    cfg = strategy.prepare(cfg, data, parts)
     if is_main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
@@ -144,8 +131,8 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     one device. `data` defaults to the run's own dataset (a run on tensors of your own needs them again);
     a run of a user's network needs its factory (`model`)."""
     from . import checkpoint, devices, dist
-    from .train import evaluate as evaluate_on
-    from .train import make_batch_transforms
+    from .build import make_batch_transforms
+    from .evaluation import evaluate as evaluate_on
 
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
@@ -186,47 +173,10 @@ def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, em
 def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | Path,
              model: Callable[[], nn.Module] | None, ema: bool) -> nn.Module:
     from . import checkpoint
-    from .train import make_model
+    from .build import make_model
 
     if cfg.model == "custom" and model is None:
         raise UserError(f"{run} holds a network of your own: pass its factory, model=make_net")
     net = model() if model is not None else make_model(cfg, splits)
     checkpoint.load_weights(net, {**state, "model": state["ema_model"]} if ema else state, run)
     return net
-
-
-def _tower_plan(cfg: C.TrainConfig, plan: Any) -> tuple[Any, C.TrainConfig]:
-    """A tower run is one process whose device is the parameter device; its replicas are the plan's
-    devices (GPUs, or copies on the CPU), recorded in the config so the loop can build them."""
-    from . import devices, launch
-
-    if launch.under_torchrun():
-        raise UserError("--strategy tower runs in one process; start it without torchrun")
-    on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
-    one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
-    return one, cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers))
-
-
-def _pipeline_copies(cfg: C.TrainConfig, workers: int) -> int:
-    """How many copies of the K-stage pipeline N workers make (1 for --strategy pipeline)."""
-    k = cfg.stages
-    if cfg.strategy == "pipeline" and workers != k:
-        raise UserError(f"--strategy pipeline runs one worker per stage: --stages {k} needs --devices {k}, not "
-                        f"{workers}; for more workers use --strategy hybrid")
-    if workers % k:
-        raise UserError(f"--strategy hybrid needs a worker count that --stages {k} divides; {workers} is not; "
-                        f"use --devices {k * max(1, workers // k)}")
-    return workers // k
-
-
-def pipeline_split(cfg: C.TrainConfig, data: Splits, parts: Parts | None = None) -> tuple[C.TrainConfig, str]:
-    """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
-    table that --print-split shows."""
-    from .models import input_size
-    from .strategies import pipeline
-    from .train import make_model
-
-    model = pipeline.layers_of(make_model(cfg, data, parts), cfg.model)
-    side = input_size(cfg.model, data.image_size)
-    cuts, costs = pipeline.resolve_cuts(model, cfg.split, cfg.stages, torch.zeros(1, data.channels, side, side))
-    return cfg.replace(split=",".join(map(str, cuts))), pipeline.split_table(model, cuts, costs)

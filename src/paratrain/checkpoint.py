@@ -125,6 +125,12 @@ def newest_in_group(ctx: Any, local: dict[str, Any] | None, error: str | None,
     return box[0], restarts
 
 
+def model_mismatch(state: dict[str, Any], model: str, where: str | Path) -> str | None:
+    """Why the checkpoint `state` (found in `where`) cannot carry on a run of `model`; None if it can."""
+    saved = state["config"].get("model")
+    return None if saved == model else f"the checkpoint in {where} is of model '{saved}', not '{model}'"
+
+
 def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
     """Load the checkpoint's weights into `model`, or explain which model the checkpoint is for."""
     try:

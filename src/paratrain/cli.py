@@ -140,14 +140,15 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import api, launch
+    from . import api, launch, strategies
     from .data import load_for
 
     cfg = resolve_config(args)
     if args.print_split:
-        if cfg.strategy not in C.PIPELINED:
+        strategy = strategies.get(cfg.strategy)
+        if not strategy.pipelined:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
-        print(api.pipeline_split(cfg, load_for(cfg))[1])
+        print(strategy.split(cfg, load_for(cfg))[1])
         return 0
     if cfg.model == "custom" or cfg.dataset == "custom":  # a resumed run of the user's own network or tensors
         raise UserError(f"{cfg.resume or 'this run'} trains a network or tensors of your own: carry it on in Python, "

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from .errors import UserError
+from .strategies import REGISTRY
 
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
 DATASETS = ("digits", "mnist", "cifar10", "synthetic", "custom")  # custom: tensors given to paratrain.fit
@@ -23,8 +24,6 @@ OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
 PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
-STRATEGIES = ("ddp", "tower", "pipeline", "hybrid")
-PIPELINED = ("pipeline", "hybrid")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -51,7 +50,7 @@ class TrainConfig:
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
     strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
                        "pipeline: the layers cut into --stages, a process each; hybrid: data x pipeline",
-                       choices=STRATEGIES)
+                       choices=tuple(REGISTRY))
     param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
                            choices=("auto", "cpu", "cuda:0"))
     devices: str = _f("auto", "workers (processes): auto or a number")
@@ -244,15 +243,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
     if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
         bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
-    if cfg.strategy in PIPELINED:
-        if cfg.stages is None or cfg.stages < 2:
-            bad(f"--strategy {cfg.strategy} needs --stages K, 2 or more (the pieces the layers are cut into)")
-        # What a pipeline does not do (yet): each needs the whole model's gradients or weights per step.
-        for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
-                         (cfg.precision != "32", "--precision " + cfg.precision),
-                         (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases")):
-            if on:
-                bad(f"{flag} is not available with --strategy {cfg.strategy}; leave it out or use --strategy ddp")
-    elif cfg.stages is not None:
-        bad(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
+    from .strategies import get
+
+    get(cfg.strategy).check(cfg)  # what the strategy cannot take
     return cfg

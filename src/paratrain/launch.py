@@ -222,9 +222,10 @@ def _offer(cfg: TrainConfig, resume: dict[str, Any] | None) -> tuple[dict[str, A
         found = _last_checkpoint(cfg)
     except UserError as e:
         return None, str(e)
-    if found is not None and found["config"].get("model") != cfg.model:
-        return None, (f"the checkpoint in {cfg.out} is of model '{found['config'].get('model')}', not "
-                      f"'{cfg.model}'; pass another --out for a new run")
+    from .checkpoint import model_mismatch
+
+    if found is not None and (why := model_mismatch(found, cfg.model, cfg.out)):
+        return None, f"{why}; pass another --out for a new run"
     return found, None
 
 

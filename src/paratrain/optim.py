@@ -1,4 +1,4 @@
-"""Optimizers and learning-rate schedules, on torch.optim and torch.optim.lr_scheduler."""
+"""Optimizers, learning-rate schedules and weight averages, on torch.optim (lr_scheduler, swa_utils)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 
 import torch
+from torch.optim.swa_utils import AveragedModel
 
 from .config import TrainConfig
 
@@ -52,3 +53,21 @@ def make_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_ste
     """Stepped once per optimizer update; its state (the update count) goes into checkpoints."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(cfg, step, total_steps, steps_per_epoch))
+
+
+def ema_decay(decay: float, num_updates: int) -> float:
+    """TensorFlow's ExponentialMovingAverage(decay, num_updates), as the CIFAR-10 tutorial uses it: the
+    decay ramps up as min(decay, (1 + n) / (10 + n)), so a young average is not stuck at the start."""
+    return min(decay, (1 + num_updates) / (10 + num_updates))
+
+
+def make_ema(model: torch.nn.Module, decay: float) -> AveragedModel:
+    """ema <- d * ema + (1 - d) * weights after every update, d = ema_decay(decay, updates so far);
+    the first update copies the weights."""
+
+    @torch.no_grad()
+    def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
+        d = ema_decay(decay, int(num_averaged))
+        torch._foreach_lerp_(averaged, current, 1 - d)
+
+    return AveragedModel(model, multi_avg_fn=update, use_buffers=True)

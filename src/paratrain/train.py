@@ -1,14 +1,21 @@
-"""The one training loop: fit -> evaluate -> summary. Every worker runs it; rank 0 writes and prints."""
+"""The one training loop. Every worker runs a Trainer; rank 0 writes and prints.
+
+    Trainer.__init__   set-up: the strategy builds this worker's module; optimizer, schedule, EMA; resume
+    Trainer.run        epochs: _train_epoch (steps), _validate, then _finish (test, checkpoint, summary)
+    one step           _forward_backward (micro-batches) -> _agree (one tiny all-reduce) -> _update -> _after_update
+
+What depends on the parallelism (how the model is split, wrapped, reduced, gathered, saved) is the
+strategy's (strategies/); what a run changes as it goes is in one RunState.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import time
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,56 +23,17 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from . import checkpoint, strategies
-from .config import PIPELINED, TrainConfig
+from .build import make_batch_transforms, make_model, optimizer_parts
+from .config import TrainConfig
 from .data import Splits
-from .data.sharding import epoch_permutation, eval_range, global_batch, steps_per_epoch, worker_part
-from .data.transforms import Augment, BatchPipeline
+from .data.sharding import epoch_permutation, global_batch, steps_per_epoch, worker_part
 from .dist import DistContext
 from .errors import UserError
+from .evaluation import evaluate
 from .interrupt import Stopped, StopRequest, signal_name
-from .models import build_model, input_size
-from .optim import make_optimizer, make_scheduler
 from .parts import Parts
 from .phases import PhaseTimer
 from .runlog import RunLog, write_summary
-
-if TYPE_CHECKING:
-    from .strategies.pipeline import Pipeline
-
-AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
-
-
-def make_model(cfg: TrainConfig, data: Splits, parts: Parts | None = None) -> nn.Module:
-    """The user's network (from their factory) or the registry's, on the CPU."""
-    if parts is not None and parts.model is not None:
-        return parts.model()
-    return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
-                       width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
-                       filters=cfg.filters, kernel=cfg.kernel)
-
-
-def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline:
-    """Normalisation and the training augmentation, applied to whole batches on the device."""
-    augment = Augment(cfg.random_crop, cfg.crop_padding, cfg.hflip, cfg.brightness, cfg.contrast)
-    return BatchPipeline(data.mean, data.std, input_size(cfg.model, data.image_size), device, augment)
-
-
-def ema_decay(decay: float, num_updates: int) -> float:
-    """TensorFlow's ExponentialMovingAverage(decay, num_updates), as the CIFAR-10 tutorial uses it: the
-    decay ramps up as min(decay, (1 + n) / (10 + n)), so a young average is not stuck at the start."""
-    return min(decay, (1 + num_updates) / (10 + num_updates))
-
-
-def make_ema(model: nn.Module, decay: float) -> AveragedModel:
-    """ema <- d * ema + (1 - d) * weights after every update, d = ema_decay(decay, updates so far);
-    the first update copies the weights."""
-
-    @torch.no_grad()
-    def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
-        d = ema_decay(decay, int(num_averaged))
-        torch._foreach_lerp_(averaged, current, 1 - d)
-
-    return AveragedModel(model, multi_avg_fn=update, use_buffers=True)
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -74,57 +42,301 @@ def step_seed(seed: int, step: int, rank: int) -> int:
     return ((seed * 1_000_003 + step) * 4099 + rank) % (2**63)
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-             batch_size: int, loss: Any = None) -> tuple[float, float]:
-    """Accuracy and mean loss over the whole set: each worker takes a contiguous, unpadded share and
-    the sums are all-reduced, so the figures are exactly those of the full set."""
-    x_all, y_all = pair
-    share = eval_range(len(y_all), ctx.rank, ctx.world_size)
-    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
-    was_training = model.training
-    model.eval()
-    for start in range(share.start, share.stop, batch_size):
-        stop = min(start + batch_size, share.stop)
-        logits = model(prep.eval(x_all[start:stop]))
-        y = y_all[start:stop]
-        if loss is None:
-            sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
-        else:  # a user's loss is the batch mean
-            sums[0] += loss(logits.float(), y).double() * (stop - start)
-        sums[1] += (logits.argmax(1) == y).sum()
-        sums[2] += stop - start
-    model.train(was_training)
-    loss_sum, correct, count = ctx.all_reduce_sum(sums).tolist()
-    if count == 0:
-        return math.nan, math.nan
-    return correct / count, loss_sum / count
+@dataclass(frozen=True)
+class Length:
+    per_epoch: int  # optimizer updates per epoch
+    total_steps: int
+    epochs: int
 
 
-def _state(cfg: TrainConfig, weights: nn.Module, optimizer_state: dict, scheduler: Any, scaler: Any,
-           ema: AveragedModel | None, step: int, epoch: int, data: Splits) -> dict[str, Any]:
-    def cpu(module: nn.Module) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
-
-    state = {"model": cpu(weights), "optimizer": optimizer_state,
-             "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step, "epoch": epoch,
-             "config": cfg.to_dict(), "data": data.shape_info()}  # to rebuild the model without the data
-    if ema is not None:
-        state["ema_model"] = cpu(ema.module)
-        state["ema_n_averaged"] = int(ema.n_averaged)
-    return state
+def run_length(cfg: TrainConfig, n_train: int) -> Length:
+    """How many updates the run makes, and in how many epochs (--steps wins over --epochs)."""
+    per_epoch = steps_per_epoch(n_train, cfg.batch_size * cfg.accumulate)
+    if per_epoch == 0:
+        raise UserError(f"--batch-size {cfg.batch_size} x --accumulate {cfg.accumulate} is more than the {n_train} "
+                        "training examples; lower them")
+    total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
+    return Length(per_epoch, total, math.ceil(total / per_epoch))
 
 
-def make_stage(cfg: TrainConfig, ctx: DistContext, data: Splits, model: nn.Module, loss: Any) -> Pipeline:
-    """This worker's stage of the pipeline (pipeline and hybrid strategies)."""
-    from .strategies.pipeline import Layout, Pipeline, layers_of  # imported only where a pipeline runs
+@dataclass
+class RunState:
+    """What a run changes as it goes; the first five are what a checkpoint restores."""
 
-    layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
-    side = input_size(cfg.model, data.image_size)
-    micro = cfg.batch_size // layout.replicas // cfg.microbatches
-    cuts = [int(c) for c in cfg.split.split(",")]  # resolved once before launch (api.pipeline_split)
-    return Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
-                    torch.zeros(micro, data.channels, side, side), loss)
+    model: nn.Module  # this worker's trained module, unwrapped (the strategy's `module`)
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    ema: AveragedModel | None
+    step: int = 0
+    first_step: int = 0  # where this process started (a resumed run's checkpoint step)
+    saved_step: int = -1  # the step of the last checkpoint written
+    steps_run: int = 0
+    train_time: float = 0.0
+    eval_time: float = 0.0
+    val: tuple[float, float] = (math.nan, math.nan)
+    stop: str | None = None  # why the run ended early: "time" (--max-time) or "signal"
+
+
+class Trainer:
+    def __init__(self, ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
+                 stop: StopRequest | None = None, parts: Parts | None = None, devices: list[str] | None = None,
+                 restarts: int = 0) -> None:
+        self.ctx, self.cfg, self.stop_request = ctx, cfg, stop
+        self.devices, self.restarts = devices, restarts
+        self.parts = parts or Parts()
+        self.loss = self.parts.loss  # None: cross-entropy
+        self.length = run_length(cfg, len(data.train[1]))
+        self.strategy = strategies.get(cfg.strategy)(ctx, cfg)
+        self.state = self._set_up(data, resume)
+        # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
+        self.data = data.to(ctx.device)
+        self.prep = make_batch_transforms(cfg, self.data, ctx.device)
+        self.run_dir = Path(cfg.out)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step)
+        self.timer = PhaseTimer(ctx, cfg.time_phases)
+        self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
+        self.window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
+        # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
+        self.to_means = torch.tensor([self.strategy.shard[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
+        self.t_start = self.t_window = 0.0
+
+    # ---- set-up ----
+
+    def _set_up(self, data: Splits, resume: dict[str, Any] | None) -> RunState:
+        cfg = self.cfg
+        # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
+        resume = checkpoint.owned(resume) if resume is not None else None
+        torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
+        model = make_model(cfg, data, self.parts)
+        if resume is not None:
+            checkpoint.load_weights(model, resume, cfg.resume)
+        module = self.strategy.build(model, data, self.loss or F.cross_entropy)
+        state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
+                                                  self.length.per_epoch, self.ctx.device))
+        if resume is not None:
+            self._restore(state, resume)
+        self.strategy.wrap()
+        return state
+
+    def _restore(self, state: RunState, resume: dict[str, Any]) -> None:
+        self.strategy.restore(state.optimizer, resume["optimizer"])
+        state.scheduler.load_state_dict(resume.get("scheduler", {"last_epoch": resume["step"]}))
+        state.scaler.load_state_dict(resume.get("scaler", {}))
+        if state.ema is not None and "ema_model" in resume:
+            state.ema.module.load_state_dict(resume["ema_model"])
+            state.ema.n_averaged.fill_(resume["ema_n_averaged"])
+        state.step = state.first_step = int(resume["step"])
+
+    # ---- the run ----
+
+    def run(self) -> dict[str, Any] | None:
+        """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere."""
+        state, length = self.state, self.length
+        try:
+            self.t_start = self.t_window = time.perf_counter()
+            self.strategy.model.train()
+            for epoch in range(state.step // length.per_epoch, length.epochs):
+                epoch_time = self._train_epoch(epoch)
+                if state.stop == "signal":
+                    self._leave(epoch)
+                self._validate(epoch, epoch_time)
+                if state.stop:
+                    break
+            return self._finish()
+        finally:  # also when a NaN loss, a signal or a failed collective ends the run: flush the logs
+            self.log.close()
+
+    def _train_epoch(self, epoch: int) -> float:
+        """The epoch's steps (from a resumed step on); its training time."""
+        state, length, ctx = self.state, self.length, self.ctx
+        perm = epoch_permutation(len(self.data.train[1]), self.cfg.seed, epoch).to(ctx.device)
+        ctx.synchronize()
+        t_epoch = time.perf_counter()
+        for i in range(state.step - epoch * length.per_epoch,
+                       min(length.per_epoch, length.total_steps - epoch * length.per_epoch)):
+            time_up, asked = self._agree(self._forward_backward(perm, i))
+            self._update()
+            self._after_update(epoch)
+            if asked:
+                state.stop = "signal"
+                break
+            if time_up:
+                state.stop = "time"
+                break
+        ctx.synchronize()
+        epoch_time = time.perf_counter() - t_epoch
+        state.train_time += epoch_time
+        return epoch_time
+
+    # ---- one step ----
+
+    def _forward_backward(self, perm: torch.Tensor, i: int) -> torch.Tensor:
+        """Forward and backward over the step's micro-batches (--accumulate); the summed mean losses."""
+        cfg, acc = self.cfg, self.cfg.accumulate
+        self.generator.manual_seed(step_seed(cfg.seed, self.state.step, self.ctx.rank))
+        step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        which, of = self.strategy.shard
+        for k in range(acc):
+            with self.timer.phase("data"):
+                x, y = self._fetch(worker_part(global_batch(perm, i * acc + k, cfg.batch_size), which, of))
+            sync = k == acc - 1 and not self.timer.active  # timed runs all-reduce explicitly (reduce_gradients)
+            with self.timer.phase("compute"):
+                loss, logits = self.strategy.forward_backward(x, y, sync, self._backward)
+            if loss is None:  # a pipeline stage before the last
+                continue
+            step_loss += loss.detach().double()
+            # Accumulate on the device; read back only at log steps (an .item() per batch stalls a GPU).
+            self.window[0] += loss.detach().double() * len(y)
+            self.window[1] += (logits.detach().argmax(1) == y).sum()
+            self.window[2] += len(y)
+        return step_loss
+
+    def _fetch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples `idx` of the training set, transformed (the one place the loop reads the data)."""
+        x, y = self.data.train
+        return self.prep.train(x[idx], self.generator), y[idx]
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.state.scaler.scale(loss / self.cfg.accumulate).backward()
+
+    def _agree(self, step_loss: torch.Tensor) -> tuple[bool, bool]:
+        """One tiny all-reduce per update: every worker learns, before updating, whether any loss is
+        non-finite, whether rank 0's clock ran out (--max-time), and whether any worker was asked to stop
+        (SIGINT/SIGTERM), so they all stop at the same step. Returns (time up, asked to stop)."""
+        cfg, ctx = self.cfg, self.ctx
+        time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
+        asked = self.stop_request is not None and self.stop_request.signum != 0
+        flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
+        mean_loss, time_flag, signal_flag = (ctx.all_reduce_sum(torch.stack([step_loss / cfg.accumulate, *flag]))
+                                             / self.to_means).tolist()
+        if not math.isfinite(mean_loss):
+            raise UserError(f"the loss became {mean_loss} at step {self.state.step + 1}; stopped before updating. "
+                            f"Lower --lr; the last good checkpoint is kept in {self.ckpt_dir}", code=3)
+        return bool(time_flag), bool(signal_flag)
+
+    def _update(self) -> None:
+        """Reduce what the strategy left unreduced, then one optimizer step (and the EMA's)."""
+        state, cfg = self.state, self.cfg
+        self.strategy.reduce_gradients(self.timer)
+        with self.timer.phase("optimizer"):
+            if cfg.clip_grad_norm:
+                state.scaler.unscale_(state.optimizer)
+                nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip_grad_norm)
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+            state.scheduler.step()
+            if state.ema is not None:
+                state.ema.update_parameters(state.model)
+        self.timer.steps += 1
+        state.step += 1
+        state.steps_run += 1
+
+    def _after_update(self, epoch: int) -> None:
+        state, cfg = self.state, self.cfg
+        if cfg.histogram_every and state.step % cfg.histogram_every == 0:
+            self.log.histograms(state.step, state.model)
+        state.optimizer.zero_grad(set_to_none=True)
+        if state.step % cfg.log_every == 0 or state.step == self.length.total_steps:
+            self._log_step(epoch)
+        self.log.advance()
+        if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
+            self._checkpoint(epoch)
+
+    # ---- logging, checkpoints, evaluation ----
+
+    def _log_step(self, epoch: int) -> None:
+        """The training loss and accuracy since the last log line, over all workers (a collective)."""
+        loss_sum, correct, count = self.ctx.all_reduce_sum(self.window).tolist()
+        now = time.perf_counter()
+        elapsed, per_update = now - self.t_window, self.cfg.batch_size * self.cfg.accumulate
+        self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / count, train_accuracy=correct / count,
+                      examples_per_sec=count / elapsed, lr=self.state.optimizer.param_groups[0]["lr"],
+                      time_s=elapsed, sec_per_batch=elapsed * per_update / count)
+        self.window.zero_()
+        self.t_window = now
+
+    def _checkpoint(self, epoch: int) -> None:
+        """Save the run's state (a collective: the strategy decides who writes what)."""
+        state = self.state
+        state.saved_step = state.step
+        self.strategy.save(state.optimizer, self._extras(epoch), self.ckpt_dir, state.step,
+                           self.cfg.keep_checkpoints)
+
+    def _extras(self, epoch: int) -> dict[str, Any]:
+        """What a checkpoint holds besides the model and the optimizer state."""
+        state = self.state
+        extras = {"scheduler": state.scheduler.state_dict(), "scaler": state.scaler.state_dict(), "step": state.step,
+                  "epoch": epoch, "config": self.cfg.to_dict(),
+                  "data": self.data.shape_info()}  # to rebuild the model without the data
+        if state.ema is not None:
+            extras["ema_model"] = {k: v.detach().cpu() for k, v in state.ema.module.state_dict().items()}
+            extras["ema_n_averaged"] = int(state.ema.n_averaged)
+        return extras
+
+    def _leave(self, epoch: int) -> None:
+        """Stopped by a signal: save what was done and leave quickly, without evaluating."""
+        if self.state.saved_step != self.state.step:
+            self._checkpoint(epoch)
+        signum = self.stop_request.signum if self.stop_request is not None and self.stop_request.signum else \
+            signal.SIGTERM
+        raise Stopped(f"stopped by {signal_name(signum)} at step {self.state.step}; the checkpoint is in "
+                      f"{self.ckpt_dir}; continue with --resume {self.run_dir}", signum)
+
+    def _evaluate(self, model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
+        return evaluate(model, pair, self.prep, self.ctx, self.cfg.eval_batch_size, self.loss)
+
+    def _validate(self, epoch: int, epoch_time: float) -> None:
+        state, t_eval = self.state, time.perf_counter()
+        if len(self.data.val[1]):
+            state.val = self._evaluate(state.ema.module if self.cfg.eval_ema else self.strategy.whole_model(),
+                                       self.data.val)
+        state.eval_time += time.perf_counter() - t_eval
+        self.log.epoch(step=state.step, epoch=epoch + 1, epochs=self.length.epochs, val_accuracy=state.val[0],
+                       val_loss=state.val[1], epoch_time_s=epoch_time)
+        self.t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
+
+    def _finish(self) -> dict[str, Any] | None:
+        """Test, save the last checkpoint, and (rank 0) write the summary."""
+        state, t_eval = self.state, time.perf_counter()
+        test = self._evaluate(self.strategy.whole_model(), self.data.test)
+        test_ema = self._evaluate(state.ema.module, self.data.test) if state.ema is not None else None
+        state.eval_time += time.perf_counter() - t_eval
+        self._checkpoint(self.length.epochs)
+        self.log.close()
+        added = self.strategy.summary()  # a collective for some strategies: every worker calls it
+        if not self.ctx.is_main:
+            return None
+        summary = self._summary(test, test_ema, added)
+        write_summary(self.run_dir, summary)
+        return summary
+
+    def _summary(self, test: tuple[float, float], test_ema: tuple[float, float] | None,
+                 added: dict[str, Any]) -> dict[str, Any]:
+        cfg, state, per_update = self.cfg, self.state, self.cfg.batch_size * self.cfg.accumulate
+        reported = test_ema if cfg.eval_ema else test
+
+        def finite(v: float) -> float | None:
+            return v if math.isfinite(v) else None
+
+        return {
+            "model": self.parts.model_name() if self.parts.model is not None else cfg.model,
+            "dataset": cfg.dataset, "strategy": added["strategy"], "world_size": added["world_size"],
+            "global_batch_size": per_update, "steps": state.step,
+            "epochs": math.ceil(state.step / self.length.per_epoch),
+            "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": self.timer.per_step(),
+            "examples_per_sec": state.steps_run * per_update / state.train_time
+            if state.steps_run and state.train_time else None,
+            "test_accuracy": reported[0], "test_loss": reported[1],
+            "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
+            "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,
+            "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": state.stop == "time",
+            "final_lr": state.optimizer.param_groups[0]["lr"], "precision": cfg.precision, "seed": cfg.seed,
+            "torch_version": torch.__version__, "devices": self.devices or [str(self.ctx.device)] * self.ctx.world_size,
+            "run_dir": str(self.run_dir), "pipeline": added["pipeline"], "restarts": self.restarts,
+            "resumed_from_step": state.first_step or None,
+        }
 
 
 def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
@@ -134,214 +346,4 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     `stop` records SIGINT/SIGTERM: the workers then stop together, save, and raise Stopped.
     `restarts`: how many times the launcher restarted this run after a worker died (for the summary).
     `parts`: the user's own model factory, optimizer factory and loss, in place of the configuration's."""
-    run_dir = Path(cfg.out)
-    B, W, acc = cfg.batch_size, ctx.world_size, cfg.accumulate
-    n_train = len(data.train[1])
-    per_epoch = steps_per_epoch(n_train, B * acc)  # optimizer updates per epoch
-    if per_epoch == 0:
-        raise UserError(f"--batch-size {B} x --accumulate {acc} is more than the {n_train} training examples; "
-                        "lower them")
-    total_steps = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
-    epochs = math.ceil(total_steps / per_epoch)
-
-    # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
-    resume = checkpoint.owned(resume) if resume is not None else None
-    parts = parts or Parts()
-    torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
-    model = make_model(cfg, data, parts)
-    loss_fn = parts.loss  # None: cross-entropy
-    if resume is not None:
-        checkpoint.load_weights(model, resume, cfg.resume)
-    # A pipeline worker trains only its stage's layers; dp_rank/dp_size: which share of each batch it takes.
-    stage = make_stage(cfg, ctx, data, model, loss_fn or F.cross_entropy) if cfg.strategy in PIPELINED else None
-    model = stage.module if stage is not None else model.to(ctx.device)
-    dp_rank, dp_size = (stage.layout.replica, stage.layout.replicas) if stage else (ctx.rank, W)
-    optimizer = (parts.optimizer or partial(make_optimizer, cfg))(model.parameters())
-    scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.precision == "16-mixed")
-    ema = make_ema(model, cfg.ema) if cfg.ema else None
-    step = 0
-    if resume is not None:
-        if stage is not None:
-            stage.load_optimizer(optimizer, resume["optimizer"])
-        else:
-            optimizer.load_state_dict(resume["optimizer"])
-        scheduler.load_state_dict(resume.get("scheduler", {"last_epoch": resume["step"]}))
-        scaler.load_state_dict(resume.get("scaler", {}))
-        if ema is not None and "ema_model" in resume:
-            ema.module.load_state_dict(resume["ema_model"])
-            ema.n_averaged.fill_(resume["ema_n_averaged"])
-        step = int(resume["step"])
-    first_step = step
-    model = strategies.wrap(model, ctx, cfg)
-    raw = strategies.unwrap(model)
-    data = data.to(ctx.device)
-    pipe = make_batch_transforms(cfg, data, ctx.device)
-    train_x, train_y = data.train
-    log = RunLog(run_dir, ctx.is_main, cfg, total_steps, step)
-    ckpt_dir = run_dir / "checkpoints"
-    autocast_dtype = AUTOCAST[cfg.precision]
-
-    def autocast() -> contextlib.AbstractContextManager:
-        if autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(ctx.device.type, dtype=autocast_dtype)
-
-    def whole_model() -> nn.Module:
-        """The model with its current weights: gathered from the stages in a pipeline (collective)."""
-        return stage.gather_model() if stage is not None else raw
-
-    saved_step = -1
-
-    def checkpoint_now(epoch: int) -> None:
-        nonlocal saved_step
-        saved_step = step
-        if stage is not None:  # collectives: every worker takes part, rank 0 writes
-            weights, optimizer_state = whole_model(), stage.gather_optimizer(optimizer)
-        elif ctx.is_main:
-            weights, optimizer_state = raw, optimizer.state_dict()
-        if ctx.is_main:
-            state = _state(cfg, weights, optimizer_state, scheduler, scaler, ema, step, epoch, data)
-            checkpoint.save_step(state, ckpt_dir, step, cfg.keep_checkpoints)
-
-    timer = PhaseTimer(ctx, cfg.time_phases)
-    eval_time = 0.0
-    generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
-    train_time = 0.0
-    steps_run = 0
-    stopped_by_time = stopped_by_signal = False
-    val = (math.nan, math.nan)
-    window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
-    # mean loss (summed over the workers that compute one), any worker's stop
-    to_means = torch.tensor([dp_size, 1.0, 1.0], dtype=torch.float64, device=ctx.device)
-    t_start = t_window = time.perf_counter()
-    model.train()
-    for epoch in range(step // per_epoch, epochs):
-        perm = epoch_permutation(n_train, cfg.seed, epoch).to(ctx.device)
-        ctx.synchronize()
-        t_epoch = time.perf_counter()
-        for i in range(step - epoch * per_epoch, min(per_epoch, total_steps - epoch * per_epoch)):
-            generator.manual_seed(step_seed(cfg.seed, step, ctx.rank))
-            step_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
-            for k in range(acc):  # micro-batches; DDP all-reduces only on the last backward
-                with timer.phase("data"):
-                    idx = worker_part(global_batch(perm, i * acc + k, B), dp_rank, dp_size)
-                    x, y = pipe.train(train_x[idx], generator), train_y[idx]
-                if stage is not None:  # forward and backward through the stages; the last has the loss
-                    loss, logits = stage.step(x, y)
-                    if loss is None:
-                        continue
-                else:
-                    inner = k < acc - 1 or timer.active  # timed runs all-reduce explicitly, below
-                    no_sync = model.no_sync() if ctx.distributed and inner else contextlib.nullcontext()
-                    with no_sync, timer.phase("compute"):
-                        with autocast():
-                            logits = model(x)
-                        loss = (loss_fn or F.cross_entropy)(logits.float(), y)
-                        scaler.scale(loss / acc).backward()
-                step_loss += loss.detach().double()
-                # Accumulate on the device; read back only at log steps (an .item() per batch stalls a GPU).
-                window[0] += loss.detach().double() * len(y)
-                window[1] += (logits.detach().argmax(1) == y).sum()
-                window[2] += len(y)
-            # One tiny all-reduce per update: every worker learns, before updating, whether any loss is
-            # non-finite, whether rank 0's clock ran out, and whether any worker was asked to stop
-            # (SIGINT/SIGTERM), so they all stop at the same step.
-            time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - t_start > cfg.max_time
-            asked = stop is not None and stop.signum != 0
-            flags = torch.stack([step_loss / acc, torch.tensor(float(time_up), device=ctx.device, dtype=torch.float64),
-                                 torch.tensor(float(asked), device=ctx.device, dtype=torch.float64)])
-            mean_loss, time_flag, signal_flag = (ctx.all_reduce_sum(flags) / to_means).tolist()
-            if not math.isfinite(mean_loss):
-                log.close()
-                raise UserError(f"the loss became {mean_loss} at step {step + 1}; stopped before updating. "
-                                f"Lower --lr; the last good checkpoint is kept in {ckpt_dir}", code=3)
-            timer.allreduce_gradients(raw)
-            if stage is not None:
-                stage.average_gradients()
-            with timer.phase("optimizer"):
-                if cfg.clip_grad_norm:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                scheduler.step()
-                if ema is not None:
-                    ema.update_parameters(raw)
-            timer.steps += 1
-            step += 1
-            steps_run += 1
-            if cfg.histogram_every and step % cfg.histogram_every == 0:
-                log.histograms(step, raw)
-            optimizer.zero_grad(set_to_none=True)
-            if step % cfg.log_every == 0 or step == total_steps:
-                loss_sum, correct, count = ctx.all_reduce_sum(window).tolist()
-                now = time.perf_counter()
-                log.step(step=step, epoch=epoch + 1, loss=loss_sum / count, train_accuracy=correct / count,
-                         examples_per_sec=count / (now - t_window), lr=optimizer.param_groups[0]["lr"],
-                         time_s=now - t_window, sec_per_batch=(now - t_window) * B * acc / count)
-                window.zero_()
-                t_window = now
-            log.advance()
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                checkpoint_now(epoch)
-            if signal_flag:
-                stopped_by_signal = True
-                break
-            if time_flag:
-                stopped_by_time = True
-                break
-        ctx.synchronize()
-        epoch_time = time.perf_counter() - t_epoch
-        train_time += epoch_time
-        if stopped_by_signal:  # save what was done and leave quickly: no evaluation
-            if saved_step != step:
-                checkpoint_now(epoch)
-            log.close()
-            signum = stop.signum if stop is not None and stop.signum else signal.SIGTERM
-            raise Stopped(f"stopped by {signal_name(signum)} at step {step}; the checkpoint is in {ckpt_dir}; "
-                          f"continue with --resume {run_dir}", signum)
-        t_eval = time.perf_counter()
-        if len(data.val[1]):
-            val = evaluate(ema.module if cfg.eval_ema else whole_model(), data.val, pipe, ctx, cfg.eval_batch_size,
-                           loss_fn)
-        eval_time += time.perf_counter() - t_eval
-        log.epoch(step=step, epoch=epoch + 1, epochs=epochs, val_accuracy=val[0], val_loss=val[1],
-                  epoch_time_s=epoch_time)
-        t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
-        if stopped_by_time or stopped_by_signal:
-            break
-
-    t_eval = time.perf_counter()
-    test = evaluate(whole_model(), data.test, pipe, ctx, cfg.eval_batch_size, loss_fn)
-    test_ema = evaluate(ema.module, data.test, pipe, ctx, cfg.eval_batch_size, loss_fn) if ema is not None else None
-    eval_time += time.perf_counter() - t_eval
-    checkpoint_now(epochs)
-    log.close()
-    pipeline_info = {"stages": cfg.stages, "microbatches": cfg.microbatches, "schedule": cfg.schedule,
-                     "cuts": cfg.split, "bubble": stage.bubble()} if stage is not None else None
-    if not ctx.is_main:
-        return None
-    reported = test_ema if cfg.eval_ema else test
-
-    def finite(v: float) -> float | None:
-        return v if math.isfinite(v) else None
-
-    summary = {
-        "model": parts.model_name() if parts.model is not None else cfg.model,
-        "dataset": cfg.dataset, "strategy": strategies.name(ctx, cfg),
-        "world_size": int(cfg.devices) if cfg.strategy == "tower" else W, "global_batch_size": B * acc,
-        "steps": step, "epochs": math.ceil(step / per_epoch),
-        "train_time_s": train_time, "eval_time_s": eval_time, "step_phases_s": timer.per_step(),
-        "examples_per_sec": steps_run * B * acc / train_time if steps_run and train_time else None,
-        "test_accuracy": reported[0], "test_loss": reported[1],
-        "val_accuracy": finite(val[0]), "val_loss": finite(val[1]),
-        "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,
-        "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": stopped_by_time,
-        "final_lr": optimizer.param_groups[0]["lr"], "precision": cfg.precision,
-        "seed": cfg.seed, "torch_version": torch.__version__, "devices": devices or [str(ctx.device)] * W,
-        "run_dir": str(run_dir), "pipeline": pipeline_info, "restarts": restarts,
-        "resumed_from_step": first_step or None,
-    }
-    write_summary(run_dir, summary)
-    return summary
+    return Trainer(ctx, cfg, data, resume, stop, parts, devices, restarts).run()

@@ -1,35 +1,30 @@
-"""How a model is spread over the workers. Data sharding itself lives in data/sharding.py."""
+"""How a model is spread over the workers: one module per strategy, each a subclass of base.Strategy.
+Data sharding itself lives in data/sharding.py.
+
+The registry names each strategy's class by import path, so choosing `ddp` never imports the pipeline
+machinery, and config.py can list the names without importing torch.
+"""
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+import importlib
+from typing import TYPE_CHECKING
 
-from ..config import TrainConfig
-from ..dist import DistContext
-from .ddp import wrap as wrap_ddp
-from .tower import Tower
+if TYPE_CHECKING:
+    from .base import Strategy
 
-
-def wrap(model: nn.Module, ctx: DistContext, cfg: TrainConfig) -> nn.Module:
-    if cfg.strategy == "tower":
-        n = int(cfg.devices)
-        devices = [torch.device("cuda", i) for i in range(n)] if cfg.accelerator == "gpu" else [ctx.device] * n
-        return Tower(model, devices)
-    if cfg.strategy in ("pipeline", "hybrid"):  # the stage's layers; pipeline.py moves the data
-        return model
-    return wrap_ddp(model, ctx)
+REGISTRY = {
+    "ddp": "paratrain.strategies.ddp:DataParallel",
+    "tower": "paratrain.strategies.tower:TowerStrategy",
+    "pipeline": "paratrain.strategies.pipeline:PipelineStrategy",
+    "hybrid": "paratrain.strategies.hybrid:Hybrid",
+}
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel | Tower) else model
+def get(name: str) -> type[Strategy]:
+    """The strategy class registered as `name`."""
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
 
 
-def name(ctx: DistContext, cfg: TrainConfig) -> str:
-    if cfg.strategy in ("tower", "pipeline", "hybrid"):
-        return cfg.strategy
-    return "ddp" if ctx.distributed else "single"
-
-
-__all__ = ["name", "unwrap", "wrap"]
+__all__ = ["REGISTRY", "get"]

@@ -2,17 +2,39 @@
 
 from __future__ import annotations
 
-from torch import nn
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..dist import DistContext
+from .base import Strategy
+
+if TYPE_CHECKING:
+    from ..phases import PhaseTimer
 
 
-def wrap(model: nn.Module, ctx: DistContext) -> nn.Module:
-    """DDP for several workers (it broadcasts rank 0's weights, then averages every gradient);
-    the bare model for one, where an all-reduce would only cost time."""
-    if not ctx.distributed:
-        return model
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    # gradient_as_bucket_view: gradients live in the all-reduce buckets, saving a copy per step.
-    return DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
+class DataParallel(Strategy):
+    name = "ddp"
+
+    def wrap(self) -> None:
+        """DDP for several workers (it broadcasts rank 0's weights, then averages every gradient);
+        the bare model for one, where an all-reduce would only cost time."""
+        if not self.ctx.distributed:
+            return
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        # gradient_as_bucket_view: gradients live in the all-reduce buckets, saving a copy per step.
+        self.model = DistributedDataParallel(self.module, device_ids=device_ids, gradient_as_bucket_view=True)
+
+    def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
+                         backward: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        # DDP all-reduces in the backward pass; no_sync leaves the gradients to accumulate locally
+        no_sync = self.model.no_sync() if self.ctx.distributed and not sync else contextlib.nullcontext()
+        with no_sync:
+            return super().forward_backward(x, y, sync, backward)
+
+    def reduce_gradients(self, timer: PhaseTimer) -> None:
+        timer.allreduce_gradients(self.module)  # --time-phases: the all-reduce DDP was told to skip
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "strategy": "ddp" if self.ctx.distributed else "single"}

@@ -1,0 +1,45 @@
+"""What a run is made of, built from its configuration (or the user's Parts): the model, the optimizer,
+the learning-rate schedule, the weight average, and the batch transforms."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import TrainConfig
+from .data import Splits
+from .data.transforms import Augment, BatchPipeline
+from .models import build_model, input_size
+from .optim import make_ema, make_optimizer
+from .parts import Parts
+
+
+def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None) -> nn.Module:
+    """The user's network (from their factory) or the registry's, on the CPU."""
+    if parts is not None and parts.model is not None:
+        return parts.model()
+    return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
+                       width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
+                       filters=cfg.filters, kernel=cfg.kernel)
+
+
+def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline:
+    """Normalisation and the training augmentation, applied to whole batches on the device."""
+    augment = Augment(cfg.random_crop, cfg.crop_padding, cfg.hflip, cfg.brightness, cfg.contrast)
+    return BatchPipeline(data.mean, data.std, input_size(cfg.model, data.image_size), device, augment)
+
+
+def optimizer_parts(cfg: TrainConfig, module: nn.Module, parts: Parts, total_steps: int,
+                    per_epoch: int, device: torch.device) -> tuple[torch.optim.Optimizer, Any, Any, Any]:
+    """The optimizer over `module` (the user's factory or the configuration's), its learning-rate schedule,
+    the gradient scaler (16-mixed only) and the weight average (--ema)."""
+    from .optim import make_scheduler
+
+    optimizer = (parts.optimizer or partial(make_optimizer, cfg))(module.parameters())
+    scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "16-mixed")
+    ema = make_ema(module, cfg.ema) if cfg.ema else None
+    return optimizer, scheduler, scaler, ema

@@ -1,0 +1,139 @@
+"""What a strategy is: the rules for spreading one training over the workers, in the order a run needs them.
+
+Before launch (classmethods, in the launching process): `check` the options, `plan` the devices and the
+batch split, `prepare` what needs the data (a pipeline's cuts). In each worker (an instance): `build` the
+part of the model this worker trains, `restore` its optimizer state, `wrap` it, and every step
+`forward_backward` then `reduce_gradients`; for checkpoints, evaluation and the summary, `save`,
+`whole_model` and `summary`.
+
+Nothing here assumes that a worker holds the whole model: `build` returns the module whose parameters this
+worker updates (a stage, or, for a sharded strategy such as FSDP2, a module of sharded tensors), and
+`save` decides who writes what (rank 0 writes one whole-model file here; a sharded strategy would have
+every rank write its shard through torch.distributed.checkpoint). Adding a strategy: a module with a
+subclass, and one line in strategies/__init__.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..data import Splits
+    from ..devices import Plan
+    from ..dist import DistContext
+    from ..parts import Parts
+    from ..phases import PhaseTimer
+
+AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
+
+
+class Strategy:
+    name: ClassVar[str]
+    unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages
+    pipelined: ClassVar[bool] = False  # cuts the layers into stages (--stages, --split, --print-split)
+
+    # ---- before launch, in the launching process ----
+
+    @classmethod
+    def check(cls, cfg: TrainConfig) -> None:
+        """Raise UserError for options this strategy cannot take (config.validate calls it)."""
+        if cfg.stages is not None:
+            raise UserError(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
+
+    @classmethod
+    def defaults(cls, cfg: TrainConfig) -> TrainConfig:
+        """The configuration with this strategy's defaults filled in, before the devices are resolved."""
+        return cfg
+
+    @classmethod
+    def copies(cls, cfg: TrainConfig, workers: int) -> int:
+        """Into how many shares the global batch splits on `workers` workers."""
+        return workers
+
+    @classmethod
+    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan]:
+        """The batch split over the plan's workers, checked once before any process starts."""
+        copies = cls.copies(cfg, plan.workers)
+        if cfg.batch_per_worker:
+            cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
+        if cfg.batch_size % copies:
+            raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {cls.unit}; "
+                            f"use a multiple of {copies}")
+        return cfg, plan
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> TrainConfig:
+        """What is decided once the data is loaded, for every worker alike."""
+        return cfg
+
+    # ---- in each worker ----
+
+    def __init__(self, ctx: DistContext, cfg: TrainConfig) -> None:
+        self.ctx, self.cfg = ctx, cfg
+        self.module: nn.Module = nn.Module()  # what this worker trains (set by build)
+        self.model: nn.Module = self.module  # what it calls (wrapped by wrap)
+        dtype = AUTOCAST[cfg.precision]
+        self._autocast = (lambda: torch.autocast(ctx.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+        self.loss: Any = None
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        """(which, of how many): this worker's share of every global batch."""
+        return self.ctx.rank, self.ctx.world_size
+
+    def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+        """The module whose parameters this worker updates, on its device (the optimizer is built over it)."""
+        self.loss = loss
+        self.module = self.model = model.to(self.ctx.device)
+        return self.module
+
+    def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Load a whole-model optimizer state (a checkpoint's) into this worker's optimizer."""
+        optimizer.load_state_dict(state)
+
+    def wrap(self) -> None:
+        """Wrap the module for training, once its state is restored."""
+
+    def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
+                         backward: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One micro-batch: the mean loss and logits (None where this worker computes no loss). `sync`:
+        whether the gradients are reduced in this backward; `backward(loss)` scales and back-propagates."""
+        with self._autocast():
+            logits = self.model(x)
+        loss = self.loss(logits.float(), y)
+        backward(loss)
+        return loss, logits
+
+    def reduce_gradients(self, timer: PhaseTimer) -> None:
+        """Whatever gradient reduction forward_backward left to do before the update."""
+
+    def whole_model(self) -> nn.Module:
+        """The whole model with the current weights, for evaluation (collective where the model is split)."""
+        return self.module
+
+    def save(self, optimizer: torch.optim.Optimizer, extras: dict[str, Any], directory: Path, step: int,
+             keep: int) -> None:
+        """Write a checkpoint (collective): rank 0 writes the whole model and optimizer state with `extras`
+        (scheduler, EMA, step, config), so every strategy's checkpoint is the same file."""
+        from .. import checkpoint
+
+        weights, optimizer_state = self._whole_state(optimizer)
+        if self.ctx.is_main:
+            state = {"model": {k: v.detach().cpu() for k, v in weights.state_dict().items()},
+                     "optimizer": optimizer_state, **extras}
+            checkpoint.save_step(state, directory, step, keep)
+
+    def _whole_state(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict | None]:
+        return self.module, optimizer.state_dict() if self.ctx.is_main else None
+
+    def summary(self) -> dict[str, Any]:
+        """What the strategy adds to summary.json (collective where it measures across workers)."""
+        return {"strategy": self.name, "world_size": self.ctx.world_size, "pipeline": None}

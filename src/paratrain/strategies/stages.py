@@ -1,0 +1,248 @@
+"""The pipeline machinery that strategies/pipeline.py and hybrid.py use: where to cut the layers (pure
+functions), one process's stage and its schedule (torch.distributed.pipelining, GPipe or 1F1B) on a 2-D
+DeviceMesh (dp x pp), and the whole model and optimizer state gathered from the stages.
+
+Every process builds the whole model from the same seed (cheap for these models) and keeps only its
+stage's layers for training. The whole model is gathered over the pipeline for evaluation and
+checkpoints, so a pipeline checkpoint is the same file as a data-parallel one.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..dist import average_gradients
+from ..errors import UserError
+
+SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
+
+
+def layers_of(model: nn.Module, name: str) -> nn.Sequential:
+    if not isinstance(model, nn.Sequential):
+        raise UserError(f"--strategy pipeline/hybrid needs a model that is a sequence of layers (lenet5, convnet, "
+                        f"cifar10-net, mlp); '{name}' is not one")
+    return model
+
+
+# ---- where to cut (pure functions, and the counted cost they balance) ----
+
+@torch.no_grad()
+def layer_costs(model: nn.Sequential, example: torch.Tensor) -> list[float]:
+    """Counted forward cost of each layer for one example: FLOPs of its matrix products and convolutions
+    (FlopCounterMode) plus one operation per output element, the memory-bound part that activations,
+    pooling and normalisation consist of."""
+    costs, x = [], example
+    for layer in model:
+        with FlopCounterMode(display=False) as counter:
+            y = layer(x)
+        costs.append(float(counter.get_total_flops() + y.numel()))
+        x = y
+    return costs
+
+
+def balanced_cuts(costs: list[float], k: int) -> list[int]:
+    """The k-1 cut points (the layer index where each stage after the first starts) that make the
+    costliest stage as cheap as possible: the linear partition problem, solved exactly."""
+    n = len(costs)
+    if not 1 <= k <= n:
+        raise UserError(f"--stages {k}: the model has {n} layers; use 2 to {n} stages")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    # best[j][i]: the lowest possible maximum stage cost for the first i layers in j stages
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for j in range(1, k + 1):
+        for i in range(j, n + 1):
+            for s in range(j - 1, i):  # the last stage holds layers s..i-1
+                v = max(best[j - 1][s], prefix[i] - prefix[s])
+                if v < best[j][i]:
+                    best[j][i], cut[j][i] = v, s
+    cuts, i = [], n
+    for j in range(k, 1, -1):
+        i = cut[j][i]
+        cuts.append(i)
+    return sorted(cuts)
+
+
+def parse_split(spec: str, n_layers: int, k: int) -> list[int]:
+    """`--split 3,5` -> [3, 5]: stage 1 is layers 0-2, stage 2 layers 3-4, stage 3 the rest."""
+    try:
+        cuts = [int(t) for t in spec.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--split '{spec}': write auto or cut points such as 3,5") from None
+    if len(cuts) != k - 1 or cuts != sorted(set(cuts)) or not all(0 < c < n_layers for c in cuts):
+        raise UserError(f"--split '{spec}': {k} stages need {k - 1} increasing cut points between 1 and "
+                        f"{n_layers - 1} (the model has {n_layers} layers; see --print-split)")
+    return cuts
+
+
+def stage_bounds(cuts: list[int], n_layers: int) -> list[tuple[int, int]]:
+    edges = [0, *cuts, n_layers]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def resolve_cuts(model: nn.Sequential, split: str, k: int, example: torch.Tensor) -> tuple[list[int], list[float]]:
+    costs = layer_costs(model, example)
+    cuts = balanced_cuts(costs, k) if split == "auto" else parse_split(split, len(model), k)
+    return cuts, costs
+
+
+def split_table(model: nn.Sequential, cuts: list[int], costs: list[float]) -> str:
+    """What --print-split shows: each stage's layers, parameters and share of the counted cost."""
+    total = sum(costs)
+    lines = [f"{'stage':<6}{'layers':<10}{'parameters':>12}{'cost (MFLOP/ex)':>17}{'share':>8}  contents"]
+    for s, (lo, hi) in enumerate(stage_bounds(cuts, len(model))):
+        params = sum(p.numel() for i in range(lo, hi) for p in model[i].parameters())
+        cost = sum(costs[lo:hi])
+        names = ", ".join(type(model[i]).__name__ for i in range(lo, hi))
+        lines.append(f"{s:<6}{f'{lo}-{hi - 1}':<10}{params:>12,}{cost / 1e6:>17.3f}{cost / total:>8.1%}  {names}")
+    return "\n".join(lines)
+
+
+def theoretical_bubble(k: int, m: int) -> float:
+    return (k - 1) / (m + k - 1)
+
+
+# ---- the optimizer state of one stage <-> that of the whole model (pure functions) ----
+
+def merge_optimizer_states(parts: list[tuple[int, dict]], total_params: int) -> dict:
+    """Stage optimizers' state dicts (with the index of each stage's first parameter in the whole model)
+    -> the state dict an optimizer over the whole model would have: the data-parallel checkpoint format."""
+    state = {offset + int(i): v for offset, sd in parts for i, v in sd["state"].items()}
+    groups = [{**g, "params": list(range(total_params))} for g in parts[0][1]["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def slice_optimizer_state(full: dict, offset: int, count: int) -> dict:
+    """The part of a whole-model optimizer state dict that belongs to parameters offset..offset+count-1."""
+    if len(full["param_groups"]) != 1:
+        raise UserError("this checkpoint's optimizer has several parameter groups; a pipeline cannot split it")
+    state = {i - offset: v for i, v in full["state"].items() if offset <= int(i) < offset + count}
+    return {"state": state, "param_groups": [{**full["param_groups"][0], "params": list(range(count))}]}
+
+
+# ---- the processes ----
+
+@dataclass(frozen=True)
+class Layout:
+    """Rank r runs stage r % K of pipeline copy r // K (the row-major rank order of a (dp, pp) mesh)."""
+
+    stages: int
+    replicas: int
+    rank: int
+
+    @property
+    def stage(self) -> int:
+        return self.rank % self.stages
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.stages
+
+
+class _TimedStage(PipelineStage):
+    """A PipelineStage that adds up the time it spends computing, to measure the bubble (idle time)."""
+
+    busy_s = 0.0
+
+    def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.busy_s += time.perf_counter() - start
+        return out
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(super().forward_one_chunk, *args, **kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed(super().backward_one_chunk, *args, **kwargs)
+
+
+class Pipeline:
+    """This process's stage of a K-stage pipeline (one of R copies) and its schedule."""
+
+    def __init__(self, full: nn.Sequential, cuts: list[int], layout: Layout, device: torch.device,
+                 microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy) -> None:
+        K, R = layout.stages, layout.replicas
+        self.layout, self.device, self.microbatches = layout, device, microbatches
+        mesh = init_device_mesh(device.type, (R, K), mesh_dim_names=("dp", "pp"))
+        self.pp_group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+        lo, hi = stage_bounds(cuts, len(full))[layout.stage]
+        # The whole model, for evaluation only; the stage trains its own layers (named as in the whole).
+        self.full = copy.deepcopy(full).to(device)
+        self.module = nn.Sequential(OrderedDict((str(i), full[i]) for i in range(lo, hi))).to(device)
+        counts = [sum(1 for _ in full[i].parameters()) for i in range(len(full))]
+        self.param_offset, self.param_total = sum(counts[:lo]), sum(counts)
+        with torch.no_grad():  # the shape of a micro-batch where it enters this stage
+            inp = nn.Sequential(*list(full)[:lo])(example)
+        self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
+                                 group=self.pp_group)
+        self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches, loss_fn=loss)
+        self.is_first, self.is_last = layout.stage == 0, layout.stage == K - 1
+        self.wall_s = 0.0
+
+    def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
+        """Forward and backward of one batch through the pipeline; gradients accumulate in the stage,
+        scaled so that they equal those of the batch's mean loss. The last stage returns the mean loss
+        and the logits; the others return (None, None)."""
+        start = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        if self.is_first:
+            self.schedule.step(x)
+        elif self.is_last:
+            logits = self.schedule.step(target=y, losses=losses)
+        else:
+            self.schedule.step()
+        self.wall_s += time.perf_counter() - start
+        if not self.is_last:
+            return None, None
+        return torch.stack(losses).mean(), logits
+
+    def average_gradients(self) -> None:
+        """Hybrid: average each stage's gradients over the R copies of the pipeline (one flat all-reduce)."""
+        if self.layout.replicas > 1:
+            average_gradients(self.module.parameters(), self.layout.replicas, self.dp_group)
+
+    def gather_model(self) -> nn.Module:
+        """Every stage's weights into the whole model on every process of this pipeline (collective)."""
+        mine = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        parts: list[Any] = [None] * self.layout.stages
+        dist.all_gather_object(parts, mine, group=self.pp_group)
+        self.full.load_state_dict({k: v for part in parts for k, v in part.items()})
+        return self.full
+
+    def gather_optimizer(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The stages' optimizer states as one whole-model state dict (collective)."""
+        parts: list[Any] = [None] * self.layout.stages
+        dist.all_gather_object(parts, (self.param_offset, optimizer.state_dict()), group=self.pp_group)
+        return merge_optimizer_states(parts, self.param_total)
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
+        optimizer.load_state_dict(slice_optimizer_state(full, self.param_offset, len(list(self.module.parameters()))))
+
+    def bubble(self) -> dict[str, Any]:
+        """Measured idle fraction of every stage (of this copy) beside the theory, (K-1)/(M+K-1) (collective)."""
+        mine = 1.0 - self.stage.busy_s / self.wall_s if self.wall_s else float("nan")
+        idle: list[Any] = [None] * self.layout.stages
+        dist.all_gather_object(idle, mine, group=self.pp_group)
+        return {"measured_idle_fraction": idle, "measured_mean": sum(idle) / len(idle),
+                "theoretical": theoretical_bubble(self.layout.stages, self.microbatches)}
