@@ -192,12 +192,22 @@ def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Fill the per-dataset defaults, then reject impossible values with a message that says what to do."""
+    from .strategies import get
+
     if cfg.dataset in DATASET_DEFAULTS:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
+    _check_choices(cfg)
+    _check_numbers(cfg)
+    _check_combinations(cfg)
+    get(cfg.strategy).check(cfg)  # what the strategy cannot take
+    return cfg
 
-    def bad(msg: str) -> None:
-        raise UserError(msg)
 
+def _bad(msg: str) -> None:
+    raise UserError(msg)
+
+
+def _check_choices(cfg: TrainConfig) -> None:
     for name, value in (("model", cfg.model), ("dataset", cfg.dataset), ("optimizer", cfg.optimizer),
                         ("activation", cfg.activation), ("accelerator", cfg.accelerator),
                         ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
@@ -205,11 +215,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                         ("schedule", cfg.schedule)):
         choices = FIELDS[name].metadata["choices"]
         if value not in choices:
-            bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")
+            _bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")
     if cfg.devices != "auto" and not (cfg.devices.isdigit() and int(cfg.devices) >= 1):
-        bad(f"--devices must be 'auto' or a positive number, not '{cfg.devices}'")
+        _bad(f"--devices must be 'auto' or a positive number, not '{cfg.devices}'")
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
     if not (math.isfinite(cfg.lr) and cfg.lr > 0):
-        bad(f"--lr must be a positive number, not {cfg.lr}")
+        _bad(f"--lr must be a positive number, not {cfg.lr}")
     positive = {"batch_size": cfg.batch_size, "eval_batch_size": cfg.eval_batch_size,
                 "epochs": cfg.epochs, "log_every": cfg.log_every, "width": cfg.width, "depth": cfg.depth,
                 "filters": cfg.filters, "kernel": cfg.kernel}
@@ -222,28 +235,27 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in ("lr_decay_epochs", "max_time", "clip_grad_norm", "collective_timeout"):
         value = getattr(cfg, name)
         if value is not None and not (math.isfinite(value) and value > 0):
-            bad(f"--{name.replace('_', '-')} must be a positive number, not {value}")
+            _bad(f"--{name.replace('_', '-')} must be a positive number, not {value}")
     for name, value in positive.items():
         if value < 1:
-            bad(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+            _bad(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     for name, value in (("momentum", cfg.momentum), ("weight_decay", cfg.weight_decay),
                         ("checkpoint_every", cfg.checkpoint_every), ("val_size", cfg.val_size or 0),
                         ("warmup_steps", cfg.warmup_steps), ("crop_padding", cfg.crop_padding),
                         ("brightness", cfg.brightness), ("contrast", cfg.contrast),
                         ("histogram_every", cfg.histogram_every), ("max_restarts", cfg.max_restarts)):
         if value < 0:
-            bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
-    if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
-        bad(f"--dropout must be in [0, 1), not {cfg.dropout}")
-    if cfg.ema is not None and not 0 < cfg.ema < 1:
-        bad(f"--ema must be a decay in (0, 1), such as 0.999; not {cfg.ema}")
-    if cfg.eval_ema and cfg.ema is None:
-        bad("--eval-ema needs --ema DECAY")
-    if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):
-        bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
-    if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
-        bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
-    from .strategies import get
+            _bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
 
-    get(cfg.strategy).check(cfg)  # what the strategy cannot take
-    return cfg
+
+def _check_combinations(cfg: TrainConfig) -> None:
+    if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
+        _bad(f"--dropout must be in [0, 1), not {cfg.dropout}")
+    if cfg.ema is not None and not 0 < cfg.ema < 1:
+        _bad(f"--ema must be a decay in (0, 1), such as 0.999; not {cfg.ema}")
+    if cfg.eval_ema and cfg.ema is None:
+        _bad("--eval-ema needs --ema DECAY")
+    if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):
+        _bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
+    if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
+        _bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")

@@ -49,44 +49,13 @@ def _check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]
 
 
 def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
-    from ..devices import usable_cores
     from . import report, runner, space
 
-    if args.epochs_per_trial is not None:
-        if "epochs" in train_values and train_values["epochs"] != args.epochs_per_trial:
-            raise UserError("give --epochs-per-trial or --epochs, not both")
-        train_values = {**train_values, "epochs": args.epochs_per_trial}
     sp = space.load(args.space)
-    searched = sorted(set(train_values) & {p.name for p in sp.params})
-    if searched:
-        raise UserError(f"--{searched[0].replace('_', '-')} is a searched parameter of {args.space}; drop the flag")
-    base = {**sp.fixed, **train_values, "seed": args.seed}
-    cfg = C.validate(C.from_dict(base))
-    if cfg.val_size == 0:
-        raise UserError("a search needs a validation set (its fitness); drop --val-size 0")
+    base, cfg = _base_config(args, train_values, sp)
     _check_sampler(args.sampler, args.strategy, runner.SAMPLERS)
-    for name in ("population", "generations", "trials", "parallel", "devices_per_trial"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
-    for name in ("mutation_prob", "crossover_prob"):
-        value = getattr(args, name)
-        if value is not None and not 0 <= value <= 1:
-            raise UserError(f"--{name.replace('_', '-')} must be a probability in [0, 1], not {value}")
-    import torch
-
-    gpus = torch.cuda.device_count() if cfg.accelerator in ("auto", "gpu") else 0
-    accelerator = "gpu" if gpus else "cpu"
-    cores = usable_cores()
-    parallel = args.parallel or (max(1, gpus // args.devices_per_trial) if gpus else min(2, cores))
-    if gpus and parallel * args.devices_per_trial > gpus:
-        raise UserError(f"{parallel} trials x {args.devices_per_trial} GPUs exceed the {gpus} GPUs here; "
-                        "lower --parallel or --devices-per-trial")
-    workers = 1 if gpus else args.devices_per_trial  # CPU processes per trial
-    if not gpus and parallel * workers > cores:
-        raise UserError(f"{parallel} trials x {workers} workers exceed the {cores} cores here (they would "
-                        f"oversubscribe them); use --parallel {max(1, cores // workers)}")
-    threads = max(1, cores // (parallel * workers))
+    _check_numbers(args)
+    accelerator, gpus, parallel, threads = _pool_size(args, cfg)
     out = check_writable(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = runner.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
@@ -121,6 +90,52 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     return 0
 
 
+def _base_config(args: argparse.Namespace, train_values: dict[str, Any], sp: Any) -> tuple[dict[str, Any], Any]:
+    """Every trial's fixed options (the space's, then the flags'), and their validated configuration."""
+    if args.epochs_per_trial is not None:
+        if "epochs" in train_values and train_values["epochs"] != args.epochs_per_trial:
+            raise UserError("give --epochs-per-trial or --epochs, not both")
+        train_values = {**train_values, "epochs": args.epochs_per_trial}
+    searched = sorted(set(train_values) & {p.name for p in sp.params})
+    if searched:
+        raise UserError(f"--{searched[0].replace('_', '-')} is a searched parameter of {args.space}; drop the flag")
+    base = {**sp.fixed, **train_values, "seed": args.seed}
+    cfg = C.validate(C.from_dict(base))
+    if cfg.val_size == 0:
+        raise UserError("a search needs a validation set (its fitness); drop --val-size 0")
+    return base, cfg
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for name in ("population", "generations", "trials", "parallel", "devices_per_trial"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    for name in ("mutation_prob", "crossover_prob"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= 1:
+            raise UserError(f"--{name.replace('_', '-')} must be a probability in [0, 1], not {value}")
+
+
+def _pool_size(args: argparse.Namespace, cfg: Any) -> tuple[str, int, int, int]:
+    """(accelerator, GPUs, trials at once, threads per process): never more processes x threads than cores."""
+    import torch
+
+    from ..devices import usable_cores
+
+    gpus = torch.cuda.device_count() if cfg.accelerator in ("auto", "gpu") else 0
+    cores = usable_cores()
+    parallel = args.parallel or (max(1, gpus // args.devices_per_trial) if gpus else min(2, cores))
+    if gpus and parallel * args.devices_per_trial > gpus:
+        raise UserError(f"{parallel} trials x {args.devices_per_trial} GPUs exceed the {gpus} GPUs here; "
+                        "lower --parallel or --devices-per-trial")
+    workers = 1 if gpus else args.devices_per_trial  # CPU processes per trial
+    if not gpus and parallel * workers > cores:
+        raise UserError(f"{parallel} trials x {workers} workers exceed the {cores} cores here (they would "
+                        f"oversubscribe them); use --parallel {max(1, cores // workers)}")
+    return "gpu" if gpus else "cpu", gpus, parallel, max(1, cores // (parallel * workers))
+
+
 def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
           budget: int) -> None:
     """P worker processes run the trials; this one shows the progress (polling the storage) and makes sure
@@ -130,7 +145,7 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
 
     from . import runner
 
-    context = mp.start_processes(runner._pool_worker, args=(s, sp, base, threads, accelerator), nprocs=parallel,
+    context = mp.start_processes(runner.pool_worker, args=(s, sp, base, threads, accelerator), nprocs=parallel,
                                  join=False, start_method="spawn")
     bar = tqdm(total=budget, desc="search", unit="trial")
     try:

@@ -261,8 +261,10 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
     return fit(ctx, cfg, data, None)
 
 
-def _pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,
+def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,
                  accelerator: str) -> None:
+    """The entry point of a pool process (torch.multiprocessing passes its index): a user error is one line
+    and its exit code, Ctrl-C exit code 130."""
     try:
         worker(index, s, space, base, threads, accelerator)
     except UserError as e:

@@ -1,0 +1,44 @@
+"""The command line: the only place that parses flags, a client of the library (api.py and the modules it
+calls). One module per command, each with `add(subparsers)` and `run(args) -> exit code`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import UserError, one_line
+from ..interrupt import Stopped
+from . import bench, devices, evaluate, plan, recipes, report, search, train
+from .parser import Parser
+from .train import resolve_config
+
+COMMANDS = (devices, recipes, train, bench, search, report, plan, evaluate)  # in the order --help lists them
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="paratrain", description="Data-parallel training of classic image classifiers.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in COMMANDS:
+        command.add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args.run(args)
+    except UserError as e:
+        print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr)
+        code = e.code
+    except KeyboardInterrupt:
+        print("paratrain: interrupted", file=sys.stderr)
+        code = 130
+    if args.command == "train":
+        from .. import launch  # torch is loaded by now
+
+        if launch.under_torchrun():  # a worker of torchrun's group: leave without finalization (see end_process)
+            launch.end_process(code)
+    return code
+
+
+__all__ = ["build_parser", "main", "resolve_config"]

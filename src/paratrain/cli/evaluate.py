@@ -1,0 +1,28 @@
+"""`paratrain eval`: test accuracy and loss of a checkpoint (api.evaluate)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import config as C
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
+    p.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
+    p.add_argument("--dataset", choices=C.DATASETS[:-1], help="default: the checkpoint's dataset")
+    p.add_argument("--data-dir", help="default: the checkpoint's")
+    p.add_argument("--no-download", dest="download", action="store_false", default=None)
+    p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import api
+
+    result = api.evaluate(args.checkpoint, dataset=args.dataset, data_dir=args.data_dir, download=args.download,
+                          accelerator=args.accelerator)
+    print(f"test_accuracy {result['test_accuracy']:.4f}  test_loss {result['test_loss']:.4f}  "
+          f"({result['test_examples']} {result['dataset']} test images, {result['model']}"
+          f"{' EMA' if result['ema'] else ''} weights, step {result['step']})")
+    return 0

@@ -1,0 +1,110 @@
+"""`paratrain plan`: predict scaling to 1..1024 devices from a bench (plan.py's ring all-reduce model)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..rundir import check_writable
+from .parser import at_least_one
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="predict scaling to 1..1024 devices from a bench (ring all-reduce model)")
+    p.add_argument("--results", required=True, help="a bench report folder (or its results.json)")
+    p.add_argument("--link", default="measured", help="pcie4, nvlink4, ib-ndr, ethernet-25g, or measured "
+                   "(2 local gloo processes; default)")
+    p.add_argument("--bandwidth-gbs", type=float, help="explicit all-reduce bandwidth, GB/s")
+    p.add_argument("--latency-us", type=float, help="explicit per-message latency, microseconds")
+    p.add_argument("--per-device-batch", type=int, help="weak scaling with this batch per device "
+                   "(default: the bench's global batch per device)")
+    p.add_argument("--global-batch", type=int, help="strong scaling: this global batch split over the devices")
+    p.add_argument("--max-devices", type=int, default=1024)
+    p.add_argument("--out", help="folder for plan.png and plan.json")
+    p.add_argument("--no-validate", action="store_true",
+                   help="skip checking the model against the bench's multi-device rows (which measures this host)")
+    p.set_defaults(run=run)
+
+
+def _link(args: argparse.Namespace, plan: Any) -> tuple[str, float, float]:
+    """The link's name, bandwidth (bytes/s) and latency (s): explicit, a named one, or measured here."""
+    if (args.bandwidth_gbs is None) != (args.latency_us is None):
+        raise UserError("give both --bandwidth-gbs and --latency-us, or neither")
+    if args.bandwidth_gbs is not None:
+        if args.bandwidth_gbs <= 0 or args.latency_us < 0:
+            raise UserError("--bandwidth-gbs must be positive and --latency-us not negative")
+        return "explicit", args.bandwidth_gbs * 1e9, args.latency_us * 1e-6
+    if args.link == "measured":
+        return "measured (2 local gloo processes)", *plan.measure_link()
+    if args.link in plan.LINKS:
+        return args.link, *plan.LINKS[args.link]
+    raise UserError(f"unknown --link '{args.link}'; choose measured, {', '.join(plan.LINKS)}")
+
+
+def _predictions(args: argparse.Namespace, plan: Any, w: Any, b: int, bw: float, lat: float) -> list[tuple]:
+    """(no overlap, overlap) predictions for 1, 2, 4, ... devices, printed as a table."""
+    rows, n = [], 1
+    while n <= args.max_devices:
+        kw = {"global_batch": args.global_batch} if args.global_batch else {"per_device_batch": b}
+        rows.append((plan.predict(w, n, bw, lat, False, **kw), plan.predict(w, n, bw, lat, True, **kw)))
+        n *= 2
+    print(f"{'devices':>8}{'ex/s (no overlap)':>20}{'efficiency':>12}{'ex/s (overlap)':>18}{'efficiency':>12}")
+    for plain, over in rows:
+        print(f"{plain['devices']:>8}{plain['examples_per_sec']:>20,.0f}{plain['efficiency']:>12.1%}"
+              f"{over['examples_per_sec']:>18,.0f}{over['efficiency']:>12.1%}")
+    return rows
+
+
+def _validate(plan: Any, results: dict, w: Any, base: dict, link: tuple[float, float], measured: bool) -> list[dict]:
+    """Predict the bench's multi-device rows. CPU workers are checked against this host's measured gloo
+    link and their measured co-location slowdown; GPU rows against the chosen link."""
+    cpu_rows = [r for r in results["results"] if r["status"] == "ok" and r["family"] == "ddp-cpu" and r["devices"] > 1]
+    local = link if measured or not cpu_rows else plan.measure_link()
+    slowdown = {r["devices"]: plan.measure_colocation(plan.bench_model(results), base["global_batch_size"],
+                                                      r["global_batch_size"] // r["devices"], r["devices"])
+                for r in cpu_rows}
+    checks = [c for c in plan.validate(results, w, *local, slowdown) if c["name"] in {r["name"] for r in cpu_rows}]
+    checks += [c for c in plan.validate(results, w, *link) if c["name"] not in {r["name"] for r in cpu_rows}]
+    if checks:
+        print("validation against the bench (strong scaling at its global batch; CPU rows: measured gloo link, no "
+              "overlap (gloo shares the cores with backward), compute x its measured per-worker rate on this host):")
+        for c in checks:
+            print(f"  {c['name']:<12} measured {c['measured']:>9,.0f} ex/s  predicted {c['predicted']:>9,.0f}  "
+                  f"(compute x{c['colocation_slowdown']:.2f})  error {c['error']:+.1%}")
+    return checks
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import plan
+
+    if args.out:
+        check_writable(args.out)
+    results = plan.load_results(args.results)
+    w, base = plan.workload_from_bench(results)
+    at_least_one(args, "per_device_batch", "global_batch", "max_devices")
+    link, bw, lat = _link(args, plan)
+    b = args.per_device_batch or base["global_batch_size"]
+    print(f"workload: {w.compute_per_example_s * 1e6:.1f} us compute per example and {w.fixed_per_step_s * 1e3:.2f}"
+          f" ms fixed per step (bench row {base['name']}), {w.grad_bytes / 1e6:.2f} MB of gradients")
+    print(f"link: {link}: {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per message; ring all-reduce "
+          "2(N-1)/N x bytes / bandwidth + 2(N-1) x latency")
+    print("assumptions: compute per example is constant (linear in the batch); one more 24-byte all-reduce per "
+          "step (loss and stop flags); with overlap the gradient all-reduce hides "
+          f"in the backward pass ({plan.BACKWARD_FRACTION:.0%} of compute); "
+          + (f"strong scaling, global batch {args.global_batch}" if args.global_batch
+             else f"weak scaling, {b} examples per device"))
+    rows = _predictions(args, plan, w, b, bw, lat)
+    checks = [] if args.no_validate else _validate(plan, results, w, base, (bw, lat), args.link == "measured")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "plan.json").write_text(json.dumps({"link": link, "bandwidth": bw, "latency": lat, "rows": rows,
+                                                   "validation": checks}, indent=2) + "\n")
+        from ..plot import plan_curve
+
+        plan_curve(rows, out / "plan.png", link)
+        print(f"plan: {out / 'plan.png'}")
+    return 0

@@ -1,0 +1,70 @@
+"""`paratrain train`: one training run (api.train does the work)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from .. import config as C
+from ..errors import UserError
+from ..rundir import check_writable
+from .parser import add_train_flags
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model with data, pipeline or hybrid parallelism")
+    add_train_flags(p)
+    p.add_argument("--print-split", action="store_true",
+                   help="pipeline/hybrid: show the stages, their parameters and counted cost, and exit")
+    p.set_defaults(run=run)
+
+
+def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
+    """dataclass defaults <- the resumed run's config or a recipe <- --config YAML <- flags."""
+    from .. import recipes
+
+    base = C.TrainConfig()
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise UserError(f"--resume {args.resume}: no config.yaml there; pass the directory of a paratrain run")
+        base = C.from_dict(C.load_yaml(saved))
+    elif args.recipe:
+        base = C.from_dict(recipes.load(args.recipe))
+    values: dict[str, Any] = {}
+    if args.config:
+        values.update(C.load_yaml(args.config))
+    values.update({name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None})
+    if "batch_size" in values and "batch_per_worker" not in values:
+        values["batch_per_worker"] = None  # an explicit global batch overrides a per-worker one
+    if values.get("strategy", base.strategy) != base.strategy:  # e.g. resuming a pipeline run with DDP
+        values.setdefault("stages", None)
+        values.setdefault("split", "auto")
+        values.setdefault("devices", "auto")
+    return C.validate(C.with_run_dir(C.from_dict(values, base)))
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import api, launch, strategies
+    from ..data import load_for
+
+    cfg = resolve_config(args)
+    if args.print_split:
+        strategy = strategies.get(cfg.strategy)
+        if not strategy.pipelined:
+            raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
+        print(strategy.split(cfg, load_for(cfg))[1])
+        return 0
+    if cfg.model == "custom" or cfg.dataset == "custom":  # a resumed run of the user's own network or tensors
+        raise UserError(f"{cfg.resume or 'this run'} trains a network or tensors of your own: carry it on in Python, "
+                        "paratrain.fit(model=make_net, data=..., config=TrainConfig(resume=...))")
+    if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
+        check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
+    summary = api.train(cfg, lambda: load_for(cfg))
+    if summary is not None:
+        rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
+        print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
+              f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
+              f"steps {summary['steps']}  -> {cfg.out}")
+    return 0
