@@ -13,6 +13,7 @@ from torch import nn
 
 import paratrain
 from paratrain.cli import main
+from paratrain.config import load_yaml
 
 sys.path.insert(0, str(REPO / "examples"))
 import own_network  # noqa: E402  (the example a user copies)
@@ -58,6 +59,21 @@ def test_fit_a_network_data_and_loss_of_ones_own(tmp_path: Path) -> None:
     assert ours["test_loss"] == pytest.approx(summary["test_loss"]) and plain["test_loss"] < 0.8 * ours["test_loss"]
     net = paratrain.load_model(tmp_path / "run", model=Tiny)
     assert not net.training and max_abs_diff(net.state_dict(), weights(tmp_path / "run")) == 0
+
+
+def test_resume_in_python_starts_from_the_runs_own_options(tmp_path: Path) -> None:
+    """TrainConfig(resume=RUN, steps=24) carries the run on with the options in its config.yaml (SGD with
+    momentum, lr 0.05, batch 32), as `paratrain train --resume RUN --steps 24` does: 12 + 12 steps equal 24."""
+    opts = dict(optimizer="sgd", lr=0.05, momentum=0.9, batch_size=32)
+    paratrain.fit(Tiny, _data(), _cfg(tmp_path, steps=24, out=str(tmp_path / "straight"), **opts))
+    paratrain.fit(Tiny, _data(), _cfg(tmp_path, steps=12, **opts))
+    summary = paratrain.fit(Tiny, _data(), paratrain.TrainConfig(resume=str(tmp_path / "run"), steps=24))
+    assert summary["steps"] == 24 and summary["resumed_from_step"] == 12
+    saved = load_yaml(tmp_path / "run" / "config.yaml")  # rewritten by the resumed run
+    assert (saved["optimizer"], saved["lr"], saved["batch_size"], saved["steps"]) == ("sgd", 0.05, 32, 24)
+    assert max_abs_diff(weights(tmp_path / "straight"), weights(tmp_path / "run")) == 0
+    with pytest.raises(paratrain.UserError, match="no config.yaml there"):
+        paratrain.fit(Tiny, _data(), paratrain.TrainConfig(resume=str(tmp_path)))
 
 
 def test_registry_models_still_come_from_the_config(tmp_path: Path) -> None:

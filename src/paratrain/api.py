@@ -41,7 +41,8 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         "val" and "test" pairs (square images N x C x H x H, uint8 0..255 or float; integer labels 0..K-1);
         None: `config.dataset`.
     config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...);
-        `resume=RUN_DIR` carries that run on in its own folder (give the same options as it had).
+        `resume=RUN_DIR` carries that run on in its own folder, with the options in its config.yaml; the
+        fields you set away from their defaults (steps=..., say) override those, as flags do for --resume.
     optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
     loss: `loss(logits, targets)`, the batch mean (None: cross-entropy).
     Raises UserError for bad input, with a message that says what to do.
@@ -49,6 +50,8 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     from . import launch
 
     cfg = config or C.TrainConfig()
+    if cfg.resume:
+        cfg = resumed(cfg)
     if model is not None:
         cfg = cfg.replace(model="custom")
     elif cfg.model == "custom":
@@ -61,6 +64,18 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg), Parts(model, optimizer, loss))
+
+
+def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
+    """The configuration of the run in `cfg.resume` (its config.yaml), with the fields of `cfg` that differ
+    from the defaults on top: what `paratrain train --resume RUN FLAGS` does with its flags."""
+    saved = Path(cfg.resume) / "config.yaml"
+    if not saved.is_file():
+        raise UserError(f"resume={cfg.resume}: no config.yaml there; pass the directory of a paratrain run")
+    default = C.TrainConfig()
+    changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+               if getattr(cfg, f.name) != getattr(default, f.name)}
+    return C.from_dict(changed, C.from_dict(C.load_yaml(saved)))
 
 
 def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
