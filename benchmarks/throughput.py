@@ -8,6 +8,8 @@ Rows (each measured in a fresh process, one after another, never side by side):
                     per-sample transforms in a DataLoader with its defaults (no loader processes),
                     all cores as threads
   paratrain N       `paratrain train` with its defaults except --devices N, --steps and --batch-size
+  ... (baseline)    the same, run from another checkout's src/ (--baseline DIR): before against after a
+                    change, measured in one run, interleaved
 Prints examples/sec (median and spread over repeats) and each row's ratio to plain-loop.
 Run it alone: any other heavy process on the machine ruins the figures.
 """
@@ -92,13 +94,14 @@ def dataloader_loop(data_dir: str | None, steps: int, batch: int) -> float:
     return steps * batch / (time.perf_counter() - t0)
 
 
-def paratrain_run(data_dir: str | None, steps: int, batch: int, devices: int) -> float:
+def paratrain_run(data_dir: str | None, steps: int, batch: int, devices: int, src: str | None = None) -> float:
     with tempfile.TemporaryDirectory() as out:
         dataset = ["--dataset", "mnist", "--data-dir", data_dir, "--no-download"] if data_dir else \
             ["--dataset", "synthetic"]
         cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--out", out, *dataset, "--devices",
                str(devices), "--steps", str(steps), "--batch-size", str(batch), "--log-every", "1000000"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        env = {**os.environ, "PYTHONPATH": src} if src else None  # another checkout's paratrain
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         return json.loads((Path(out) / "summary.json").read_text())["examples_per_sec"]
 
 
@@ -109,6 +112,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--devices", default="1,2", help="paratrain worker counts to measure")
+    p.add_argument("--baseline", help="a checkout of paratrain (its src/ folder) to measure beside this one")
     p.add_argument("--row", help=argparse.SUPPRESS)  # internal: measure one row in this process
     args = p.parse_args()
     if args.row:
@@ -128,6 +132,9 @@ def main() -> None:
         for n in map(int, args.devices.split(",")):
             rows.setdefault(f"paratrain --devices {n}", []).append(
                 paratrain_run(args.data_dir, args.steps, args.batch_size, n))
+            if args.baseline:
+                rows.setdefault(f"  ... {n} (baseline)", []).append(
+                    paratrain_run(args.data_dir, args.steps, args.batch_size, n, args.baseline))
     base = statistics.median(rows["plain-loop"])
     print(f"LeNet-5, {'MNIST' if args.data_dir else 'synthetic MNIST-shaped'} data, batch {args.batch_size}, "
           f"{args.steps} steps, {args.repeats} repeats, {os.cpu_count()} cores")
