@@ -100,7 +100,9 @@ def paratrain_run(data_dir: str | None, steps: int, batch: int, devices: int, sr
             ["--dataset", "synthetic"]
         cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--out", out, *dataset, "--devices",
                str(devices), "--steps", str(steps), "--batch-size", str(batch), "--log-every", "1000000"]
-        env = {**os.environ, "PYTHONPATH": src} if src else None  # another checkout's paratrain
+        # another checkout's paratrain, found before the installed one
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))} \
+            if src else None
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
         return json.loads((Path(out) / "summary.json").read_text())["examples_per_sec"]
 
@@ -115,6 +117,8 @@ def main() -> None:
     p.add_argument("--baseline", help="a checkout of paratrain (its src/ folder) to measure beside this one")
     p.add_argument("--row", help=argparse.SUPPRESS)  # internal: measure one row in this process
     args = p.parse_args()
+    if args.baseline and not (Path(args.baseline) / "paratrain" / "__init__.py").is_file():
+        p.error(f"--baseline {args.baseline}: no paratrain package there; give a checkout's src/ folder")
     if args.row:
         fn = {"plain-loop": plain_loop, "dataloader-loop": dataloader_loop}[args.row]
         print(json.dumps(fn(args.data_dir, args.steps, args.batch_size)))

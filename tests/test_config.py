@@ -46,3 +46,32 @@ def test_resume_takes_the_runs_config_and_its_directory(tmp_path: Path) -> None:
 def test_unknown_key() -> None:
     with pytest.raises(UserError, match="unknown config key"):
         config.from_dict({"epochz": 3})
+
+
+def test_overlay_drops_what_belonged_to_the_old_strategy_and_batch() -> None:
+    """What `--resume RUN --strategy ddp` and paratrain.fit(TrainConfig(resume=RUN, strategy="ddp")) both do."""
+    run = config.TrainConfig(strategy="pipeline", stages=2, split="3", devices="2", batch_per_worker=32)
+    moved = config.overlay(run, {"strategy": "ddp", "batch_size": 128})
+    assert (moved.stages, moved.split, moved.devices, moved.batch_per_worker, moved.batch_size) == (
+        None, "auto", "auto", None, 128)
+    kept = config.overlay(run, {"steps": 10})
+    assert (kept.stages, kept.split, kept.devices, kept.batch_per_worker, kept.steps) == (2, "3", "2", 32, 10)
+
+
+@pytest.mark.integration
+def test_configuration_errors_need_no_torch() -> None:
+    """config.validate asks each strategy for its checks without importing torch (a one-line error is fast)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, paratrain.config as C\n"
+            "for s in ('ddp', 'tower', 'pipeline', 'hybrid'):\n"
+            "    try: C.validate(C.TrainConfig(strategy=s, stages=1))\n"
+            "    except C.UserError as e: print(e)\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:4] == ["--stages is for --strategy pipeline or hybrid, not ddp",
+                       "--stages is for --strategy pipeline or hybrid, not tower",
+                       "--strategy pipeline needs --stages K, 2 or more (the pieces the layers are cut into)",
+                       "--strategy hybrid needs --stages K, 2 or more (the pieces the layers are cut into)"]
+    assert out[4] == "False"

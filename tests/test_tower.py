@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import max_abs_diff, train, weights
 
-from paratrain.strategies.tower import Tower
+from paratrain.models.tower import Tower
 
 
 @pytest.mark.integration

@@ -42,7 +42,8 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         None: `config.dataset`.
     config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...);
         `resume=RUN_DIR` carries that run on in its own folder, with the options in its config.yaml; the
-        fields you set away from their defaults (steps=..., say) override those, as flags do for --resume.
+        fields you set away from their defaults (steps=..., say) override those, as flags do for --resume
+        (a field left at its default keeps the run's value).
     optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
     loss: `loss(logits, targets)`, the batch mean (None: cross-entropy).
     Raises UserError for bad input, with a message that says what to do.
@@ -68,14 +69,15 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
 
 def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     """The configuration of the run in `cfg.resume` (its config.yaml), with the fields of `cfg` that differ
-    from the defaults on top: what `paratrain train --resume RUN FLAGS` does with its flags."""
+    from the defaults on top, as `paratrain train --resume RUN FLAGS` puts its flags (config.overlay). A
+    field left at its default keeps the run's value."""
     saved = Path(cfg.resume) / "config.yaml"
     if not saved.is_file():
         raise UserError(f"resume={cfg.resume}: no config.yaml there; pass the directory of a paratrain run")
     default = C.TrainConfig()
     changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
                if getattr(cfg, f.name) != getattr(default, f.name)}
-    return C.from_dict(changed, C.from_dict(C.load_yaml(saved)))
+    return C.overlay(C.from_dict(C.load_yaml(saved)), changed)
 
 
 def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:

@@ -13,12 +13,13 @@ from .config import TrainConfig
 from .data import Splits
 from .data.transforms import Augment, BatchPipeline
 from .models import build_model, input_size
-from .optim import make_ema, make_optimizer
+from .optim import make_ema, make_optimizer, make_scheduler
 from .parts import Parts
 
 
 def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None) -> nn.Module:
-    """The user's network (from their factory) or the registry's, on the CPU."""
+    """The user's network (from their factory) or the registry's, on the CPU; the registry's needs `data`
+    (its shapes: `Splits.shaped_like` makes empty splits of a checkpoint's)."""
     if parts is not None and parts.model is not None:
         return parts.model()
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
@@ -36,8 +37,6 @@ def optimizer_parts(cfg: TrainConfig, module: nn.Module, parts: Parts, total_ste
                     per_epoch: int, device: torch.device) -> tuple[torch.optim.Optimizer, Any, Any, Any]:
     """The optimizer over `module` (the user's factory or the configuration's), its learning-rate schedule,
     the gradient scaler (16-mixed only) and the weight average (--ema)."""
-    from .optim import make_scheduler
-
     optimizer = (parts.optimizer or partial(make_optimizer, cfg))(module.parameters())
     scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "16-mixed")

@@ -1,6 +1,6 @@
 """Training configuration: the single source of defaults, YAML load/save, validation.
 
-Every field is also a `paratrain train` flag (cli.py builds the flags from the field metadata), so a
+Every field is also a `paratrain train` flag (cli/parser.py builds the flags from the field metadata), so a
 value can come from the dataclass default, a YAML file, or the command line, in that order of priority.
 """
 
@@ -158,6 +158,19 @@ def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainC
         raise UserError(f"unknown config key(s): {', '.join(unknown)}; see `paratrain train --help`")
     base = base or TrainConfig()
     return base.replace(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def overlay(base: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+    """`values` on top of `base` (a resumed run's or a recipe's configuration), as flags go on top: a global
+    batch drops the base's per-worker one, and another strategy drops the base's stages, split and devices."""
+    values = dict(values)
+    if "batch_size" in values and "batch_per_worker" not in values:
+        values["batch_per_worker"] = None  # an explicit global batch overrides a per-worker one
+    if values.get("strategy", base.strategy) != base.strategy:  # e.g. resuming a pipeline run with DDP
+        values.setdefault("stages", None)
+        values.setdefault("split", "auto")
+        values.setdefault("devices", "auto")
+    return from_dict(values, base)
 
 
 def with_run_dir(cfg: TrainConfig) -> TrainConfig:

@@ -147,9 +147,8 @@ def end_process(code: int) -> NoReturn:
     process aborts (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489).
     DDP keeps the process group alive past destroy_process_group, so its threads cannot be joined first.
     That happened at the end of about 1 run in 8 with 2 workers here. The run's files are closed by then
-    (metrics.jsonl is flushed at every line, the result queue is written at once, and a finished, stopped
-    or diverged run closes TensorBoard); only a run that ends in a timed-out collective may lose its last
-    unflushed TensorBoard events."""
+    (metrics.jsonl is flushed at every line, the result queue is written at once, and the Trainer closes
+    TensorBoard however the run ends, a timed-out collective included)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

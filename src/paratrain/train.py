@@ -3,6 +3,7 @@
     Trainer.__init__   set-up: the strategy builds this worker's module; optimizer, schedule, EMA; resume
     Trainer.run        epochs: _train_epoch (steps), _validate, then _finish (test, checkpoint, summary)
     one step           _forward_backward (micro-batches) -> _agree (one tiny all-reduce) -> _update -> _after_update
+    a stop signal      _leave: checkpoint, then raise Stopped (no evaluation)
 
 What depends on the parallelism (how the model is split, wrapped, reduced, gathered, saved) is the
 strategy's (strategies/); what a run changes as it goes is in one RunState.
@@ -61,7 +62,7 @@ def run_length(cfg: TrainConfig, n_train: int) -> Length:
 
 @dataclass
 class RunState:
-    """What a run changes as it goes; the first five are what a checkpoint restores."""
+    """What a run changes as it goes. A checkpoint restores the model, optimizer, scheduler, scaler, EMA and step."""
 
     model: nn.Module  # this worker's trained module, unwrapped (the strategy's `module`)
     optimizer: torch.optim.Optimizer
@@ -79,6 +80,8 @@ class RunState:
 
 
 class Trainer:
+    """One worker's training run: build it (set-up), then `run()` it once."""
+
     def __init__(self, ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
                  stop: StopRequest | None = None, parts: Parts | None = None, devices: list[str] | None = None,
                  restarts: int = 0) -> None:
@@ -223,7 +226,7 @@ class Trainer:
         with self.timer.phase("optimizer"):
             if cfg.clip_grad_norm:
                 state.scaler.unscale_(state.optimizer)
-                nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip_grad_norm)
+                self.strategy.clip_grad_norm(cfg.clip_grad_norm)
             state.scaler.step(state.optimizer)
             state.scaler.update()
             state.scheduler.step()
@@ -261,7 +264,7 @@ class Trainer:
         """Save the run's state (a collective: the strategy decides who writes what)."""
         state = self.state
         state.saved_step = state.step
-        self.strategy.save(state.optimizer, self._extras(epoch), self.ckpt_dir, state.step,
+        self.strategy.save(state.optimizer, lambda: self._extras(epoch), self.ckpt_dir, state.step,
                            self.cfg.keep_checkpoints)
 
     def _extras(self, epoch: int) -> dict[str, Any]:
@@ -346,4 +349,4 @@ def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any]
     `stop` records SIGINT/SIGTERM: the workers then stop together, save, and raise Stopped.
     `restarts`: how many times the launcher restarted this run after a worker died (for the summary).
     `parts`: the user's own model factory, optimizer factory and loss, in place of the configuration's."""
-    return Trainer(ctx, cfg, data, resume, stop, parts, devices, restarts).run()
+    return Trainer(ctx, cfg, data, resume=resume, stop=stop, parts=parts, devices=devices, restarts=restarts).run()

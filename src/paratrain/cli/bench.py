@@ -1,4 +1,4 @@
-"""`paratrain bench`: the same training in every device configuration, with plots (bench.py runs it)."""
+"""`paratrain bench`: the same training in every device configuration, with plots (paratrain/bench.py runs it)."""
 
 from __future__ import annotations
 

@@ -36,13 +36,7 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     if args.config:
         values.update(C.load_yaml(args.config))
     values.update({name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None})
-    if "batch_size" in values and "batch_per_worker" not in values:
-        values["batch_per_worker"] = None  # an explicit global batch overrides a per-worker one
-    if values.get("strategy", base.strategy) != base.strategy:  # e.g. resuming a pipeline run with DDP
-        values.setdefault("stages", None)
-        values.setdefault("split", "auto")
-        values.setdefault("devices", "auto")
-    return C.validate(C.with_run_dir(C.from_dict(values, base)))
+    return C.validate(C.with_run_dir(C.overlay(base, values)))
 
 
 def run(args: argparse.Namespace) -> int:

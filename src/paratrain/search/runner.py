@@ -262,7 +262,7 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
 
 
 def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,
-                 accelerator: str) -> None:
+                accelerator: str) -> None:
     """The entry point of a pool process (torch.multiprocessing passes its index): a user error is one line
     and its exit code, Ctrl-C exit code 130."""
     try:

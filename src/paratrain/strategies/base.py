@@ -1,30 +1,33 @@
 """What a strategy is: the rules for spreading one training over the workers, in the order a run needs them.
 
-Before launch (classmethods, in the launching process): `check` the options, `plan` the devices and the
-batch split, `prepare` what needs the data (a pipeline's cuts). In each worker (an instance): `build` the
-part of the model this worker trains, `restore` its optimizer state, `wrap` it, and every step
-`forward_backward` then `reduce_gradients`; for checkpoints, evaluation and the summary, `save`,
-`whole_model` and `summary`.
+Before launch (classmethods, in the launching process, without torch): `check` the options, fill in
+`defaults`, `plan` the batch split over the `copies` of the model, `prepare` what needs the data (a
+pipeline's cuts). In each worker (an instance): `build` the part of the model this worker trains, `restore`
+its optimizer state, `wrap` it; every step `forward_backward`, `reduce_gradients`, `clip_grad_norm`; and
+`save`, `whole_model` and `summary` for checkpoints, evaluation and summary.json.
 
-Nothing here assumes that a worker holds the whole model: `build` returns the module whose parameters this
-worker updates (a stage, or, for a sharded strategy such as FSDP2, a module of sharded tensors), and
-`save` decides who writes what (rank 0 writes one whole-model file here; a sharded strategy would have
-every rank write its shard through torch.distributed.checkpoint). Adding a strategy: a module with a
-subclass, and one line in strategies/__init__.py.
+The hooks leave room for a strategy whose workers do not hold the whole model: `build` returns whatever
+module this worker updates (a pipeline stage here; sharded tensors under FSDP2), `save` decides who writes
+what (rank 0 writes one whole-model file here; a sharded strategy would have every rank write its shard
+through torch.distributed.checkpoint), and `whole_model`/`clip_grad_norm` gather or reduce across workers
+where needed. Not yet routed through a strategy: the EMA (a copy of the module this worker trains, saved by
+rank 0) and the weight histograms; pipelines refuse --ema for that reason.
+Adding a strategy: a module with a subclass, and one line in strategies/__init__.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from torch import nn
-
 from ..errors import UserError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where a worker needs it: config.validate calls `check` without it
+    import torch
+    from torch import nn
+
     from ..config import TrainConfig
     from ..data import Splits
     from ..devices import Plan
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     from ..parts import Parts
     from ..phases import PhaseTimer
 
-AUTOCAST = {"32": None, "bf16": torch.bfloat16, "16-mixed": torch.float16}
+AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16"}  # --precision -> autocast dtype
 
 
 class Strategy:
@@ -78,10 +81,8 @@ class Strategy:
 
     def __init__(self, ctx: DistContext, cfg: TrainConfig) -> None:
         self.ctx, self.cfg = ctx, cfg
-        self.module: nn.Module = nn.Module()  # what this worker trains (set by build)
-        self.model: nn.Module = self.module  # what it calls (wrapped by wrap)
-        dtype = AUTOCAST[cfg.precision]
-        self._autocast = (lambda: torch.autocast(ctx.device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+        self.module: Any = None  # what this worker trains (set by build)
+        self.model: Any = None  # what it calls: the module, or its wrapper (set by build, wrap)
         self.loss: Any = None
 
     @property
@@ -90,7 +91,8 @@ class Strategy:
         return self.ctx.rank, self.ctx.world_size
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
-        """The module whose parameters this worker updates, on its device (the optimizer is built over it)."""
+        """The module whose parameters this worker updates, on its device (the optimizer is built over it).
+        `model` is the whole model with its initial (or resumed) weights, on the CPU."""
         self.loss = loss
         self.module = self.model = model.to(self.ctx.device)
         return self.module
@@ -102,8 +104,14 @@ class Strategy:
     def wrap(self) -> None:
         """Wrap the module for training, once its state is restored."""
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        import torch
+
+        dtype = AUTOCAST[self.cfg.precision]
+        return torch.autocast(self.ctx.device.type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()
+
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
-                         backward: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                         backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One micro-batch: the mean loss and logits (None where this worker computes no loss). `sync`:
         whether the gradients are reduced in this backward; `backward(loss)` scales and back-propagates."""
         with self._autocast():
@@ -115,23 +123,31 @@ class Strategy:
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         """Whatever gradient reduction forward_backward left to do before the update."""
 
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """Clip the gradients to a total norm of `max_norm` (here every worker holds every gradient)."""
+        from torch.nn.utils import clip_grad_norm_
+
+        clip_grad_norm_(self.module.parameters(), max_norm)
+
     def whole_model(self) -> nn.Module:
         """The whole model with the current weights, for evaluation (collective where the model is split)."""
         return self.module
 
-    def save(self, optimizer: torch.optim.Optimizer, extras: dict[str, Any], directory: Path, step: int,
-             keep: int) -> None:
-        """Write a checkpoint (collective): rank 0 writes the whole model and optimizer state with `extras`
-        (scheduler, EMA, step, config), so every strategy's checkpoint is the same file."""
+    def save(self, optimizer: torch.optim.Optimizer, extras: Callable[[], dict[str, Any]], directory: Path,
+             step: int, keep: int) -> None:
+        """Write a checkpoint (collective): rank 0 writes the whole model and optimizer state with `extras()`
+        (scheduler, EMA, step, config; built on the writing rank only), so every strategy's checkpoint is
+        the same file."""
         from .. import checkpoint
 
         weights, optimizer_state = self._whole_state(optimizer)
         if self.ctx.is_main:
             state = {"model": {k: v.detach().cpu() for k, v in weights.state_dict().items()},
-                     "optimizer": optimizer_state, **extras}
+                     "optimizer": optimizer_state, **extras()}
             checkpoint.save_step(state, directory, step, keep)
 
     def _whole_state(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict | None]:
+        """The whole model and its optimizer state on rank 0 (a collective where the model is split)."""
         return self.module, optimizer.state_dict() if self.ctx.is_main else None
 
     def summary(self) -> dict[str, Any]:

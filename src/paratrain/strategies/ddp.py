@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from .base import Strategy
 
 if TYPE_CHECKING:
+    import torch
+
     from ..phases import PhaseTimer
 
 
@@ -20,6 +20,8 @@ class DataParallel(Strategy):
     def wrap(self) -> None:
         """DDP for several workers (it broadcasts rank 0's weights, then averages every gradient);
         the bare model for one, where an all-reduce would only cost time."""
+        from torch.nn.parallel import DistributedDataParallel
+
         if not self.ctx.distributed:
             return
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
@@ -27,7 +29,7 @@ class DataParallel(Strategy):
         self.model = DistributedDataParallel(self.module, device_ids=device_ids, gradient_as_bucket_view=True)
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
-                         backward: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                         backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         # DDP all-reduces in the backward pass; no_sync leaves the gradients to accumulate locally
         no_sync = self.model.no_sync() if self.ctx.distributed and not sync else contextlib.nullcontext()
         with no_sync:

@@ -3,16 +3,16 @@ The machinery (where to cut, the stage, its schedule, gathering the whole model)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 from ..errors import UserError
 from .base import Strategy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where a worker needs it (config.validate calls `check` without it)
+    import torch
+    from torch import nn
+
     from ..config import TrainConfig
     from ..data import Splits
     from ..devices import Plan
@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 
 class PipelineStrategy(Strategy):
     name = "pipeline"
-    unit = "pipeline"
-    pipelined = True
+    pipelined = True  # (one copy of the pipeline: the batch split cannot fail)
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
@@ -68,6 +67,8 @@ class PipelineStrategy(Strategy):
     def split(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None) -> tuple[TrainConfig, str]:
         """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
         table that --print-split shows."""
+        import torch
+
         from ..build import make_model
         from ..models import input_size
         from . import stages
@@ -86,6 +87,8 @@ class PipelineStrategy(Strategy):
         return self.stage.layout.replica, self.stage.layout.replicas  # every stage of a copy sees its batch
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+        import torch
+
         from ..models import input_size
         from .stages import Layout, Pipeline, layers_of
 
@@ -95,7 +98,7 @@ class PipelineStrategy(Strategy):
         micro = cfg.batch_size // layout.replicas // cfg.microbatches
         cuts = [int(c) for c in cfg.split.split(",")]  # resolved once before launch (prepare)
         self.stage = Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
-                              torch.zeros(micro, data.channels, side, side), loss or F.cross_entropy)
+                              torch.zeros(micro, data.channels, side, side), loss)
         self.module = self.model = self.stage.module
         return self.module
 
@@ -103,7 +106,7 @@ class PipelineStrategy(Strategy):
         self.stage.load_optimizer(optimizer, state)
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
-                         backward: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                         backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return self.stage.step(x, y)  # the schedule runs the backward; only the last stage has the loss
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:

@@ -1,0 +1,7 @@
+"""`python -m paratrain.cli ...`, the same as `paratrain ...`."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
