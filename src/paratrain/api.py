@@ -71,13 +71,10 @@ def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     """The configuration of the run in `cfg.resume` (its config.yaml), with the fields of `cfg` that differ
     from the defaults on top, as `paratrain train --resume RUN FLAGS` puts its flags (config.overlay). A
     field left at its default keeps the run's value."""
-    saved = Path(cfg.resume) / "config.yaml"
-    if not saved.is_file():
-        raise UserError(f"resume={cfg.resume}: no config.yaml there; pass the directory of a paratrain run")
     default = C.TrainConfig()
     changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
                if getattr(cfg, f.name) != getattr(default, f.name)}
-    return C.overlay(C.from_dict(C.load_yaml(saved)), changed)
+    return C.overlay(C.of_run(cfg.resume, f"resume={cfg.resume}"), changed)
 
 
 def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:

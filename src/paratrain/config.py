@@ -173,6 +173,15 @@ def overlay(base: TrainConfig, values: dict[str, Any]) -> TrainConfig:
     return from_dict(values, base)
 
 
+def of_run(run: str | Path, given_as: str) -> TrainConfig:
+    """The configuration a run was trained with (its config.yaml); `given_as` names how `run` was passed
+    (`--resume RUN`, `resume=RUN`), for the error."""
+    saved = Path(run) / "config.yaml"
+    if not saved.is_file():
+        raise UserError(f"{given_as}: no config.yaml there; pass the directory of a paratrain run")
+    return from_dict(load_yaml(saved))
+
+
 def with_run_dir(cfg: TrainConfig) -> TrainConfig:
     """The run directory: a resumed run's own folder, the given --out, or runs/<model>-<dataset>-<time>."""
     if cfg.resume:

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from .. import config as C
-from ..errors import UserError
 from ..rundir import check_writable
 from .parser import at_least_one
 
@@ -43,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import bench, devices, plot
     from ..data import load_for
 
-    if args.repeats < 1:
-        raise UserError(f"--repeats must be at least 1, not {args.repeats}")
-    at_least_one(args, "epochs", "steps", "batch_size")
+    at_least_one(args, "repeats", "epochs", "steps", "batch_size")
     check_writable(args.out)
     import torch
 

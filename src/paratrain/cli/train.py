@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from .. import config as C
@@ -26,10 +25,7 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
 
     base = C.TrainConfig()
     if args.resume:
-        saved = Path(args.resume) / "config.yaml"
-        if not saved.is_file():
-            raise UserError(f"--resume {args.resume}: no config.yaml there; pass the directory of a paratrain run")
-        base = C.from_dict(C.load_yaml(saved))
+        base = C.of_run(args.resume, f"--resume {args.resume}")
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))
     values: dict[str, Any] = {}
