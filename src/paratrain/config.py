@@ -25,6 +25,7 @@ LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
 PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+BATCHNORM = ("sync", "local")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -63,6 +64,9 @@ class TrainConfig:
     microbatches: int = _f(4, "pipeline/hybrid: micro-batches each worker's batch is cut into")
     schedule: str = _f("gpipe", "pipeline/hybrid: the pipeline schedule", choices=PIPELINE_SCHEDULES)
     split: str = _f("auto", "pipeline/hybrid: auto (balance the counted cost) or cut points, e.g. 3,5")
+    batchnorm: str = _f("sync", "BatchNorm statistics: sync (over the whole global batch, as on one device) or "
+                        "local (each worker's share, as the classic tower recipe; does not equal one device)",
+                        choices=BATCHNORM)
     # optimisation
     batch_size: int | None = _f(None, "GLOBAL batch size, split evenly across workers (default: per dataset)")
     batch_per_worker: int | None = _f(None, "batch per worker instead: the global batch is this x workers")
@@ -234,7 +238,7 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("activation", cfg.activation), ("accelerator", cfg.accelerator),
                         ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
                         ("strategy", cfg.strategy), ("param_device", cfg.param_device),
-                        ("schedule", cfg.schedule)):
+                        ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm)):
         choices = FIELDS[name].metadata["choices"]
         if value not in choices:
             _bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")

@@ -63,10 +63,14 @@ def ema_decay(decay: float, num_updates: int) -> float:
 
 def make_ema(model: torch.nn.Module, decay: float) -> AveragedModel:
     """ema <- d * ema + (1 - d) * weights after every update, d = ema_decay(decay, updates so far);
-    the first update copies the weights."""
+    the first update copies the weights. Buffers are averaged too (BatchNorm's running statistics belong
+    to the averaged weights, as in timm's ModelEmaV2); counters are copied."""
 
     @torch.no_grad()
     def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
+        if not averaged[0].is_floating_point():  # a counter (BatchNorm's num_batches_tracked): the latest
+            torch._foreach_copy_(averaged, current)
+            return
         d = ema_decay(decay, int(num_averaged))
         torch._foreach_lerp_(averaged, current, 1 - d)
 

@@ -260,10 +260,19 @@ class Trainer:
         self.window.zero_()
         self.t_window = now
 
+    def _agree_buffers(self) -> None:
+        """Every worker takes the buffers that rank 0 holds and saves (BatchNorm's running statistics, which
+        --batchnorm local lets drift apart), so an evaluation split over the workers judges the saved network.
+        Training never reads them, so this changes no step."""
+        self.strategy.agree_buffers(self.state.model)
+        if self.state.ema is not None:
+            self.strategy.agree_buffers(self.state.ema.module)
+
     def _checkpoint(self, epoch: int) -> None:
         """Save the run's state (a collective: the strategy decides who writes what)."""
         state = self.state
         state.saved_step = state.step
+        self._agree_buffers()
         self.strategy.save(state.optimizer, lambda: self._extras(epoch), self.ckpt_dir, state.step,
                            self.cfg.keep_checkpoints)
 
@@ -292,6 +301,7 @@ class Trainer:
 
     def _validate(self, epoch: int, epoch_time: float) -> None:
         state, t_eval = self.state, time.perf_counter()
+        self._agree_buffers()
         if len(self.data.val[1]):
             state.val = self._evaluate(state.ema.module if self.cfg.eval_ema else self.strategy.whole_model(),
                                        self.data.val)
@@ -303,6 +313,7 @@ class Trainer:
     def _finish(self) -> dict[str, Any] | None:
         """Test, save the last checkpoint, and (rank 0) write the summary."""
         state, t_eval = self.state, time.perf_counter()
+        self._agree_buffers()
         test = self._evaluate(self.strategy.whole_model(), self.data.test)
         test_ema = self._evaluate(state.ema.module, self.data.test) if state.ema is not None else None
         state.eval_time += time.perf_counter() - t_eval

@@ -104,6 +104,15 @@ class Strategy:
     def wrap(self) -> None:
         """Wrap the module for training, once its state is restored."""
 
+    def agree_buffers(self, module: nn.Module) -> None:
+        """Give every worker rank 0's buffers (BatchNorm's running statistics) before an evaluation or a
+        checkpoint, so that the split evaluation, the summary and the saved network are one network
+        (collective; none where the model has no buffers)."""
+        from ..batchnorm import broadcast_buffers
+
+        if self.ctx.distributed and any(True for _ in module.buffers()):
+            broadcast_buffers(module)
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         import torch
 

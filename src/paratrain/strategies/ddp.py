@@ -10,12 +10,37 @@ from .base import Strategy
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
+    from ..data import Splits
     from ..phases import PhaseTimer
+
+
+def _buffer_sync_flag() -> str:
+    """DDP's option that broadcasts rank 0's buffers before every forward: torch 2.14 renamed
+    broadcast_buffers to forward_sync_buffers; the older releases that pyproject allows know only the first."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
 
 
 class DataParallel(Strategy):
     name = "ddp"
+    synced_bn = False  # whether build() made the BatchNorm layers normalise over the global batch
+
+    def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+        """The model on this worker's device; under --batchnorm sync (on several workers) every BatchNorm
+        layer normalises with the statistics of the whole global batch, as one device would."""
+        from ..batchnorm import has_batchnorm, synchronise
+
+        module = super().build(model, data, loss)
+        if self.ctx.distributed and self.cfg.batchnorm == "sync" and has_batchnorm(module):
+            self.module = self.model = synchronise(module, self.ctx.device)
+            self.synced_bn = True
+        return self.module
 
     def wrap(self) -> None:
         """DDP for several workers (it broadcasts rank 0's weights, then averages every gradient);
@@ -26,7 +51,10 @@ class DataParallel(Strategy):
             return
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         # gradient_as_bucket_view: gradients live in the all-reduce buckets, saving a copy per step.
-        self.model = DistributedDataParallel(self.module, device_ids=device_ids, gradient_as_bucket_view=True)
+        # Synchronised BatchNorm layers keep equal buffers on every worker: broadcasting them each step
+        # would only cost time. (Under --batchnorm local DDP gives every worker rank 0's before each forward.)
+        self.model = DistributedDataParallel(self.module, device_ids=device_ids, gradient_as_bucket_view=True,
+                                             **{_buffer_sync_flag(): not self.synced_bn})
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:

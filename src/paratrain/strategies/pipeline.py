@@ -61,19 +61,28 @@ class PipelineStrategy(Strategy):
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> TrainConfig:
-        return cls.split(cfg, data, parts)[0]
+        from ..batchnorm import has_batchnorm
+        from ..build import make_model
+
+        model = make_model(cfg, data, parts)
+        if cfg.batchnorm == "sync" and has_batchnorm(model):
+            raise UserError(f"--strategy {cfg.strategy} cannot keep --batchnorm sync: a stage normalises each "
+                            "micro-batch, which one device never does; pass --batchnorm local to run it so anyway, "
+                            "or use --strategy ddp")
+        return cls.split(cfg, data, parts, model)[0]
 
     @classmethod
-    def split(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None) -> tuple[TrainConfig, str]:
+    def split(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None,
+              model: nn.Module | None = None) -> tuple[TrainConfig, str]:
         """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
-        table that --print-split shows."""
+        table that --print-split shows. `model`: the network, where the caller has built it already."""
         import torch
 
         from ..build import make_model
         from ..models import input_size
         from . import stages
 
-        model = stages.layers_of(make_model(cfg, data, parts), cfg.model)
+        model = stages.layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model)
         side = input_size(cfg.model, data.image_size)
         cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, torch.zeros(1, data.channels, side, side))
         return cfg.replace(split=",".join(map(str, cuts))), stages.split_table(model, cuts, costs)
@@ -89,6 +98,7 @@ class PipelineStrategy(Strategy):
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
         import torch
 
+        from ..batchnorm import has_batchnorm
         from ..models import input_size
         from .stages import Layout, Pipeline, layers_of
 
@@ -100,7 +110,17 @@ class PipelineStrategy(Strategy):
         self.stage = Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
                               torch.zeros(micro, data.channels, side, side), loss)
         self.module = self.model = self.stage.module
+        if cfg.batchnorm == "local" and ctx.is_main and not cfg.quiet and has_batchnorm(model):
+            print(f"paratrain: note: --strategy {cfg.strategy} with --batchnorm local: each stage normalises its "
+                  "BatchNorm layers over one micro-batch, so the run does not equal one device", flush=True)
         return self.module
+
+    def agree_buffers(self, module: nn.Module) -> None:
+        """Hybrid: the copies of a stage take copy 0's buffers (each stage owns its layers' buffers)."""
+        from ..batchnorm import broadcast_buffers
+
+        if self.stage.layout.replicas > 1 and any(True for _ in module.buffers()):
+            broadcast_buffers(module, group=self.stage.dp_group)
 
     def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         self.stage.load_optimizer(optimizer, state)

@@ -11,7 +11,9 @@ from .base import Strategy
 
 if TYPE_CHECKING:
     from ..config import TrainConfig
+    from ..data import Splits
     from ..devices import Plan
+    from ..parts import Parts
 
 
 class TowerStrategy(Strategy):
@@ -30,6 +32,18 @@ class TowerStrategy(Strategy):
         on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
         one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
         return cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers)), one
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> TrainConfig:
+        from ..batchnorm import has_batchnorm
+        from ..build import make_model
+
+        # Its replicas run the layer through functional_call on copies of the buffers: on the CPU they share
+        # the running statistics (updated N times a step), on GPUs the updates are lost.
+        if has_batchnorm(make_model(cfg, data, parts)):
+            raise UserError("--strategy tower cannot train a network with BatchNorm layers (its replicas would "
+                            "update the running statistics wrongly); use --strategy ddp")
+        return cfg
 
     def wrap(self) -> None:
         import torch

@@ -1,0 +1,156 @@
+"""BatchNorm over the whole global batch, so that N data-parallel workers train what one device would.
+
+Each worker of a data-parallel run sees 1/N of every global batch. A plain BatchNorm normalises with the
+statistics of that share, so its gradients are not those of the global batch and the workers' running
+statistics drift apart. `synchronise` replaces every BatchNorm layer (any subclass of torch's _BatchNorm)
+by one that normalises with the statistics of the whole global batch: PyTorch's SyncBatchNorm on GPUs, and
+`CpuSyncBatchNorm` (below) elsewhere, since PyTorch's refuses CPU tensors. The replacement shares the
+layer's parameters and buffers and keeps its state_dict keys, so checkpoints load into the plain network.
+
+`CpuSyncBatchNorm` makes one all-reduce in the forward pass (count, sum and sum of squares per channel, in
+float64 so that the statistics round as one device's do) and one in the backward pass (the sums of the
+output gradient and of its product with the centred input): the same scheme as PyTorch's SyncBatchNorm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    """Whether any layer of `model` is a BatchNorm (1d, 2d, 3d, SyncBatchNorm, or a subclass)."""
+    return any(isinstance(m, _BatchNorm) for m in model.modules())
+
+
+def _channel_shape(x: torch.Tensor) -> list[int]:
+    return [1, -1] + [1] * (x.dim() - 2)
+
+
+class _GlobalBatchNorm(torch.autograd.Function):
+    """Training-mode batch normalisation with the statistics of the batch over every process of `group`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                running_mean: torch.Tensor | None, running_var: torch.Tensor | None, momentum: float, eps: float,
+                group: Any) -> torch.Tensor:
+        dims = [0, *range(2, x.dim())]
+        xf = x.float()
+        n = x.numel() // x.size(1)
+        var, mean = torch.var_mean(xf, dim=dims, correction=0)  # this share's, computed stably
+        mean64 = mean.double()
+        stats = torch.cat([mean64 * n, (var.double() + mean64 * mean64) * n, mean64.new_tensor([n])])
+        dist.all_reduce(stats, group=group)
+        channels = x.size(1)
+        count = stats[-1]
+        g_mean = stats[:channels] / count
+        g_var = (stats[channels:2 * channels] / count - g_mean * g_mean).clamp_(min=0)
+        if int(count) < 2:
+            raise ValueError(f"BatchNorm needs more than 1 value per channel when training; the global batch "
+                             f"gives {int(count)}")
+        invstd = torch.rsqrt(g_var + eps)
+        if running_mean is not None:  # as torch's batch_norm: the unbiased variance goes into the running one
+            with torch.no_grad():
+                running_mean.mul_(1 - momentum).add_(g_mean.to(running_mean.dtype), alpha=momentum)
+                unbiased = g_var * count / (count - 1)
+                running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+        mean_f, invstd_f = g_mean.float(), invstd.float()
+        # y = x * alpha + beta, the form of torch's CPU kernel
+        alpha = invstd_f * weight.float() if weight is not None else invstd_f
+        beta = (bias.float() if bias is not None else torch.zeros_like(alpha)) - mean_f * alpha
+        shape = _channel_shape(x)
+        ctx.save_for_backward(x, weight, mean_f, invstd_f)
+        ctx.count, ctx.group = float(count), group
+        return (xf * alpha.view(shape) + beta.view(shape)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, mean, invstd = ctx.saved_tensors
+        dims, shape = [0, *range(2, x.dim())], _channel_shape(x)
+        dyf, xmu = dy.float(), x.float() - mean.view(shape)
+        sum_dy, sum_dy_xmu = dyf.sum(dims), (dyf * xmu).sum(dims)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:  # the same on every process (the same network), so all join the all-reduce
+            sums = torch.cat([sum_dy, sum_dy_xmu]).double()
+            dist.all_reduce(sums, group=ctx.group)
+            channels = x.size(1)
+            mean_dy = (sums[:channels] / ctx.count).float()
+            mean_dy_xmu = (sums[channels:] / ctx.count).float()
+            scale = invstd * weight.float() if weight is not None else invstd
+            grad_x = ((dyf - mean_dy.view(shape) - xmu * (invstd * invstd * mean_dy_xmu).view(shape))
+                      * scale.view(shape)).to(x.dtype)
+        # this process's share of the parameter gradients: DDP averages them as it does every other gradient
+        if weight is not None and ctx.needs_input_grad[1]:
+            grad_w = (sum_dy_xmu * invstd).to(weight.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_b = sum_dy.to(dy.dtype if weight is None else weight.dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None, None
+
+
+class CpuSyncBatchNorm(_BatchNorm):
+    """A BatchNorm layer whose training-mode statistics are those of the batch over every process of the
+    group (gloo on CPUs); in eval mode, or on one process, it is torch's BatchNorm."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, group: Any = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.group = group
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least a 2D input (got {x.dim()}D)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
+        use_batch_stats = self.training or not self.track_running_stats
+        if not (use_batch_stats and dist.is_initialized() and dist.get_world_size(self.group) > 1):
+            return super().forward(x)
+        momentum = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:  # as _BatchNorm.forward counts and averages
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                momentum = 1.0 / float(self.num_batches_tracked)
+        tracking = self.training and self.track_running_stats
+        return _GlobalBatchNorm.apply(x, self.weight, self.bias, self.running_mean if tracking else None,
+                                      self.running_var if tracking else None, momentum, self.eps, self.group)
+
+
+def _replace(module: nn.Module, make: Any) -> nn.Module:
+    """`module` with every _BatchNorm inside it replaced by make(layer), recursively."""
+    if isinstance(module, _BatchNorm):
+        return make(module)
+    for name, child in module.named_children():
+        new = _replace(child, make)
+        if new is not child:
+            setattr(module, name, new)
+    return module
+
+
+def _cpu_sync(layer: _BatchNorm, group: Any) -> CpuSyncBatchNorm:
+    new = CpuSyncBatchNorm(layer.num_features, layer.eps, layer.momentum, layer.affine, layer.track_running_stats,
+                           group)
+    # the same tensors, not copies: the optimizer, the checkpoint and the EMA see the layer they know
+    new.weight, new.bias = layer.weight, layer.bias
+    new.running_mean, new.running_var = layer.running_mean, layer.running_var
+    new.num_batches_tracked = layer.num_batches_tracked
+    new.train(layer.training)
+    return new
+
+
+def synchronise(model: nn.Module, device: torch.device, group: Any = None) -> nn.Module:
+    """`model` (on `device`) with every BatchNorm layer normalising over the whole batch of `group`'s
+    processes: torch.nn.SyncBatchNorm on GPUs, CpuSyncBatchNorm elsewhere."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+    return _replace(model, lambda layer: layer if isinstance(layer, CpuSyncBatchNorm) else _cpu_sync(layer, group))
+
+
+def broadcast_buffers(module: nn.Module, src: int = 0, group: Any = None) -> None:
+    """Give every process of `group` the buffers (BatchNorm's running statistics) of the group's process
+    `src`, so that every worker evaluates and saves the same network (collective)."""
+    for buffer in module.buffers():
+        dist.broadcast(buffer, group=group, group_src=src)
