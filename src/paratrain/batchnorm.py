@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -52,42 +53,42 @@ class _GlobalBatchNorm(torch.autograd.Function):
         if int(count) < 2:
             raise ValueError(f"BatchNorm needs more than 1 value per channel when training; the global batch "
                              f"gives {int(count)}")
-        invstd = torch.rsqrt(g_var + eps)
         if running_mean is not None:  # as torch's batch_norm: the unbiased variance goes into the running one
             with torch.no_grad():
                 running_mean.mul_(1 - momentum).add_(g_mean.to(running_mean.dtype), alpha=momentum)
                 unbiased = g_var * count / (count - 1)
                 running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
-        mean_f, invstd_f = g_mean.float(), invstd.float()
-        # y = x * alpha + beta, the form of torch's CPU kernel
-        alpha = invstd_f * weight.float() if weight is not None else invstd_f
-        beta = (bias.float() if bias is not None else torch.zeros_like(alpha)) - mean_f * alpha
-        shape = _channel_shape(x)
-        ctx.save_for_backward(x, weight, mean_f, invstd_f)
-        ctx.count, ctx.group = float(count), group
-        return (xf * alpha.view(shape) + beta.view(shape)).to(x.dtype)
+        mean_f, var_f = g_mean.float(), g_var.float()
+        ctx.save_for_backward(x, weight, mean_f, var_f)
+        ctx.count, ctx.group, ctx.eps = float(count), group, eps
+        # torch's fused kernel does the normalisation itself: in eval mode it takes the statistics it is given
+        return F.batch_norm(x, mean_f, var_f, weight, bias, False, 0.0, eps)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-        x, weight, mean, invstd = ctx.saved_tensors
-        dims, shape = [0, *range(2, x.dim())], _channel_shape(x)
-        dyf, xmu = dy.float(), x.float() - mean.view(shape)
-        sum_dy, sum_dy_xmu = dyf.sum(dims), (dyf * xmu).sum(dims)
-        grad_x = grad_w = grad_b = None
+        x, weight, mean, var = ctx.saved_tensors
+        w = weight if weight is not None else torch.ones_like(mean)
+        # torch's fused eval-mode backward: dy * w * invstd, and this share's sums of dy and dy * x_hat
+        grad_x, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
+            dy, x, w, mean, var, None, None, False, ctx.eps, [ctx.needs_input_grad[0], True, True])
         if ctx.needs_input_grad[0]:  # the same on every process (the same network), so all join the all-reduce
-            sums = torch.cat([sum_dy, sum_dy_xmu]).double()
+            invstd = torch.rsqrt(var + ctx.eps)
+            sums = torch.cat([grad_b, grad_w / invstd]).double()  # sum(dy), sum(dy * (x - mean))
             dist.all_reduce(sums, group=ctx.group)
             channels = x.size(1)
             mean_dy = (sums[:channels] / ctx.count).float()
             mean_dy_xmu = (sums[channels:] / ctx.count).float()
-            scale = invstd * weight.float() if weight is not None else invstd
-            grad_x = ((dyf - mean_dy.view(shape) - xmu * (invstd * invstd * mean_dy_xmu).view(shape))
-                      * scale.view(shape)).to(x.dtype)
+            # one device's gradient subtracts the batch means of dy and of dy * x_hat: an affine map of x
+            slope = -w * invstd ** 3 * mean_dy_xmu  # -w * invstd * x_hat * mean(dy * x_hat), per unit of x
+            shift = -w * invstd * mean_dy - mean * slope
+            shape = _channel_shape(x)
+            exact = grad_x.float()  # bf16/fp16 activations: correct in float32, round once
+            grad_x = exact.add_(shift.view(shape)).addcmul_(x, slope.view(shape)).to(x.dtype)
         # this process's share of the parameter gradients: DDP averages them as it does every other gradient
-        if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = (sum_dy_xmu * invstd).to(weight.dtype)
-        if ctx.needs_input_grad[2]:
-            grad_b = sum_dy.to(dy.dtype if weight is None else weight.dtype)
+        if weight is None or not ctx.needs_input_grad[1]:
+            grad_w = None
+        if not ctx.needs_input_grad[2]:
+            grad_b = None
         return grad_x, grad_w, grad_b, None, None, None, None, None
 
 
