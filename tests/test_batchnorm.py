@@ -16,6 +16,7 @@ from torch import nn
 
 import paratrain
 from paratrain.batchnorm import CpuSyncBatchNorm, _GlobalBatchNorm, has_batchnorm, synchronise
+from paratrain.dist import loopback_store
 from paratrain.launch import free_port
 
 
@@ -122,7 +123,7 @@ def _two_process_layer(rank: int, port: int, out: str) -> None:
     """One CpuSyncBatchNorm layer on half of a batch; its output, input gradient (of the global mean loss)
     and running statistics go to `out`."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", store=loopback_store(rank, 2, port), rank=rank, world_size=2)
     x, dy = _layer_data()
     layer = CpuSyncBatchNorm(4)
     mine = x[rank * 8:(rank + 1) * 8].clone().requires_grad_()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import socket
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -69,16 +70,33 @@ def device_for(accelerator: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init(rank: int, world_size: int, local_rank: int, accelerator: str, init_method: str | None = None,
+def loopback_store(rank: int, world_size: int, port: int, timeout_s: float = 300.0) -> dist.TCPStore:
+    """The rendezvous of workers on one machine, reachable from this machine only. A TCPStore server binds
+    every interface by itself, so rank 0 binds the socket to 127.0.0.1 and hands it over; the others
+    connect to it (retrying until rank 0 listens)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank != 0:
+        return dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(max(128, world_size))
+    return dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timeout, master_listen_fd=sock.detach())
+
+
+def init(rank: int, world_size: int, local_rank: int, accelerator: str, local_port: int | None = None,
          timeout_s: float = 300.0) -> DistContext:
-    """Join (or, for one worker, skip) the process group; init_method None means torchrun's env://."""
+    """Join (or, for one worker, skip) the process group: on this machine through a loopback rendezvous at
+    `local_port`, or (None) through torchrun's env://."""
     device = device_for(accelerator, local_rank)
     if world_size == 1:
         return DistContext(0, 1, 0, device, None)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    where: dict[str, Any] = {"init_method": "env://"}
+    if local_port is not None:
+        where = {"store": loopback_store(rank, world_size, local_port, timeout_s)}
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None, **where)
     return DistContext(rank, world_size, local_rank, device, backend)
 
 

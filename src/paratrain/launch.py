@@ -75,6 +75,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_loopback() -> None:
+    """Keep this spawned worker's connections on the loopback interface: gloo (and NCCL's bootstrap) would
+    otherwise listen on the address the hostname resolves to, which may be reachable from other machines.
+    (The rendezvous store listens on 127.0.0.1: dist.loopback_store.) Not under torchrun, whose workers
+    must reach other nodes."""
+    loopback = [name for _, name in socket.if_nameindex() if name == "lo" or name.startswith("lo")]
+    if loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback[0]
+
+
 def _set_threads(n: int) -> None:
     torch.set_num_threads(n)
     try:
@@ -83,7 +93,7 @@ def _set_threads(n: int) -> None:
         pass
 
 
-def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | None, plan: Plan,
+def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | None, plan: Plan,
                 cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None,
                 devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False,
                 parts: Any = None) -> dict[str, Any] | None:
@@ -95,7 +105,7 @@ def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | 
 
     tune_malloc()
     _set_threads(plan.threads_per_worker)
-    ctx = dist.init(rank, world_size, local_rank, plan.accelerator, init_method, cfg.collective_timeout)
+    ctx = dist.init(rank, world_size, local_rank, plan.accelerator, local_port, cfg.collective_timeout)
     try:
         if find_checkpoint:
             given = resume is not None
@@ -111,14 +121,15 @@ def _train_here(rank: int, world_size: int, local_rank: int, init_method: str | 
         dist.teardown(ctx)
 
 
-def _worker(rank: int, world_size: int, init_method: str, plan: Plan, cfg: TrainConfig, data: Splits,
+def _worker(rank: int, world_size: int, port: int, plan: Plan, cfg: TrainConfig, data: Splits,
             resume: dict[str, Any] | None, restarts: int, heartbeats: Any, result_queue: Any, parts: Any) -> None:
     """Entry point of a spawned worker: a UserError becomes one line on stderr and its exit code; a
     collective that timed out names the workers whose heartbeat stopped."""
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
+    on_loopback()
     try:
-        summary = _train_here(rank, world_size, rank, init_method, plan, cfg, data, resume,
+        summary = _train_here(rank, world_size, rank, port, plan, cfg, data, resume,
                               describe_devices(plan), restarts, parts=parts)
         if summary is not None:
             result_queue.put(summary)
@@ -241,12 +252,12 @@ class WorkerFailed(Exception):
 
 def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
            restarts: int, parts: Any = None) -> dict[str, Any]:
-    init_method = f"tcp://127.0.0.1:{free_port()}"
+    port = free_port()
     smp = mp.get_context("spawn")
     results = smp.SimpleQueue()
     heartbeats = smp.Array("d", [time.monotonic()] * plan.workers, lock=False)
     # The dataset tensors travel to the workers through shared memory: loaded and checked once, here.
-    context = mp.start_processes(_worker, args=(plan.workers, init_method, plan, cfg, data, resume, restarts,
+    context = mp.start_processes(_worker, args=(plan.workers, port, plan, cfg, data, resume, restarts,
                                                 heartbeats, results, parts),
                                  nprocs=plan.workers, join=False, start_method="spawn")
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)

@@ -89,7 +89,7 @@ def measure_link(sizes: tuple[int, ...] = (1, 2**14, 2**18, 2**21), repeats: int
     from .launch import free_port
 
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_time_allreduce, args=(f"tcp://127.0.0.1:{free_port()}", sizes, repeats, queue),
+    mp.start_processes(_time_allreduce, args=(free_port(), sizes, repeats, queue),
                        nprocs=2, start_method="spawn")
     times = queue.get()
     xs, ys = [4.0 * s for s in sizes], times  # with n=2: t = bytes / bw + 2 x latency
@@ -97,12 +97,16 @@ def measure_link(sizes: tuple[int, ...] = (1, 2**14, 2**18, 2**21), repeats: int
     return 1.0 / slope, max(intercept / 2, 0.0)
 
 
-def _time_allreduce(rank: int, init: str, sizes: tuple[int, ...], repeats: int, queue) -> None:  # noqa: ANN001
+def _time_allreduce(rank: int, port: int, sizes: tuple[int, ...], repeats: int, queue) -> None:  # noqa: ANN001
     import torch
     import torch.distributed as dist
 
+    from .dist import loopback_store
+    from .launch import on_loopback
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    on_loopback()
+    dist.init_process_group("gloo", store=loopback_store(rank, 2, port), rank=rank, world_size=2)
     out = []
     for size in sizes:
         t = torch.ones(size)
@@ -129,14 +133,14 @@ def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: i
     from .launch import free_port
 
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_time_compute, args=(f"tcp://127.0.0.1:{free_port()}", n, model, (base_batch, batch),
+    mp.start_processes(_time_compute, args=(free_port(), n, model, (base_batch, batch),
                                             steps, queue), nprocs=n, start_method="spawn")
     results = [queue.get() for _ in range(n)]
     alone = next(t for rank, t, _ in results if rank == 0)
     return statistics.fmean(t for _, _, t in results) / batch / (alone / base_batch)
 
 
-def _time_compute(rank: int, init: str, n: int, model: str, batches: tuple[int, int], steps: int,
+def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, int], steps: int,
                   queue) -> None:  # noqa: ANN001
     import torch
     import torch.distributed as dist
@@ -160,7 +164,11 @@ def _time_compute(rank: int, init: str, n: int, model: str, batches: tuple[int, 
             samples.append(time.perf_counter() - start)
         return statistics.median(samples)
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
+    from .dist import loopback_store
+    from .launch import on_loopback
+
+    on_loopback()
+    dist.init_process_group("gloo", store=loopback_store(rank, n, port), rank=rank, world_size=n)
     dist.barrier()
     alone = median_step(batches[0]) if rank == 0 else 0.0  # the others wait in the barrier below
     dist.barrier()

@@ -1,0 +1,124 @@
+"""A run on one machine lets no one else in: every socket its workers listen on is bound to loopback.
+
+As root with `ip netns`, the run lives in a network namespace of its own, joined by a veth pair to another
+namespace (10.78.0.1 and 10.78.0.2, made here and removed after), and a client there tries every port the
+run listens on: each is refused. Elsewhere that part is skipped with its reason; the sockets' addresses
+are checked either way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import descendants
+
+pytestmark = pytest.mark.integration
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def two_namespaces() -> list[str] | None:
+    """Two network namespaces joined by a veth pair (None, with the reason printed, where they cannot be made)."""
+    tag = uuid.uuid4().hex[:5]
+    names, links = [f"ps{tag}a", f"ps{tag}b"], [f"pw{tag}a", f"pw{tag}b"]
+    try:
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            raise OSError("not root, or no ip(8)")
+        for ns in names:
+            _ip("netns", "add", ns)
+        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        for i, (ns, link) in enumerate(zip(names, links, strict=True)):
+            _ip("link", "set", link, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"10.78.0.{i + 1}/24", "dev", link)
+            _ip("-n", ns, "link", "set", link, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except (OSError, subprocess.CalledProcessError) as e:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        reason = e.stderr.decode().strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
+        print(f"no network namespaces ({reason}): the connection attempt from another address is skipped")
+        yield None
+        return
+    yield names
+    for ns in names:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:  # the process ended meanwhile
+        pass
+    return inodes
+
+
+def _decode(address: str) -> tuple[str, int]:
+    """/proc/net/tcp{,6}'s hex address:port -> (ip, port)."""
+    host, port = address.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        ip = ".".join(str(b) for b in reversed(raw))
+    else:  # four 32-bit words, each in host (little-endian) order
+        words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+        ip = ":".join(b"".join(words)[i:i + 2].hex() for i in range(0, 16, 2))
+    return ip, int(port, 16)
+
+
+def listening(pids: list[int]) -> list[tuple[str, int]]:
+    """The (address, port) of every TCP socket in LISTEN state that one of `pids` holds."""
+    inodes = set().union(*(_socket_inodes(p) for p in pids))
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pids[0]}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.append(_decode(fields[1]))
+    return found
+
+
+LOOPBACK = ("127.0.0.1", "0000:0000:0000:0000:0000:0000:0000:0001")
+
+
+def test_a_two_worker_run_listens_on_loopback_only(tmp_path: Path, two_namespaces: list[str] | None) -> None:
+    prefix = ["ip", "netns", "exec", two_namespaces[0]] if two_namespaces else []
+    cmd = [*prefix, sys.executable, "-m", "paratrain", "train", "--devices", "2", "--steps", "100000", "--quiet",
+           "--no-tensorboard", "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        sockets: list[tuple[str, int]] = []
+        deadline = time.monotonic() + 60
+        # the store (rank 0) and each worker's gloo listener: 3 sockets once the group has formed
+        while time.monotonic() < deadline and proc.poll() is None and len(sockets) < 3:
+            time.sleep(0.5)
+            sockets = listening([proc.pid, *descendants(proc.pid)])
+        assert len(sockets) >= 3, f"the run never formed its group: {sockets}; {proc.stderr.read()[-2000:]}"
+        assert all(ip in LOOPBACK for ip, _ in sockets), sockets
+        if two_namespaces:  # a client on another address of another machine: every port is refused
+            for _, port in sockets:
+                attempt = subprocess.run(
+                    ["ip", "netns", "exec", two_namespaces[1], sys.executable, "-c",
+                     f"import socket; socket.create_connection(('10.78.0.1', {port}), timeout=3)"],
+                    capture_output=True, text=True)
+                assert attempt.returncode != 0 and "ConnectionRefusedError" in attempt.stderr, (port, attempt.stderr)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
