@@ -99,7 +99,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
         if labels.is_floating_point() or labels.is_complex() or (len(labels) and int(labels.min()) < 0):
             raise UserError(f"data['{name}']: labels must be integers 0..K-1 (class indices)")
         pairs[name] = (images, labels.long())
-    unit = unit_scale(x)
+    unit = unit_scale(x).double()  # float64: statistics that do not depend on the thread count's sum order
     mean, std = unit.mean(dim=(0, 2, 3)), unit.std(dim=(0, 2, 3))
     classes = max(int(p[1].max()) for p in pairs.values() if len(p[1])) + 1
     return Splits("custom", pairs["train"], pairs["val"], pairs["test"], tuple(mean.tolist()), tuple(std.tolist()),
