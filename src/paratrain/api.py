@@ -110,6 +110,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     """Plan the run (devices, batch split: the strategy's rules), check what can be checked before any process
     starts, load the data, write config.yaml, and launch the workers."""
     from . import checkpoint, devices, launch, strategies
+    from .train import run_length
 
     strategy = strategies.get(cfg.strategy)
     cfg = strategy.defaults(cfg)
@@ -127,6 +128,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
                else f"with --model {saved}")
         raise UserError(f"{why}; resume {how}")
     data = load_data()
+    run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg = strategy.prepare(cfg, data, parts)
     if is_main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
@@ -152,8 +154,10 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     cfg = C.from_dict(state["config"])
     if isinstance(data, str):
         dataset = data
-    overrides = {"dataset": dataset, "data_dir": data_dir, "download": download}
-    cfg = C.validate(cfg.replace(**{k: v for k, v in overrides.items() if v is not None}))
+    # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come
+    # from someone else
+    cfg = C.validate(cfg.replace(dataset=dataset or cfg.dataset, data_dir=data_dir,
+                                 download=C.TrainConfig.download if download is None else download))
     device = devices.resolve(accelerator, "1", None).accelerator  # a bad --accelerator fails before any data
     splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)
     if "data" in state:  # normalise as in training, whatever training set the caller passes now
@@ -180,7 +184,7 @@ def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, em
     if "data" in state:  # the shapes the model was built for, saved beside it
         splits = Splits.shaped_like(cfg.dataset, state["data"])
     else:  # a checkpoint from before they were saved: ask the dataset
-        splits = None if cfg.model == "custom" else load_for(C.validate(cfg))
+        splits = None if cfg.model == "custom" else load_for(C.validate(cfg.replace(data_dir=None, download=False)))
     return _restore(cfg, splits, state, run, model, ema).eval()
 
 

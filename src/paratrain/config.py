@@ -129,10 +129,22 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
 
+def shown(value: Any, width: int = 60) -> str:
+    """A value as a message shows it: its repr, cut to `width` characters (a value may be megabytes)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = width
+    short.maxlist = short.maxdict = 4
+    return short.repr(value)
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Bring a YAML or flag value to the field's type; a wrong type is a UserError naming the key."""
     if value is None:
         return None
+    if not isinstance(value, str | int | float | bool):  # a list or mapping (perhaps of nested aliases)
+        raise UserError(f"config key '{name}' must be a single value, not a {type(value).__name__}")
     kind = FIELDS[name].type
     try:
         if name == "devices":
@@ -153,13 +165,14 @@ def _coerce(name: str, value: Any) -> Any:
             raise ValueError
         return str(value)
     except (TypeError, ValueError):
-        raise UserError(f"config key '{name}' has an invalid value {value!r} (expected {kind})") from None
+        raise UserError(f"config key '{name}' has an invalid value {shown(value)} (expected {kind})") from None
 
 
 def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
-        raise UserError(f"unknown config key(s): {', '.join(unknown)}; see `paratrain train --help`")
+        names = ", ".join(k if len(k) <= 40 else k[:40] + "..." for k in unknown[:5])  # a key may be megabytes
+        raise UserError(f"unknown config key(s): {names}; see `paratrain train --help`")
     base = base or TrainConfig()
     return base.replace(**{k: _coerce(k, v) for k, v in values.items()})
 
@@ -195,12 +208,22 @@ def with_run_dir(cfg: TrainConfig) -> TrainConfig:
     return cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
+MAX_YAML_BYTES = 256 * 1024
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as e:
         raise UserError(f"cannot read config file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not UTF-8 text") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise UserError(f"config file {path} is larger than {MAX_YAML_BYTES // 1024} KiB; a configuration is a "
+                        "few dozen lines")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -209,11 +232,17 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must be a mapping of key: value")
+    for key, value in data.items():  # before anything else touches them: nested aliases can stand for gigabytes
+        if not isinstance(value, str | int | float | bool | type(None)):
+            raise UserError(f"config file {path}: key '{str(key)[:40]}' must be a single value, not a "
+                            f"{type(value).__name__}")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    from .rundir import write_atomic
+
+    write_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:

@@ -74,6 +74,9 @@ class Plan:
         return asdict(self)
 
 
+MAX_OVERSUBSCRIPTION = 4  # --oversubscribe: CPU workers a core, at most
+
+
 def resolve(accelerator: str, devices: str, threads_per_worker: int | None, oversubscribe: bool = False) -> Plan:
     """Turn --accelerator/--devices/--threads-per-worker into a concrete plan, or a UserError.
     `oversubscribe` lets CPU workers outnumber the cores (one thread each): slow, but it runs."""
@@ -93,6 +96,10 @@ def resolve(accelerator: str, devices: str, threads_per_worker: int | None, over
         return Plan("gpu", workers, threads, "nccl")
     workers = min(cores, MAX_AUTO_CPU_WORKERS) if devices == "auto" else int(devices)
     if oversubscribe and workers > cores:
+        if workers > MAX_OVERSUBSCRIPTION * cores:  # thousands of processes would hang the machine
+            raise UserError(f"--devices {workers} --oversubscribe: at most {MAX_OVERSUBSCRIPTION} workers a core "
+                            f"({MAX_OVERSUBSCRIPTION * cores} here); use --devices {MAX_OVERSUBSCRIPTION * cores} "
+                            "or fewer")
         return Plan("cpu", workers, 1, "gloo")
     if workers > cores:
         raise UserError(f"--devices {workers} asks for more CPU workers than the {cores} cores here "

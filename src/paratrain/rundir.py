@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -16,6 +18,8 @@ def check_writable(path: str | Path, flag: str = "--out") -> Path:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path} is a file, not a folder; pass a folder (it is created if missing)")
+    if path.exists():
+        check_owned(path, flag)
     missing = [p for p in [path, *path.parents] if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -32,3 +36,28 @@ def check_writable(path: str | Path, flag: str = "--out") -> Path:
             except OSError:
                 pass
     return path
+
+
+def check_owned(path: Path, flag: str = "--out") -> None:
+    """An existing output folder must be the user's own, and closed to other users: otherwise someone else
+    could have planted files or links in it that the run would then write through."""
+    info = path.stat()
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        raise UserError(f"{flag} {path} belongs to another user (uid {info.st_uid}); pass a folder of your own")
+    if info.st_mode & stat.S_IWOTH:
+        raise UserError(f"{flag} {path} can be written by every user (mode {stat.filemode(info.st_mode)}); pass a "
+                        f"folder only you can write, or run chmod o-w {path}")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file of the run directory as a new file renamed over the old name: a link planted there is
+    replaced, never followed, and a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .config import TrainConfig
+from .rundir import write_atomic
 
 
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +33,8 @@ class RunLog:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
         self._truncate_after(start_step)
-        self.file = open(self.path, "a")  # noqa: SIM115 (closed in close())
+        # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
+        self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "a")
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imported only where it is used: ~1 s
 
@@ -46,7 +49,7 @@ class RunLog:
             return
         kept = [line for line in self.path.read_text().splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, fields: dict[str, Any]) -> None:
         self.file.write(json.dumps(_clean(fields)) + "\n")
@@ -103,4 +106,4 @@ class RunLog:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    (run_dir / "summary.json").write_text(json.dumps(_clean(summary), indent=2) + "\n")
+    write_atomic(run_dir / "summary.json", json.dumps(_clean(summary), indent=2) + "\n")

@@ -11,7 +11,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
     p.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
     p.add_argument("--dataset", choices=C.DATASETS[:-1], help="default: the checkpoint's dataset")
-    p.add_argument("--data-dir", help="default: the checkpoint's")
+    p.add_argument("--data-dir", help="the dataset's folder (default: ./data/<dataset>; never the checkpoint's)")
     p.add_argument("--no-download", dest="download", action="store_false", default=None)
     p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     p.set_defaults(run=run)

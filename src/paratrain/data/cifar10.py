@@ -8,6 +8,7 @@ and dicts, so a doctored file cannot run code.
 from __future__ import annotations
 
 import pickle
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,16 @@ TRAIN_BATCHES = [f"data_batch_{i}" for i in range(1, 6)]
 VAL_SIZE = 5_000
 
 
+MAX_RECORDS = 60_000  # a file of CIFAR-10's binary version holds 10,000 records; all 60,000 at most
+MAX_PICKLE_BYTES = 200 * 2**20  # a python batch is 31 MB
+# the official archives (https://www.cs.toronto.edu/~kriz/cifar.html): each unpacks to about 180 MB in 8 files
+ARCHIVE_MD5 = {"cifar-10-binary.tar.gz": "c32a1d4ab5d03f1284b67883e8d87530",
+               "cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"}
+MAX_ARCHIVE_BYTES, MAX_ARCHIVE_MEMBERS = 400 * 2**20, 64
+
+
 def read_binary(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    data = read_bytes(path)
+    data = read_bytes(path, MAX_RECORDS * RECORD)
     if len(data) == 0 or len(data) % RECORD:
         raise UserError(f"{path} has {len(data)} bytes, not a whole number of {RECORD}-byte CIFAR-10 "
                         "records; the file is truncated or corrupt, download it again")
@@ -47,17 +56,29 @@ class _ArraysOnly(pickle.Unpickler):
 
 
 def read_python(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """A python batch: a dict whose 'data' is a uint8 array of N x 3,072 and whose 'labels' are N integers
+    (anything else is refused before it is converted: a list may stand for gigabytes)."""
     try:
+        if path.stat().st_size > MAX_PICKLE_BYTES:
+            raise ValueError(f"{path.stat().st_size:,} bytes, more than any CIFAR-10 batch")
         with open(path, "rb") as f:
             batch = _ArraysOnly(f, encoding="latin1").load()
-        data = np.asarray(batch["data"], dtype=np.uint8)
-        labels = torch.as_tensor(batch.get("labels", batch.get("fine_labels")), dtype=torch.int64)
+        data, labels = batch["data"], batch.get("labels", batch.get("fine_labels"))
+        if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
+                and data.shape[1] == 3 * 32 * 32 and 0 < len(data) <= MAX_RECORDS):
+            raise ValueError("'data' is not an N x 3072 array of uint8")
+        if isinstance(labels, np.ndarray):
+            labels = labels.tolist() if labels.ndim == 1 and labels.dtype.kind in "iu" else None
+        if not (isinstance(labels, list) and len(labels) == len(data) and all(type(v) is int for v in labels)):
+            raise ValueError("'labels' are not one integer per image")
         images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
-    except (OSError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError, AttributeError) as e:
+        targets = torch.tensor(labels, dtype=torch.int64)
+    except (OSError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError, AttributeError,
+            OverflowError) as e:
         raise UserError(f"{path} is not a readable CIFAR-10 python batch ({e}); download it again") from None
-    if len(images) != len(labels) or int(labels.max()) > 9:
-        raise UserError(f"{path} is not a CIFAR-10 batch (labels and images disagree); download it again")
-    return images, labels
+    if int(targets.min()) < 0 or int(targets.max()) > 9:
+        raise UserError(f"{path} is not a CIFAR-10 batch (a label outside 0..9); download it again")
+    return images, targets
 
 
 def _layout(root: Path) -> tuple[str, Path] | None:
@@ -83,23 +104,49 @@ URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"
 
 
+def check_archive(archive: Path) -> None:
+    """An archive in the data folder is extracted only if it is the official one (its MD5)."""
+    import hashlib
+
+    digest = hashlib.md5(usedforsecurity=False)
+    try:
+        with open(archive, "rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise UserError(f"{archive} cannot be read ({e.strerror or e}); download it again") from None
+    if digest.hexdigest() != ARCHIVE_MD5[archive.name]:
+        raise UserError(f"{archive} is not the official archive (its MD5 is {digest.hexdigest()}, not "
+                        f"{ARCHIVE_MD5[archive.name]}); delete it and download it again")
+
+
 def extract_safely(archive: Path, dest: Path) -> None:
     """Unpack a tar archive with the standard library's 'data' filter: no member may land outside dest,
-    be a device, or link outside it (a crafted archive is refused, not half-extracted)."""
+    be a device, or link outside it; at most MAX_ARCHIVE_MEMBERS members and MAX_ARCHIVE_BYTES in all (a
+    crafted archive is refused, not half-extracted)."""
     import tarfile
 
     if not hasattr(tarfile, "data_filter"):  # added in Python 3.10.12 and 3.11.4
         raise UserError(f"this Python cannot extract {archive} safely; extract it yourself, or use Python 3.11.4+")
     try:
         with tarfile.open(archive) as tar:
-            members = tar.getmembers()
+            members = []
+            for m in tar:  # read member by member: a bomb of empty members stops at the count
+                members.append(m)
+                if len(members) > MAX_ARCHIVE_MEMBERS:
+                    raise UserError(f"{archive} has more than {MAX_ARCHIVE_MEMBERS} members, which no CIFAR-10 "
+                                    "archive has; refusing to extract it. Download the official archive again")
+            total = sum(m.size for m in members)
+            if total > MAX_ARCHIVE_BYTES:
+                raise UserError(f"{archive} would unpack to {total:,} bytes, more than any CIFAR-10 archive; "
+                                "refusing to extract it. Download the official archive again")
             for m in members:  # check every member first, so nothing is written from a bad archive
                 tarfile.data_filter(m, str(dest))
             tar.extractall(dest, members=members, filter="data")
     except tarfile.FilterError as e:
         raise UserError(f"{archive} has an unsafe member ({e}); refusing to extract it. Download the "
                         "official archive again") from None
-    except (tarfile.TarError, OSError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
         raise UserError(f"{archive} is not a readable tar archive ({e}); download it again") from None
 
 
@@ -120,6 +167,7 @@ def load(data_dir: str, download: bool, val_size: int | None) -> Splits:
         _download(root)
     for archive in (root / a for a in ARCHIVES):
         if found is None and archive.is_file():
+            check_archive(archive)
             extract_safely(archive, root)
             found = _layout(root)
     if found is None:

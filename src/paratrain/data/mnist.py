@@ -7,8 +7,10 @@ The split is the classic tutorial's: the first 5,000 training images validate, 5
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -28,30 +30,66 @@ VAL_SIZE = 5_000
 _MAGIC = {3: b"\x00\x00\x08\x03", 1: b"\x00\x00\x08\x01"}
 
 
-def read_bytes(path: Path) -> bytes:
-    """A file's bytes, gunzipped when it ends in .gz; a corrupt file is a UserError naming it."""
+# ---- reading files whose size a header promises: never more than that, never before checking it ----
+
+MAX_IMAGES = 1_000_000  # MNIST-format sets hold up to ~0.8 M images (EMNIST); MNIST itself 70,000
+MAX_BYTES = MAX_IMAGES * 28 * 28
+
+
+def _open(path: Path) -> BinaryIO:
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+
+
+def _read_exactly(f: BinaryIO, n: int, path: Path) -> bytes:
+    """`n` bytes of `f` and nothing after them (read in pieces: a gzip stream's length is unknown)."""
+    data = f.read(n)
+    if len(data) != n:
+        raise UserError(f"{path} is shorter than its header promises ({len(data)} of {n} bytes after it); "
+                        "the file is truncated or corrupt, download it again")
+    if f.read(1):
+        raise UserError(f"{path} holds more than its header promises; the file is corrupt, download it again")
+    return data
+
+
+def read_bytes(path: Path, limit: int) -> bytes:
+    """A file's bytes, gunzipped when it ends in .gz, refused past `limit` bytes (a gzip bomb stops
+    there); a corrupt file is a UserError naming it."""
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+        with _open(path) as f:
+            data = f.read(limit + 1)
     except (OSError, EOFError, zlib.error) as e:
         raise UserError(f"{path} is corrupt or truncated ({e}); delete it and download it again") from None
+    if len(data) > limit:
+        raise UserError(f"{path} holds more than {limit:,} bytes, more than any file of its dataset; "
+                        "it is not the dataset's file, download it again")
+    return data
 
 
-def read_idx(path: Path, ndim: int) -> torch.Tensor:
-    """Parse an IDX file of unsigned bytes with `ndim` dimensions, checking magic and size."""
-    data = read_bytes(path)
+def read_idx(path: Path, ndim: int, item_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Parse an IDX file of unsigned bytes with `ndim` dimensions: the header first (magic, then the sizes,
+    checked against the format's limits, `item_shape` where given, and the file's size), then exactly the
+    bytes it promises."""
     header = 4 + 4 * ndim
-    if len(data) < header or data[:4] != _MAGIC[ndim]:
-        raise UserError(f"{path} is not an IDX file of {ndim}-d unsigned bytes (wrong magic number); "
-                        "use the original MNIST files")
-    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
-    expected = header + int(np.prod(dims))
-    if len(data) != expected:
-        raise UserError(f"{path} has {len(data)} bytes but its header promises {expected}; "
-                        "the file is truncated or corrupt, download it again")
-    array = np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
+    try:
+        with _open(path) as f:
+            head = f.read(header)
+            if len(head) < header or head[:4] != _MAGIC[ndim]:
+                raise UserError(f"{path} is not an IDX file of {ndim}-d unsigned bytes (wrong magic number); "
+                                "use the original MNIST files")
+            dims = [int.from_bytes(head[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]  # Python ints
+            expected = tuple(dims[1:]) if item_shape is None else item_shape
+            if tuple(dims[1:]) != expected or not 0 < dims[0] <= MAX_IMAGES or math.prod(dims) > MAX_BYTES:
+                shape = " x ".join(map(str, expected)) or "one label"
+                raise UserError(f"{path}: its header describes {' x '.join(map(str, dims))}, not up to "
+                                f"{MAX_IMAGES:,} items of {shape}; use the original MNIST files")
+            size = math.prod(dims)
+            if path.suffix != ".gz" and path.stat().st_size != header + size:
+                raise UserError(f"{path} has {path.stat().st_size} bytes but its header promises {header + size}; "
+                                "the file is truncated or corrupt, download it again")
+            data = _read_exactly(f, size, path)
+    except (OSError, EOFError, zlib.error) as e:
+        raise UserError(f"{path} is corrupt or truncated ({e}); delete it and download it again") from None
+    array = np.frombuffer(data, dtype=np.uint8).reshape(dims)
     return torch.from_numpy(array.copy())
 
 
@@ -85,8 +123,8 @@ def load(data_dir: str, download: bool, val_size: int | None) -> Splits:
     if missing:
         raise UserError(f"MNIST file(s) {', '.join(missing)} (or .gz) not found in {root}; "
                         "pass --data-dir to the folder that holds them, or allow the download")
-    train_x, train_y = read_idx(paths["train_images"], 3), read_idx(paths["train_labels"], 1)
-    test_x, test_y = read_idx(paths["test_images"], 3), read_idx(paths["test_labels"], 1)
+    train_x, train_y = read_idx(paths["train_images"], 3, (28, 28)), read_idx(paths["train_labels"], 1)
+    test_x, test_y = read_idx(paths["test_images"], 3, (28, 28)), read_idx(paths["test_labels"], 1)
     for (x, y), kind in (((train_x, train_y), "train"), ((test_x, test_y), "test")):
         if len(x) != len(y):
             raise UserError(f"MNIST {kind} images ({len(x)}) and labels ({len(y)}) differ in count; "
