@@ -156,6 +156,7 @@ def _download(root: Path) -> None:
     try:
         download_url(URL, str(root), ARCHIVES[1], MD5)  # checks the archive's MD5
     except Exception as e:  # network errors come in many types; all mean the same to the user
+        (root / ARCHIVES[1]).unlink(missing_ok=True)  # a download that failed its MD5 is not kept
         raise UserError(f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}); "
                         "put the batches there and pass --data-dir") from None
 
