@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+import yaml
 from conftest import weights
 from torch import nn
 
@@ -119,20 +120,32 @@ def test_the_tower_refuses_batchnorm_and_a_pipeline_refuses_sync(tmp_path: Path)
 
 # ---- on two processes ----
 
+LAYERS = {  # the options of a BatchNorm layer that change what it computes
+    "default": {}, "no-affine": {"affine": False}, "cumulative": {"momentum": None},
+    "no-running-stats": {"track_running_stats": False},
+}
+
+
 def _two_process_layer(rank: int, port: int, out: str) -> None:
-    """One CpuSyncBatchNorm layer on half of a batch; its output, input gradient (of the global mean loss)
-    and running statistics go to `out`."""
+    """Each kind of CpuSyncBatchNorm layer on half of a batch: its output, input gradient (of the global mean
+    loss), parameter gradients and running statistics go to `out`; then an evaluation of unequal shares."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=loopback_store(rank, 2, port), rank=rank, world_size=2)
     x, dy = _layer_data()
-    layer = CpuSyncBatchNorm(4)
-    mine = x[rank * 8:(rank + 1) * 8].clone().requires_grad_()
-    y = layer(mine)
-    y.backward(dy[rank * 8:(rank + 1) * 8] / 8)  # this worker's mean, as DDP's workers backpropagate
-    grads = torch.cat([layer.weight.grad, layer.bias.grad])
-    dist.all_reduce(grads)
-    torch.save({"y": y.detach(), "dx": mine.grad / 2, "grads": grads / 2, "mean": layer.running_mean,
-                "var": layer.running_var}, f"{out}/{rank}.pt")  # / 2: DDP's average over the workers
+    results = {}
+    for name, options in LAYERS.items():
+        layer = CpuSyncBatchNorm(4, **options)
+        for _ in range(2):  # twice: the running statistics' second update depends on the first
+            mine = x[rank * 8:(rank + 1) * 8].clone().requires_grad_()
+            y = layer(mine)
+            y.backward(dy[rank * 8:(rank + 1) * 8] / 8)  # this worker's mean, as DDP's workers backpropagate
+        grads = torch.cat([p.grad for p in layer.parameters()]) if options.get("affine", True) else torch.zeros(0)
+        dist.all_reduce(grads)
+        layer.eval()  # evaluation: rank 0 has 3 examples, rank 1 has 5; no collective may run here
+        share = x[:3] if rank == 0 else x[3:8]
+        results[name] = {"y": y.detach(), "dx": mine.grad / 2, "grads": grads / 2,  # / 2: DDP's average
+                         "state": {k: v.clone() for k, v in layer.state_dict().items()}, "eval": layer(share)}
+    torch.save(results, f"{out}/{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -146,16 +159,25 @@ def test_two_processes_normalise_as_one_device_over_the_whole_batch(tmp_path: Pa
     mp.spawn(_two_process_layer, args=(free_port(), str(tmp_path)), nprocs=2)
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     x, dy = _layer_data()
-    x.requires_grad_()
-    layer = nn.BatchNorm2d(4)
-    y = layer(x)
-    y.backward(dy / 16)  # one device: the mean over the whole batch
-    assert (torch.cat([p["y"] for p in parts]) - y.detach()).abs().max() < 1e-5
-    assert (torch.cat([p["dx"] for p in parts]) - x.grad).abs().max() < 1e-6
-    assert (parts[0]["grads"] - torch.cat([layer.weight.grad, layer.bias.grad])).abs().max() < 1e-6
-    for p in parts:  # every worker holds the running statistics one device would
-        assert (p["mean"] - layer.running_mean).abs().max() < 1e-6
-        assert (p["var"] - layer.running_var).abs().max() < 1e-5
+    for name, options in LAYERS.items():
+        layer = nn.BatchNorm2d(4, **options)  # one device: the mean over the whole batch
+        for _ in range(2):
+            xi = x.clone().requires_grad_()
+            y = layer(xi)
+            y.backward(dy / 16)
+        grads = torch.cat([p.grad for p in layer.parameters()]) if options.get("affine", True) else None
+        ours = [p[name] for p in parts]
+        assert (torch.cat([p["y"] for p in ours]) - y.detach()).abs().max() < 1e-5, name
+        assert (torch.cat([p["dx"] for p in ours]) - xi.grad).abs().max() < 1e-6, name
+        if grads is not None:
+            assert (ours[0]["grads"] - grads).abs().max() < 1e-6, name
+        for p in ours:  # every worker holds the buffers one device would
+            assert p["state"].keys() == layer.state_dict().keys(), name
+            for key, value in layer.state_dict().items():
+                assert (p["state"][key].double() - value.double()).abs().max() < 1e-5, (name, key)
+        layer.eval()
+        assert (ours[0]["eval"] - layer(x[:3])).abs().max() < 1e-5, name  # eval: each share by itself
+        assert (ours[1]["eval"] - layer(x[3:8])).abs().max() < 1e-5, name
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +267,16 @@ def test_sync_batchnorm_on_two_gpus_equals_one(tmp_path: Path) -> None:
     again = paratrain.evaluate(tmp_path / "two", model=BNNet)
     assert two["test_accuracy"] == again["test_accuracy"]
 
+
+
+def test_a_run_saved_before_the_option_existed_carries_on_with_local_batchnorm(tmp_path: Path) -> None:
+    from paratrain import config
+
+    old = tmp_path / "old"
+    old.mkdir()
+    values = config.TrainConfig().to_dict()
+    del values["batchnorm"]
+    (old / "config.yaml").write_text(yaml.safe_dump(values))
+    assert config.of_run(old, "--resume").batchnorm == "local"  # as it ran: each worker's share
+    config.save_yaml(config.TrainConfig(), tmp_path / "config.yaml")
+    assert config.of_run(tmp_path, "--resume").batchnorm == "sync"

@@ -218,3 +218,10 @@ def test_eval_reads_data_where_the_command_line_says_not_the_checkpoint(tmp_path
     with pytest.raises(UserError, match="not found in data/mnist"):
         paratrain.evaluate(tmp_path / "run", download=False)
     assert not target.exists()
+
+
+def test_a_yaml_integer_past_pythons_digit_limit_is_one_line(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    (tmp_path / "big.yaml").write_text("steps: " + "1" * 5000 + "\n")
+    assert main(["train", "--config", str(tmp_path / "big.yaml"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds a value that cannot be read" in err and len(err.splitlines()) == 1 and len(err) < 1000

@@ -24,7 +24,7 @@ from .data import Splits, load_for
 from .data.transforms import unit_scale
 from .errors import UserError
 from .parts import Parts
-from .rundir import check_writable
+from .rundir import check_owned, check_writable
 
 DataLike = str | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -132,6 +132,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     cfg = strategy.prepare(cfg, data, parts)
     if is_main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        check_owned(Path(cfg.out))  # again: another user could have made it since check_writable
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
         if not cfg.quiet:
             print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "

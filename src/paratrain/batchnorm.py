@@ -84,7 +84,7 @@ class _GlobalBatchNorm(torch.autograd.Function):
             slope = -w * invstd ** 3 * mean_dy_xmu  # -w * invstd * x_hat * mean(dy * x_hat), per unit of x
             shift = -w * invstd * mean_dy - mean * slope
             shape = _channel_shape(x)
-            exact = grad_x.float()  # bf16/fp16 activations: correct in float32, round once
+            exact = grad_x.float()  # bf16/fp16: the kernel's term is rounded already; the correction is not
             grad_x = exact.add_(shift.view(shape)).addcmul_(x, slope.view(shape)).to(x.dtype)
         # this process's share of the parameter gradients: DDP averages them as it does every other gradient
         if weight is None or not ctx.needs_input_grad[1]:
@@ -96,7 +96,8 @@ class _GlobalBatchNorm(torch.autograd.Function):
 
 class CpuSyncBatchNorm(_BatchNorm):
     """A BatchNorm layer whose training-mode statistics are those of the batch over every process of the
-    group (gloo on CPUs); in eval mode, or on one process, it is torch's BatchNorm."""
+    group (gloo on CPUs); in eval mode, or on one process, it is torch's BatchNorm (which, without running
+    statistics, normalises each worker's evaluation batch by itself, as torch's SyncBatchNorm does)."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True, group: Any = None) -> None:
@@ -109,8 +110,9 @@ class CpuSyncBatchNorm(_BatchNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
-        use_batch_stats = self.training or not self.track_running_stats
-        if not (use_batch_stats and dist.is_initialized() and dist.get_world_size(self.group) > 1):
+        # Only training synchronises (as torch's SyncBatchNorm): evaluation gives the workers unequal shares,
+        # so a collective there would wait for batches that some workers do not have.
+        if not (self.training and dist.is_initialized() and dist.get_world_size(self.group) > 1):
             return super().forward(x)
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:  # as _BatchNorm.forward counts and averages

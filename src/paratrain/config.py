@@ -196,7 +196,9 @@ def of_run(run: str | Path, given_as: str) -> TrainConfig:
     saved = Path(run) / "config.yaml"
     if not saved.is_file():
         raise UserError(f"{given_as}: no config.yaml there; pass the directory of a paratrain run")
-    return from_dict(load_yaml(saved))
+    values = load_yaml(saved)
+    values.setdefault("batchnorm", "local")  # saved before --batchnorm existed: it ran with each worker's share
+    return from_dict(values)
 
 
 def with_run_dir(cfg: TrainConfig) -> TrainConfig:
@@ -228,6 +230,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise UserError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except ValueError as e:  # e.g. an integer past Python's 4,300-digit limit
+        raise UserError(f"config file {path} holds a value that cannot be read ({shown(str(e))})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -80,7 +80,7 @@ def on_loopback() -> None:
     otherwise listen on the address the hostname resolves to, which may be reachable from other machines.
     (The rendezvous store listens on 127.0.0.1: dist.loopback_store.) Not under torchrun, whose workers
     must reach other nodes."""
-    loopback = [name for _, name in socket.if_nameindex() if name == "lo" or name.startswith("lo")]
+    loopback = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]  # Linux, BSD/macOS
     if loopback:
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback[0]
 

@@ -54,6 +54,7 @@ def write_atomic(path: Path, text: str) -> None:
     replaced, never followed, and a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the run's record from the user's group
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
