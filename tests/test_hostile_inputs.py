@@ -225,3 +225,26 @@ def test_a_yaml_integer_past_pythons_digit_limit_is_one_line(capsys: pytest.Capt
     assert main(["train", "--config", str(tmp_path / "big.yaml"), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert "holds a value that cannot be read" in err and len(err.splitlines()) == 1 and len(err) < 1000
+
+
+@pytest.mark.parametrize("planted", ["checkpoints", "tb", "metrics.jsonl"])
+def test_a_link_or_a_file_where_the_run_keeps_its_folders_and_log_is_refused(tmp_path: Path, planted: str,
+                                                                               capsys: pytest.CaptureFixture) -> None:
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    (run / planted).symlink_to(elsewhere)
+    assert main(["train", "--steps", "1", "--devices", "1", "--out", str(run)]) == 2
+    assert f"holds a link named {planted}" in capsys.readouterr().err
+    assert not any(elsewhere.iterdir()) and sorted(p.name for p in run.iterdir()) == [planted]
+
+
+def test_long_values_are_cut_in_messages(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "c.yaml").write_text("model: " + "x" * 200_000 + "\n")
+    assert main(["train", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")]) == 2
+    with pytest.raises(SystemExit):  # argparse's own refusal of a choice
+        main(["train", "--model", "y" * 200_000])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(len(line) < 1100 for line in err) and "unknown model" in err[0]
+    assert main(["train", "--out", str(tmp_path / ("z" * 300))]) == 2
+    assert "cannot be used" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,9 @@ def load(path: str | Path) -> dict[str, Any]:
         path = path / "checkpoints" / "last.pt"
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is damaged or foreign
+        raise UserError(f"checkpoint {path} is unreadable: it is not a torch checkpoint (damaged, or another "
+                        "kind of file); use another one")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

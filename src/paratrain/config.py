@@ -274,7 +274,7 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm)):
         choices = FIELDS[name].metadata["choices"]
         if value not in choices:
-            _bad(f"unknown {name} '{value}'; choose one of: {', '.join(choices)}")
+            _bad(f"unknown {name} {shown(value)}; choose one of: {', '.join(choices)}")
     if cfg.devices != "auto" and not (cfg.devices.isdigit() and int(cfg.devices) >= 1):
         _bad(f"--devices must be 'auto' or a positive number, not '{cfg.devices}'")
 

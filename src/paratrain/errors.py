@@ -9,6 +9,11 @@ class UserError(Exception):
         self.code = code
 
 
+MAX_MESSAGE = 1000  # characters: a message may quote a value of the user's, which may be megabytes
+
+
 def one_line(message: object) -> str:
-    """A message as one line: some library errors span several (tarfile lists every method it tried)."""
-    return " ".join(str(message).split())
+    """A message as one line (some library errors span several: tarfile lists every method it tried), cut
+    to MAX_MESSAGE characters."""
+    line = " ".join(str(message).split())
+    return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE] + " [... cut]"

@@ -16,6 +16,10 @@ def check_writable(path: str | Path, flag: str = "--out") -> Path:
     a bad --out is one line, not a traceback after the work. It is tried for real (the folder and a file
     in it are made) and then put back as it was, so a later bad input still leaves nothing behind."""
     path = Path(path)
+    try:
+        path.exists()
+    except OSError as e:  # e.g. a name too long for the file system
+        raise UserError(f"{flag} {str(path)[:200]} cannot be used ({e.strerror or e}); pass another folder") from None
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path} is a file, not a folder; pass a folder (it is created if missing)")
     if path.exists():
@@ -47,6 +51,13 @@ def check_owned(path: Path, flag: str = "--out") -> None:
     if info.st_mode & stat.S_IWOTH:
         raise UserError(f"{flag} {path} can be written by every user (mode {stat.filemode(info.st_mode)}); pass a "
                         f"folder only you can write, or run chmod o-w {path}")
+    # What the run writes into rather than replaces must be what it seems: its folders, its appended log.
+    for name, folder in (("checkpoints", True), ("tb", True), ("metrics.jsonl", False)):
+        inside = path / name
+        if inside.is_symlink() or (inside.exists() and inside.is_dir() != folder):
+            what = "a link" if inside.is_symlink() else ("a file" if folder else "a folder")
+            raise UserError(f"{flag} {path} holds {what} named {name}, where the run keeps its "
+                            f"{'folder' if folder else 'log'}; remove it or pass another folder")
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -19,6 +19,15 @@ def _clean(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
 
 
+def _step_of(line: str) -> int | None:
+    """The step of a metrics.jsonl record; None for a line that is not one (a torn last line, say)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record.get("step", 0) if isinstance(record, dict) else None
+
+
 class RunLog:
     """Every method is a no-op off rank 0, so the loop can call them unconditionally."""
 
@@ -45,10 +54,12 @@ class RunLog:
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop the records a killed run wrote after its last checkpoint."""
-        if not self.path.exists():
+        try:  # O_NOFOLLOW: a link in its place is refused (rundir.check_owned says so before launch)
+            with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
         write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, fields: dict[str, Any]) -> None:

@@ -6,13 +6,14 @@ import argparse
 import sys
 
 from .. import config as C
+from ..errors import one_line
 
 
 class Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line (no usage dump) and exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"paratrain: error: {message}; see `{self.prog} --help`", file=sys.stderr)
+        print(f"paratrain: error: {one_line(message)}; see `{self.prog} --help`", file=sys.stderr)
         raise SystemExit(2)
 
 

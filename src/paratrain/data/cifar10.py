@@ -63,6 +63,8 @@ def read_python(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
             raise ValueError(f"{path.stat().st_size:,} bytes, more than any CIFAR-10 batch")
         with open(path, "rb") as f:
             batch = _ArraysOnly(f, encoding="latin1").load()
+        if not isinstance(batch, dict) or "data" not in batch:
+            raise ValueError("it is not a dict with 'data' and 'labels'")
         data, labels = batch["data"], batch.get("labels", batch.get("fine_labels"))
         if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
                 and data.shape[1] == 3 * 32 * 32 and 0 < len(data) <= MAX_RECORDS):
