@@ -258,3 +258,37 @@ def test_a_queued_trial_goes_to_one_worker_only(tmp_path: Path) -> None:
         w.join()
     assert len(taken) == 40
     assert [t for t, n in taken.items() if n > 1] == []
+
+
+def test_a_storage_whose_tables_another_machine_is_creating_is_tried_again(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    """Two machines starting together on a fresh PostgreSQL both create the tables; the later CREATE failed
+    with IntegrityError (duplicate pg_type) and the search ended. It is tried again, and other errors are not."""
+    import optuna
+
+    from paratrain.search import runner
+
+    class IntegrityError(Exception):  # what sqlalchemy raises, by name
+        pass
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    def racing(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise IntegrityError("duplicate key value violates unique constraint \"pg_type_typname_nsp_index\"")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    assert runner.storage(f"sqlite:///{tmp_path / 'a.db'}") is not None and len(calls) == 2
+
+    def broken(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        raise ValueError("no such database")
+
+    calls.clear()
+    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+    with pytest.raises(UserError, match="cannot open the search storage"):
+        runner.storage(f"sqlite:///{tmp_path / 'b.db'}")
+    assert len(calls) == 1

@@ -64,6 +64,9 @@ def make_sampler(s: Settings) -> Any:
     return optuna.samplers.RandomSampler(seed=s.seed)  # grid: every point is queued up front (see open_study)
 
 
+TABLE_RACE_TRIES = 5
+
+
 def storage(url: str, create_tables: bool = True) -> Any:
     import warnings
 
@@ -75,14 +78,21 @@ def storage(url: str, create_tables: bool = True) -> Any:
     sqlite = url.startswith("sqlite")
     # isolation_level None: the driver starts no transaction of its own; _serialise starts each one
     kwargs = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
-    try:
-        store = optuna.storages.RDBStorage(
-            url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
-            skip_table_creation=not create_tables)
-    except Exception as e:  # sqlalchemy and the database drivers raise many types
-        raise UserError(f"cannot open the search storage {url} ({type(e).__name__}: {str(e).splitlines()[0]})"
-                        ) from None
+    for attempt in range(TABLE_RACE_TRIES):
+        try:
+            store = optuna.storages.RDBStorage(
+                url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+                skip_table_creation=not create_tables)
+            break
+        except Exception as e:  # sqlalchemy and the database drivers raise many types
+            # Two machines that start together on a fresh PostgreSQL both create the tables, and the later
+            # CREATE fails on a duplicate type (seen in CI). Again, the tables are there and nothing is made.
+            if type(e).__name__ == "IntegrityError" and attempt + 1 < TABLE_RACE_TRIES:
+                time.sleep(0.2 + random.random())
+                continue
+            raise UserError(f"cannot open the search storage {url} ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0]})") from None
     if sqlite:
         _serialise(store.engine)
     return store
