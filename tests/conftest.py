@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,3 +80,37 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@contextmanager
+def veth_namespaces(subnet: str) -> Iterator[tuple[list[str], list[str]]]:
+    """Two network namespaces joined by a veth pair, `subnet`.1 and `subnet`.2 (made here, removed after):
+    yields (namespaces, links). Raises OSError, with the reason, where they cannot be made (not root, no
+    ip(8), no permission); nothing is left behind then."""
+    tag = uuid.uuid4().hex[:5]
+    names, links = [f"pt{tag}a", f"pt{tag}b"], [f"pv{tag}a", f"pv{tag}b"]
+    try:
+        if os.geteuid() != 0 or not shutil.which("ip"):
+            raise OSError("not root, or no ip(8)")
+        for ns in names:
+            _ip("netns", "add", ns)
+        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        for i, (ns, link) in enumerate(zip(names, links, strict=True)):
+            _ip("link", "set", link, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{subnet}.{i + 1}/24", "dev", link)
+            _ip("-n", ns, "link", "set", link, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except (OSError, subprocess.CalledProcessError) as e:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        reason = e.stderr.decode().strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
+        raise OSError(reason) from None
+    try:
+        yield names, links
+    finally:  # removing a namespace removes its end of the veth pair, and so the pair
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)

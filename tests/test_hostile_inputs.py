@@ -30,12 +30,7 @@ def _measure(*args: str) -> tuple[int, str, int]:
     """`python -m paratrain ARGS` in a fresh process: (exit code, stderr, peak resident memory in bytes)."""
     proc = subprocess.Popen([sys.executable, "-m", "paratrain", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-    err = b""
-    while True:  # drain stderr ourselves so that wait4, not Popen, reaps the child
-        chunk = proc.stderr.read(65536)
-        if not chunk:
-            break
-        err += chunk
+    err = proc.stderr.read()  # to its end; then wait4, not Popen, reaps the child, with its usage
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen it is reaped
     return proc.returncode, err.decode(errors="replace"), usage.ru_maxrss * 1024

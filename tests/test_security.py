@@ -9,50 +9,28 @@ are checked either way.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import descendants
+from conftest import descendants, veth_namespaces
 
 pytestmark = pytest.mark.integration
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
 @pytest.fixture
 def two_namespaces() -> list[str] | None:
     """Two network namespaces joined by a veth pair (None, with the reason printed, where they cannot be made)."""
-    tag = uuid.uuid4().hex[:5]
-    names, links = [f"ps{tag}a", f"ps{tag}b"], [f"pw{tag}a", f"pw{tag}b"]
     try:
-        if os.geteuid() != 0 or not shutil.which("ip"):
-            raise OSError("not root, or no ip(8)")
-        for ns in names:
-            _ip("netns", "add", ns)
-        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
-        for i, (ns, link) in enumerate(zip(names, links, strict=True)):
-            _ip("link", "set", link, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"10.78.0.{i + 1}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-    except (OSError, subprocess.CalledProcessError) as e:
-        for ns in names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        reason = e.stderr.decode().strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
-        print(f"no network namespaces ({reason}): the connection attempt from another address is skipped")
-        yield None
-        return
-    yield names
-    for ns in names:
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        with veth_namespaces("10.78.0") as (names, _):
+            yield names
+            return
+    except OSError as e:
+        print(f"no network namespaces ({e}): the connection attempt from another address is skipped")
+    yield None
 
 
 def _socket_inodes(pid: int) -> set[str]:

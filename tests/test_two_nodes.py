@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import descendants, max_abs_diff, train, weights
+from conftest import descendants, max_abs_diff, train, veth_namespaces, weights
 
 pytestmark = pytest.mark.integration
 
@@ -40,37 +39,17 @@ class Node:
     interface: str
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def nodes() -> list[Node]:
-    tag = uuid.uuid4().hex[:5]
-    names, links = [f"pt{tag}a", f"pt{tag}b"], [f"pv{tag}a", f"pv{tag}b"]
     try:
-        if os.geteuid() != 0 or not shutil.which("ip"):
-            raise OSError("not root, or no ip(8)")
-        for ns in names:
-            _ip("netns", "add", ns)
-        _ip("link", "add", links[0], "type", "veth", "peer", "name", links[1])
-        for i, (ns, link) in enumerate(zip(names, links, strict=True)):
-            _ip("link", "set", link, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"10.77.0.{i + 1}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-    except (OSError, subprocess.CalledProcessError) as e:
-        for ns in names:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        reason = e.stderr.decode().strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
-        warnings.warn(f"two-node tests run both agents on loopback, not in two network namespaces ({reason})",
+        with veth_namespaces("10.77.0") as (names, links):
+            yield [Node(["ip", "netns", "exec", ns], f"10.77.0.{i + 1}", link)
+                   for i, (ns, link) in enumerate(zip(names, links, strict=True))]
+            return
+    except OSError as e:
+        warnings.warn(f"two-node tests run both agents on loopback, not in two network namespaces ({e})",
                       stacklevel=1)
-        yield [Node([], "127.0.0.1", "lo"), Node([], "127.0.0.1", "lo")]
-        return
-    yield [Node(["ip", "netns", "exec", ns], f"10.77.0.{i + 1}", link)
-           for i, (ns, link) in enumerate(zip(names, links, strict=True))]
-    for ns in names:  # removing a namespace removes its end of the veth pair, and so the pair
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    yield [Node([], "127.0.0.1", "lo"), Node([], "127.0.0.1", "lo")]
 
 
 def _free_port() -> int:

@@ -115,13 +115,12 @@ class CpuSyncBatchNorm(_BatchNorm):
         if not (self.training and dist.is_initialized() and dist.get_world_size(self.group) > 1):
             return super().forward(x)
         momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:  # as _BatchNorm.forward counts and averages
+        if self.track_running_stats:  # as _BatchNorm.forward counts and averages
             self.num_batches_tracked.add_(1)
             if self.momentum is None:
                 momentum = 1.0 / float(self.num_batches_tracked)
-        tracking = self.training and self.track_running_stats
-        return _GlobalBatchNorm.apply(x, self.weight, self.bias, self.running_mean if tracking else None,
-                                      self.running_var if tracking else None, momentum, self.eps, self.group)
+        return _GlobalBatchNorm.apply(x, self.weight, self.bias, self.running_mean, self.running_var, momentum,
+                                      self.eps, self.group)
 
 
 def _replace(module: nn.Module, make: Any) -> nn.Module:
@@ -156,6 +155,7 @@ def synchronise(model: nn.Module, device: torch.device, group: Any = None) -> nn
 
 def broadcast_buffers(module: nn.Module, src: int = 0, group: Any = None) -> None:
     """Give every process of `group` the buffers (BatchNorm's running statistics) of the group's process
-    `src`, so that every worker evaluates and saves the same network (collective)."""
+    `src`, so that every worker evaluates and saves the same network (collective, one per buffer: none for
+    a network without buffers)."""
     for buffer in module.buffers():
         dist.broadcast(buffer, group=group, group_src=src)

@@ -17,12 +17,12 @@ def check_writable(path: str | Path, flag: str = "--out") -> Path:
     in it are made) and then put back as it was, so a later bad input still leaves nothing behind."""
     path = Path(path)
     try:
-        path.exists()
+        exists = path.exists()
     except OSError as e:  # e.g. a name too long for the file system
         raise UserError(f"{flag} {str(path)[:200]} cannot be used ({e.strerror or e}); pass another folder") from None
-    if path.exists() and not path.is_dir():
+    if exists and not path.is_dir():
         raise UserError(f"{flag} {path} is a file, not a folder; pass a folder (it is created if missing)")
-    if path.exists():
+    if exists:
         check_owned(path, flag)
     missing = [p for p in [path, *path.parents] if not p.exists()]
     try:

@@ -59,7 +59,7 @@ class RunLog:
                 lines = f.read().splitlines()
         except FileNotFoundError:
             return
-        kept = [line for line in lines if _step_of(line) is not None and _step_of(line) <= step]
+        kept = [line for line, at in ((line, _step_of(line)) for line in lines) if at is not None and at <= step]
         write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, fields: dict[str, Any]) -> None:

@@ -103,22 +103,18 @@ def _binary(folder: Path, name: str) -> Path | None:
 
 ARCHIVES = ("cifar-10-binary.tar.gz", "cifar-10-python.tar.gz")  # the two versions' official archives
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-MD5 = "c58f30108f718f92721af3b95e74349a"
 
 
 def check_archive(archive: Path) -> None:
     """An archive in the data folder is extracted only if it is the official one (its MD5)."""
-    import hashlib
+    from torchvision.datasets.utils import calculate_md5
 
-    digest = hashlib.md5(usedforsecurity=False)
     try:
-        with open(archive, "rb") as f:
-            for block in iter(lambda: f.read(2**20), b""):
-                digest.update(block)
+        digest = calculate_md5(archive)
     except OSError as e:
         raise UserError(f"{archive} cannot be read ({e.strerror or e}); download it again") from None
-    if digest.hexdigest() != ARCHIVE_MD5[archive.name]:
-        raise UserError(f"{archive} is not the official archive (its MD5 is {digest.hexdigest()}, not "
+    if digest != ARCHIVE_MD5[archive.name]:
+        raise UserError(f"{archive} is not the official archive (its MD5 is {digest}, not "
                         f"{ARCHIVE_MD5[archive.name]}); delete it and download it again")
 
 
@@ -156,7 +152,7 @@ def _download(root: Path) -> None:
     from torchvision.datasets.utils import download_url
 
     try:
-        download_url(URL, str(root), ARCHIVES[1], MD5)  # checks the archive's MD5
+        download_url(URL, str(root), ARCHIVES[1], ARCHIVE_MD5[ARCHIVES[1]])  # checks the archive's MD5
     except Exception as e:  # network errors come in many types; all mean the same to the user
         (root / ARCHIVES[1]).unlink(missing_ok=True)  # a download that failed its MD5 is not kept
         raise UserError(f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}); "

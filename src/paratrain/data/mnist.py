@@ -78,11 +78,11 @@ def read_idx(path: Path, ndim: int, item_shape: tuple[int, ...] | None = None) -
                                 "use the original MNIST files")
             dims = [int.from_bytes(head[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]  # Python ints
             expected = tuple(dims[1:]) if item_shape is None else item_shape
-            if tuple(dims[1:]) != expected or not 0 < dims[0] <= MAX_IMAGES or math.prod(dims) > MAX_BYTES:
+            size = math.prod(dims)
+            if tuple(dims[1:]) != expected or not 0 < dims[0] <= MAX_IMAGES or size > MAX_BYTES:
                 shape = " x ".join(map(str, expected)) or "one label"
                 raise UserError(f"{path}: its header describes {' x '.join(map(str, dims))}, not up to "
                                 f"{MAX_IMAGES:,} items of {shape}; use the original MNIST files")
-            size = math.prod(dims)
             if path.suffix != ".gz" and path.stat().st_size != header + size:
                 raise UserError(f"{path} has {path.stat().st_size} bytes but its header promises {header + size}; "
                                 "the file is truncated or corrupt, download it again")

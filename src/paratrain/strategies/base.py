@@ -110,7 +110,7 @@ class Strategy:
         (collective; none where the model has no buffers)."""
         from ..batchnorm import broadcast_buffers
 
-        if self.ctx.distributed and any(True for _ in module.buffers()):
+        if self.ctx.distributed:
             broadcast_buffers(module)
 
     def _autocast(self) -> contextlib.AbstractContextManager:

@@ -119,7 +119,7 @@ class PipelineStrategy(Strategy):
         """Hybrid: the copies of a stage take copy 0's buffers (each stage owns its layers' buffers)."""
         from ..batchnorm import broadcast_buffers
 
-        if self.stage.layout.replicas > 1 and any(True for _ in module.buffers()):
+        if self.stage.layout.replicas > 1:
             broadcast_buffers(module, group=self.stage.dp_group)
 
     def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
