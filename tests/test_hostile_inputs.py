@@ -191,11 +191,21 @@ def test_files_of_the_run_replace_links_instead_of_following_them(tmp_path: Path
     victim.write_text("precious\n")
     for name in ("config.yaml", "summary.json"):
         (run / name).symlink_to(victim)
+    with pytest.raises(UserError, match="holds a finished run"):  # the links look like a run: refused first
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), quiet=True, tensorboard=False,
+                                                            devices="1"))
     paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), quiet=True, tensorboard=False,
-                                                        devices="1"))
+                                                        devices="1", overwrite=True))
     assert victim.read_text() == "precious\n"
     assert not (run / "config.yaml").is_symlink() and "steps: 2" in (run / "config.yaml").read_text()
     assert not (run / "summary.json").is_symlink()
+    # and a link planted after the start is replaced, not written through
+    (run / "summary.json").unlink()
+    (run / "summary.json").symlink_to(victim)
+    from paratrain.rundir import write_atomic
+
+    write_atomic(run / "summary.json", "{}\n")
+    assert victim.read_text() == "precious\n" and not (run / "summary.json").is_symlink()
 
 
 def test_eval_reads_data_where_the_command_line_says_not_the_checkpoint(tmp_path: Path,

@@ -24,7 +24,7 @@ from .data import Splits, load_for
 from .data.transforms import unit_scale
 from .errors import UserError
 from .parts import Parts
-from .rundir import check_owned, check_writable
+from .rundir import check_fresh, check_owned, check_writable, clear_run
 
 DataLike = str | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -112,6 +112,9 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     from . import checkpoint, devices, launch, strategies
     from .train import run_length
 
+    fresh = not cfg.resume and not launch.under_torchrun()  # torchrun's starts and restarts carry a run on
+    if fresh:
+        check_fresh(cfg.out, cfg.overwrite)
     strategy = strategies.get(cfg.strategy)
     cfg = strategy.defaults(cfg)
     if launch.under_torchrun():
@@ -131,6 +134,8 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg = strategy.prepare(cfg, data, parts)
     if is_main:
+        if fresh and cfg.overwrite:  # last: any bad input above leaves the old run as it was
+            clear_run(Path(cfg.out))
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         check_owned(Path(cfg.out))  # again: another user could have made it since check_writable
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")

@@ -95,7 +95,8 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
 
 
 def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--no-tensorboard", "--out", str(out), *flags]
+    cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--no-tensorboard", "--overwrite", "--out", str(out),
+           *flags]  # the bench's own runs: a bench run again in its folder measures afresh
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0

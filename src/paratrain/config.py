@@ -101,6 +101,8 @@ class TrainConfig:
     # run directory, logs, checkpoints
     out: str | None = _f(None, "run directory (default: runs/<model>-<dataset>-<time>)")
     resume: str | None = _f(None, "continue the run in this run directory from its last checkpoint")
+    overwrite: bool = _f(False, "clear a run already in --out (its config, checkpoints, logs) and start anew",
+                         flag="--overwrite")
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = _f(1, "how many step checkpoints to keep beside last.pt")
     log_every: int = _f(50, "log training loss/accuracy every N steps")
@@ -243,7 +245,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
     from .rundir import write_atomic
 
-    write_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    # --overwrite was about the folder, once: a resumed run must not inherit it
+    write_atomic(Path(path), yaml.safe_dump(cfg.replace(overwrite=False).to_dict(), sort_keys=False))
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -309,6 +312,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--dropout must be in [0, 1), not {cfg.dropout}")
     if cfg.ema is not None and not 0 < cfg.ema < 1:
         _bad(f"--ema must be a decay in (0, 1), such as 0.999; not {cfg.ema}")
+    if cfg.overwrite and cfg.resume:
+        _bad("--overwrite starts a new run in --out and --resume carries one on; drop one of them")
     if cfg.eval_ema and cfg.ema is None:
         _bad("--eval-ema needs --ema DECAY")
     if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):

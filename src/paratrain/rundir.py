@@ -60,6 +60,41 @@ def check_owned(path: Path, flag: str = "--out") -> None:
                             f"{'folder' if folder else 'log'}; remove it or pass another folder")
 
 
+# What a run writes into its folder; --overwrite removes these and nothing else.
+RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb")
+
+
+def held_run(path: Path) -> str | None:
+    """What run `path` holds (a config, checkpoints, a summary), in words; None when it holds none."""
+    found = [name for name in RUN_FILES if (path / name).exists()]
+    if not found:
+        return None
+    steps = sorted((path / "checkpoints").glob("step-*.pt")) if (path / "checkpoints").is_dir() else []
+    done = "finished" if (path / "summary.json").exists() else "unfinished"
+    return f"a {done} run" + (f", checkpoints up to step {int(steps[-1].stem[5:])}" if steps else "")
+
+
+def check_fresh(path: str | Path, overwrite: bool) -> None:
+    """A new run never lands on top of another: its config and summary would be replaced and the old run's
+    step checkpoints left beside the new ones."""
+    what = held_run(Path(path))
+    if what is not None and not overwrite:
+        raise UserError(f"--out {path} holds {what}; carry it on with --resume {path}, pass a new --out, or add "
+                        "--overwrite to clear it first")
+
+
+def clear_run(path: Path) -> None:
+    """--overwrite: remove the files of the run in `path` (only those a run writes)."""
+    import shutil
+
+    for name in RUN_FILES:
+        inside = path / name
+        if inside.is_dir() and not inside.is_symlink():
+            shutil.rmtree(inside)
+        elif inside.exists() or inside.is_symlink():
+            inside.unlink()
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write a file of the run directory as a new file renamed over the old name: a link planted there is
     replaced, never followed, and a reader never sees half a file."""

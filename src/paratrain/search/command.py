@@ -11,7 +11,8 @@ from ..errors import UserError
 from ..rundir import check_writable
 
 # `paratrain train` options that a search sets itself (or that mean something else here)
-NOT_TRAIN_FLAGS = {"strategy", "out", "resume", "devices", "threads_per_worker", "quiet", "tensorboard", "seed"}
+NOT_TRAIN_FLAGS = {"strategy", "out", "resume", "overwrite", "devices", "threads_per_worker", "quiet", "tensorboard",
+                   "seed"}
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ import yaml
 from .. import config as C
 from ..errors import UserError
 
-NOT_SEARCHABLE = {"out", "resume", "data_dir", "quiet", "tensorboard", "devices", "threads_per_worker"}
+NOT_SEARCHABLE = {"out", "resume", "overwrite", "data_dir", "quiet", "tensorboard", "devices", "threads_per_worker"}
 
 
 @dataclass(frozen=True)
