@@ -108,7 +108,8 @@ def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path) -> None:
     out = tmp_path / "ga"
-    proc = run_cli("search", "--space", _space_file(tmp_path), "--sampler", "genetic", "--population", "4",
+    wide = SPACE.replace("[0.001, 0.003, 0.01]", "[0.001, 0.002, 0.003, 0.005, 0.01, 0.02]")  # 12 points for 8
+    proc = run_cli("search", "--space", _space_file(tmp_path, wide), "--sampler", "genetic", "--population", "4",
                    "--generations", "2", "--parallel", "2", "--steps", "3", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = _complete(out)
@@ -292,3 +293,52 @@ def test_a_storage_whose_tables_another_machine_is_creating_is_tried_again(monke
     with pytest.raises(UserError, match="cannot open the search storage"):
         runner.storage(f"sqlite:///{tmp_path / 'b.db'}")
     assert len(calls) == 1
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("sampler", ["grid", "random", "tpe", "genetic"])
+def test_two_processes_train_every_point_once(tmp_path: Path, sampler: str) -> None:
+    """Both pool processes once built identically seeded samplers: TPE trained trials 0 and 1, then 2 and 3,
+    with the same parameters. Asked for 10 trials of a 6-point space, every sampler trains the 6 points
+    once each (a proposal that repeats a trained point is drawn again) and says why it stops at 6."""
+    out = tmp_path / sampler
+    budget = ["--population", "5", "--generations", "2"] if sampler == "genetic" else ["--trials", "10"]
+    proc = run_cli("search", "--space", _space_file(tmp_path), "--sampler", sampler, *budget, "--parallel", "2",
+                   "--steps", "2", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = _complete(out)
+    assert sorted((int(r["width"]), float(r["lr"])) for r in done) == sorted((p["width"], p["lr"]) for p in PRODUCT)
+    assert len({r["worker"] for r in done}) == 2  # both processes drew and trained
+    if sampler != "grid":
+        assert "the space has 6 distinct points; each is trained once, so 6 trials, not 10" in proc.stdout
+
+
+def test_a_point_already_drawn_is_a_duplicate_at_the_space_precision() -> None:
+    import optuna
+
+    from paratrain.search.runner import duplicate_of
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sp = space.parse({"params": {"lr": {"low": 1.0e-4, "high": 1.0e-2, "log": True}, "width": [16, 32]}})
+    assert sp.size() is None and space.parse({"params": {"depth": {"low": 1, "high": 3}, "width": [8]}}).size() == 3
+    study = optuna.create_study(direction="maximize")
+    dist = {"lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True),
+            "width": optuna.distributions.CategoricalDistribution([16, 32])}
+    study.add_trial(optuna.trial.create_trial(params={"lr": 0.00123456, "width": 16}, distributions=dist, value=0.5))
+    later = study.ask()
+    assert duplicate_of(study, later.number, sp, {"lr": 0.0012346, "width": 16}) == 0  # equal at 4 digits
+    assert duplicate_of(study, later.number, sp, {"lr": 0.0012356, "width": 16}) is None
+    assert duplicate_of(study, later.number, sp, {"lr": 0.00123456, "width": 32}) is None
+    # two drawn at once: the later-numbered gives way, the earlier trains unless the later already passed
+    first, second = study.ask(), study.ask()
+    point = {"lr": 0.005, "width": 32}
+    for t in (first, second):
+        study._storage.set_trial_param(t._trial_id, "lr", 0.005, dist["lr"])
+        study._storage.set_trial_param(t._trial_id, "width", 1, dist["width"])
+    assert duplicate_of(study, second.number, sp, point) == first.number
+    assert duplicate_of(study, first.number, sp, point) is None
+    second.set_user_attr("distinct", True)
+    assert duplicate_of(study, first.number, sp, point) == second.number
+    # a draw only repeats trials that train: a duplicate or an abandoned run holds no point
+    second.set_user_attr("duplicate_of", 0)
+    assert duplicate_of(study, first.number, sp, point) is None

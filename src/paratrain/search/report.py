@@ -16,9 +16,10 @@ def rows(study: Any) -> list[dict[str, Any]]:
     """Every trial that was a real point of the search, in order."""
     out = []
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("unused"):
+        if t.user_attrs.get("unused") or t.user_attrs.get("duplicate_of") is not None:  # held no training
             continue
-        out.append({"number": t.number, "state": t.state.name, "value": t.value, "params": dict(t.params),
+        params = t.user_attrs.get("params", t.params)  # as trained: floats at the space's precision
+        out.append({"number": t.number, "state": t.state.name, "value": t.value, "params": dict(params),
                     "generation": t.system_attrs.get("NSGAIISampler:generation"),
                     "test_accuracy": t.user_attrs.get("test_accuracy"),
                     "train_time_s": t.user_attrs.get("train_time_s"), "error": t.user_attrs.get("error"),
@@ -58,7 +59,9 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None) -> 
     importances = _plot_importance(study, out / "importance.png")
     summary = {"trials": len(trials), "complete": len(done), "failed": sum(r["state"] == "FAIL" for r in trials),
                "best_trial": best["number"], "best_val_accuracy": best["value"], "best_params": best["params"],
-               "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s, "importance": importances}
+               "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s, "importance": importances,
+               # proposals that repeated a trained point and were drawn again instead of trained
+               "redrawn": sum(t.user_attrs.get("duplicate_of") is not None for t in study.get_trials(deepcopy=False))}
     (out / "summary.yaml").write_text(yaml.safe_dump(summary, sort_keys=False))
     return {**summary, "leaderboard": board}
 

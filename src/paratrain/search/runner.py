@@ -14,6 +14,7 @@ import random
 import socket
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,24 +45,32 @@ class Settings:
 
     def budget(self, space: Space) -> int:
         """How many trials the search runs."""
-        if self.sampler == "genetic":
-            return self.trials or self.population * self.generations
         if self.sampler == "grid":
             return min(len(space.grid()), self.trials or len(space.grid()))
-        return self.trials or 20
+        wanted = self.trials or (self.population * self.generations if self.sampler == "genetic" else 20)
+        size = space.size()  # every trial is a distinct point: a finite space caps the budget
+        return wanted if size is None else min(wanted, size)
 
 
-def make_sampler(s: Settings) -> Any:
+def sampler_seed(s: Settings, index: int) -> int:
+    """Each process of a search draws with its own seed: identically seeded samplers in two processes
+    proposed the same points. The pool of the search that made the study counts 0..P-1 from --seed; a
+    `--worker` on another machine mixes in its host and process, which no other process shares."""
+    if not s.worker:
+        return s.seed * 1000 + index
+    return zlib.crc32(f"{s.seed}:{socket.gethostname()}:{os.getpid()}:{index}".encode())
+
+
+def make_sampler(s: Settings, index: int = 0) -> Any:
     import optuna
 
+    seed = sampler_seed(s, index)
     if s.sampler == "genetic":
         return optuna.samplers.NSGAIISampler(population_size=s.population, mutation_prob=s.mutation_prob,
-                                             crossover_prob=s.crossover_prob, seed=s.seed)
+                                             crossover_prob=s.crossover_prob, seed=seed)
     if s.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=s.seed)
-    if s.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=s.seed)
-    return optuna.samplers.RandomSampler(seed=s.seed)  # grid: every point is queued up front (see open_study)
+        return optuna.samplers.TPESampler(seed=seed)
+    return optuna.samplers.RandomSampler(seed=seed)  # random; grid: every point is queued up front (open_study)
 
 
 TABLE_RACE_TRIES = 5
@@ -112,7 +121,7 @@ def _serialise(engine: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
+def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) -> Any:
     """Create the study (queueing the grid's points, recording what the search is) or load it, and refuse to
     mix two different searches in one study."""
     import optuna
@@ -130,11 +139,11 @@ def open_study(s: Settings, space: Space, base: dict[str, Any]) -> Any:
             time.sleep(1)
         else:
             raise UserError(f"no study '{s.study}' in {s.storage}; start the search without --worker first")
-        study = optuna.load_study(study_name=s.study, storage=store, sampler=make_sampler(s))
+        study = optuna.load_study(study_name=s.study, storage=store, sampler=make_sampler(s, index))
     else:
         store = storage(s.storage)
-        study = optuna.create_study(storage=store, sampler=make_sampler(s), study_name=s.study, direction="maximize",
-                                    load_if_exists=True)
+        study = optuna.create_study(storage=store, sampler=make_sampler(s, index), study_name=s.study,
+                                    direction="maximize", load_if_exists=True)
     saved = described(study)
     if saved is None and not s.worker:
         if s.sampler == "grid":
@@ -224,7 +233,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     tune_malloc()
     cfg0 = C.validate(C.from_dict(base))
     data = load_for(cfg0)
-    study = open_study(s, space, base)
+    study = open_study(s, space, base, index)
     budget = study.user_attrs["budget"]
     grid = described(study)["sampler"] == "grid"
 
@@ -236,6 +245,14 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
             trial.set_user_attr("unused", True)
             raise optuna.TrialPruned()
         params = space.suggest(trial)
+        if not grid:  # a point queued again after its run was abandoned is new too: that run holds no point
+            earlier = duplicate_of(study, trial.number, space, params)
+            if earlier is not None:
+                trial.set_user_attr("duplicate_of", earlier)
+                raise optuna.TrialPruned()
+            trial.set_user_attr("distinct", True)
+        redraws[0] = 0
+        trial.set_user_attr("params", params)  # as trained (floats at the space's precision)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         cfg = C.validate(C.from_dict({**base, **params, "out": str(Path(s.out) / "trials" / f"{trial.number:04d}"),
                                       "quiet": True, "tensorboard": False}))
@@ -248,11 +265,41 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
             trial.set_user_attr(key, summary[key])
         return summary["val_accuracy"]
 
+    redraws = [0]  # proposals in a row that repeated an earlier trial
     while True:
         finished, running, waiting = counts(study)
         if (grid and not waiting) or (not grid and not waiting and finished + running >= budget):
             return
+        if "exhausted" in study.user_attrs:
+            return
+        if redraws[0] >= MAX_REDRAWS:
+            study.set_user_attr("exhausted", f"the sampler proposed only points already trained, {MAX_REDRAWS} "
+                                f"times in a row, after {finished} distinct trials")
+            return
+        redraws[0] += 1
         study.optimize(objective, n_trials=1)
+
+
+MAX_REDRAWS = 100
+
+
+def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) -> int | None:
+    """The trial that already trains or trained the point `params` that trial `number` drew, or None.
+
+    Of two trials that draw one point at once, the later-numbered one gives way, unless the other has
+    already passed this check (it is then "distinct" and trains). Trials that only held a point (a
+    duplicate, an unused place, a run abandoned and queued again) do not count."""
+    from optuna.trial import TrialState
+
+    key = space.key(params)
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number or t.user_attrs.get("duplicate_of") is not None or t.user_attrs.get("unused"):
+            continue
+        if t.state == TrialState.FAIL and "error" not in t.user_attrs:
+            continue
+        if space.key(t.params) == key and (t.number < number or t.user_attrs.get("distinct")):
+            return t.number
+    return None
 
 
 def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerator: str,

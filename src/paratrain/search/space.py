@@ -21,6 +21,7 @@ import yaml
 from .. import config as C
 from ..errors import UserError
 
+ROUND_DIGITS = 4  # significant digits a searched float keeps: points closer than that are one point, trained once
 NOT_SEARCHABLE = {"out", "resume", "overwrite", "data_dir", "quiet", "tensorboard", "devices", "threads_per_worker"}
 
 
@@ -51,8 +52,20 @@ class Space:
         names = [p.name for p in self.params]
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*(p.choices for p in self.params))]
 
+    def size(self) -> int | None:
+        """How many distinct points the space has; None when a parameter is a range of floats."""
+        n = 1
+        for p in self.params:
+            if p.choices is not None:
+                n *= len(p.choices)
+            elif p.is_int:
+                n *= p.high - p.low + 1
+            else:
+                return None
+        return n
+
     def suggest(self, trial: Any) -> dict[str, Any]:
-        """Draw one point from an Optuna trial."""
+        """Draw one point from an Optuna trial (floats rounded to the space's precision)."""
         out = {}
         for p in self.params:
             if p.choices is not None:
@@ -60,8 +73,21 @@ class Space:
             elif p.is_int:
                 out[p.name] = trial.suggest_int(p.name, p.low, p.high, log=p.log)
             else:
-                out[p.name] = trial.suggest_float(p.name, float(p.low), float(p.high), log=p.log)
+                value = trial.suggest_float(p.name, float(p.low), float(p.high), log=p.log)
+                out[p.name] = min(max(_rounded(value), float(p.low)), float(p.high))
         return out
+
+    def key(self, params: dict[str, Any]) -> tuple | None:
+        """What makes two points the same training: every parameter, floats at the space's precision. None
+        for a trial that has not drawn all of them yet."""
+        if any(p.name not in params for p in self.params):
+            return None
+        return tuple(_rounded(params[p.name]) if isinstance(params[p.name], float) else params[p.name]
+                     for p in self.params)
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.{ROUND_DIGITS}g}")
 
 
 def _bundled() -> dict[str, Any]:
