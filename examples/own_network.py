@@ -26,7 +26,7 @@ class SmallCNN(nn.Sequential):
 
 def main(devices: str = "2", steps: int = 20, out: str = "runs/own-network") -> dict:
     config = paratrain.TrainConfig(devices=devices, steps=steps, batch_size=64, out=out, quiet=True,
-                                   tensorboard=False)
+                                   tensorboard=False, overwrite=True)  # a second try replaces the first
     return paratrain.fit(SmallCNN, "digits", config,
                          optimizer=lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9))
 
@@ -35,3 +35,10 @@ if __name__ == "__main__":  # spawned workers import this file again: train only
     summary = main(steps=300)
     print(f"{summary['model']} on {summary['world_size']} workers: test accuracy {summary['test_accuracy']:.3f} "
           f"after {summary['steps']} steps -> {summary['run_dir']}")
+    # The trained network, with the preparation of its inputs: new images go in as they come (uint8
+    # tensors, PIL images, image files), class indices come out.
+    from paratrain.data import load_dataset
+
+    classifier = paratrain.load_classifier(summary["run_dir"], model=SmallCNN)
+    images, labels = load_dataset("digits").test  # uint8 N x 1 x 28 x 28
+    print("predicted", classifier.predict(images[:8]).tolist(), "true", labels[:8].tolist())

@@ -4,6 +4,7 @@ The Python API; the `paratrain` command is one client of it:
     fit(make_net, data, TrainConfig(...), optimizer=..., loss=...) -> the run's summary
     evaluate(run_dir, ...)  -> test accuracy and loss of a run's last checkpoint
     load_model(run_dir, ...) -> the trained network
+    load_classifier(run_dir, ...) -> the network with its input preparation: .predict(images), .transform(images)
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_model"]
+__all__ = ["Classifier", "Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_classifier", "load_model"]
 
-_WHERE = {"fit": "api", "evaluate": "api", "load_model": "api", "TrainConfig": "config", "Splits": "data",
-          "UserError": "errors"}
+_WHERE = {"fit": "api", "evaluate": "api", "load_model": "api", "load_classifier": "api", "Classifier": "predict",
+          "TrainConfig": "config", "Splits": "data", "UserError": "errors"}
 
 
 def __getattr__(name: str) -> Any:

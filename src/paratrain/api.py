@@ -24,6 +24,7 @@ from .data import Splits, load_for
 from .data.transforms import unit_scale
 from .errors import UserError
 from .parts import Parts
+from .predict import Classifier
 from .rundir import check_fresh, check_owned, check_writable, clear_run
 
 DataLike = str | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -180,18 +181,46 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
 
 def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:
     """The trained network of a run (its last checkpoint) or of a .pt file, on the CPU, in eval mode.
-    A run of a user's network needs its factory; `ema`: the averaged weights (runs with --ema)."""
+    A run of a user's network needs its factory; `ema`: the averaged weights (runs with --ema).
+    It takes normalised inputs: `load_classifier` gives it with the transform of its training images."""
     from . import checkpoint
 
     state = checkpoint.load(run)
+    return _loaded(run, state, model, ema)[0]
+
+
+def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = None,
+                    ema: bool | None = None) -> Classifier:
+    """A run's trained network with its input preparation: `predict(images)` takes images as they come
+    (uint8 tensors, PIL images, NumPy arrays) and returns class indices (probabilities on request);
+    `transform(images)` gives the normalised batch the network takes. `ema`: the averaged weights (None:
+    as the run was judged, --eval-ema)."""
+    from . import checkpoint
+    from .build import make_batch_transforms
+    from .predict import CLASS_NAMES, Classifier
+
+    state = checkpoint.load(run)
+    use_ema = bool(state["config"].get("eval_ema")) and "ema_model" in state if ema is None else ema
+    net, cfg, splits = _loaded(run, state, model, use_ema)
+    if splits is None:
+        raise UserError(f"checkpoint {run} predates the record of its data's normalisation; evaluate it with "
+                        "paratrain.evaluate(run, data, model=...)")
+    pipeline = make_batch_transforms(cfg, splits, torch.device("cpu"))
+    return Classifier(net, pipeline, splits.channels, splits.image_size, CLASS_NAMES.get(cfg.dataset))
+
+
+def _loaded(run: str | Path, state: dict, model: Callable[[], nn.Module] | None,
+            ema: bool) -> tuple[nn.Module, C.TrainConfig, Splits | None]:
+    """A checkpoint's network in eval mode, its configuration, and splits of its data's shapes (None for
+    a network of the user's in a checkpoint older than those records)."""
     cfg = C.from_dict(state["config"])
     if ema and "ema_model" not in state:
         raise UserError(f"checkpoint {run} has no averaged weights; it was trained without --ema")
-    if "data" in state:  # the shapes the model was built for, saved beside it
+    if "data" in state:  # the shapes and normalisation the model was built for, saved beside it
         splits = Splits.shaped_like(cfg.dataset, state["data"])
-    else:  # a checkpoint from before they were saved: ask the dataset
+    else:  # a checkpoint from before they were saved: ask the dataset (a network of the user's needs none)
         splits = None if cfg.model == "custom" else load_for(C.validate(cfg.replace(data_dir=None, download=False)))
-    return _restore(cfg, splits, state, run, model, ema).eval()
+    return _restore(cfg, splits, state, run, model, ema).eval(), cfg, splits
 
 
 def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | Path,
