@@ -136,7 +136,8 @@ def test_checkpoint_of_another_model(capsys: pytest.CaptureFixture, tmp_path: Pa
     cfg = TrainConfig(model="lenet5").to_dict()
     path = tmp_path / "mixed.pt"
     torch.save({"model": weights, "optimizer": {}, "step": 1, "epoch": 0, "config": cfg}, path)
-    _one_line_error(capsys, _main(["eval", "--checkpoint", str(path)]), "holds weights of a different model")
+    _one_line_error(capsys, _main(["eval", "--checkpoint", str(path)]),
+                    "holds weights of another shape than this lenet5")
 
 
 def test_resume_with_another_model(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import paratrain
 from paratrain import UserError
@@ -91,3 +92,135 @@ def test_the_classifier_takes_images_as_they_come(tmp_path: Path) -> None:
         clf.predict(str(run / "config.yaml"))
     with pytest.raises(UserError, match="must be tensors, NumPy arrays, PIL images or image files"):
         clf.predict(7)
+
+
+# ---- 4. the record says what ran ----
+
+class Small(torch.nn.Sequential):
+    def __init__(self) -> None:
+        super().__init__(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 10))
+
+
+class Wider(torch.nn.Sequential):
+    def __init__(self) -> None:
+        super().__init__(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def _sgd(params):  # noqa: ANN001, ANN202
+    return torch.optim.SGD(params, lr=0.05, momentum=0.8)
+
+
+def test_the_record_names_the_users_network_optimizer_and_loss(tmp_path: Path) -> None:
+    import yaml
+
+    run = tmp_path / "r"
+    summary = paratrain.fit(Small, "digits", paratrain.TrainConfig(steps=3, out=str(run), **QUICK), optimizer=_sgd,
+                            loss=torch.nn.functional.cross_entropy)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["optimizer"] == "custom" and saved["lr"] == 0.05  # not the defaults, adam and 0.002
+    parts = yaml.safe_load((run / "parts.yaml").read_text())
+    assert parts["model"] == "Small" and parts["loss"] == "cross_entropy"
+    assert parts["optimizer"]["class"] == "torch.optim.sgd.SGD" and parts["optimizer"]["momentum"] == 0.8
+    assert summary["parts"] == parts and summary["model"] == "Small"
+    assert paratrain.evaluate(run, model=Small)["model"] == "Small"  # as the summary says, not "custom"
+    # carrying it on needs the optimizer again, and says so
+    with pytest.raises(UserError, match="optimizer factory of yours: pass it again"):
+        paratrain.fit(Small, None, paratrain.TrainConfig(resume=str(run), steps=4, **QUICK))
+    assert paratrain.fit(Small, None, paratrain.TrainConfig(resume=str(run), steps=4, **QUICK),
+                         optimizer=_sgd)["steps"] == 4
+
+
+# ---- 5. messages that name the real cause and fix ----
+
+class Broken(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(100, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))  # 784 features, not 100
+
+
+def test_a_network_that_fails_on_the_data_is_one_line_at_the_users_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as e:
+        paratrain.fit(Broken, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK))
+    assert "your network failed on 2 training images of shape (1, 28, 28): RuntimeError" in str(e.value)
+    assert "test_first_day.py" in str(e.value) and "in forward: return self.fc(x.flatten(1))" in str(e.value)
+    assert not (tmp_path / "r").exists()  # nothing written
+    with pytest.raises(UserError, match=r"returned \(2, 784\) for 2 images; it must return N x 10 logits"):
+        paratrain.fit(torch.nn.Flatten, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK))
+    with pytest.raises(UserError, match="your optimizer factory <lambda> failed: TypeError"):
+        paratrain.fit(Small, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK),
+                      optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentumm=0.9))
+
+
+def test_the_wrong_factory_or_dataset_is_named_as_such(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    run = tmp_path / "r"
+    paratrain.fit(Small, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))
+    for call in (lambda: paratrain.load_model(run, model=Wider),
+                 lambda: paratrain.fit(Wider, None, paratrain.TrainConfig(resume=str(run), steps=3, **QUICK))):
+        with pytest.raises(UserError, match="do not fit the network your factory builds .*; pass the factory the "
+                                            "run was trained with") as e:
+            call()
+        assert "--model" not in str(e.value)
+    # eval of a grey digits run on colour images: the shapes, not a --model that eval does not have
+    grey = tmp_path / "grey"
+    paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(grey), **QUICK))
+    assert _main(["eval", "--checkpoint", str(grey), "--dataset", "synthetic"]) == 0  # same shape: fine
+    capsys.readouterr()
+    with pytest.raises(UserError, match=r"trained on digits images of 1x28x28 in 10 classes; the custom test images "
+                                         r"are 3x28x28 in 10: evaluate it on data like digits's"):
+        x = torch.randint(0, 255, (8, 3, 28, 28), dtype=torch.uint8)
+        pair = (x, torch.arange(8) % 10 + 2)
+        paratrain.evaluate(grey, {"train": pair, "val": pair, "test": pair})
+    # carrying a digits run on with another dataset is refused before anything runs
+    assert _main(["train", "--resume", str(grey), "--dataset", "synthetic", "--steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "trained on digits; carrying it on with synthetic would mix two datasets" in err, err
+    # changed model options on resume name the option
+    mlp = tmp_path / "mlp"
+    paratrain.fit(None, "digits", paratrain.TrainConfig(model="mlp", width=16, steps=2, out=str(mlp), **QUICK))
+    assert _main(["train", "--resume", str(mlp), "--width", "32", "--steps", "4"]) == 2
+    assert "holds a mlp built with width 16; resume it without changing --width" in capsys.readouterr().err
+
+
+SCRIPT = '''
+import torch
+import paratrain
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(28 * 28, 10)
+
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled():  # only in training: the check before launch passes
+            x = x[..., :10, :10]
+        return self.fc(x.flatten(1))
+
+{call}
+'''
+CALL = 'paratrain.fit(Net, "digits", paratrain.TrainConfig(devices="2", steps=3, out={out!r}, quiet=True))'
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("guarded", [False, True])
+def test_spawned_workers_that_fail_in_the_users_script_say_why(tmp_path: Path, guarded: bool) -> None:
+    """Without the __main__ guard the workers re-run the script's fit as they import it; with it, a bug in
+    forward that only training meets fails in the workers. Neither is a lost worker that --max-restarts
+    would mend, and the message says what is."""
+    import subprocess
+    import sys
+
+    call = CALL.format(out=str(tmp_path / "run"))
+    script = tmp_path / "mine.py"
+    script.write_text(SCRIPT.format(call=f'if __name__ == "__main__":\n    {call}' if guarded else call))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "--max-restarts" not in last, proc.stderr[-3000:]
+    if guarded:
+        assert "mat1 and mat2 shapes cannot be multiplied" in last and "(at mine.py:13 in forward: return " \
+            "self.fc(x.flatten(1)))" in last and "the error is in your code" in last, last
+    else:
+        assert 'put the call under `if __name__ == "__main__":`' in last, last
+        assert "bootstrapping phase" not in proc.stderr  # the workers left quietly

@@ -12,20 +12,23 @@ travels by reference, a lambda or local function by value (cloudpickle). Scripts
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from . import config as C
 from .data import Splits, load_for
 from .data.transforms import unit_scale
 from .errors import UserError
+from .own import check_and_describe
 from .parts import Parts
 from .predict import Classifier
-from .rundir import check_fresh, check_owned, check_writable, clear_run
+from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
 
 DataLike = str | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -49,8 +52,14 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     loss: `loss(logits, targets)`, the batch mean (None: cross-entropy).
     Raises UserError for bad input, with a message that says what to do.
     """
+    import multiprocessing
+
     from . import launch
 
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # This is a spawned worker importing the user's script, which calls fit at import (no __main__ guard):
+        # leave quietly, before any work; the parent sees the exit code and says what to do.
+        os._exit(launch.MAIN_GUARD_EXIT)
     cfg = config or C.TrainConfig()
     if cfg.resume:
         cfg = resumed(cfg)
@@ -58,6 +67,11 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         cfg = cfg.replace(model="custom")
     elif cfg.model == "custom":
         raise UserError("config.model 'custom' needs the network's factory: paratrain.fit(model=make_net, ...)")
+    if optimizer is not None:
+        cfg = cfg.replace(optimizer="custom")  # what config.yaml records; own.describe_optimizer says which
+    elif cfg.optimizer == "custom":
+        raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
+                        "paratrain.fit(..., optimizer=make_optimizer)")
     if isinstance(data, str):
         cfg = cfg.replace(dataset=data)
     elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
@@ -129,17 +143,34 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     if resume is not None and (why := checkpoint.model_mismatch(resume, cfg.model, cfg.resume)):
         saved = resume["config"].get("model")
         how = ("in Python: paratrain.fit(model=make_net, config=TrainConfig(resume=...))" if saved == "custom"
-               else f"with --model {saved}")
+               else f"without a factory of yours (paratrain.fit(model=None, ...)), it trains the registry's {saved}"
+               if cfg.model == "custom" else f"with --model {saved}")
         raise UserError(f"{why}; resume {how}")
+    if resume is not None and resume["config"].get("dataset") not in (cfg.dataset, None):
+        raise UserError(f"the run in {cfg.resume} trained on {resume['config']['dataset']}; carrying it on with "
+                        f"{cfg.dataset} would mix two datasets in one run: drop --dataset, or start a new run")
     data = load_data()
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg = strategy.prepare(cfg, data, parts)
+    if resume is not None:  # weights that do not fit fail here in one line, not in every worker
+        from .build import make_model
+
+        checkpoint.load_weights(make_model(cfg, data, parts), resume, cfg.resume, cfg.to_dict())
+    if parts is not None and (parts.model or parts.optimizer or parts.loss):
+        record = check_and_describe(parts, cfg, data)
+        parts = dataclasses.replace(parts, record=record)
+        lr = record.get("optimizer", {}).get("lr")
+        if isinstance(lr, float | int) and not isinstance(lr, bool) and lr > 0:
+            cfg = cfg.replace(lr=float(lr))  # config.yaml's lr is the one that ran
     if is_main:
         if fresh and cfg.overwrite:  # last: any bad input above leaves the old run as it was
             clear_run(Path(cfg.out))
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         check_owned(Path(cfg.out))  # again: another user could have made it since check_writable
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
+        if parts is not None and parts.record:  # what config.yaml names "custom"
+            write_atomic(Path(cfg.out) / "parts.yaml", "# the network, optimizer and loss of your own that ran\n"
+                         + yaml.safe_dump(parts.record, sort_keys=False))
         if not cfg.quiet:
             print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
                   f"{plan.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
@@ -168,6 +199,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     device = devices.resolve(accelerator, "1", None).accelerator  # a bad --accelerator fails before any data
     splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)
     if "data" in state:  # normalise as in training, whatever training set the caller passes now
+        _check_shapes(run, state, splits)
         splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
     net = _restore(cfg, splits, state, run, model, use_ema)
@@ -176,7 +208,30 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
                                  cfg.eval_batch_size, loss)
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
-            "dataset": cfg.dataset, "model": cfg.model, "ema": use_ema, "step": state["step"]}
+            "dataset": cfg.dataset, "model": _model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
+
+
+def _check_shapes(run: str | Path, state: dict, splits: Splits) -> None:
+    """The data evaluated must be what the network takes: its channels, its classes, and its image size
+    where the model takes the data's (a fixed-size model gets any size padded or cropped to its own)."""
+    from .models import input_size
+
+    saved, trained_on = state["data"], state["config"].get("dataset")
+    c, side, k = int(saved["channels"]), int(saved["image_size"]), int(saved["num_classes"])
+    sized_by_data = input_size(state["config"].get("model", "custom"), 0) == 0
+    if splits.channels != c or (sized_by_data and splits.image_size != side) or splits.num_classes > k:
+        raise UserError(f"{run} was trained on {trained_on} images of {c}x{side}x{side} in {k} classes; the "
+                        f"{splits.name} test images are {splits.channels}x{splits.image_size}x{splits.image_size} "
+                        f"in {splits.num_classes}: evaluate it on data like {trained_on}'s")
+
+
+def _model_name(cfg: C.TrainConfig, state: dict, model: Callable[[], nn.Module] | None) -> str:
+    """The model as the run's summary names it: the registry's name, or the class of the user's network."""
+    from .own import name_of
+
+    if cfg.model != "custom":
+        return cfg.model
+    return (state.get("parts") or {}).get("model") or (name_of(model) if model is not None else "custom")
 
 
 def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:

@@ -135,11 +135,25 @@ def model_mismatch(state: dict[str, Any], model: str, where: str | Path) -> str 
     return None if saved == model else f"the checkpoint in {where} is of model '{saved}', not '{model}'"
 
 
-def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path) -> None:
-    """Load the checkpoint's weights into `model`, or explain which model the checkpoint is for."""
+MODEL_OPTIONS = ("width", "depth", "activation", "filters", "kernel")  # the options that shape a registry model
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path,
+                 options: dict[str, Any] | None = None) -> None:
+    """Load the checkpoint's weights into `model`, or say why they do not fit: another network of the user's,
+    or the model options `options` (the run's configuration now) changed since the checkpoint."""
     try:
         model.load_state_dict(state["model"])
-    except RuntimeError:
-        saved = state["config"].get("model", "?") if isinstance(state.get("config"), dict) else "?"
-        raise UserError(f"checkpoint {path} holds weights of a different model (saved with model "
-                        f"'{saved}'); pass --model {saved} with the same model options") from None
+    except RuntimeError as e:
+        saved = state["config"] if isinstance(state.get("config"), dict) else {}
+        detail = " ".join(str(e).split())[:200]
+        if saved.get("model") == "custom":
+            raise UserError(f"checkpoint {path} holds weights that do not fit the network your factory builds "
+                            f"({detail}); pass the factory the run was trained with") from None
+        changed = [k for k in MODEL_OPTIONS if options is not None and k in saved and options.get(k) != saved[k]]
+        if changed:
+            raise UserError(f"checkpoint {path} holds a {saved.get('model')} built with "
+                            + ", ".join(f"{k} {saved[k]}" for k in changed) + "; resume it without changing "
+                            + ", ".join(f"--{k}" for k in changed)) from None
+        raise UserError(f"checkpoint {path} holds weights of another shape than this {saved.get('model', '?')} "
+                        f"({detail})") from None

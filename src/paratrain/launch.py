@@ -214,7 +214,10 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
             return _spawn(cfg, plan, data, resume, restarts, parts)
         except WorkerFailed as e:
             if restarts == cfg.max_restarts:
-                hint = "" if cfg.max_restarts else "; --max-restarts R restarts the run from its last checkpoint"
+                if e.in_user_code:
+                    hint = "; the error is in your code (its traceback is above): fix it and run again"
+                else:
+                    hint = "" if cfg.max_restarts else "; --max-restarts R restarts the run from its last checkpoint"
                 raise UserError(f"{e}; the run stopped{hint}", code=1) from None
             print(f"paratrain: {e}; restarting all workers from the last checkpoint "
                   f"(restart {restarts + 1} of {cfg.max_restarts})", file=sys.stderr, flush=True)
@@ -247,7 +250,15 @@ def _last_checkpoint(cfg: TrainConfig) -> dict[str, Any] | None:
 
 
 class WorkerFailed(Exception):
-    """A worker died or failed (not a user error, not a requested stop): the group can be restarted."""
+    """A worker died or failed (not a user error, not a requested stop): the group can be restarted.
+    `in_user_code`: it raised in the user's own network, loss or optimizer."""
+
+    def __init__(self, message: str, in_user_code: bool = False) -> None:
+        super().__init__(message)
+        self.in_user_code = in_user_code
+
+
+MAIN_GUARD_EXIT = 5  # a spawned worker found the user's script calling fit as it was imported (api.fit)
 
 
 def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
@@ -267,12 +278,19 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
     except mp.ProcessExitedException as e:
         if e.exit_code in (2, 3, 130, 143):  # the worker already printed its one-line message
             raise SystemExit(e.exit_code) from None
+        if e.exit_code == MAIN_GUARD_EXIT:
+            raise UserError("the workers import your script again (processes are spawned), and it calls paratrain.fit "
+                            'when imported: put the call under `if __name__ == "__main__":`') from None
         how = "stopped answering" if e.exit_code == TIMEOUT_EXIT else f"died ({e.msg})"
         raise WorkerFailed(f"worker {e.error_index} {how}") from None
     except mp.ProcessRaisedException as e:  # a bug or a crash, not bad input: show its traceback
+        from .own import user_frame_in_text
+
         print(str(e), file=sys.stderr, flush=True)
         last = str(e).strip().splitlines()[-1] if str(e).strip() else "an exception"
-        raise WorkerFailed(f"worker {e.error_index} failed: {last}") from None
+        where = user_frame_in_text(str(e))  # the user's own code on the stack: a bug a restart will not mend
+        raise WorkerFailed(f"worker {e.error_index} failed: {last}" + (f" (at {where})" if where else ""),
+                           in_user_code=bool(where)) from None
     except (KeyboardInterrupt, _Terminated) as e:
         signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
         stop_processes(context.processes, signum)

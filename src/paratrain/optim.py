@@ -12,6 +12,10 @@ from .config import TrainConfig
 
 
 def make_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if cfg.optimizer == "custom":
+        from .errors import UserError
+
+        raise UserError("optimizer 'custom' is a factory of yours: pass it, paratrain.fit(optimizer=make_opt, ...)")
     wd = cfg.weight_decay
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=wd)

@@ -25,13 +25,16 @@ class Parts:
     model: Callable[[], nn.Module] | None = None
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    record: dict[str, Any] | None = None  # what they are, in words (own.check_and_describe), for the run's record
 
     def model_name(self) -> str:
-        return getattr(self.model, "__qualname__", type(self.model).__name__)
+        from .own import name_of
+
+        return name_of(self.model)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Spawned workers receive their arguments pickled. cloudpickle sends a lambda or a local function
         # by value (plain pickle cannot), and a module-level one by reference, as pickle would.
         import cloudpickle
 
-        return _rebuild, (cloudpickle.dumps((self.model, self.optimizer, self.loss)),)
+        return _rebuild, (cloudpickle.dumps((self.model, self.optimizer, self.loss, self.record)),)

@@ -61,7 +61,7 @@ def check_owned(path: Path, flag: str = "--out") -> None:
 
 
 # What a run writes into its folder; --overwrite removes these and nothing else.
-RUN_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb")
+RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb")
 
 
 def held_run(path: Path) -> str | None:

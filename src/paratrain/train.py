@@ -114,7 +114,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
         model = make_model(cfg, data, self.parts)
         if resume is not None:
-            checkpoint.load_weights(model, resume, cfg.resume)
+            checkpoint.load_weights(model, resume, cfg.resume, cfg.to_dict())
         module = self.strategy.build(model, data, self.loss or F.cross_entropy)
         state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
                                                   self.length.per_epoch, self.ctx.device))
@@ -282,6 +282,8 @@ class Trainer:
         extras = {"scheduler": state.scheduler.state_dict(), "scaler": state.scaler.state_dict(), "step": state.step,
                   "epoch": epoch, "config": self.cfg.to_dict(),
                   "data": self.data.shape_info()}  # to rebuild the model without the data
+        if self.parts.record:
+            extras["parts"] = self.parts.record  # which network, optimizer and loss of the user's ran
         if state.ema is not None:
             extras["ema_model"] = {k: v.detach().cpu() for k, v in state.ema.module.state_dict().items()}
             extras["ema_n_averaged"] = int(state.ema.n_averaged)
@@ -349,7 +351,7 @@ class Trainer:
             "final_lr": state.optimizer.param_groups[0]["lr"], "precision": cfg.precision, "seed": cfg.seed,
             "torch_version": torch.__version__, "devices": self.devices or [str(self.ctx.device)] * self.ctx.world_size,
             "run_dir": str(self.run_dir), "pipeline": added["pipeline"], "restarts": self.restarts,
-            "resumed_from_step": state.first_step or None,
+            "resumed_from_step": state.first_step or None, "parts": self.parts.record or None,
         }
 
 

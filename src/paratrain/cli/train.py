@@ -46,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
         print(strategy.split(cfg, load_for(cfg))[1])
         return 0
-    if cfg.model == "custom" or cfg.dataset == "custom":  # a resumed run of the user's own network or tensors
-        raise UserError(f"{cfg.resume or 'this run'} trains a network or tensors of your own: carry it on in Python, "
-                        "paratrain.fit(model=make_net, data=..., config=TrainConfig(resume=...))")
+    if "custom" in (cfg.model, cfg.dataset, cfg.optimizer):  # a resumed run of the user's own parts or tensors
+        raise UserError(f"{cfg.resume or 'this run'} trains a network, optimizer or tensors of your own: carry it on "
+                        "in Python, paratrain.fit(model=make_net, data=..., optimizer=..., "
+                        "config=TrainConfig(resume=...))")
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     summary = api.train(cfg, lambda: load_for(cfg))

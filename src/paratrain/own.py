@@ -1,0 +1,117 @@
+"""The user's own network, optimizer and loss: checked once in this process before any worker starts, and
+described for the run's record.
+
+A factory that raises, a network that fails on the data's images or returns the wrong shape, an optimizer
+factory that fails: each is one line that names the line of the user's code that failed, here, rather
+than a traceback in every worker followed by a hint about restarts that cannot help.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import UserError
+
+_LIBRARIES = tuple(str(Path(m.__file__).resolve().parent) for m in (torch,)) + (str(Path(__file__).resolve().parent),)
+
+
+def user_frame(tb: Any) -> str:
+    """Where the user's code failed: the last frame of a traceback outside torch and paratrain ("" if none)."""
+    frames = [f for f in traceback.extract_tb(tb) if not str(Path(f.filename).resolve()).startswith(_LIBRARIES)]
+    return _where(frames[-1].filename, frames[-1].lineno, frames[-1].name, frames[-1].line) if frames else ""
+
+
+def user_frame_in_text(text: str) -> str:
+    """The same, from a traceback as text (a worker's, which reaches this process as a string)."""
+    import re
+
+    found = ""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r'\s*File "(.+)", line (\d+), in (.+)', line)
+        if m and not str(Path(m.group(1)).resolve()).startswith(_LIBRARIES):
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            found = _where(m.group(1), int(m.group(2)), m.group(3), code)
+    return found
+
+
+def _where(filename: str, lineno: int | None, name: str, code: str | None) -> str:
+    return f"{Path(filename).name}:{lineno} in {name}" + (f": {code.strip()}" if code else "")
+
+
+def _failed(what: str, e: BaseException) -> UserError:
+    where = user_frame(e.__traceback__)
+    return UserError(f"{what}: {type(e).__name__}: {e}" + (f" (at {where})" if where else ""))
+
+
+def name_of(factory: Any) -> str:
+    """A factory's name as its code spells it (a class, a function, a lambda), without the enclosing
+    function's "<locals>" path."""
+    return getattr(factory, "__qualname__", type(factory).__name__).rsplit("<locals>.", 1)[-1]
+
+
+def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
+    """Build the user's network (once, on the CPU), run it on two training images as training prepares
+    them, and build the optimizer over it. Returns what will run, in words, for config's companion record."""
+    from .build import make_batch_transforms, make_model
+
+    record: dict[str, Any] = {}
+    try:
+        net = make_model(cfg, data, parts)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
+        raise _failed(f"your model factory {name_of(parts.model)} failed", e) from None
+    if parts.model is not None:
+        if not isinstance(net, nn.Module):
+            raise UserError(f"your model factory {name_of(parts.model)} returned a {type(net).__name__}, not an "
+                            "nn.Module")
+        record["model"] = name_of(parts.model)
+        _check_forward(net, cfg, data, make_batch_transforms)
+    if parts.optimizer is not None:
+        try:
+            optimizer = parts.optimizer(net.parameters())
+        except Exception as e:  # noqa: BLE001
+            raise _failed(f"your optimizer factory {name_of(parts.optimizer)} failed", e) from None
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise UserError(f"your optimizer factory {name_of(parts.optimizer)} returned a "
+                            f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
+        record["optimizer"] = describe_optimizer(optimizer)
+    if parts.loss is not None:
+        record["loss"] = name_of(parts.loss)
+    return record
+
+
+def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any) -> None:
+    images = data.train[0][:2]
+    x = make_batch_transforms(cfg, data, torch.device("cpu")).eval(images)
+    net.eval()  # no BatchNorm statistics or dropout draws spent on the check
+    try:
+        with torch.no_grad():
+            out = net(x)
+    except Exception as e:  # noqa: BLE001
+        raise _failed(f"your network failed on 2 training images of shape {tuple(x.shape)[1:]}", e) from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(x), data.num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserError(f"your network returned {got} for {len(x)} images; it must return N x {data.num_classes} "
+                        f"logits, one per class of the data")
+
+
+def describe_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's class and the settings of its first parameter group, as plain values."""
+    group = optimizer.param_groups[0]
+    settings = {k: _plain(v) for k, v in group.items() if k != "params"}
+    return {"class": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}", **settings}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value if isinstance(value, bool | int | float | str | type(None)) else repr(value)
