@@ -224,3 +224,37 @@ def test_spawned_workers_that_fail_in_the_users_script_say_why(tmp_path: Path, g
     else:
         assert 'put the call under `if __name__ == "__main__":`' in last, last
         assert "bootstrapping phase" not in proc.stderr  # the workers left quietly
+
+
+# ---- 6. Python errors are UserError, naming the field or key ----
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: paratrain.TrainConfig(epoch=1), "TrainConfig has no field 'epoch'; did you mean 'epochs'?"),
+    (lambda: paratrain.TrainConfig(lr="fast"), "TrainConfig field 'lr' has an invalid value 'fast'"),
+    (lambda: paratrain.TrainConfig(steps=2.5), "TrainConfig field 'steps' has an invalid value 2.5"),
+    (lambda: paratrain.TrainConfig(5), "TrainConfig takes keyword arguments"),
+    (lambda: paratrain.fit(Small(), "digits"), "pass Small, not Small()"),
+    (lambda: paratrain.fit(Small, "digits", optimizer=torch.optim.SGD(Small().parameters(), lr=0.1)),
+     "optimizer= takes a factory of the parameters"),
+    (lambda: paratrain.fit(Small, "digits", loss="cross_entropy"), "loss= must be callable"),
+    (lambda: paratrain.fit(Small, "digits", {"steps": 3}), "config must be a paratrain.TrainConfig, not a dict"),
+    (lambda: paratrain.fit(Small, {"train": PAIR, "valid": PAIR, "test": PAIR}),
+     "data has no 'val'; did you mean 'val'?"),
+    (lambda: paratrain.fit(Small, {"train": PAIR, "test": PAIR}), "data has no 'val'; give a dict"),
+    (lambda: paratrain.fit(Small, {"train": PAIR, "val": PAIR[0], "test": PAIR}),
+     r"data\['val'\] must be an \(images, labels\) pair"),
+    (lambda: paratrain.load_model("runs/x", model=Small()), "pass Small, not Small()"),
+])
+def test_python_mistakes_are_user_errors(make, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")
+                       if "\\" not in message else message):
+        make()
+
+
+PAIR = (torch.zeros(4, 1, 28, 28, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+
+
+def test_strings_are_read_as_yaml_reads_them() -> None:
+    cfg = paratrain.TrainConfig(lr="0.01", steps="100", quiet="true", devices=2, ema="0.999")
+    assert (cfg.lr, cfg.steps, cfg.quiet, cfg.devices, cfg.ema) == (0.01, 100, True, "2", 0.999)
+    assert cfg.replace(lr=0.5).lr == 0.5  # replace goes through the same door

@@ -60,6 +60,10 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         # This is a spawned worker importing the user's script, which calls fit at import (no __main__ guard):
         # leave quietly, before any work; the parent sees the exit code and says what to do.
         os._exit(launch.MAIN_GUARD_EXIT)
+    _check_callables(model=model, optimizer=optimizer, loss=loss)
+    if config is not None and not isinstance(config, C.TrainConfig):
+        raise UserError(f"config must be a paratrain.TrainConfig, not a {type(config).__name__}; "
+                        "e.g. TrainConfig(steps=100)")
     cfg = config or C.TrainConfig()
     if cfg.resume:
         cfg = resumed(cfg)
@@ -82,6 +86,22 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg), Parts(model, optimizer, loss))
 
 
+def _check_callables(**given: Any) -> None:
+    """model= and optimizer= take factories (every worker builds its own), loss= a function."""
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name == "model" and isinstance(value, nn.Module):
+            kind = type(value).__name__
+            raise UserError(f"model= takes a factory that builds the network, such as its class: pass {kind}, not "
+                            f"{kind}() (every worker builds its own copy)")
+        if name == "optimizer" and isinstance(value, torch.optim.Optimizer):
+            raise UserError("optimizer= takes a factory of the parameters, such as lambda params: "
+                            f"torch.optim.{type(value).__name__}(params, lr=...), not a built optimizer")
+        if not callable(value):
+            raise UserError(f"{name}= must be callable (a class or a function), not a {type(value).__name__}")
+
+
 def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     """The configuration of the run in `cfg.resume` (its config.yaml), with the fields of `cfg` that differ
     from the defaults on top, as `paratrain train --resume RUN FLAGS` puts its flags (config.overlay). A
@@ -98,9 +118,19 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
         return data
     if isinstance(data, str):
         return load_for(cfg.replace(dataset=data))
-    if not isinstance(data, dict) or not {"train", "val", "test"} <= data.keys():
-        raise UserError("data must be a dataset name, a Splits, or a dict with 'train', 'val' and 'test' "
-                        "(images, labels) pairs")
+    if not isinstance(data, dict):
+        raise UserError(f"data must be a dataset name, a Splits, or a dict with 'train', 'val' and 'test' "
+                        f"(images, labels) pairs; not a {type(data).__name__}")
+    missing = [k for k in ("train", "val", "test") if k not in data]
+    if missing:
+        extra = [str(k) for k in data if k not in ("train", "val", "test")]
+        hint = next((C.did_you_mean(k, missing) for k in extra if C.did_you_mean(k, missing)), "")
+        raise UserError(f"data has no {', '.join(repr(k) for k in missing)}{hint}; give a dict with 'train', 'val' "
+                        "and 'test' (images, labels) pairs (a validation set may hold zero images)")
+    for name in ("train", "val", "test"):
+        pair = data[name]
+        if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
+            raise UserError(f"data['{name}'] must be an (images, labels) pair of tensors")
     x = data["train"][0]
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[2] != x.shape[3] or not len(x):
         raise UserError("data['train'] images must be a non-empty tensor of square images N x C x H x H; got "
@@ -188,6 +218,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     from .build import make_batch_transforms
     from .evaluation import evaluate as evaluate_on
 
+    _check_callables(model=model, loss=loss)
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
     if isinstance(data, str):
@@ -240,6 +271,7 @@ def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, em
     It takes normalised inputs: `load_classifier` gives it with the transform of its training images."""
     from . import checkpoint
 
+    _check_callables(model=model)
     state = checkpoint.load(run)
     return _loaded(run, state, model, ema)[0]
 
@@ -254,6 +286,7 @@ def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = Non
     from .build import make_batch_transforms
     from .predict import CLASS_NAMES, Classifier
 
+    _check_callables(model=model)
     state = checkpoint.load(run)
     use_ema = bool(state["config"].get("eval_ema")) and "ema_model" in state if ema is None else ema
     net, cfg, splits = _loaded(run, state, model, use_ema)

@@ -142,13 +142,28 @@ def shown(value: Any, width: int = 60) -> str:
     return short.repr(value)
 
 
-def _coerce(name: str, value: Any) -> Any:
-    """Bring a YAML or flag value to the field's type; a wrong type is a UserError naming the key."""
+def did_you_mean(name: str, names: Any) -> str:
+    """"; did you mean 'x'?" for the closest of `names`, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _coerce(name: str, value: Any, where: str = "config key") -> Any:
+    """Bring a YAML, flag or Python value to the field's type; a wrong type is a UserError naming the key.
+    A string where a number or a bool belongs is read as YAML reads it ("0.01", "true")."""
     if value is None:
         return None
     if not isinstance(value, str | int | float | bool):  # a list or mapping: nested aliases may be gigabytes
-        raise UserError(f"config key '{name}' must be a single value, not a {type(value).__name__}")
+        raise UserError(f"{where} '{name}' must be a single value, not a {type(value).__name__}")
     kind = FIELDS[name].type
+    if isinstance(value, str) and not kind.startswith("str") and name != "devices" and len(value) < 100:
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        value = parsed if isinstance(parsed, int | float | bool) else value
     try:
         if name == "devices":
             return str(value)
@@ -168,14 +183,32 @@ def _coerce(name: str, value: Any) -> Any:
             raise ValueError
         return str(value)
     except (TypeError, ValueError):
-        raise UserError(f"config key '{name}' has an invalid value {shown(value)} (expected {kind})") from None
+        raise UserError(f"{where} '{name}' has an invalid value {shown(value)} (expected {kind})") from None
+
+
+def _checked_init(self: TrainConfig, *args: Any, **values: Any) -> None:
+    """TrainConfig(...) from Python: an unknown or misspelt field, or a value of the wrong type, is a UserError
+    naming the field (a dataclass would raise a TypeError without it)."""
+    if args:
+        raise UserError("TrainConfig takes keyword arguments, such as TrainConfig(steps=100, devices='2')")
+    for name in values:
+        if name not in FIELDS:
+            raise UserError(f"TrainConfig has no field '{name[:40]}'" + (
+                did_you_mean(name, FIELDS) or "; the fields are the options of `paratrain train --help`, with "
+                "underscores"))
+    _dataclass_init(self, **{k: _coerce(k, v, "TrainConfig field") for k, v in values.items()})
+
+
+_dataclass_init = TrainConfig.__init__
+TrainConfig.__init__ = _checked_init  # type: ignore[method-assign]
 
 
 def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
     unknown = sorted(set(values) - set(FIELDS))
     if unknown:
         names = ", ".join(k if len(k) <= 40 else k[:40] + "..." for k in unknown[:5])  # a key may be megabytes
-        raise UserError(f"unknown config key(s): {names}; see `paratrain train --help`")
+        hint = did_you_mean(unknown[0], FIELDS) if len(unknown) == 1 and len(unknown[0]) <= 40 else ""
+        raise UserError(f"unknown config key(s): {names}" + (hint or "; see `paratrain train --help`"))
     base = base or TrainConfig()
     return base.replace(**{k: _coerce(k, v) for k, v in values.items()})
 
