@@ -81,11 +81,19 @@ def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_report_of_finished_runs(tmp_path: Path) -> None:
-    train(tmp_path / "a", "--steps", "10", "--devices", "1")
+    a = train(tmp_path / "a", "--steps", "10", "--devices", "1")
     proc = run_cli("report", str(tmp_path / "a"), "--out", str(tmp_path / "rep"))
     assert proc.returncode == 0, proc.stderr
-    assert "| a | 1 |" in (tmp_path / "rep" / "report.md").read_text()
-    assert (tmp_path / "rep" / "scaling.png").exists()
+    text = (tmp_path / "rep" / "report.md").read_text()
+    # the run's own examples/s, one value without a spread, and no plot or block with nothing to show
+    assert f"| a | 1 | {a['examples_per_sec']:,.0f} |" in text, text
+    assert "±" not in text and "Training flags" not in text
+    assert not (tmp_path / "rep" / "scaling.png").exists() and not (tmp_path / "rep" / "breakdown.png").exists()
+    assert "scaling.png" not in text and (tmp_path / "rep" / "epoch_times.png").exists()
+    train(tmp_path / "b", "--steps", "10", "--devices", "2", "--time-phases")
+    proc = run_cli("report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "rep3"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "rep3" / "scaling.png").exists() and (tmp_path / "rep3" / "breakdown.png").exists()
     proc = run_cli("report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2"))
     assert proc.returncode == 2 and "is not a finished paratrain run" in proc.stderr
 

@@ -108,8 +108,9 @@ def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
 
 def _stats(values: list[float]) -> dict[str, float | None]:
     if not values:
-        return {"mean": None, "std": None}
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
 
 
 def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path, timeout: float) -> dict:
@@ -169,10 +170,13 @@ def result_from_run(run_dir: Path) -> dict:
         run = _read_run(run_dir)
     except (OSError, ValueError) as e:
         raise UserError(f"{run_dir} is not a finished paratrain run ({e}); pass run directories") from None
-    summary, epochs, rates = run["summary"], run["epoch_times"], run["window_rates"]
+    summary, epochs = run["summary"], run["epoch_times"]
     total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
-    return {"name": run_dir.name, "family": summary["strategy"], "devices": summary["world_size"],
-            "status": "ok", "repeats": 1, "examples_per_sec": _stats(rates[1:] or rates),
+    family = "ddp" if summary["strategy"] == "single" else summary["strategy"]  # one device: ddp's first point
+    return {"name": run_dir.name, "family": family, "devices": summary["world_size"],
+            # the run's own figure, as its summary and its last line give it
+            "status": "ok", "repeats": 1, "examples_per_sec": _stats([summary["examples_per_sec"]] if
+                                                                      summary.get("examples_per_sec") else []),
             "epoch_time_s": _stats(epochs[1:] or epochs), "epoch_times_s": epochs,
             "eval_time_s": _stats([summary.get("eval_time_s") or 0.0]), "total_time_s": _stats([total]),
             "test_accuracy": _stats([summary["test_accuracy"]]), "step_phases_s": summary.get("step_phases_s"),

@@ -39,7 +39,8 @@ class TrainConfig:
     model: str = _f("lenet5", "model from the registry", choices=MODELS)
     dataset: str = _f("digits", "dataset (digits is embedded and needs no download)", choices=DATASETS)
     data_dir: str | None = _f(None, "folder with the dataset files, or where to download them")
-    download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download")
+    download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download",
+                        off_help="never download: a missing dataset is an error")
     val_size: int | None = _f(None, "training examples held out for validation (default: per dataset)")
     # model options (used by the models that have them)
     width: int = _f(512, "mlp: neurons per hidden layer")
@@ -110,7 +111,8 @@ class TrainConfig:
     time_phases: bool = _f(False, "time data/compute/all-reduce/optimizer per step (no comm. overlap)",
                            flag="--time-phases")
     histogram_every: int = _f(0, "TensorBoard histograms of weights and gradients every N steps (0: never)")
-    tensorboard: bool = _f(True, "write TensorBoard event files under RUN_DIR/tb", flag="--no-tensorboard")
+    tensorboard: bool = _f(True, "write TensorBoard event files under RUN_DIR/tb", flag="--no-tensorboard",
+                           off_help="write no TensorBoard event files (RUN_DIR/tb)")
     quiet: bool = _f(False, "no progress bar or per-epoch lines", flag="--quiet")
 
     def replace(self, **changes: Any) -> TrainConfig:

@@ -99,21 +99,38 @@ def breakdown(results: list[dict], path: Path) -> None:
 def _fmt(stat: dict | None, digits: int = 2) -> str:
     if not stat or stat["mean"] is None:
         return "-"
+    if stat.get("n", 2) < 2:  # one value has no spread to show
+        return f"{stat['mean']:,.{digits}f}"
     return f"{stat['mean']:,.{digits}f} ± {stat['std']:,.{digits}f}"
 
 
-def write_report(report: dict, out: Path, title: str = "paratrain bench") -> Path:
-    """results.json's content -> PNG plots and report.md in `out`."""
+def _plots(results: list[dict]) -> dict:
+    """The plots the results can fill: scaling needs two device counts of one kind, the breakdown timed runs."""
+    plots = {"epoch_times.png": epoch_times, "times.png": mean_times}
+    counts: dict[str, set] = {}
+    for r in _ok(results):
+        if r["family"] != "cpu":
+            counts.setdefault(r["family"], set()).add(r["devices"])
+    if any(len(c) > 1 for c in counts.values()):
+        plots["scaling.png"] = scaling
+    if any(r.get("step_phases_s") for r in _ok(results)):
+        plots["breakdown.png"] = breakdown
+    return plots
+
+
+def write_report(report: dict, out: Path, title: str = "paratrain bench", rates: str = "windows") -> Path:
+    """results.json's content -> PNG plots and report.md in `out`. `rates`: where examples/s come from, the
+    logged windows after the first (a bench) or each run's summary (`paratrain report` on runs)."""
     results = report["results"]
-    plots = {"epoch_times.png": epoch_times, "times.png": mean_times, "scaling.png": scaling,
-             "breakdown.png": breakdown}
+    plots = _plots(results)
     for name, draw in plots.items():
         draw(results, out / name)
     ctx = report["context"]
+    flags = report.get("train_flags")
     lines = [f"# {title}", "",
              f"torch {ctx['torch_version']}, CPU {ctx['cpu']['model']} ({ctx['cpu']['cores']} cores), "
              f"GPUs: {', '.join(g['name'] for g in ctx['gpus']) or 'none'}; {ctx['time']}.",
-             f"Training flags: `{' '.join(report.get('train_flags', []))}`; repeats: {report.get('repeats', 1)}.", "",
+             *([f"Training flags: `{' '.join(flags)}`; repeats: {report.get('repeats', 1)}."] if flags else []), "",
              "| configuration | devices | examples/s | speed-up | efficiency | epoch (s) | evaluation (s) | total (s) "
              "| test accuracy | step ms: data / compute / all-reduce / optimizer |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -133,11 +150,13 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench") -> Pat
         lines.append(f"| {name} | {r['devices']} | {_fmt(r['examples_per_sec'], 0)} | {speed} | {eff} | "
                      f"{_fmt(r['epoch_time_s'])} | {_fmt(r['eval_time_s'])} | {_fmt(r['total_time_s'])} | "
                      f"{_fmt(r['test_accuracy'], 4)} | {split} |")
-    lines += ["", "Examples/s exclude each run's first logged window (warm-up); epoch times exclude the first "
-              "epoch. Speed-up is against the 1-device row of the same kind of device; efficiency is speed-up / "
-              "devices. A row marked (= X) runs exactly as X does (same processes and threads): it is measured "
-              "once. The step breakdown comes from a separate 30-step run with --time-phases (step 1 left out), which "
-              "synchronises around each phase and all-reduces after the backward pass instead of during it.", ""]
+    rate_note = ("Examples/s exclude each run's first logged window (warm-up)" if rates == "windows" else
+                 "Examples/s are each run's own figure (its summary: every training step over the training time)")
+    lines += ["", f"{rate_note}; epoch times exclude the first epoch. Speed-up is against the 1-device row of "
+              "the same kind of device; efficiency is speed-up / devices. A row marked (= X) runs exactly as X does "
+              "(same processes and threads): it is measured once. The step breakdown comes from a separate 30-step "
+              "run with --time-phases (step 1 left out), which synchronises around each phase and all-reduces "
+              "after the backward pass instead of during it.", ""]
     lines += [f"![{name[:-4]}]({name})" for name in plots]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

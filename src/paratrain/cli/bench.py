@@ -15,7 +15,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="lenet5", choices=C.MODELS[:-1])  # not custom (Python only)
     p.add_argument("--dataset", default="mnist", choices=C.DATASETS[:-1])
     p.add_argument("--data-dir")
-    p.add_argument("--no-download", dest="download", action="store_false")
+    p.add_argument("--no-download", dest="download", action="store_false",
+                   help="never download: a missing dataset is an error")
     p.add_argument("--configs", help="e.g. cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2 (default: all here)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=int, default=None, help="epochs per run (default: 2)")

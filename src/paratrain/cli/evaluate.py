@@ -12,7 +12,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
     p.add_argument("--dataset", choices=C.DATASETS[:-1], help="default: the checkpoint's dataset")
     p.add_argument("--data-dir", help="the dataset's folder (default: ./data/<dataset>; never the checkpoint's)")
-    p.add_argument("--no-download", dest="download", action="store_false", default=None)
+    p.add_argument("--no-download", dest="download", action="store_false", default=None,
+                   help="never download: a missing dataset is an error")
     p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     p.set_defaults(run=run)
 

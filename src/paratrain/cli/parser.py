@@ -4,17 +4,46 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from .. import config as C
 from ..errors import one_line
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line (no usage dump) and exit code 2."""
+    """argparse, but a bad flag is one line (no usage dump) with a "did you mean" and exit code 2, and no
+    abbreviations: `--epoch 1` is not silently `--epochs 1`, and a flag added later never changes what an
+    old command line means."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"paratrain: error: {one_line(message)}; see `{self.prog} --help`", file=sys.stderr)
+        hint = self._did_you_mean(message) if message.startswith("unrecognized arguments:") else ""
+        print(f"paratrain: error: {one_line(message)}{hint}; see `{self.prog} --help`", file=sys.stderr)
         raise SystemExit(2)
+
+    def _did_you_mean(self, message: str) -> str:
+        """The closest flag of the command in use to the first unknown one."""
+        import difflib
+
+        unknown = next((t.split("=")[0] for t in message.split(":", 1)[1].split() if t.startswith("--")), None)
+        if unknown is None:
+            return ""
+        flags = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                command = next((t for t in self._argv if t in action.choices), None)
+                if command is not None:
+                    flags |= set(action.choices[command]._option_string_actions)
+        close = difflib.get_close_matches(unknown, sorted(flags), n=1, cutoff=0.6)
+        return f" (did you mean {close[0]}?)" if close else ""
 
 
 def add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = frozenset()) -> None:
@@ -26,10 +55,12 @@ def add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = fro
         if name in skip:
             continue
         flag = f.metadata.get("flag", "--" + name.replace("_", "-"))
-        helptext = f"{f.metadata['help']} (default: {f.default})"
-        if f.type == "bool":
+        helptext = f.metadata["help"]
+        if f.default is not None and "default" not in helptext:
+            helptext += f" (default: {f.default})"
+        if f.type == "bool":  # a switch: --x turns on what is off, --no-x turns off what is on
             p.add_argument(flag, dest=name, action="store_const", const=not f.default, default=None,
-                           help=f.metadata["help"])
+                           help=f.metadata.get("off_help", f.metadata["help"]) if f.default else f.metadata["help"])
             continue
         kind = int if "int" in f.type else float if "float" in f.type else str
         choices = f.metadata.get("choices")

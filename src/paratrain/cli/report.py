@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     out = check_writable(args.out)
     results = [bench.result_from_run(Path(run)) for run in args.runs]
     out.mkdir(parents=True, exist_ok=True)
-    path = plot.write_report({"context": bench.context(), "results": results}, out, title="paratrain runs")
+    path = plot.write_report({"context": bench.context(), "results": results}, out, title="paratrain runs",
+                             rates="summary")
     print(f"report: {path}")
     return 0

@@ -151,8 +151,11 @@ def extract_safely(archive: Path, dest: Path) -> None:
 def _download(root: Path) -> None:
     from torchvision.datasets.utils import download_url
 
+    from .fetch import undone_on_failure
+
     try:
-        download_url(URL, str(root), ARCHIVES[1], ARCHIVE_MD5[ARCHIVES[1]])  # checks the archive's MD5
+        with undone_on_failure(root):
+            download_url(URL, str(root), ARCHIVES[1], ARCHIVE_MD5[ARCHIVES[1]])  # checks the archive's MD5
     except Exception as e:  # network errors come in many types; all mean the same to the user
         (root / ARCHIVES[1]).unlink(missing_ok=True)  # a download that failed its MD5 is not kept
         raise UserError(f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}); "

@@ -104,9 +104,12 @@ def _find(root: Path, stem: str) -> Path | None:
 def _download(root: Path) -> None:
     import torchvision
 
+    from .fetch import undone_on_failure
+
     try:
-        for train in (True, False):  # torchvision checks each file's MD5
-            torchvision.datasets.MNIST(str(root), train=train, download=True)
+        with undone_on_failure(root, "MNIST"):
+            for train in (True, False):  # torchvision checks each file's MD5
+                torchvision.datasets.MNIST(str(root), train=train, download=True)
     except Exception as e:  # network errors come in many types; all mean the same to the user
         raise UserError(f"could not download MNIST into {root} ({type(e).__name__}: {e}); "
                         "copy the four IDX files there and pass --data-dir") from None
