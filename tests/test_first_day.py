@@ -258,3 +258,61 @@ def test_strings_are_read_as_yaml_reads_them() -> None:
     cfg = paratrain.TrainConfig(lr="0.01", steps="100", quiet="true", devices=2, ema="0.999")
     assert (cfg.lr, cfg.steps, cfg.quiet, cfg.devices, cfg.ema) == (0.01, 100, True, "2", 0.999)
     assert cfg.replace(lr=0.5).lr == 0.5  # replace goes through the same door
+
+
+# ---- 7. small things that cost trust ----
+
+def test_flags_say_what_they_do_once_and_are_never_abbreviated(capsys) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-download never download: a missing dataset is an error" in text
+    assert "--no-tensorboard write no TensorBoard event files" in text
+    assert "(default: per dataset) (default: None)" not in text and "(default: None)" not in text
+    assert _main(["train", "--epoch", "1"]) == 2  # once taken as --epochs 1
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --epoch 1 (did you mean --epochs?)" in err, err
+    assert _main(["search", "--space", "mlp-mnist", "--out", "x", "--trails", "3"]) == 2
+    assert "(did you mean --trials?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_a_failed_download_leaves_nothing(tmp_path: Path, monkeypatch, dataset: str) -> None:  # noqa: ANN001
+    import torchvision
+    import torchvision.datasets.utils
+
+    def offline(root: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        if dataset == "mnist":  # as torchvision does, then fails
+            (Path(root) / "MNIST" / "raw").mkdir(parents=True, exist_ok=True)
+            (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").write_bytes(b"x")
+        else:
+            Path(root).mkdir(parents=True, exist_ok=True)
+            (Path(root) / "cifar-10-python.tar.gz").write_bytes(b"x")
+        raise OSError("no network")
+
+    monkeypatch.setattr(torchvision.datasets, "MNIST", offline)
+    monkeypatch.setattr(torchvision.datasets.utils, "download_url", offline)
+    existing = tmp_path / "mine"
+    existing.mkdir()
+    for folder, left in ((tmp_path / "new" / "deeper", []), (existing, [])):
+        with pytest.raises(UserError, match="could not download"):
+            paratrain.fit(None, dataset, paratrain.TrainConfig(data_dir=str(folder), out=str(tmp_path / "r"),
+                                                               **QUICK))
+        assert not (tmp_path / "new").exists() and sorted(existing.iterdir()) == left
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.integration
+def test_a_logged_run_has_plain_lines_and_a_resume_says_so(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    run = tmp_path / "r"
+    proc = run_cli("train", "--devices", "2", "--steps", "4", "--log-every", "2", "--out", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logged = proc.stdout + proc.stderr  # redirected: no progress bar redrawn with carriage returns
+    assert "\r" not in logged and "step 2/4  loss" in proc.stdout and "epoch 1/1" in proc.stdout
+    assert "leaked semaphore" not in proc.stderr
+    proc = run_cli("train", "--resume", str(run), "--steps", "6", "--devices", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0] == f"paratrain: resuming {run} from its checkpoint of step 4"
+    assert "leaked semaphore" not in proc.stderr

@@ -202,6 +202,8 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
             write_atomic(Path(cfg.out) / "parts.yaml", "# the network, optimizer and loss of your own that ran\n"
                          + yaml.safe_dump(parts.record, sort_keys=False))
         if not cfg.quiet:
+            if resume is not None:
+                print(f"paratrain: resuming {cfg.out} from its checkpoint of step {resume['step']}", flush=True)
             print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
                   f"{plan.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
                   flush=True)

@@ -199,7 +199,7 @@ def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, 
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     measured: dict[tuple, dict] = {}  # resolved set-up -> its row: the same runs are never repeated
-    for config in tqdm(configs, desc="bench", unit="config"):
+    for config in tqdm(configs, desc="bench", unit="config", disable=not sys.stderr.isatty()):
         same = measured.get(_setup(config))
         if same is not None:
             results.append({**same, **asdict(config), "same_as": same["name"]})

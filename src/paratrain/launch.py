@@ -297,9 +297,12 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
         raise SystemExit(128 + signum) from None
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    if results.empty():
-        raise UserError("the workers finished without a summary; see the lines above", code=1)
-    return results.get()
+    try:
+        if results.empty():
+            raise UserError("the workers finished without a summary; see the lines above", code=1)
+        return results.get()
+    finally:
+        results.close()  # its locks are semaphores: released now, not left to the resource tracker
 
 
 class _Terminated(Exception):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,10 @@ class RunLog:
         self.tb = None
         if not active:
             return
+        # tqdm's default lock includes a multiprocessing RLock, a semaphore that a worker leaving through
+        # os._exit (launch.end_process) never releases: "resource_tracker: ... 1 leaked semaphore" at the end
+        # of every run. Only this process writes the console here, so a thread lock is enough.
+        tqdm.set_lock(threading.RLock())
         run_dir.mkdir(parents=True, exist_ok=True)
         self._truncate_after(start_step)
         # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
@@ -48,7 +54,7 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter  # imported only where it is used: ~1 s
 
             self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
-        if not cfg.quiet:
+        if not cfg.quiet and sys.stderr.isatty():  # a log file gets the plain step and epoch lines only
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                             mininterval=0.5)
 

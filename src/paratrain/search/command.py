@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -154,7 +155,8 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
 
     context = mp.start_processes(runner.pool_worker, args=(s, sp, base, threads, accelerator), nprocs=parallel,
                                  join=False, start_method="spawn")
-    bar = tqdm(total=budget, desc="search", unit="trial")
+    # a log file gets a line per finished trial instead of a bar redrawn every second
+    bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
     try:
         while not context.join(timeout=1.0, grace_period=5):
             _progress(bar, study)
@@ -177,7 +179,11 @@ def _progress(bar: Any, study: Any) -> None:
     from . import runner
 
     finished = runner.counts(study)[0]
-    bar.update(max(0, finished - bar.n))
     values = [t.value for t in study.get_trials(deepcopy=False) if t.value is not None]
+    if bar.disable and finished > getattr(bar, "shown", 0):  # a disabled bar counts nothing itself
+        best = f", best validation accuracy {max(values):.4f}" if values else ""
+        print(f"search: {finished}/{bar.total} trials done{best}", flush=True)
+        bar.shown = finished
+    bar.update(max(0, finished - bar.n))
     if values:
         bar.set_postfix(best=f"{max(values):.4f}")
