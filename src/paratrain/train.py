@@ -54,8 +54,10 @@ def run_length(cfg: TrainConfig, n_train: int) -> Length:
     """How many updates the run makes, and in how many epochs (--steps wins over --epochs)."""
     per_epoch = steps_per_epoch(n_train, cfg.batch_size * cfg.accumulate)
     if per_epoch == 0:
-        raise UserError(f"--batch-size {cfg.batch_size} x --accumulate {cfg.accumulate} is more than the {n_train} "
-                        "training examples; lower them")
+        given = (f"--batch-per-worker {cfg.batch_per_worker} (a global batch of {cfg.batch_size})"
+                 if cfg.batch_per_worker else f"--batch-size {cfg.batch_size}")  # the flag the user gave
+        raise UserError(f"{given} x --accumulate {cfg.accumulate} is more than the {n_train} training examples; "
+                        "lower them")
     total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     return Length(per_epoch, total, math.ceil(total / per_epoch))
 
