@@ -45,6 +45,8 @@ def test_overwrite_clears_the_old_run_first(tmp_path: Path) -> None:
     assert summary["steps"] == 3
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt", "step-00000003.pt"]
     assert "overwrite: false" in (run / "config.yaml").read_text()  # a resume of it will not clear it
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["config"]["overwrite"] is False
+    assert paratrain.evaluate(run)["step"] == 3
     assert (run / "notes.txt").read_text() == "mine\n"
     assert all(r["step"] <= 3 for r in map(__import__("json").loads, (run / "metrics.jsonl").read_text().splitlines()))
 
@@ -57,6 +59,24 @@ def test_resume_and_a_fresh_folder_still_work_and_overwrite_with_resume_is_refus
     assert summary["steps"] == 4 and summary["resumed_from_step"] == 2
     with pytest.raises(UserError, match="drop one of them"):
         paratrain.fit(None, "digits", paratrain.TrainConfig(resume=str(run), overwrite=True, **QUICK))
+
+
+def test_a_run_without_checkpoint_is_not_offered_to_resume_and_torchrun_refuses_overwrite(tmp_path: Path,
+                                                                                         monkeypatch) -> None:  # noqa: ANN001
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 3\n")  # a run killed before its first checkpoint
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step-notes.pt").write_text("")  # and a stray file: no crash on its name
+    with pytest.raises(UserError, match="holds a unfinished run; it has no checkpoint to carry on from: pass a new "
+                                        "--out or add --overwrite"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match="every torchrun start \\(and restart\\) carries on the run in --out"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), overwrite=True, **QUICK))
+    assert (run / "config.yaml").read_text() == "steps: 3\n"
 
 
 # ---- 3. a trained model that can be used on new images ----
@@ -147,8 +167,15 @@ def test_a_network_that_fails_on_the_data_is_one_line_at_the_users_line(tmp_path
     assert "your network failed on 2 training images of shape (1, 28, 28): RuntimeError" in str(e.value)
     assert "test_first_day.py" in str(e.value) and "in forward: return self.fc(x.flatten(1))" in str(e.value)
     assert not (tmp_path / "r").exists()  # nothing written
-    with pytest.raises(UserError, match=r"returned \(2, 784\) for 2 images; it must return N x 10 logits"):
-        paratrain.fit(torch.nn.Flatten, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK))
+    def five() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 5))
+
+    with pytest.raises(UserError, match=r"returned \(2, 5\) for 2 images; it must return N x K logits, K at least "
+                                        r"the 10 classes"):
+        paratrain.fit(five, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK))
+    with pytest.raises(UserError, match=r"returned \(10,\) for 2 images"):  # a row per image, even with own loss
+        paratrain.fit(lambda: torch.nn.Sequential(five(), torch.nn.Flatten(0)), "digits",
+                      paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK), loss=lambda z, y: z.sum())
     with pytest.raises(UserError, match="your optimizer factory <lambda> failed: TypeError"):
         paratrain.fit(Small, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK),
                       optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentumm=0.9))
@@ -239,7 +266,7 @@ def test_spawned_workers_that_fail_in_the_users_script_say_why(tmp_path: Path, g
     (lambda: paratrain.fit(Small, "digits", loss="cross_entropy"), "loss= must be callable"),
     (lambda: paratrain.fit(Small, "digits", {"steps": 3}), "config must be a paratrain.TrainConfig, not a dict"),
     (lambda: paratrain.fit(Small, {"train": PAIR, "valid": PAIR, "test": PAIR}),
-     "data has no 'val'; did you mean 'val'?"),
+     "data has no 'val' (is 'valid' meant to be 'val'?)"),
     (lambda: paratrain.fit(Small, {"train": PAIR, "test": PAIR}), "data has no 'val'; give a dict"),
     (lambda: paratrain.fit(Small, {"train": PAIR, "val": PAIR[0], "test": PAIR}),
      r"data\['val'\] must be an \(images, labels\) pair"),
@@ -281,17 +308,19 @@ def test_a_failed_download_leaves_nothing(tmp_path: Path, monkeypatch, dataset: 
     import torchvision
     import torchvision.datasets.utils
 
-    def offline(root: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        if dataset == "mnist":  # as torchvision does, then fails
-            (Path(root) / "MNIST" / "raw").mkdir(parents=True, exist_ok=True)
-            (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").write_bytes(b"x")
-        else:
-            Path(root).mkdir(parents=True, exist_ok=True)
-            (Path(root) / "cifar-10-python.tar.gz").write_bytes(b"x")
+    def mnist_offline(root: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        (Path(root) / "MNIST" / "raw").mkdir(parents=True, exist_ok=True)  # as torchvision does, then fails
+        (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").write_bytes(b"x")
         raise OSError("no network")
 
-    monkeypatch.setattr(torchvision.datasets, "MNIST", offline)
-    monkeypatch.setattr(torchvision.datasets.utils, "download_url", offline)
+    def cifar_offline(url: str, root: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        Path(root).mkdir(parents=True, exist_ok=True)
+        (Path(root) / "cifar-10-python.tar.gz").write_bytes(b"x")
+        raise OSError("no network")
+
+    monkeypatch.setattr(torchvision.datasets, "MNIST", mnist_offline)
+    monkeypatch.setattr(torchvision.datasets.utils, "download_url", cifar_offline)
+    monkeypatch.chdir(tmp_path)  # anything written by mistake lands here, not in the checkout
     existing = tmp_path / "mine"
     existing.mkdir()
     for folder, left in ((tmp_path / "new" / "deeper", []), (existing, [])):
@@ -299,7 +328,7 @@ def test_a_failed_download_leaves_nothing(tmp_path: Path, monkeypatch, dataset: 
             paratrain.fit(None, dataset, paratrain.TrainConfig(data_dir=str(folder), out=str(tmp_path / "r"),
                                                                **QUICK))
         assert not (tmp_path / "new").exists() and sorted(existing.iterdir()) == left
-    assert not (tmp_path / "r").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # nothing else, no run folder either
 
 
 @pytest.mark.integration

@@ -342,3 +342,49 @@ def test_a_point_already_drawn_is_a_duplicate_at_the_space_precision() -> None:
     # a draw only repeats trials that train: a duplicate or an abandoned run holds no point
     second.set_user_attr("duplicate_of", 0)
     assert duplicate_of(study, first.number, sp, point) is None
+
+
+def test_each_process_and_each_resumed_search_draws_its_own_points() -> None:
+    """Identically seeded samplers proposed the same points in both pool processes, and a resumed search
+    replayed its first proposals (all trained by then)."""
+    import optuna
+
+    from paratrain.search.runner import Settings, make_sampler, sampler_seed
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sp = space.parse({"params": {"width": list(range(8, 108)), "lr": {"low": 1.0e-4, "high": 1.0e-2, "log": True}}})
+
+    def first_point(settings: Settings, index: int, done: int = 0) -> tuple:
+        study = optuna.create_study(sampler=make_sampler(settings, index, done))
+        return sp.key(sp.suggest(study.ask()))
+
+    for sampler in ("random", "tpe", "genetic"):
+        s = Settings(sampler, 4, 2, None, 0.9, 8, 2, 1, "sqlite://", "s", "out", 0, False)
+        assert first_point(s, 0) == first_point(s, 0)  # seeded: a search is repeatable
+        assert first_point(s, 0) != first_point(s, 1)  # but two processes differ
+        assert first_point(s, 0) != first_point(s, 0, done=6)  # and so does a search resumed after 6 trials
+    worker = Settings("random", 4, 2, None, 0.9, 8, 2, 1, "sqlite://", "s", "out", 0, True)
+    own = Settings("random", 4, 2, None, 0.9, 8, 2, 1, "sqlite://", "s", "out", 0, False)
+    assert sampler_seed(worker, 0) not in {sampler_seed(own, i) for i in range(64)}  # another machine
+
+
+def test_trials_that_hold_no_training_are_no_duplicates() -> None:
+    import optuna
+    from optuna.trial import TrialState
+
+    from paratrain.search.runner import duplicate_of
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sp = space.parse({"params": {"width": [16, 32]}})
+    study = optuna.create_study(direction="maximize")
+    dist = {"width": optuna.distributions.CategoricalDistribution([16, 32])}
+    for state, attrs in ((TrialState.FAIL, {}), (TrialState.PRUNED, {"unused": True}),
+                         (TrialState.PRUNED, {"duplicate_of": 0})):
+        study.add_trial(optuna.trial.create_trial(params={"width": 16}, distributions=dist, state=state,
+                                                  user_attrs=attrs))
+    later = study.ask()
+    assert duplicate_of(study, later.number, sp, {"width": 16}) is None  # abandoned, unused, a duplicate
+    study.add_trial(optuna.trial.create_trial(params={"width": 16}, distributions=dist, state=TrialState.FAIL,
+                                              user_attrs={"error": "the loss became nan"}))
+    assert duplicate_of(study, study.ask().number, sp, {"width": 16}) == 4  # failed for its own reasons: trained
+    assert sp.size() == 2 and space.parse({"params": {"lr": [0.1, 0.100001, 0.2]}}).size() == 2

@@ -24,7 +24,7 @@ from torch import nn
 from . import config as C
 from .data import Splits, load_for
 from .data.transforms import unit_scale
-from .errors import UserError
+from .errors import UserError, closest
 from .own import check_and_describe
 from .parts import Parts
 from .predict import Classifier
@@ -124,7 +124,8 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
     missing = [k for k in ("train", "val", "test") if k not in data]
     if missing:
         extra = [str(k) for k in data if k not in ("train", "val", "test")]
-        hint = next((C.did_you_mean(k, missing) for k in extra if C.did_you_mean(k, missing)), "")
+        meant = next(((k, m) for k in extra if (m := closest(k, missing))), None)
+        hint = f" (is '{meant[0]}' meant to be '{meant[1]}'?)" if meant else ""
         raise UserError(f"data has no {', '.join(repr(k) for k in missing)}{hint}; give a dict with 'train', 'val' "
                         "and 'test' (images, labels) pairs (a validation set may hold zero images)")
     for name in ("train", "val", "test"):
@@ -158,6 +159,9 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     from .train import run_length
 
     fresh = not cfg.resume and not launch.under_torchrun()  # torchrun's starts and restarts carry a run on
+    if cfg.overwrite and launch.under_torchrun():
+        raise UserError("--overwrite clears a run before a fresh start, and every torchrun start (and restart) "
+                        "carries on the run in --out: clear the folder before launching, or pass a new --out")
     if fresh:
         check_fresh(cfg.out, cfg.overwrite)
     strategy = strategies.get(cfg.strategy)
@@ -192,9 +196,11 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
         lr = record.get("optimizer", {}).get("lr")
         if isinstance(lr, float | int) and not isinstance(lr, bool) and lr > 0:
             cfg = cfg.replace(lr=float(lr))  # config.yaml's lr is the one that ran
+    if is_main and fresh and cfg.overwrite:  # last: any bad input above leaves the old run as it was
+        clear_run(Path(cfg.out))
+    # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again
+    cfg = cfg.replace(overwrite=False)
     if is_main:
-        if fresh and cfg.overwrite:  # last: any bad input above leaves the old run as it was
-            clear_run(Path(cfg.out))
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         check_owned(Path(cfg.out))  # again: another user could have made it since check_writable
         C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
@@ -227,7 +233,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
         dataset = data
     # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come
     # from someone else
-    cfg = C.validate(cfg.replace(dataset=dataset or cfg.dataset, data_dir=data_dir,
+    cfg = C.validate(cfg.replace(dataset=dataset or cfg.dataset, data_dir=data_dir, overwrite=False,
                                  download=C.TrainConfig.download if download is None else download))
     device = devices.resolve(accelerator, "1", None).accelerator  # a bad --accelerator fails before any data
     splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)

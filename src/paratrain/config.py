@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from .errors import UserError, closest
 from .strategies import REGISTRY
 
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
@@ -146,10 +148,8 @@ def shown(value: Any, width: int = 60) -> str:
 
 def did_you_mean(name: str, names: Any) -> str:
     """"; did you mean 'x'?" for the closest of `names`, or ""."""
-    import difflib
-
-    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    close = closest(name, names)
+    return f"; did you mean '{close}'?" if close else ""
 
 
 def _coerce(name: str, value: Any, where: str = "config key") -> Any:
@@ -157,6 +157,12 @@ def _coerce(name: str, value: Any, where: str = "config key") -> Any:
     A string where a number or a bool belongs is read as YAML reads it ("0.01", "true")."""
     if value is None:
         return None
+    if isinstance(value, os.PathLike):  # TrainConfig(out=Path(...))
+        value = os.fspath(value)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):  # NumPy integers, say
+        value = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
     if not isinstance(value, str | int | float | bool):  # a list or mapping: nested aliases may be gigabytes
         raise UserError(f"{where} '{name}' must be a single value, not a {type(value).__name__}")
     kind = FIELDS[name].type
@@ -281,8 +287,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
     from .rundir import write_atomic
 
-    # --overwrite was about the folder, once: a resumed run must not inherit it
-    write_atomic(Path(path), yaml.safe_dump(cfg.replace(overwrite=False).to_dict(), sort_keys=False))
+    write_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:

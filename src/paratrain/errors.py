@@ -9,6 +9,14 @@ class UserError(Exception):
         self.code = code
 
 
+def closest(name: str, names: object) -> str | None:
+    """The one of `names` that `name` most likely misspells, or None."""
+    import difflib
+
+    found = difflib.get_close_matches(name, [str(n) for n in names], n=1, cutoff=0.6)  # type: ignore[attr-defined]
+    return found[0] if found else None
+
+
 MAX_MESSAGE = 1000  # characters: a message may quote a value of the user's, which may be megabytes
 
 

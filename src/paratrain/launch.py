@@ -302,7 +302,7 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
             raise UserError("the workers finished without a summary; see the lines above", code=1)
         return results.get()
     finally:
-        results.close()  # its locks are semaphores: released now, not left to the resource tracker
+        results.close()  # its pipes now, not at the garbage collector's leisure
 
 
 class _Terminated(Exception):

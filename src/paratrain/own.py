@@ -17,7 +17,16 @@ from torch import nn
 
 from .errors import UserError
 
-_LIBRARIES = tuple(str(Path(m.__file__).resolve().parent) for m in (torch,)) + (str(Path(__file__).resolve().parent),)
+
+def _libraries() -> tuple[str, ...]:
+    """Where code that is not the user's lives: Python's standard library, installed packages, paratrain."""
+    import sysconfig
+
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(str(Path(p).resolve()) for p in paths) + (str(Path(__file__).resolve().parent),)
+
+
+_LIBRARIES = _libraries()
 
 
 def user_frame(tb: Any) -> str:
@@ -72,7 +81,7 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
             raise UserError(f"your model factory {name_of(parts.model)} returned a {type(net).__name__}, not an "
                             "nn.Module")
         record["model"] = name_of(parts.model)
-        _check_forward(net, cfg, data, make_batch_transforms)
+        _check_forward(net, cfg, data, make_batch_transforms, own_loss=parts.loss is not None)
     if parts.optimizer is not None:
         try:
             optimizer = parts.optimizer(net.parameters())
@@ -87,7 +96,11 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
     return record
 
 
-def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any) -> None:
+def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, own_loss: bool) -> None:
+    """Two training images through the network, as training prepares them: it must give a row per image,
+    and (for the accuracy, and the default cross-entropy) a score for every class the labels hold."""
+    if any(p.device.type != "cpu" for p in net.parameters()):  # a factory that picks its device: left to the run
+        return
     images = data.train[0][:2]
     x = make_batch_transforms(cfg, data, torch.device("cpu")).eval(images)
     net.eval()  # no BatchNorm statistics or dropout draws spent on the check
@@ -96,10 +109,12 @@ def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: A
             out = net(x)
     except Exception as e:  # noqa: BLE001
         raise _failed(f"your network failed on 2 training images of shape {tuple(x.shape)[1:]}", e) from None
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(x), data.num_classes):
+    rows = isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == len(x)
+    scores = rows and out.dim() == 2 and out.shape[1] >= data.num_classes
+    if not rows or not (scores or own_loss):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise UserError(f"your network returned {got} for {len(x)} images; it must return N x {data.num_classes} "
-                        f"logits, one per class of the data")
+        raise UserError(f"your network returned {got} for {len(x)} images; it must return N x K logits, K at "
+                        f"least the {data.num_classes} classes of the data")
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -69,9 +69,10 @@ def held_run(path: Path) -> str | None:
     found = [name for name in RUN_FILES if (path / name).exists()]
     if not found:
         return None
-    steps = sorted((path / "checkpoints").glob("step-*.pt")) if (path / "checkpoints").is_dir() else []
+    steps = [int(p.stem[5:]) for p in (path / "checkpoints").glob("step-*.pt") if p.stem[5:].isdigit()] \
+        if (path / "checkpoints").is_dir() else []
     done = "finished" if (path / "summary.json").exists() else "unfinished"
-    return f"a {done} run" + (f", checkpoints up to step {int(steps[-1].stem[5:])}" if steps else "")
+    return f"a {done} run" + (f", checkpoints up to step {max(steps)}" if steps else "")
 
 
 def check_fresh(path: str | Path, overwrite: bool) -> None:
@@ -79,8 +80,10 @@ def check_fresh(path: str | Path, overwrite: bool) -> None:
     step checkpoints left beside the new ones."""
     what = held_run(Path(path))
     if what is not None and not overwrite:
-        raise UserError(f"--out {path} holds {what}; carry it on with --resume {path}, pass a new --out, or add "
-                        "--overwrite to clear it first")
+        resumable = (Path(path) / "checkpoints" / "last.pt").is_file()
+        how = f"carry it on with --resume {path}, pass a new --out," if resumable else \
+            "it has no checkpoint to carry on from: pass a new --out"
+        raise UserError(f"--out {path} holds {what}; {how} or add --overwrite to clear it first")
 
 
 def clear_run(path: Path) -> None:

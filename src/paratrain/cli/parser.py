@@ -31,7 +31,7 @@ class Parser(argparse.ArgumentParser):
 
     def _did_you_mean(self, message: str) -> str:
         """The closest flag of the command in use to the first unknown one."""
-        import difflib
+        from ..errors import closest
 
         unknown = next((t.split("=")[0] for t in message.split(":", 1)[1].split() if t.startswith("--")), None)
         if unknown is None:
@@ -42,8 +42,8 @@ class Parser(argparse.ArgumentParser):
                 command = next((t for t in self._argv if t in action.choices), None)
                 if command is not None:
                     flags |= set(action.choices[command]._option_string_actions)
-        close = difflib.get_close_matches(unknown, sorted(flags), n=1, cutoff=0.6)
-        return f" (did you mean {close[0]}?)" if close else ""
+        close = closest(unknown, sorted(flags))
+        return f" (did you mean {close}?)" if close else ""
 
 
 def add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = frozenset()) -> None:

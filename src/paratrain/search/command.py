@@ -69,6 +69,8 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
 
     load_for(cfg)  # a missing or corrupt dataset fails here, once
     study = runner.open_study(settings, sp, base)
+    if not args.worker and study.user_attrs.get("exhausted"):  # a resumed search tries again, with new seeds
+        study.set_user_attr("exhausted", None)
     if not args.worker and settings.storage.startswith("sqlite"):
         requeued = runner.requeue_abandoned(study)
         if requeued:
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     start = time.perf_counter()
     _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
     wall = time.perf_counter() - start
-    if "exhausted" in study.user_attrs:
+    if study.user_attrs.get("exhausted"):
         print(f"search: ended early: {study.user_attrs['exhausted']}; the space has no new points left to try")
     if args.worker:
         print(f"search worker: done after {wall:.0f} s")

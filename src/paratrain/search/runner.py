@@ -52,19 +52,20 @@ class Settings:
         return wanted if size is None else min(wanted, size)
 
 
-def sampler_seed(s: Settings, index: int) -> int:
+def sampler_seed(s: Settings, index: int, done: int = 0) -> int:
     """Each process of a search draws with its own seed: identically seeded samplers in two processes
-    proposed the same points. The pool of the search that made the study counts 0..P-1 from --seed; a
-    `--worker` on another machine mixes in its host and process, which no other process shares."""
+    proposed the same points. The pool of the search that made the study counts 0..P-1 from --seed, and a
+    search resumed after `done` trials starts elsewhere (it would replay its first proposals, all trained);
+    a `--worker` on another machine mixes in its host and process, which no other process shares."""
     if not s.worker:
-        return s.seed * 1000 + index
+        return s.seed * 1000 + index + 1_000_003 * done
     return zlib.crc32(f"{s.seed}:{socket.gethostname()}:{os.getpid()}:{index}".encode())
 
 
-def make_sampler(s: Settings, index: int = 0) -> Any:
+def make_sampler(s: Settings, index: int = 0, done: int = 0) -> Any:
     import optuna
 
-    seed = sampler_seed(s, index)
+    seed = sampler_seed(s, index, done)
     if s.sampler == "genetic":
         return optuna.samplers.NSGAIISampler(population_size=s.population, mutation_prob=s.mutation_prob,
                                              crossover_prob=s.crossover_prob, seed=seed)
@@ -234,6 +235,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     cfg0 = C.validate(C.from_dict(base))
     data = load_for(cfg0)
     study = open_study(s, space, base, index)
+    study.sampler = make_sampler(s, index, len(study.get_trials(deepcopy=False)))  # a resumed search draws anew
     budget = study.user_attrs["budget"]
     grid = described(study)["sampler"] == "grid"
 
@@ -270,7 +272,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
         finished, running, waiting = counts(study)
         if (grid and not waiting) or (not grid and not waiting and finished + running >= budget):
             return
-        if "exhausted" in study.user_attrs:
+        if study.user_attrs.get("exhausted"):
             return
         if redraws[0] >= MAX_REDRAWS:
             study.set_user_attr("exhausted", f"the sampler proposed only points already trained, {MAX_REDRAWS} "
@@ -288,7 +290,9 @@ def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) 
 
     Of two trials that draw one point at once, the later-numbered one gives way, unless the other has
     already passed this check (it is then "distinct" and trains). Trials that only held a point (a
-    duplicate, an unused place, a run abandoned and queued again) do not count."""
+    duplicate, an unused place, a run abandoned and queued again) do not count. Not atomic: two trials whose
+    checks interleave between one's check and its "distinct" mark can both train one point (a window of
+    milliseconds; the search's report then shows both)."""
     from optuna.trial import TrialState
 
     key = space.key(params)

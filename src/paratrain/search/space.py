@@ -56,8 +56,8 @@ class Space:
         """How many distinct points the space has; None when a parameter is a range of floats."""
         n = 1
         for p in self.params:
-            if p.choices is not None:
-                n *= len(p.choices)
+            if p.choices is not None:  # choices closer than the precision are one point
+                n *= len({_rounded(c) if isinstance(c, float) else c for c in p.choices})
             elif p.is_int:
                 n *= p.high - p.low + 1
             else:
