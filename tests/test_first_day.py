@@ -68,9 +68,16 @@ def test_a_run_without_checkpoint_is_not_offered_to_resume_and_torchrun_refuses_
     (run / "config.yaml").write_text("steps: 3\n")  # a run killed before its first checkpoint
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "step-notes.pt").write_text("")  # and a stray file: no crash on its name
-    with pytest.raises(UserError, match="holds a unfinished run; it has no checkpoint to carry on from: pass a new "
+    with pytest.raises(UserError, match="holds an unfinished run; it has no checkpoint to carry on from: pass a new "
                                         "--out or add --overwrite"):
         paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))
+    # a run that ended before its first step (a script without the __main__ guard) left nothing to keep
+    empty = tmp_path / "e"
+    empty.mkdir()
+    (empty / "config.yaml").write_text("steps: 3\n")
+    (empty / "parts.yaml").write_text("model: Old\n")
+    paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(empty), **QUICK))
+    assert not (empty / "parts.yaml").exists() and "steps: 2" in (empty / "config.yaml").read_text()
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
@@ -345,3 +352,24 @@ def test_a_logged_run_has_plain_lines_and_a_resume_says_so(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[0] == f"paratrain: resuming {run} from its checkpoint of step 4"
     assert "leaked semaphore" not in proc.stderr
+
+
+def test_what_a_python_user_sees(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    run = tmp_path / "r"
+    paratrain.fit(Small, "digits", paratrain.TrainConfig(steps=3, out=str(run), quiet=True, tensorboard=False,
+                                                         devices="1"),
+                  optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.5, weight_decay=1e-4))
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("test_accuracy ") and out.splitlines()[-1].endswith(f"-> {run}")
+    import yaml
+
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["optimizer"], saved["lr"], saved["momentum"], saved["weight_decay"]) == ("custom", 0.05, 0.5, 1e-4)
+    with pytest.raises(UserError, match="pass the factory the run was trained with, Small"):
+        paratrain.load_model(run, model=Wider)
+    with pytest.raises(UserError, match="a resumed run carries on in its own folder"):
+        paratrain.fit(Small, None, paratrain.TrainConfig(resume=str(run), out=str(tmp_path / "other"), **QUICK))
+    assert _main(["train", "--resume", str(run), "--out", str(tmp_path / "other")]) == 2
+    assert "drop --out" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    with pytest.raises(UserError, match="unknown optimizer 'sgdd'; did you mean 'sgd'\\?; choose one of: adam, sgd"):
+        paratrain.fit(Small, "digits", paratrain.TrainConfig(optimizer="sgdd", out=str(tmp_path / "x"), **QUICK))

@@ -388,3 +388,15 @@ def test_trials_that_hold_no_training_are_no_duplicates() -> None:
                                               user_attrs={"error": "the loss became nan"}))
     assert duplicate_of(study, study.ask().number, sp, {"width": 16}) == 4  # failed for its own reasons: trained
     assert sp.size() == 2 and space.parse({"params": {"lr": [0.1, 0.100001, 0.2]}}).size() == 2
+
+
+def test_messages_name_what_differs_and_the_likely_key() -> None:
+    from paratrain.search.runner import _differences
+
+    with pytest.raises(UserError, match="'widht' is not a `paratrain train` option that a search can set; did you "
+                                        "mean 'width'\\?"):
+        space.parse({"params": {"widht": [8, 16]}})
+    old = {"sampler": "random", "space": {"width": [8, 16]}, "base": {"steps": 5, "seed": 0}}
+    new = {"sampler": "random", "space": {"width": [8, 16]}, "base": {"steps": 6, "seed": 0}}
+    assert _differences(old, new) == "steps 5 there, 6 here"
+    assert _differences({**old, "sampler": "tpe"}, old) == "sampler tpe there, random here"

@@ -102,6 +102,21 @@ def _check_callables(**given: Any) -> None:
             raise UserError(f"{name}= must be callable (a class or a function), not a {type(value).__name__}")
 
 
+def _settings_that_ran(optimizer: dict[str, Any]) -> dict[str, Any]:
+    """The user's optimizer's lr, momentum, weight decay and Nesterov flag, for config.yaml (where it has
+    them): config.yaml then records what ran, not the defaults; parts.yaml has the rest."""
+    found = {}
+    for name in ("lr", "momentum", "weight_decay"):
+        value = optimizer.get(name)
+        if isinstance(value, float | int) and not isinstance(value, bool) and value >= 0:
+            found[name] = float(value)
+    if isinstance(optimizer.get("nesterov"), bool):
+        found["nesterov"] = optimizer["nesterov"]
+    if found.get("lr") == 0:
+        del found["lr"]
+    return found
+
+
 def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     """The configuration of the run in `cfg.resume` (its config.yaml), with the fields of `cfg` that differ
     from the defaults on top, as `paratrain train --resume RUN FLAGS` puts its flags (config.overlay). A
@@ -109,6 +124,9 @@ def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     default = C.TrainConfig()
     changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
                if getattr(cfg, f.name) != getattr(default, f.name)}
+    if cfg.out and Path(cfg.out).resolve() != Path(cfg.resume).resolve():
+        raise UserError(f"a resumed run carries on in its own folder, {cfg.resume}; drop out={cfg.out!r} (or copy "
+                        "the run there and resume that copy)")
     return C.overlay(C.of_run(cfg.resume, f"resume={cfg.resume}"), changed)
 
 
@@ -184,7 +202,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
         raise UserError(f"the run in {cfg.resume} trained on {resume['config']['dataset']}; carrying it on with "
                         f"{cfg.dataset} would mix two datasets in one run: drop --dataset, or start a new run")
     data = load_data()
-    run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
+    length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg = strategy.prepare(cfg, data, parts)
     if resume is not None:  # weights that do not fit fail here in one line, not in every worker
         from .build import make_model
@@ -193,11 +211,9 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     if parts is not None and (parts.model or parts.optimizer or parts.loss):
         record = check_and_describe(parts, cfg, data)
         parts = dataclasses.replace(parts, record=record)
-        lr = record.get("optimizer", {}).get("lr")
-        if isinstance(lr, float | int) and not isinstance(lr, bool) and lr > 0:
-            cfg = cfg.replace(lr=float(lr))  # config.yaml's lr is the one that ran
-    if is_main and fresh and cfg.overwrite:  # last: any bad input above leaves the old run as it was
-        clear_run(Path(cfg.out))
+        cfg = cfg.replace(**_settings_that_ran(record.get("optimizer", {})))
+    if is_main and fresh:  # last: any bad input above leaves the old run as it was
+        clear_run(Path(cfg.out))  # --overwrite's run, or the leftovers of one that never took a step
     # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again
     cfg = cfg.replace(overwrite=False)
     if is_main:
@@ -208,12 +224,22 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
             write_atomic(Path(cfg.out) / "parts.yaml", "# the network, optimizer and loss of your own that ran\n"
                          + yaml.safe_dump(parts.record, sort_keys=False))
         if not cfg.quiet:
-            if resume is not None:
+            if resume is not None and resume["step"] >= length.total_steps:
+                print(f"paratrain: the run in {cfg.out} has done all its {resume['step']} steps: it is evaluated "
+                      "again; pass --steps N (steps=N) with more steps to train it further", flush=True)
+            elif resume is not None:
                 print(f"paratrain: resuming {cfg.out} from its checkpoint of step {resume['step']}", flush=True)
-            print(f"paratrain: {cfg.model} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
+            name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
+            print(f"paratrain: {name} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
                   f"{plan.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
                   flush=True)
-    return launch.run(cfg, plan, data, resume, parts)
+    summary = launch.run(cfg, plan, data, resume, parts)
+    if summary is not None:  # the last line (also with --quiet), from the command line and from Python alike
+        rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
+        print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
+              f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
+              f"steps {summary['steps']}  -> {cfg.out}", flush=True)
+    return summary
 
 
 def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[], nn.Module] | None = None,

@@ -180,6 +180,7 @@ def result_from_run(run_dir: Path) -> dict:
             "epoch_time_s": _stats(epochs[1:] or epochs), "epoch_times_s": epochs,
             "eval_time_s": _stats([summary.get("eval_time_s") or 0.0]), "total_time_s": _stats([total]),
             "test_accuracy": _stats([summary["test_accuracy"]]), "step_phases_s": summary.get("step_phases_s"),
+            "resumed_from_step": summary.get("resumed_from_step"),
             "speedup": None, "efficiency": None}
 
 

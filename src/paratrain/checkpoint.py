@@ -148,8 +148,10 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path
         saved = state["config"] if isinstance(state.get("config"), dict) else {}
         detail = " ".join(str(e).split())[:200]
         if saved.get("model") == "custom":
+            ran = (state.get("parts") or {}).get("model")
             raise UserError(f"checkpoint {path} holds weights that do not fit the network your factory builds "
-                            f"({detail}); pass the factory the run was trained with") from None
+                            f"({detail[:120]}); pass the factory the run was trained with"
+                            + (f", {ran}" if ran else "")) from None
         changed = [k for k in MODEL_OPTIONS if options is not None and k in saved and options.get(k) != saved[k]]
         if changed:
             raise UserError(f"checkpoint {path} holds a {saved.get('model')} built with "

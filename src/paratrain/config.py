@@ -314,8 +314,9 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("strategy", cfg.strategy), ("param_device", cfg.param_device),
                         ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm)):
         choices = FIELDS[name].metadata["choices"]
-        if value not in choices:
-            _bad(f"unknown {name} {shown(value)}; choose one of: {', '.join(choices)}")
+        if value not in choices:  # custom: what paratrain.fit records for a factory, not a choice to make
+            _bad(f"unknown {name} {shown(value)}{did_you_mean(str(value), choices)}; choose one of: "
+                 f"{', '.join(c for c in choices if c != 'custom')}")
     if cfg.devices != "auto" and not (cfg.devices.isdigit() and int(cfg.devices) >= 1):
         _bad(f"--devices must be 'auto' or a positive number, not '{cfg.devices}'")
 

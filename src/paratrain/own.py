@@ -91,8 +91,7 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
             raise UserError(f"your optimizer factory {name_of(parts.optimizer)} returned a "
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
         record["optimizer"] = describe_optimizer(optimizer)
-    if parts.loss is not None:
-        record["loss"] = name_of(parts.loss)
+    record["loss"] = name_of(parts.loss) if parts.loss is not None else "cross_entropy (paratrain's default)"
     return record
 
 

@@ -152,11 +152,19 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
                      f"{_fmt(r['test_accuracy'], 4)} | {split} |")
     rate_note = ("Examples/s exclude each run's first logged window (warm-up)" if rates == "windows" else
                  "Examples/s are each run's own figure (its summary: every training step over the training time)")
-    lines += ["", f"{rate_note}; epoch times exclude the first epoch. Speed-up is against the 1-device row of "
-              "the same kind of device; efficiency is speed-up / devices. A row marked (= X) runs exactly as X does "
-              "(same processes and threads): it is measured once. The step breakdown comes from a separate 30-step "
-              "run with --time-phases (step 1 left out), which synchronises around each phase and all-reduces "
-              "after the backward pass instead of during it.", ""]
+    notes = [f"{rate_note}; epoch times exclude the first epoch."]
+    if any(r.get("speedup") is not None for r in results):
+        notes.append("Speed-up is against the 1-device row of the same kind of device; efficiency is speed-up / "
+                     "devices.")
+    if any(r.get("same_as") for r in results):
+        notes.append("A row marked (= X) runs exactly as X does (same processes and threads): it is measured once.")
+    if "breakdown.png" in plots:
+        notes.append("The step breakdown comes from a run with --time-phases" + (
+            " (a separate 30-step run, step 1 left out)" if rates == "windows" else "") + ", which synchronises "
+            "around each phase and all-reduces after the backward pass instead of during it.")
+    if any(r.get("resumed_from_step") for r in results):
+        notes.append("A resumed run's times cover the part after its resume only.")
+    lines += ["", " ".join(notes), ""]
     lines += [f"![{name[:-4]}]({name})" for name in plots]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -65,14 +65,19 @@ RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "chec
 
 
 def held_run(path: Path) -> str | None:
-    """What run `path` holds (a config, checkpoints, a summary), in words; None when it holds none."""
-    found = [name for name in RUN_FILES if (path / name).exists()]
-    if not found:
+    """What run `path` holds, in words; None when it holds nothing of value: no summary, checkpoint, logged
+    step or event file (a run that stopped before its first step leaves only config.yaml and parts.yaml)."""
+    def has_files(folder: Path) -> bool:
+        return folder.is_dir() and not folder.is_symlink() and any(folder.iterdir())
+
+    metrics = path / "metrics.jsonl"
+    if not ((path / "summary.json").exists() or has_files(path / "checkpoints") or has_files(path / "tb")
+            or (metrics.is_file() and metrics.stat().st_size > 0) or metrics.is_symlink()):
         return None
     steps = [int(p.stem[5:]) for p in (path / "checkpoints").glob("step-*.pt") if p.stem[5:].isdigit()] \
         if (path / "checkpoints").is_dir() else []
-    done = "finished" if (path / "summary.json").exists() else "unfinished"
-    return f"a {done} run" + (f", checkpoints up to step {max(steps)}" if steps else "")
+    done = "a finished" if (path / "summary.json").exists() else "an unfinished"
+    return f"{done} run" + (f", checkpoints up to step {max(steps)}" if steps else "")
 
 
 def check_fresh(path: str | Path, overwrite: bool) -> None:
@@ -83,7 +88,8 @@ def check_fresh(path: str | Path, overwrite: bool) -> None:
         resumable = (Path(path) / "checkpoints" / "last.pt").is_file()
         how = f"carry it on with --resume {path}, pass a new --out," if resumable else \
             "it has no checkpoint to carry on from: pass a new --out"
-        raise UserError(f"--out {path} holds {what}; {how} or add --overwrite to clear it first")
+        raise UserError(f"--out {path} holds {what}; {how} or add --overwrite to clear it first (in Python: "
+                        "resume=, out=, overwrite=True)")
 
 
 def clear_run(path: Path) -> None:

@@ -26,8 +26,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = self._did_you_mean(message) if message.startswith("unrecognized arguments:") else ""
-        print(f"paratrain: error: {one_line(message)}{hint}; see `{self.prog} --help`", file=sys.stderr)
+        print(f"paratrain: error: {one_line(message)}{hint}; see `{self._command_prog()} --help`", file=sys.stderr)
         raise SystemExit(2)
+
+    def _command_prog(self) -> str:
+        """`paratrain train` where the command line names one (argparse reports unknown flags at the top)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                command = next((t for t in self._argv if t in action.choices), None)
+                if command is not None:
+                    return action.choices[command].prog
+        return self.prog
 
     def _did_you_mean(self, message: str) -> str:
         """The closest flag of the command in use to the first unknown one."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from .. import config as C
@@ -24,6 +25,9 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     from .. import recipes
 
     base = C.TrainConfig()
+    if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise UserError(f"a resumed run carries on in its own folder, {args.resume}; drop --out {args.out} (or copy "
+                        "the run there and resume that copy)")
     if args.resume:
         base = C.of_run(args.resume, f"--resume {args.resume}")
     elif args.recipe:
@@ -52,10 +56,5 @@ def run(args: argparse.Namespace) -> int:
                         "config=TrainConfig(resume=...))")
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
-    summary = api.train(cfg, lambda: load_for(cfg))
-    if summary is not None:
-        rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
-        print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
-              f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
-              f"steps {summary['steps']}  -> {cfg.out}")
+    api.train(cfg, lambda: load_for(cfg))  # which prints the last line
     return 0

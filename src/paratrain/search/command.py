@@ -94,9 +94,11 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
+    redrawn = f" ({result['redrawn']} proposals that repeated a trained point were drawn again)" \
+        if result["redrawn"] else ""
     print(f"search: best validation accuracy {result['best_val_accuracy']:.4f} (trial {result['best_trial']}); "
-          f"its test accuracy {result['best_test_accuracy']:.4f}; {result['complete']} trials in {wall:.0f} s; "
-          f"best.yaml, trials.csv, leaderboard.md, fitness.png in {out}")
+          f"its test accuracy {result['best_test_accuracy']:.4f}; {result['complete']} trials in {wall:.0f} s"
+          f"{redrawn}; best.yaml, trials.csv, leaderboard.md, summary.yaml, fitness.png, importance.png in {out}")
     return 0
 
 

@@ -32,7 +32,7 @@ def leaderboard(trials: list[dict[str, Any]], top: int = 10) -> str:
     lines = ["| rank | trial | val accuracy | train time (s) | parameters |", "|---|---|---|---|---|"]
     for i, r in enumerate(done, 1):
         params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items())
-        lines.append(f"| {i} | {r['number']} | {r['value']:.4f} | {r['train_time_s']:.1f} | {params} |")
+        lines.append(f"| {i} | {r['number']} | {r['value']:.4f} | {r['train_time_s']:.2f} | {params} |")
     return "\n".join(lines)
 
 

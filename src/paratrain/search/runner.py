@@ -162,9 +162,23 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
         else:
             raise UserError(f"the study '{s.study}' in {s.storage} was never set up; start it again without --worker")
     elif saved is not None and not s.worker and saved != what:
-        raise UserError(f"the study '{s.study}' in {s.storage} was made by another search (sampler, space or "
-                        "fixed options differ); use another --out or --study")
+        raise UserError(f"the study '{s.study}' in {s.storage} was made by another search ({_differences(saved, what)}"
+                        "); use another --out or --study, or the same options to carry that search on")
     return study
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    """What differs between the search that made a study and this one, in words."""
+    found = []
+    if saved.get("sampler") != now["sampler"]:
+        found.append(f"sampler {saved.get('sampler')} there, {now['sampler']} here")
+    if saved.get("space") != now["space"]:
+        found.append("another space")
+    old, new = saved.get("base", {}), now["base"]
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) != new.get(key):
+            found.append(f"{key} {old.get(key)!r} there, {new.get(key)!r} here")
+    return "; ".join(found[:4]) or "its options differ"
 
 
 def described(study: Any) -> dict[str, Any] | None:

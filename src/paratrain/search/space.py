@@ -143,8 +143,9 @@ def parse(data: Any, where: str = "the space") -> Space:
 
 def _check_name(name: str, where: str) -> None:
     if name not in C.FIELDS or name in NOT_SEARCHABLE:
-        raise UserError(f"{where}: '{name}' is not a `paratrain train` option that a search can set; "
-                        "see `paratrain train --help`")
+        hint = C.did_you_mean(name, [f for f in C.FIELDS if f not in NOT_SEARCHABLE]) if name not in C.FIELDS else ""
+        raise UserError(f"{where}: '{name}' is not a `paratrain train` option that a search can set"
+                        + (hint or "; see `paratrain train --help`"))
 
 
 def _param(name: str, spec: Any, where: str) -> Param:
