@@ -14,7 +14,10 @@ def test_devices_json(capsys: pytest.CaptureFixture) -> None:
     assert info["cpu"]["cores"] == devices.usable_cores() >= 1
     assert len(info["gpus"]) == torch.cuda.device_count()
     assert info["backend"] == ("nccl" if torch.cuda.is_available() else "gloo")
-    assert info["auto_devices"] * info["threads_per_worker"] <= info["cpu"]["cores"] or info["gpus"]
+    if info["gpus"]:  # a worker per GPU
+        assert info["auto_devices"] == len(info["gpus"])
+    else:  # never more worker threads than cores
+        assert info["auto_devices"] * info["threads_per_worker"] <= info["cpu"]["cores"]
 
 
 def test_devices_text(capsys: pytest.CaptureFixture) -> None:

@@ -153,9 +153,10 @@ def test_killed_worker_restarts_from_the_checkpoint(tmp_path: Path, mnist_dir: P
     assert max_abs_diff(weights(run), weights(tmp_path / "whole")) <= 1e-6
 
 
-def test_a_torchrun_restart_carries_on_from_the_checkpoint(tmp_path: Path) -> None:
+def test_a_worker_in_a_restart_environment_carries_on_from_the_checkpoint(tmp_path: Path) -> None:
     """torchrun --max-restarts starts the workers again with TORCHELASTIC_RESTART_COUNT set: they find the
-    checkpoint in --out and go on from it (here one worker, in the environment torchrun would give it)."""
+    checkpoint in --out and go on from it. Here one worker is started in that environment by hand (no
+    torchrun; the next test starts torchrun itself)."""
     args = ("--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64", "--no-tensorboard", "--devices", "1")
     train(tmp_path / "run", *args, "--steps", "10")
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
@@ -173,3 +174,130 @@ def test_a_torchrun_restart_carries_on_from_the_checkpoint(tmp_path: Path) -> No
                            *args, "--model", "mlp"], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 2 and "is of model 'lenet5', not 'mlp'" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _started(run: Path, launcher: subprocess.Popen, step: int = 3) -> list[int]:
+    """Wait until the run has logged `step`, and return its two workers."""
+    _wait_for(lambda: any(r.get("step", 0) >= step for r in _records(run)), 120, f"step {step}")
+    workers = _workers(launcher)
+    assert len(workers) == 2, workers
+    return workers
+
+
+LONG = ("--devices", "2", "--epochs", "1000", "--log-every", "1", "--checkpoint-every", "5")
+
+
+def test_a_dead_worker_without_restarts_ends_the_run_with_exit_1(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    launcher = _launch(run, *LONG)
+    workers = _started(run, launcher)
+    os.kill(workers[1], signal.SIGKILL)
+    code, stderr = _finish(launcher, timeout=60)
+    last = stderr.strip().splitlines()[-1]
+    assert code == 1 and "worker 1 died" in last and "--max-restarts R restarts the run" in last, stderr
+    time.sleep(1)
+    assert [p for p in workers if alive(p)] == []
+
+
+def test_restarts_used_up_end_the_run_with_exit_1(tmp_path: Path) -> None:
+    """--max-restarts 1: the first death is mended, the second ends the run."""
+    run = tmp_path / "run"
+    launcher = _launch(run, *LONG, "--max-restarts", "1")
+    first = _started(run, launcher)
+    os.kill(first[0], signal.SIGKILL)
+    _wait_for(lambda: len(set(_workers(launcher)) - set(first)) == 2, 60, "the restarted workers")
+    second = _started(run, launcher, step=max(r.get("step", 0) for r in _records(run)) + 2)
+    assert not set(second) & set(first)
+    os.kill(second[1], signal.SIGKILL)
+    code, stderr = _finish(launcher, timeout=60)
+    assert code == 1, stderr
+    assert "restarting all workers from the last checkpoint (restart 1 of 1)" in stderr
+    assert "worker 1 died" in stderr.strip().splitlines()[-1] and "the run stopped" in stderr
+
+
+def test_a_worker_that_cannot_stop_is_killed_after_8_s(tmp_path: Path) -> None:
+    """SIGTERM to the launcher while one worker is frozen (SIGSTOP: it cannot finish its step or save):
+    the launcher waits STOP_WAIT_S = 8 s, kills it, and exits 143 with no process left."""
+    run = tmp_path / "run"
+    launcher = _launch(run, *LONG)
+    workers = _started(run, launcher)
+    os.kill(workers[1], signal.SIGSTOP)
+    start = time.time()
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        code, _ = _finish(launcher, timeout=30)
+    finally:
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    waited = time.time() - start
+    assert code == 143 and 7 < waited < 20, (code, waited)
+    assert [p for p in workers if alive(p)] == []
+
+
+def test_sigterm_to_one_worker_stops_every_worker_at_one_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    launcher = _launch(run, *LONG)
+    workers = _started(run, launcher)
+    os.kill(workers[1], signal.SIGTERM)
+    code, stderr = _finish(launcher, timeout=60)
+    assert code == 143, stderr
+    line = stderr.strip().splitlines()[-1]
+    state = checkpoint.load(run)
+    assert f"stopped by SIGTERM at step {state['step']}" in line and f"--resume {run}" in line, stderr
+    time.sleep(1)
+    assert [p for p in workers if alive(p)] == []
+
+
+def _nan_on_rank_1(logits, y):  # noqa: ANN001, ANN202
+    """Cross-entropy, but NaN on rank 1 from its 4th training step on."""
+    import torch
+    import torch.distributed as dist
+
+    _nan_on_rank_1.calls = getattr(_nan_on_rank_1, "calls", 0) + 1
+    value = torch.nn.functional.cross_entropy(logits, y)
+    return value * float("nan") if dist.get_rank() == 1 and _nan_on_rank_1.calls == 4 else value
+
+
+def test_a_nan_on_one_worker_stops_both_before_that_update(tmp_path: Path) -> None:
+    import paratrain
+
+    run = tmp_path / "run"
+    with pytest.raises(paratrain.UserError, match="the loss became nan at step 4") as e:  # raised in the caller
+        paratrain.fit(None, "digits", paratrain.TrainConfig(devices="2", steps=20, checkpoint_every=1, out=str(run),
+                                                            quiet=True, tensorboard=False), loss=_nan_on_rank_1)
+    assert e.value.code == 3
+    assert checkpoint.load(run)["step"] == 3  # both stopped before the update of step 4
+
+
+def test_torchrun_max_restarts_carries_on_after_a_killed_worker(tmp_path: Path) -> None:
+    """torchrun itself, 2 workers, --max-restarts 1: kill -9 one worker after a checkpoint; torchrun starts
+    both again, they carry on from the checkpoint, and the run ends with the weights of one nobody touched."""
+    args = ("--quiet", "--no-tensorboard", "--optimizer", "sgd", "--lr", "0.05", "--steps", "400",
+            "--checkpoint-every", "5", "--log-every", "1")
+    run = tmp_path / "run"
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              "--max-restarts", "1", "-m", "paratrain", "train", "--out", str(run), *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: any(r.get("step", 0) >= 12 for r in _records(run)), 120, "step 12")
+
+    def workers() -> list[int]:
+        found = []
+        for pid in descendants(agent.pid):
+            try:
+                if b"paratrain" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    first = workers()
+    assert len(first) == 2, first
+    os.kill(first[1], signal.SIGKILL)
+    code, stderr = _finish(agent, timeout=300)
+    assert code == 0, stderr[-3000:]
+    assert "carrying on from the checkpoint of step" in stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["steps"] == 400 and summary["resumed_from_step"] >= 10
+    train(tmp_path / "whole", *args[2:], "--devices", "2")
+    assert max_abs_diff(weights(run), weights(tmp_path / "whole")) < 1e-6

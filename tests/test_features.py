@@ -114,15 +114,84 @@ def test_accumulation_across_two_workers(tmp_path: Path) -> None:
     assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 1e-5
 
 
+def _norm_of_change(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a))
+
+
 def test_clipping_bounds_the_update(tmp_path: Path) -> None:
-    _fit(tmp_path, "clipped", steps=3, optimizer="gd", lr=1.0, clip_grad_norm=1e-6, seed=5)
-    _fit(tmp_path, "start", steps=1, optimizer="gd", lr=1e-30, seed=5)  # ~ the initial weights
-    assert max_abs_diff(weights(tmp_path / "clipped"), weights(tmp_path / "start")) <= 3e-6 + 1e-7
+    """Plain gradient descent at lr 1 with the gradients' norm clipped to 1e-3: one update moves the weights
+    by exactly 1e-3 (their gradient's norm is far above it), not less (gradients dropped) or more."""
+    _fit(tmp_path, "clipped", steps=1, optimizer="gd", lr=1.0, clip_grad_norm=1e-3, seed=5)
+    _fit(tmp_path, "start", steps=1, optimizer="gd", lr=1e-30, seed=5)  # the initial weights, to float precision
+    assert _norm_of_change(weights(tmp_path / "clipped"), weights(tmp_path / "start")) == pytest.approx(1e-3,
+                                                                                                       rel=1e-3)
 
 
-def test_bf16_autocast_trains(tmp_path: Path) -> None:
-    summary = _fit(tmp_path, "bf16", steps=60, precision="bf16")
-    assert summary["precision"] == "bf16" and summary["test_accuracy"] > 0.5
+class _Recorder(torch.nn.Module):
+    """Records the dtype of the activations that pass through it (inside the forward pass)."""
+
+    seen: list[torch.dtype] = []  # in training
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            _Recorder.seen.append(x.dtype)
+        return x
+
+
+def _recorded_net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 64), _Recorder(), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 10))
+
+
+@pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("32", torch.float32)])
+def test_bf16_autocast_runs_the_forward_in_bf16(tmp_path: Path, precision: str, dtype: torch.dtype) -> None:
+    from paratrain.parts import Parts
+
+    _Recorder.seen.clear()
+    cfg = _cfg(out=str(tmp_path / precision), quiet=True, tensorboard=False, steps=60, precision=precision,
+               model="custom")
+    summary = fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset("digits"), parts=Parts(model=_recorded_net))
+    assert summary["precision"] == precision and summary["test_accuracy"] > 0.5
+    assert len(_Recorder.seen) == 60 and set(_Recorder.seen) == {dtype}  # every training step's forward
+
+
+@pytest.mark.parametrize(("name", "kind", "settings"), [
+    ("adam", torch.optim.Adam, {}), ("sgd", torch.optim.SGD, {"momentum": 0.7, "nesterov": True}),
+    ("gd", torch.optim.SGD, {"momentum": 0, "nesterov": False}), ("rmsprop", torch.optim.RMSprop, {"momentum": 0.7}),
+    ("adagrad", torch.optim.Adagrad, {}), ("adadelta", torch.optim.Adadelta, {}),
+    ("adamax", torch.optim.Adamax, {}), ("nadam", torch.optim.NAdam, {}),
+])
+def test_each_optimizer_is_the_one_named_with_its_settings(name: str, kind: type, settings: dict) -> None:
+    cfg = _cfg(optimizer=name, lr=0.03, momentum=0.7, nesterov=name == "sgd", weight_decay=1e-3)
+    opt = make_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])
+    group = opt.param_groups[0]
+    assert type(opt) is kind and group["lr"] == 0.03 and group["weight_decay"] == 1e-3
+    assert {k: group[k] for k in settings} == settings
+
+
+def test_weight_decay_and_nesterov_change_the_update_as_torch_does(tmp_path: Path) -> None:
+    """Three steps with --weight-decay and --nesterov against the same steps by a hand-built torch.optim.SGD."""
+    from paratrain.build import make_batch_transforms, make_model
+    from paratrain.data.sharding import epoch_permutation, global_batch
+
+    cfg = _cfg(out=str(tmp_path / "r"), quiet=True, tensorboard=False, steps=3, optimizer="sgd", lr=0.05,
+               momentum=0.9, nesterov=True, weight_decay=0.01, model="mlp", width=32, depth=1, seed=3)
+    data = load_dataset("digits")
+    fit(dist.init(0, 1, 0, "cpu"), cfg, data)
+    torch.manual_seed(cfg.seed)
+    net = make_model(cfg, data)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)
+    prep = make_batch_transforms(cfg, data, torch.device("cpu"))
+    perm = epoch_permutation(len(data.train[1]), cfg.seed, 0)
+    for i in range(3):
+        idx = global_batch(perm, i, cfg.batch_size)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(prep.eval(data.train[0][idx])), data.train[1][idx]).backward()
+        opt.step()
+    assert max_abs_diff(weights(tmp_path / "r"), net.state_dict()) < 1e-6
+    plain = _cfg(**{**cfg.to_dict(), "out": str(tmp_path / "p"), "nesterov": False, "weight_decay": 0.0})
+    fit(dist.init(0, 1, 0, "cpu"), plain, data)
+    assert max_abs_diff(weights(tmp_path / "p"), net.state_dict()) > 1e-4  # the two options do change it
 
 
 @pytest.mark.parametrize("optimizer", ["gd", "rmsprop", "adagrad", "adadelta"])
@@ -148,6 +217,37 @@ def test_augmentation_shapes_and_determinism() -> None:
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert pipe.eval(x).shape == (16, 3, 24, 24)
     assert torch.equal(pipe.eval(x), pipe.eval(x))
+
+
+def _unnormalised(pipe: BatchPipeline, x: torch.Tensor, seed: int) -> torch.Tensor:
+    return pipe.train(x, torch.Generator().manual_seed(seed)) * 0.25 + 0.5  # back to the 0..1 pixel scale
+
+
+def test_hflip_mirrors_about_half_the_images_and_nothing_else() -> None:
+    x = torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8)
+    pipe = BatchPipeline((0.5,) * 3, (0.25,) * 3, 8, torch.device("cpu"), Augment(hflip=True))
+    out, plain = _unnormalised(pipe, x, 0), x.float() / 255
+    flipped = [torch.allclose(o, p.flip(-1), atol=1e-6) for o, p in zip(out, plain, strict=True)]
+    kept = [torch.allclose(o, p, atol=1e-6) for o, p in zip(out, plain, strict=True)]
+    assert all(f or k for f, k in zip(flipped, kept, strict=True))  # each image whole, mirrored or not
+    assert 16 < sum(f and not k for f, k in zip(flipped, kept, strict=True)) < 48
+
+
+def test_brightness_and_contrast_shift_each_image_within_their_range() -> None:
+    x = torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8)
+    plain = x.float() / 255
+    bright = _unnormalised(BatchPipeline((0.5,) * 3, (0.25,) * 3, 8, torch.device("cpu"), Augment(brightness=0.2)),
+                           x, 1)
+    shift = (bright - plain).flatten(1)
+    assert torch.allclose(shift, shift[:, :1].expand_as(shift), atol=1e-5)  # one shift per image
+    assert shift[:, 0].abs().max() <= 0.2 + 1e-6 and shift[:, 0].std() > 0.05  # within [-b, b], and drawn
+    contrast = _unnormalised(BatchPipeline((0.5,) * 3, (0.25,) * 3, 8, torch.device("cpu"), Augment(contrast=0.5)),
+                             x, 2)
+    mean = plain.mean(dim=(2, 3), keepdim=True)
+    factor = ((contrast - mean) / (plain - mean)).flatten(1)
+    usable = (plain - mean).abs().flatten(1) > 0.05
+    per_image = torch.stack([f[u].median() for f, u in zip(factor, usable, strict=True)])
+    assert ((per_image >= 0.5 - 1e-4) & (per_image <= 1.5 + 1e-4)).all() and per_image.std() > 0.1
 
 
 def test_random_crop_takes_real_windows() -> None:
@@ -202,6 +302,23 @@ def test_nan_loss_stops_with_code_3_and_keeps_the_last_good_checkpoint(tmp_path:
     state = checkpoint.load(run)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     assert state["step"] >= 1
+
+
+def test_a_nan_stop_names_the_step_it_happened_at(tmp_path: Path) -> None:
+    calls = []
+
+    def loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        value = torch.nn.functional.cross_entropy(logits, y)
+        return value * float("nan") if len(calls) == 7 else value  # the 7th training step's loss
+
+    from paratrain.errors import UserError
+    from paratrain.parts import Parts
+
+    cfg = _cfg(out=str(tmp_path / "nan"), quiet=True, tensorboard=False, steps=20, checkpoint_every=1)
+    with pytest.raises(UserError, match="the loss became nan at step 7; stopped before updating") as e:
+        fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset("digits"), parts=Parts(loss=loss))
+    assert e.value.code == 3 and checkpoint.load(tmp_path / "nan")["step"] == 6  # the last good one
 
 
 def test_max_time_stops_and_saves(tmp_path: Path) -> None:

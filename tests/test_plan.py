@@ -71,10 +71,21 @@ def test_plan_checks_itself_against_measured_gloo_workers(tmp_path: Path) -> Non
     proc = run_cli("bench", "--dataset", "synthetic", "--configs", "cpu:1t,ddp-cpu:2", "--steps", "120",
                    "--repeats", "1", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run_cli("plan", "--results", str(out), "--max-devices", "2", "--out", str(tmp_path / "plan"))
+    proc = run_cli("plan", "--results", str(out), "--max-devices", "2", "--link", "measured", "--out",
+                   str(tmp_path / "plan"))  # measured: plan.json then records the link the CPU check used
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (check,) = json.loads((tmp_path / "plan" / "plan.json").read_text())["validation"]
-    assert check["name"] == "ddp-cpu:2" and check["measured"] > 0 and check["predicted"] > 0
-    assert check["error"] == pytest.approx(check["predicted"] / check["measured"] - 1)
+    plan_json = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    (check,) = plan_json["validation"]
+    bench = json.loads((out / "results.json").read_text())
+    (row,) = [r for r in bench["results"] if r["name"] == "ddp-cpu:2"]
+    # the plan stands beside the bench's own measurement, and predicts from its measured link and workload
+    assert check["name"] == "ddp-cpu:2" and check["measured"] == row["examples_per_sec"]["mean"] > 0
+    from paratrain.plan import Workload, predict, workload_from_bench
+
+    w, _ = workload_from_bench(bench)
+    w = Workload(w.compute_per_example_s * check["colocation_slowdown"], w.fixed_per_step_s, w.grad_bytes)
+    expected = predict(w, 2, plan_json["bandwidth"], plan_json["latency"], overlap=False,
+                       global_batch=row["global_batch_size"])["examples_per_sec"]
+    assert check["predicted"] == pytest.approx(expected, rel=1e-9) and check["predicted"] > 0
     assert 0.5 < check["colocation_slowdown"] < 5  # measured here: two 1-thread processes on 2 cores
     assert "ddp-cpu:2" in proc.stdout and "error" in proc.stdout

@@ -193,3 +193,24 @@ def test_cifar_archive_is_extracted_safely_and_read(tmp_path: Path, monkeypatch:
     monkeypatch.setitem(cifar10.ARCHIVE_MD5, "cifar-10-binary.tar.gz", digest)
     splits = cifar10.load(str(data), download=False, val_size=5)
     assert len(splits.train[1]) == 10 and len(splits.test[1]) == 3 and int(splits.test[1][0]) == 7
+
+
+def test_a_download_that_fails_its_md5_is_refused_and_deleted(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """The CIFAR-10 download goes through torchvision's download_url with the official MD5: a file that
+    arrives changed (a proxy's error page, a truncated transfer) is refused, deleted, and nothing unpacked."""
+    import torchvision.datasets.utils as tv
+
+    from paratrain.data import cifar10
+
+    served = []
+
+    def serve_junk(url: str, path: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        served.append(url)
+        Path(path).write_bytes(b"<html>not the archive</html>")
+
+    monkeypatch.setattr(tv, "_get_redirect_url", lambda url, max_hops=3: url)
+    monkeypatch.setattr(tv, "_urlretrieve", serve_junk)
+    folder = tmp_path / "cifar"
+    with pytest.raises(UserError, match="could not download CIFAR-10 .*File not found or corrupted"):
+        cifar10.load(str(folder), download=True, val_size=None)
+    assert served == [cifar10.URL] and not folder.exists()  # deleted, and the folder it made too

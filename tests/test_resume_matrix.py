@@ -26,6 +26,7 @@ from conftest import descendants
 from paratrain import checkpoint, config, launch
 from paratrain.data import load_dataset
 from paratrain.devices import Plan
+from paratrain.interrupt import Stopped
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +146,7 @@ def _sigterm_run(cfg: config.TrainConfig, workers: int, data: Any, at: int) -> d
         code, err = proc.wait(timeout=120), proc.stderr.read()
     else:
         watcher = _when_step(run, at, _pause_and_signal(signal.SIGTERM), _workers)
-        with pytest.raises(SystemExit) as stopped:
+        with pytest.raises(Stopped) as stopped:  # the workers' message, raised in the caller
             _run(cfg, workers, data)
         code, err = stopped.value.code, ""
     watcher.join()

@@ -98,6 +98,13 @@ def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = _complete(out)
     assert sorted((int(r["width"]), float(r["lr"])) for r in done) == sorted((p["width"], p["lr"]) for p in PRODUCT)
+    import json
+
+    for r in done:  # the fitness is each trial's validation accuracy, never its test accuracy
+        summary = json.loads((out / "trials" / f"{int(r['number']):04d}" / "summary.json").read_text())
+        assert float(r["val_accuracy"]) == summary["val_accuracy"]
+    assert any(summary["val_accuracy"] != summary["test_accuracy"] for summary in
+               (json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")))
     for name in ("best.yaml", "leaderboard.md", "fitness.png", "summary.yaml"):
         assert (out / name).stat().st_size > 0
     best = run_cli("train", "--config", str(out / "best.yaml"), "--steps", "2", "--devices", "1", "--quiet",

@@ -123,8 +123,9 @@ def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | N
 
 def _worker(rank: int, world_size: int, port: int, plan: Plan, cfg: TrainConfig, data: Splits,
             resume: dict[str, Any] | None, restarts: int, heartbeats: Any, result_queue: Any, parts: Any) -> None:
-    """Entry point of a spawned worker: a UserError becomes one line on stderr and its exit code; a
-    collective that timed out names the workers whose heartbeat stopped."""
+    """Entry point of a spawned worker: a UserError goes to the launcher (which raises it, so a Python
+    caller gets the exception and the command line its one line) and becomes the exit code; a collective
+    that timed out names the workers whose heartbeat stopped."""
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
     on_loopback()
@@ -133,10 +134,8 @@ def _worker(rank: int, world_size: int, port: int, plan: Plan, cfg: TrainConfig,
                               describe_devices(plan), restarts, parts=parts)
         if summary is not None:
             result_queue.put(summary)
-    except UserError as e:
-        if rank == 0:  # every worker meets the same input; one line is enough
-            print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr,
-                  flush=True)
+    except UserError as e:  # every worker may meet it (a NaN on one is seen by all); the launcher reads the first
+        result_queue.put({"error": one_line(e), "code": e.code, "stopped": isinstance(e, Stopped)})
         end_process(e.code)
     except RuntimeError as e:
         if not _timed_out(e):
@@ -276,8 +275,8 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
         while not context.join(timeout=0.5, grace_period=5):
             pass
     except mp.ProcessExitedException as e:
-        if e.exit_code in (2, 3, 130, 143):  # the worker already printed its one-line message
-            raise SystemExit(e.exit_code) from None
+        if e.exit_code in (2, 3, 130, 143):  # a worker's UserError: it sent its message
+            raise _reported(results, e.exit_code) from None
         if e.exit_code == MAIN_GUARD_EXIT:
             raise UserError("the workers import your script again (processes are spawned), and it calls paratrain.fit "
                             'when imported: put the call under `if __name__ == "__main__":`') from None
@@ -294,7 +293,7 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
     except (KeyboardInterrupt, _Terminated) as e:
         signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
         stop_processes(context.processes, signum)
-        raise SystemExit(128 + signum) from None
+        raise _reported(results, 128 + signum) from None
     finally:
         signal.signal(signal.SIGTERM, old_term)
     try:
@@ -303,6 +302,18 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
         return results.get()
     finally:
         results.close()  # its pipes now, not at the garbage collector's leisure
+
+
+def _reported(results: Any, code: int) -> BaseException:
+    """What a worker reported before it left with `code`, as the exception for the caller to raise (a
+    UserError, or Stopped after a signal); SystemExit(code) if no worker got to say anything."""
+    while not results.empty():
+        item = results.get()
+        if isinstance(item, dict) and "error" in item:
+            if item["stopped"]:
+                return Stopped(item["error"], item["code"] - 128)
+            return UserError(item["error"], code=item["code"])
+    return SystemExit(code)
 
 
 class _Terminated(Exception):
