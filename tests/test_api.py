@@ -125,4 +125,4 @@ def test_the_example_on_two_workers_equals_one(tmp_path: Path) -> None:
     one = own_network.main(devices="1", steps=20, out=str(tmp_path / "one"))
     two = own_network.main(devices="2", steps=20, out=str(tmp_path / "two"))
     assert one["world_size"] == 1 and two["world_size"] == 2 and two["model"] == "SmallCNN"
-    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-4
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 3e-6  # measured 2.2e-8

@@ -127,7 +127,7 @@ def test_resume_with_fewer_workers(tmp_path: Path) -> None:
     train(tmp_path / "run", *args, "--steps", "10", "--devices", "2")
     train(tmp_path / "run", "--resume", str(tmp_path / "run"), "--steps", "20", "--devices", "1")
     train(tmp_path / "one", *args, "--steps", "20", "--devices", "1")
-    assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "one")) < 1e-4
+    assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "one")) < 5e-6  # measured 4.5e-8
 
 
 @pytest.mark.slow
@@ -168,7 +168,7 @@ def test_a_worker_in_a_restart_environment_carries_on_from_the_checkpoint(tmp_pa
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == 20 and summary["resumed_from_step"] == 10
     train(tmp_path / "whole", *args, "--steps", "20")
-    assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "whole")) < 1e-4
+    assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "whole")) < 1e-6  # measured 0.0
     # A checkpoint of another model in --out is one line and exit 2, not a resume or a traceback.
     proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "run"),
                            *args, "--model", "mlp"], capture_output=True, text=True, timeout=300, env=env)

@@ -102,7 +102,7 @@ def test_accumulation_equals_the_big_batch(tmp_path: Path) -> None:
     common = dict(steps=6, optimizer="sgd", lr=0.05, dropout=0.0)
     _fit(tmp_path, "big", batch_size=256, **common)
     _fit(tmp_path, "acc", batch_size=64, accumulate=4, **common)
-    assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 1e-5
+    assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 2e-6
 
 
 @pytest.mark.integration
@@ -111,7 +111,7 @@ def test_accumulation_across_two_workers(tmp_path: Path) -> None:
     args = ("--steps", "6", "--optimizer", "sgd", "--lr", "0.05")
     train(tmp_path / "big", *args, "--batch-size", "256", "--devices", "1")
     train(tmp_path / "acc", *args, "--batch-size", "64", "--accumulate", "4", "--devices", "2")
-    assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 1e-5
+    assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 2e-6  # measured 1.5e-8
 
 
 def _norm_of_change(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -279,8 +279,8 @@ def test_resume_restores_schedule_ema_augmentation_and_dropout(tmp_path: Path) -
     fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset("digits"), resume=part)
     whole, resumed = checkpoint.load(tmp_path / "whole"), checkpoint.load(tmp_path / "part")
     assert resumed["step"] == 30
-    assert max_abs_diff(whole["model"], resumed["model"]) < 1e-5
-    assert max_abs_diff(whole["ema_model"], resumed["ema_model"]) < 1e-5
+    assert max_abs_diff(whole["model"], resumed["model"]) < 1e-6  # measured 0.0
+    assert max_abs_diff(whole["ema_model"], resumed["ema_model"]) < 1e-6
 
 
 def test_keep_checkpoints(tmp_path: Path) -> None:

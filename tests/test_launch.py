@@ -31,7 +31,7 @@ def test_torchrun_group_equals_single_device(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "torchrun" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["strategy"] == "ddp"
     assert summary["test_accuracy"] == one["test_accuracy"]
-    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "torchrun")) < 1e-4
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "torchrun")) < 3e-6  # measured 3.0e-8
 
 
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:

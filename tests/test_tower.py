@@ -21,8 +21,8 @@ def test_tower_equals_ddp_equals_single_device(tmp_path: Path, mnist_dir: Path) 
     assert (single["strategy"], ddp["strategy"], tower["strategy"]) == ("single", "ddp", "tower")
     assert tower["world_size"] == 2
     w = weights(tmp_path / "single")
-    assert max_abs_diff(w, weights(tmp_path / "ddp")) < 1e-4
-    assert max_abs_diff(w, weights(tmp_path / "tower")) < 1e-4
+    assert max_abs_diff(w, weights(tmp_path / "ddp")) < 3e-6  # measured 2.2e-8
+    assert max_abs_diff(w, weights(tmp_path / "tower")) < 3e-6
 
 
 def test_tower_gradient_is_the_global_batch_gradient() -> None:

@@ -48,7 +48,7 @@ def test_two_workers_equal_one_on_digits(tmp_path: Path) -> None:
     one = train(tmp_path / "one", *args, "--devices", "1")
     two = train(tmp_path / "two", *args, "--devices", "2")
     assert one["world_size"] == 1 and two["world_size"] == 2 and two["strategy"] == "ddp"
-    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-4
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 3e-6  # measured 3.0e-8
     assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=1 / 359)
 
 
@@ -60,7 +60,7 @@ def test_two_workers_equal_one_on_mnist(tmp_path: Path, mnist_dir: Path) -> None
     train(tmp_path / "one", *args, "--devices", "1")
     train(tmp_path / "two", *args, "--devices", "2")
     diff = max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two"))
-    assert diff < 1e-4
+    assert diff < 1e-4  # measured 1.4e-5: lr 0.05 on MNIST is near chaotic, where float noise grows
     # ...and the test can fail: a different data order moves the weights far more than that.
     train(tmp_path / "other", *args, "--devices", "1", "--seed", "1")
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "other")) > 1e-2
