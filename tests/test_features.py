@@ -88,6 +88,23 @@ def test_ema_matches_a_hand_computation() -> None:
     assert ema_decay(0.9999, 0) == pytest.approx(0.1) and ema_decay(0.9999, 10**7) == 0.9999
 
 
+def test_ema_averages_batchnorm_running_statistics_too() -> None:
+    """use_buffers: the running mean of a BatchNorm layer is averaged like the weights (a copy left at its
+    first value would judge the averaged weights with stale statistics)."""
+    model = torch.nn.BatchNorm1d(1)
+    ema = make_ema(model, decay=0.9)
+    means = []
+    for value in (1.0, 3.0, 5.0):
+        with torch.no_grad():
+            model.running_mean.fill_(value)
+        ema.update_parameters(model)
+        means.append(ema.module.running_mean.item())
+    d1, d2 = min(0.9, 2 / 11), min(0.9, 3 / 12)
+    first = 1.0
+    second = d1 * first + (1 - d1) * 3.0
+    assert means == pytest.approx([first, second, d2 * second + (1 - d2) * 5.0], rel=1e-6)
+
+
 def test_eval_ema_reports_both(tmp_path: Path) -> None:
     summary = _fit(tmp_path, "ema", steps=30, ema=0.99, eval_ema=True)
     assert summary["evaluated_with"] == "ema"
@@ -257,6 +274,16 @@ def test_random_crop_takes_real_windows() -> None:
     for i in range(2):
         windows = [x[i, 0, r:r + 5, c:c + 5] for r in range(4) for c in range(4)]
         assert any(torch.equal(out[i, 0], w) for w in windows)
+
+
+def test_random_crop_reaches_every_offset() -> None:
+    """Offsets 0..side-size on both axes, each drawn (an off-by-one never takes the first or last row)."""
+    n, side, size = 400, 8, 5
+    x = torch.arange(side * side, dtype=torch.uint8).view(1, 1, side, side).expand(n, 1, side, side).contiguous()
+    pipe = BatchPipeline((0.0,), (1 / 255,), size, torch.device("cpu"), Augment(random_crop=True))
+    corner = pipe.train(x, torch.Generator().manual_seed(0)).round().long()[:, 0, 0, 0]  # = row * side + column
+    offsets = {(int(c) // side, int(c) % side) for c in corner}
+    assert offsets == {(r, c) for r in range(side - size + 1) for c in range(side - size + 1)}
 
 
 def test_eval_uses_the_centre_crop() -> None:
