@@ -194,7 +194,7 @@ def test_a_dead_worker_without_restarts_ends_the_run_with_exit_1(tmp_path: Path)
     os.kill(workers[1], signal.SIGKILL)
     code, stderr = _finish(launcher, timeout=60)
     last = stderr.strip().splitlines()[-1]
-    assert code == 1 and "worker 1 died" in last and "--max-restarts R restarts the run" in last, stderr
+    assert code == 1 and "died" in last and "--max-restarts R restarts the run" in last, stderr
     time.sleep(1)
     assert [p for p in workers if alive(p)] == []
 
@@ -212,7 +212,7 @@ def test_restarts_used_up_end_the_run_with_exit_1(tmp_path: Path) -> None:
     code, stderr = _finish(launcher, timeout=60)
     assert code == 1, stderr
     assert "restarting all workers from the last checkpoint (restart 1 of 1)" in stderr
-    assert "worker 1 died" in stderr.strip().splitlines()[-1] and "the run stopped" in stderr
+    assert "the run stopped" in stderr.strip().splitlines()[-1], stderr
 
 
 def test_a_worker_that_cannot_stop_is_killed_after_8_s(tmp_path: Path) -> None:
@@ -225,13 +225,14 @@ def test_a_worker_that_cannot_stop_is_killed_after_8_s(tmp_path: Path) -> None:
     start = time.time()
     launcher.send_signal(signal.SIGTERM)
     try:
-        code, _ = _finish(launcher, timeout=30)
+        code, stderr = _finish(launcher, timeout=30)
     finally:
         for pid in workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     waited = time.time() - start
     assert code == 143 and 7 < waited < 20, (code, waited)
+    assert "did not stop within 8 s was killed" in stderr.strip().splitlines()[-1], stderr
     assert [p for p in workers if alive(p)] == []
 
 

@@ -72,7 +72,7 @@ def test_plan_checks_itself_against_measured_gloo_workers(tmp_path: Path) -> Non
                    "--repeats", "1", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_cli("plan", "--results", str(out), "--max-devices", "2", "--link", "measured", "--out",
-                   str(tmp_path / "plan"))  # measured: plan.json then records the link the CPU check used
+                   str(tmp_path / "plan"))  # measured (the default, said here): the link the CPU check used
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan_json = json.loads((tmp_path / "plan" / "plan.json").read_text())
     (check,) = plan_json["validation"]

@@ -276,7 +276,7 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
             pass
     except mp.ProcessExitedException as e:
         if e.exit_code in (2, 3, 130, 143):  # a worker's UserError: it sent its message
-            raise _reported(results, e.exit_code) from None
+            raise _reported(results, e.exit_code, cfg) from None
         if e.exit_code == MAIN_GUARD_EXIT:
             raise UserError("the workers import your script again (processes are spawned), and it calls paratrain.fit "
                             'when imported: put the call under `if __name__ == "__main__":`') from None
@@ -293,7 +293,7 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
     except (KeyboardInterrupt, _Terminated) as e:
         signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
         stop_processes(context.processes, signum)
-        raise _reported(results, 128 + signum) from None
+        raise _reported(results, 128 + signum, cfg) from None
     finally:
         signal.signal(signal.SIGTERM, old_term)
     try:
@@ -304,16 +304,24 @@ def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | 
         results.close()  # its pipes now, not at the garbage collector's leisure
 
 
-def _reported(results: Any, code: int) -> BaseException:
+def _reported(results: Any, code: int, cfg: TrainConfig) -> UserError:
     """What a worker reported before it left with `code`, as the exception for the caller to raise (a
-    UserError, or Stopped after a signal); SystemExit(code) if no worker got to say anything."""
-    while not results.empty():
-        item = results.get()
-        if isinstance(item, dict) and "error" in item:
-            if item["stopped"]:
-                return Stopped(item["error"], item["code"] - 128)
-            return UserError(item["error"], code=item["code"])
-    return SystemExit(code)
+    UserError, or Stopped after a signal); where none got to say anything (a frozen worker, killed), what
+    is known."""
+    try:
+        while not results.empty():
+            item = results.get()
+            if isinstance(item, dict) and "error" in item:
+                if item["stopped"]:
+                    return Stopped(item["error"], item["code"] - 128)
+                return UserError(item["error"], code=item["code"])
+    finally:
+        results.close()
+    if code in (130, 143):
+        return Stopped(f"stopped by {signal.Signals(code - 128).name}; a worker that did not stop within "
+                       f"{STOP_WAIT_S} s was killed, so the last checkpoint in {cfg.out} may be older than the last "
+                       f"step; continue with --resume {cfg.out}", code - 128)
+    return UserError("a worker stopped on bad input without saying why; see the lines above", code=code)
 
 
 class _Terminated(Exception):

@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import config as C
 from ..errors import UserError
+from ..interrupt import Stopped
 from .space import Space
 
 SAMPLERS = ("grid", "genetic", "tpe", "random")  # Optuna samplers; not a parallelism (--strategy of train)
@@ -274,6 +275,8 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
                                       "quiet": True, "tensorboard": False}))
         try:
             summary = train_one(cfg, data, index, threads, accelerator, s.devices_per_trial)
+        except Stopped:  # Ctrl-C or SIGTERM reached a data-parallel trial's workers: the search stops, the trial
+            raise  # is left running and queued again on resume
         except UserError as e:  # a NaN loss, an impossible combination: this point fails, the search goes on
             trial.set_user_attr("error", str(e))
             return float("nan")
