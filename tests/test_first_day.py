@@ -197,6 +197,12 @@ def test_the_wrong_factory_or_dataset_is_named_as_such(tmp_path: Path, capsys) -
                                             "run was trained with") as e:
             call()
         assert "--model" not in str(e.value)
+
+    def broken() -> torch.nn.Module:
+        raise ValueError("no such layer")
+
+    with pytest.raises(UserError, match="your model factory broken failed: ValueError: no such layer"):  # resumed too
+        paratrain.fit(broken, None, paratrain.TrainConfig(resume=str(run), steps=3, **QUICK))
     # eval of a grey digits run on colour images: the shapes, not a --model that eval does not have
     grey = tmp_path / "grey"
     paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(grey), **QUICK))

@@ -124,9 +124,7 @@ def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     default = C.TrainConfig()
     changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
                if getattr(cfg, f.name) != getattr(default, f.name)}
-    if cfg.out and Path(cfg.out).resolve() != Path(cfg.resume).resolve():
-        raise UserError(f"a resumed run carries on in its own folder, {cfg.resume}; drop out={cfg.out!r} (or copy "
-                        "the run there and resume that copy)")
+    C.check_resume_out(cfg.resume, cfg.out, f"out={cfg.out!r}")
     return C.overlay(C.of_run(cfg.resume, f"resume={cfg.resume}"), changed)
 
 
@@ -204,14 +202,16 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     data = load_data()
     length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg = strategy.prepare(cfg, data, parts)
+    net = None
+    if parts is not None and (parts.model or parts.optimizer or parts.loss):
+        record, net = check_and_describe(parts, cfg, data)  # first: a factory that raises is one line
+        parts = dataclasses.replace(parts, record=record)
+        cfg = cfg.replace(**_settings_that_ran(record.get("optimizer", {})))
     if resume is not None:  # weights that do not fit fail here in one line, not in every worker
         from .build import make_model
 
-        checkpoint.load_weights(make_model(cfg, data, parts), resume, cfg.resume, cfg.to_dict())
-    if parts is not None and (parts.model or parts.optimizer or parts.loss):
-        record = check_and_describe(parts, cfg, data)
-        parts = dataclasses.replace(parts, record=record)
-        cfg = cfg.replace(**_settings_that_ran(record.get("optimizer", {})))
+        checkpoint.load_weights(net if net is not None else make_model(cfg, data, parts), resume, cfg.resume,
+                                cfg.to_dict())
     if is_main and fresh:  # last: any bad input above leaves the old run as it was
         clear_run(Path(cfg.out))  # --overwrite's run, or the leftovers of one that never took a step
     # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again

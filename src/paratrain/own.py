@@ -64,9 +64,10 @@ def name_of(factory: Any) -> str:
     return getattr(factory, "__qualname__", type(factory).__name__).rsplit("<locals>.", 1)[-1]
 
 
-def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
+def check_and_describe(parts: Any, cfg: Any, data: Any) -> tuple[dict[str, Any], nn.Module]:
     """Build the user's network (once, on the CPU), run it on two training images as training prepares
-    them, and build the optimizer over it. Returns what will run, in words, for config's companion record."""
+    them, and build the optimizer over it. Returns what will run, in words, for config's companion record,
+    and the network it built (for the caller's other checks)."""
     from .build import make_batch_transforms, make_model
 
     record: dict[str, Any] = {}
@@ -92,7 +93,7 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
         record["optimizer"] = describe_optimizer(optimizer)
     record["loss"] = name_of(parts.loss) if parts.loss is not None else "cross_entropy (paratrain's default)"
-    return record
+    return record, net
 
 
 def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, own_loss: bool) -> None:
