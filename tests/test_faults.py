@@ -108,8 +108,7 @@ def test_stopped_worker_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
     assert code == 1 and time.time() - start < 5 + 30, stderr
     lines = [line for line in stderr.splitlines() if line.startswith("paratrain:")]
     assert any("stopped answering" in line and "rank 1" in line for line in lines), stderr
-    time.sleep(1)
-    assert [p for p in every if alive(p)] == []
+    _none_left(every)
 
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path: Path) -> None:
@@ -187,16 +186,26 @@ def _started(run: Path, launcher: subprocess.Popen, step: int = 3) -> list[int]:
 LONG = ("--devices", "2", "--epochs", "1000", "--log-every", "1", "--checkpoint-every", "5")
 
 
-def test_a_dead_worker_without_restarts_ends_the_run_with_exit_1(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+def _signal_a_worker(run: Path, signum: int) -> tuple[int, str, list[int]]:
+    """A long 2-worker run whose second worker gets `signum` once it trains: the launcher's exit code and
+    stderr, and the workers."""
     launcher = _launch(run, *LONG)
     workers = _started(run, launcher)
-    os.kill(workers[1], signal.SIGKILL)
+    os.kill(workers[1], signum)
     code, stderr = _finish(launcher, timeout=60)
+    return code, stderr, workers
+
+
+def _none_left(pids: list[int]) -> None:
+    time.sleep(1)  # a moment for the kernel to reap them
+    assert [p for p in pids if alive(p)] == []
+
+
+def test_a_dead_worker_without_restarts_ends_the_run_with_exit_1(tmp_path: Path) -> None:
+    code, stderr, workers = _signal_a_worker(tmp_path / "run", signal.SIGKILL)
     last = stderr.strip().splitlines()[-1]
     assert code == 1 and "died" in last and "--max-restarts R restarts the run" in last, stderr
-    time.sleep(1)
-    assert [p for p in workers if alive(p)] == []
+    _none_left(workers)
 
 
 def test_restarts_used_up_end_the_run_with_exit_1(tmp_path: Path) -> None:
@@ -238,16 +247,12 @@ def test_a_worker_that_cannot_stop_is_killed_after_8_s(tmp_path: Path) -> None:
 
 def test_sigterm_to_one_worker_stops_every_worker_at_one_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    launcher = _launch(run, *LONG)
-    workers = _started(run, launcher)
-    os.kill(workers[1], signal.SIGTERM)
-    code, stderr = _finish(launcher, timeout=60)
+    code, stderr, workers = _signal_a_worker(run, signal.SIGTERM)
     assert code == 143, stderr
     line = stderr.strip().splitlines()[-1]
     state = checkpoint.load(run)
     assert f"stopped by SIGTERM at step {state['step']}" in line and f"--resume {run}" in line, stderr
-    time.sleep(1)
-    assert [p for p in workers if alive(p)] == []
+    _none_left(workers)
 
 
 def _nan_on_rank_1(logits, y):  # noqa: ANN001, ANN202

@@ -245,6 +245,14 @@ def of_run(run: str | Path, given_as: str) -> TrainConfig:
     return from_dict(values)
 
 
+def check_resume_out(resume: str, out: str | None, drop: str) -> None:
+    """A resumed run carries on in its own folder: another output folder beside --resume is refused (it was
+    once silently ignored). `drop` names the option as the caller gave it (`--out X`, `out='X'`)."""
+    if out and Path(out).resolve() != Path(resume).resolve():
+        raise UserError(f"a resumed run carries on in its own folder, {resume}; drop {drop} (or copy the run "
+                        "there and resume that copy)")
+
+
 def with_run_dir(cfg: TrainConfig) -> TrainConfig:
     """The run directory: a resumed run's own folder, the given --out, or runs/<model>-<dataset>-<time>."""
     if cfg.resume:

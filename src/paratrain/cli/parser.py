@@ -26,17 +26,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = self._did_you_mean(message) if message.startswith("unrecognized arguments:") else ""
-        print(f"paratrain: error: {one_line(message)}{hint}; see `{self._command_prog()} --help`", file=sys.stderr)
+        print(f"paratrain: error: {one_line(message)}{hint}; see `{self._command().prog} --help`", file=sys.stderr)
         raise SystemExit(2)
 
-    def _command_prog(self) -> str:
-        """`paratrain train` where the command line names one (argparse reports unknown flags at the top)."""
+    def _command(self) -> argparse.ArgumentParser:
+        """The parser of the command the command line names (`paratrain train`), or this one: argparse
+        reports unknown flags at the top, where only the command's parser knows its flags."""
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
                 command = next((t for t in self._argv if t in action.choices), None)
                 if command is not None:
-                    return action.choices[command].prog
-        return self.prog
+                    return action.choices[command]
+        return self
 
     def _did_you_mean(self, message: str) -> str:
         """The closest flag of the command in use to the first unknown one."""
@@ -45,12 +46,7 @@ class Parser(argparse.ArgumentParser):
         unknown = next((t.split("=")[0] for t in message.split(":", 1)[1].split() if t.startswith("--")), None)
         if unknown is None:
             return ""
-        flags = set(self._option_string_actions)
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                command = next((t for t in self._argv if t in action.choices), None)
-                if command is not None:
-                    flags |= set(action.choices[command]._option_string_actions)
+        flags = set(self._option_string_actions) | set(self._command()._option_string_actions)
         close = closest(unknown, sorted(flags))
         return f" (did you mean {close}?)" if close else ""
 

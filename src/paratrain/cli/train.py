@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from .. import config as C
@@ -25,10 +24,8 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     from .. import recipes
 
     base = C.TrainConfig()
-    if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
-        raise UserError(f"a resumed run carries on in its own folder, {args.resume}; drop --out {args.out} (or copy "
-                        "the run there and resume that copy)")
     if args.resume:
+        C.check_resume_out(args.resume, args.out, f"--out {args.out}")
         base = C.of_run(args.resume, f"--resume {args.resume}")
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))

@@ -76,10 +76,9 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         if requeued:
             print(f"search: {requeued} trial(s) left running by an interrupted search are queued again")
     finished = runner.counts(study)[0]
-    wanted = args.trials or (args.population * args.generations if args.sampler == "genetic" else 20)
-    if args.sampler != "grid" and budget < wanted:
+    if args.sampler != "grid" and budget < settings.wanted():
         print(f"search: the space has {budget} distinct points; each is trained once, so {budget} trials, not "
-              f"{wanted}")
+              f"{settings.wanted()}")
     print(f"search: {args.sampler}, {budget} trials ({finished} already done), {parallel} at once x "
           f"{threads} thread(s){' on GPUs' if gpus else ''}; study '{args.study}' in {settings.storage}", flush=True)
     start = time.perf_counter()

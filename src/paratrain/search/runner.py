@@ -44,13 +44,16 @@ class Settings:
     seed: int
     worker: bool
 
+    def wanted(self) -> int:
+        """The trials asked for (grid: at most these many)."""
+        return self.trials or (self.population * self.generations if self.sampler == "genetic" else 20)
+
     def budget(self, space: Space) -> int:
         """How many trials the search runs."""
         if self.sampler == "grid":
             return min(len(space.grid()), self.trials or len(space.grid()))
-        wanted = self.trials or (self.population * self.generations if self.sampler == "genetic" else 20)
         size = space.size()  # every trial is a distinct point: a finite space caps the budget
-        return wanted if size is None else min(wanted, size)
+        return self.wanted() if size is None else min(self.wanted(), size)
 
 
 def sampler_seed(s: Settings, index: int, done: int = 0) -> int:
