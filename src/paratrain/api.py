@@ -25,12 +25,13 @@ from . import config as C
 from .data import Splits, load_for
 from .data.transforms import unit_scale
 from .errors import UserError, closest
+from .import_path import is_import_path
 from .own import check_and_describe
 from .parts import Parts
 from .predict import Classifier
 from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
 
-DataLike = str | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
+DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = None,
@@ -40,8 +41,10 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     """Train on 1..N local workers (or in torchrun's group) and return the summary that summary.json holds
     (None on torchrun ranks other than 0).
 
-    model: a factory that builds the network (None: `config.model` from the registry).
-    data: a dataset name ("digits", "mnist", "cifar10", "synthetic"), a `Splits`, or a dict with "train",
+    model: a factory that builds the network, called with whichever of `channels`, `image_size` and
+        `num_classes` (the data's) it names (None: `config.model`, a registry name or an import path).
+    data: a dataset name ("digits", "mnist", "cifar10", "synthetic"), the path of an image folder (a
+        sub-folder per class; train/, val/, test/ where it has them), a `Splits`, or a dict with "train",
         "val" and "test" pairs (square images N x C x H x H, uint8 0..255 or float; integer labels 0..K-1);
         None: `config.dataset`.
     config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...);
@@ -76,7 +79,11 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif cfg.optimizer == "custom":
         raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
                         "paratrain.fit(..., optimizer=make_optimizer)")
-    if isinstance(data, str):
+    if isinstance(data, os.PathLike) or (isinstance(data, str) and data not in C.DATASETS and
+                                         ("/" in data or os.sep in data or Path(data).is_dir())):
+        data = str(data)  # a folder of class sub-folders
+        cfg = cfg.replace(dataset="imagefolder", data_dir=data)
+    elif isinstance(data, str):
         cfg = cfg.replace(dataset=data)
     elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
         cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
@@ -133,7 +140,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
     if isinstance(data, Splits):
         return data
     if isinstance(data, str):
-        return load_for(cfg.replace(dataset=data))
+        return load_for(cfg if cfg.dataset == "imagefolder" else cfg.replace(dataset=data))
     if not isinstance(data, dict):
         raise UserError(f"data must be a dataset name, a Splits, or a dict with 'train', 'val' and 'test' "
                         f"(images, labels) pairs; not a {type(data).__name__}")
@@ -203,10 +210,12 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg = strategy.prepare(cfg, data, parts)
     net = None
-    if parts is not None and (parts.model or parts.optimizer or parts.loss):
-        record, net = check_and_describe(parts, cfg, data)  # first: a factory that raises is one line
-        parts = dataclasses.replace(parts, record=record)
-        cfg = cfg.replace(**_settings_that_ran(record.get("optimizer", {})))
+    own = parts is not None and bool(parts.model or parts.optimizer or parts.loss)
+    if own or is_import_path(cfg.model):
+        record, net = check_and_describe(parts or Parts(), cfg, data)  # first: a factory that raises is one line
+        if own:
+            parts = dataclasses.replace(parts, record=record)
+            cfg = cfg.replace(**_settings_that_ran(record.get("optimizer", {})))
     if resume is not None:  # weights that do not fit fail here in one line, not in every worker
         from .build import make_model
 
@@ -328,7 +337,8 @@ def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = Non
         raise UserError(f"checkpoint {run} predates the record of its data's normalisation; evaluate it with "
                         "paratrain.evaluate(run, data, model=...)")
     pipeline = make_batch_transforms(cfg, splits, torch.device("cpu"))
-    return Classifier(net, pipeline, splits.channels, splits.image_size, CLASS_NAMES.get(cfg.dataset))
+    names = list(splits.classes) if splits.classes else CLASS_NAMES.get(cfg.dataset)
+    return Classifier(net, pipeline, splits.channels, splits.image_size, names)
 
 
 def _loaded(run: str | Path, state: dict, model: Callable[[], nn.Module] | None,
@@ -352,6 +362,9 @@ def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | 
 
     if cfg.model == "custom" and model is None:
         raise UserError(f"{run} holds a network of your own: pass its factory, model=make_net")
-    net = model() if model is not None else make_model(cfg, splits)
+    if model is not None and splits is None:  # a checkpoint older than the record of its data's shapes
+        net = model()
+    else:
+        net = make_model(cfg, splits, Parts(model) if model is not None else None)
     checkpoint.load_weights(net, {**state, "model": state["ema_model"]} if ema else state, run)
     return net

@@ -13,6 +13,7 @@ from .config import TrainConfig
 from .data import Splits
 from .data.transforms import Augment, BatchPipeline
 from .models import build_model, input_size
+from .models.imported import call_factory
 from .optim import make_ema, make_optimizer, make_scheduler
 from .parts import Parts
 
@@ -20,8 +21,8 @@ from .parts import Parts
 def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None) -> nn.Module:
     """The user's network (from their factory) or the registry's, on the CPU; the registry's needs `data`
     (its shapes: `Splits.shaped_like` makes empty splits of a checkpoint's)."""
-    if parts is not None and parts.model is not None:
-        return parts.model()
+    if parts is not None and parts.model is not None:  # the same rule as a factory named by import path
+        return call_factory(parts.model, data.channels, data.image_size, data.num_classes)
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
                        width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
                        filters=cfg.filters, kernel=cfg.kernel)

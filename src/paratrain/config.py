@@ -18,10 +18,12 @@ from typing import Any
 import yaml
 
 from .errors import UserError, closest
+from .import_path import absolute, is_import_path
 from .strategies import REGISTRY
 
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
-DATASETS = ("digits", "mnist", "cifar10", "synthetic", "custom")  # custom: tensors given to paratrain.fit
+# imagefolder: a folder of class sub-folders (--data-dir); custom: tensors given to paratrain.fit
+DATASETS = ("digits", "mnist", "cifar10", "synthetic", "imagefolder", "custom")
 # custom: an optimizer factory given to paratrain.fit
 OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
@@ -38,12 +40,21 @@ def _f(default: Any, help: str, **meta: Any) -> Any:
 @dataclass(frozen=True)
 class TrainConfig:
     # what to train
-    model: str = _f("lenet5", "model from the registry", choices=MODELS)
+    model: str = _f("lenet5", "a registry model, or your network's factory: package.module:factory or "
+                    "path/to/file.py:factory", choices=MODELS)
     dataset: str = _f("digits", "dataset (digits is embedded and needs no download)", choices=DATASETS)
     data_dir: str | None = _f(None, "folder with the dataset files, or where to download them")
     download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download",
                         off_help="never download: a missing dataset is an error")
     val_size: int | None = _f(None, "training examples held out for validation (default: per dataset)")
+    test_size: int | None = _f(None, "imagefolder without a test/ folder: images held out for testing "
+                               "(default: a tenth)")
+    image_size: int | None = _f(None, "imagefolder: the side images are resized and centre-cropped to "
+                                "(default: the median, at most 224)")
+    cache_dir: str | None = _f(None, "imagefolder: where the decoded images are cached (default: inside "
+                               "--data-dir, or the user's cache folder when it is read-only)")
+    skip_bad_images: bool = _f(False, "imagefolder: leave out images that cannot be decoded (counted and "
+                               "listed in the cache's manifest) instead of stopping")
     # model options (used by the models that have them)
     width: int = _f(512, "mlp: neurons per hidden layer")
     depth: int = _f(2, "mlp: number of hidden layers")
@@ -130,6 +141,7 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "mnist": {"batch_size": 512, "epochs": 5},
     "cifar10": {"batch_size": 128, "epochs": 10},
     "synthetic": {"batch_size": 512, "epochs": 1},
+    "imagefolder": {"batch_size": 64, "epochs": 10},
     "custom": {"batch_size": 64, "epochs": 10},
 }
 
@@ -304,6 +316,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     if cfg.dataset in DATASET_DEFAULTS:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
+    if is_import_path(cfg.model):  # config.yaml names the same file from any folder
+        cfg = cfg.replace(model=absolute(cfg.model))
     _check_choices(cfg)
     _check_numbers(cfg)
     _check_combinations(cfg)
@@ -322,6 +336,8 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("strategy", cfg.strategy), ("param_device", cfg.param_device),
                         ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm)):
         choices = FIELDS[name].metadata["choices"]
+        if name == "model" and is_import_path(value):
+            continue
         if value not in choices:  # custom: what paratrain.fit records for a factory, not a choice to make
             _bad(f"unknown {name} {shown(value)}{did_you_mean(str(value), choices)}; choose one of: "
                  f"{', '.join(c for c in choices if c != 'custom')}")
@@ -338,7 +354,7 @@ def _check_numbers(cfg: TrainConfig) -> None:
     if cfg.steps is not None:
         positive["steps"] = cfg.steps
     positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints, microbatches=cfg.microbatches)
-    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps"):
+    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps", "image_size"):
         if getattr(cfg, name) is not None:
             positive[name] = getattr(cfg, name)
     for name in ("lr_decay_epochs", "max_time", "clip_grad_norm", "collective_timeout"):
@@ -350,6 +366,7 @@ def _check_numbers(cfg: TrainConfig) -> None:
             _bad(f"--{name.replace('_', '-')} must be at least 1, not {value}")
     for name, value in (("momentum", cfg.momentum), ("weight_decay", cfg.weight_decay),
                         ("checkpoint_every", cfg.checkpoint_every), ("val_size", cfg.val_size or 0),
+                        ("test_size", cfg.test_size or 0),
                         ("warmup_steps", cfg.warmup_steps), ("crop_padding", cfg.crop_padding),
                         ("brightness", cfg.brightness), ("contrast", cfg.contrast),
                         ("histogram_every", cfg.histogram_every), ("max_restarts", cfg.max_restarts)):
@@ -358,6 +375,10 @@ def _check_numbers(cfg: TrainConfig) -> None:
 
 
 def _check_combinations(cfg: TrainConfig) -> None:
+    folder_only = [n for n in ("test_size", "image_size", "cache_dir") if getattr(cfg, n) is not None]
+    folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
+    if folder_only and cfg.dataset != "imagefolder":
+        _bad(f"--{folder_only[0].replace('_', '-')} is for --dataset imagefolder, not {cfg.dataset}")
     if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
         _bad(f"--dropout must be in [0, 1), not {cfg.dropout}")
     if cfg.ema is not None and not 0 < cfg.ema < 1:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .errors import UserError
+from .import_path import is_import_path
 
 
 def _libraries() -> tuple[str, ...]:
@@ -53,7 +54,7 @@ def _where(filename: str, lineno: int | None, name: str, code: str | None) -> st
     return f"{Path(filename).name}:{lineno} in {name}" + (f": {code.strip()}" if code else "")
 
 
-def _failed(what: str, e: BaseException) -> UserError:
+def failed(what: str, e: BaseException) -> UserError:
     where = user_frame(e.__traceback__)
     return UserError(f"{what}: {type(e).__name__}: {e}" + (f" (at {where})" if where else ""))
 
@@ -76,18 +77,19 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> tuple[dict[str, Any],
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
-        raise _failed(f"your model factory {name_of(parts.model)} failed", e) from None
-    if parts.model is not None:
-        if not isinstance(net, nn.Module):
+        raise failed(f"your model factory {name_of(parts.model)} failed", e) from None
+    if parts.model is not None or is_import_path(cfg.model):  # a registry model needs no check
+        if parts.model is not None and not isinstance(net, nn.Module):
             raise UserError(f"your model factory {name_of(parts.model)} returned a {type(net).__name__}, not an "
                             "nn.Module")
-        record["model"] = name_of(parts.model)
+        if parts.model is not None:
+            record["model"] = name_of(parts.model)
         _check_forward(net, cfg, data, make_batch_transforms, own_loss=parts.loss is not None)
     if parts.optimizer is not None:
         try:
             optimizer = parts.optimizer(net.parameters())
         except Exception as e:  # noqa: BLE001
-            raise _failed(f"your optimizer factory {name_of(parts.optimizer)} failed", e) from None
+            raise failed(f"your optimizer factory {name_of(parts.optimizer)} failed", e) from None
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise UserError(f"your optimizer factory {name_of(parts.optimizer)} returned a "
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
@@ -108,7 +110,7 @@ def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: A
         with torch.no_grad():
             out = net(x)
     except Exception as e:  # noqa: BLE001
-        raise _failed(f"your network failed on 2 training images of shape {tuple(x.shape)[1:]}", e) from None
+        raise failed(f"your network failed on 2 training images of shape {tuple(x.shape)[1:]}", e) from None
     rows = isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == len(x)
     scores = rows and out.dim() == 2 and out.shape[1] >= data.num_classes
     if not rows or not (scores or own_loss):

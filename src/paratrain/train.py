@@ -354,6 +354,7 @@ class Trainer:
             "torch_version": torch.__version__, "devices": self.devices or [str(self.ctx.device)] * self.ctx.world_size,
             "run_dir": str(self.run_dir), "pipeline": added["pipeline"], "restarts": self.restarts,
             "resumed_from_step": state.first_step or None, "parts": self.parts.record or None,
+            "classes": list(self.data.classes) if self.data.classes else None,
         }
 
 

@@ -70,6 +70,8 @@ def add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = fro
         kind = int if "int" in f.type else float if "float" in f.type else str
         choices = f.metadata.get("choices")
         choices = [c for c in choices if c != "custom"] if choices else None  # custom: for paratrain.fit only
+        if name == "model":  # a registry name, or the import path of a network of the user's
+            kind, choices = _model_type(choices), None
         p.add_argument(flag, dest=name, type=kind, default=None, choices=choices,
                        help=helptext, metavar=None if "choices" in f.metadata else name.upper())
 
@@ -82,3 +84,16 @@ def at_least_one(args: argparse.Namespace, *names: str) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+
+
+def _model_type(names: list[str]) -> Any:
+    def model(value: str) -> str:
+        from ..import_path import is_import_path
+
+        if value in names or is_import_path(value):
+            return value
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(names)}; or your "
+                                         "network's factory, package.module:factory or path/to/file.py:factory)")
+
+    model.__name__ = "model"
+    return model

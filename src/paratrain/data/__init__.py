@@ -11,7 +11,7 @@ from .splits import Splits
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-DATASETS = ("digits", "mnist", "cifar10", "synthetic")
+DATASETS = ("digits", "mnist", "cifar10", "synthetic", "imagefolder")
 DEFAULT_DATA_DIR = "data"
 
 
@@ -39,6 +39,12 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
     if name == "custom":
         raise UserError("dataset 'custom' is tensors of your own: pass them to paratrain.fit or "
                         "paratrain.evaluate(run, data); from the command line choose a dataset by name")
+    if name == "imagefolder":
+        from . import folder
+
+        if not data_dir:
+            raise UserError("dataset 'imagefolder' needs a folder: --data-dir DIR (data_dir=...)")
+        return folder.load(data_dir, val_size=val_size)
     if name == "synthetic":
         from . import synthetic
 
@@ -51,6 +57,14 @@ def load_for(cfg: TrainConfig) -> Splits:
     model's native channels)."""
     from ..models import native_channels
 
+    if cfg.dataset == "imagefolder":
+        from . import folder
+
+        if not cfg.data_dir:
+            raise UserError("--dataset imagefolder needs --data-dir DIR, a folder with a sub-folder of images per "
+                            "class")
+        return folder.load(cfg.data_dir, cfg.image_size, cfg.val_size, cfg.test_size, cfg.cache_dir,
+                           cfg.skip_bad_images, quiet=cfg.quiet)
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model))
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
-Pair = tuple[torch.Tensor, torch.Tensor]  # (uint8 images N x C x H x W, int64 labels N)
+# (uint8 images N x C x H x W, int64 labels N); the images in memory, or rows of a cache file (source.py)
+Pair = tuple[Any, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,7 @@ class Splits:
     mean: tuple[float, ...]  # per channel, on the 0..1 scale, for batch-wise normalisation
     std: tuple[float, ...]
     num_classes: int = 10
+    classes: tuple[str, ...] | None = None  # the class names, where the data has them (an image folder's)
 
     @property
     def channels(self) -> int:
@@ -29,15 +32,20 @@ class Splits:
 
     def shape_info(self) -> dict:
         """What a model is built for and fed with (saved in checkpoints): no images."""
-        return {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
+        info = {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
                 "mean": list(self.mean), "std": list(self.std)}
+        if self.classes is not None:
+            info["classes"] = list(self.classes)
+        return info
 
     @classmethod
     def shaped_like(cls, name: str, info: dict) -> Splits:
         """Empty splits of a checkpoint's shapes: enough to build its model and its batch transforms."""
         c, s = int(info["channels"]), int(info["image_size"])
         empty = (torch.zeros(0, c, s, s, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64))
-        return cls(name, empty, empty, empty, tuple(info["mean"]), tuple(info["std"]), int(info["num_classes"]))
+        classes = tuple(info["classes"]) if info.get("classes") else None
+        return cls(name, empty, empty, empty, tuple(info["mean"]), tuple(info["std"]), int(info["num_classes"]),
+                   classes)
 
     def to(self, device: torch.device) -> Splits:
         """Move every tensor once (the whole dataset lives on the GPU where there is one)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import UserError
+from ..import_path import is_import_path
 from .cifar10_net import Cifar10Net
 from .convnet import ConvNet
 from .lenet5 import LeNet5
@@ -38,7 +39,7 @@ CUSTOM = ModelSpec(None, None)
 
 
 def _spec(name: str) -> ModelSpec:
-    if name == "custom":
+    if name == "custom" or is_import_path(name):  # a network of the user's: any input size
         return CUSTOM
     if name not in REGISTRY:
         raise UserError(f"unknown model '{name}'; choose one of: {', '.join(REGISTRY)}")
@@ -55,10 +56,28 @@ def input_size(name: str, data_size: int) -> int:
     return _spec(name).input_size or data_size
 
 
+def build_imported(name: str, channels: int, image_size: int, num_classes: int) -> nn.Module:
+    """The network that an import path's factory builds for the data's shapes."""
+    from .imported import call_factory, resolve
+
+    factory = resolve(name)
+    try:
+        net = call_factory(factory, channels, image_size, num_classes)
+    except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
+        from ..own import failed
+
+        raise failed(f"--model {name}: the factory failed", e) from None
+    if not isinstance(net, nn.Module):
+        raise UserError(f"--model {name}: the factory returned a {type(net).__name__}, not an nn.Module")
+    return net
+
+
 def build_model(name: str, in_channels: int, image_size: int, num_classes: int, *, width: int = 512,
                 depth: int = 2, activation: str = "relu", dropout: float | None = None, filters: int = 64,
                 kernel: int = 5) -> nn.Module:
     """Build a registry model on the CPU; the caller moves it to its device."""
+    if is_import_path(name):
+        return build_imported(name, in_channels, image_size, num_classes)
     spec = _spec(name)
     if spec.builder is None:
         raise UserError("model 'custom' is a network of your own: give its factory to paratrain.fit(model=...); "

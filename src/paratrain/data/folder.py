@@ -1,0 +1,343 @@
+"""Image folders (torchvision's ImageFolder layout: a sub-folder per class), decoded once into a uint8 cache.
+
+    DIR/train/<class>/*.png, DIR/val/..., DIR/test/...   the splits where they exist
+    DIR/<class>/*.jpg                                     otherwise: one seeded split by --val-size, --test-size
+
+The first run decodes every image (in parallel over the cores), resizes it on its shorter side to
+--image-size and centre-crops it square (as torchvision's Resize + CenterCrop do), and writes one
+memory-mappable `images.npy` with `labels.npy` and a manifest of the files (size and mtime each). Later runs
+check the manifest against the folder and open the cache without decoding; a changed, added or removed file
+rebuilds it. A build writes into a fresh folder and renames it into place: an interrupted or failed build
+never replaces a good cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..devices import usable_cores
+from ..errors import UserError
+from .source import MappedImages
+from .splits import Splits
+
+CACHE_VERSION = 1  # of the files below: a cache of another version is rebuilt
+MAX_DEFAULT_SIZE = 224
+SPLIT_SEED = 0  # the held-out split does not move with --seed: test accuracies of two runs compare
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The image files of a folder in a fixed order, with their class, and which split each one is in."""
+
+    root: Path
+    classes: list[str]
+    files: list[str]  # relative to root, sorted by split then class then name
+    labels: np.ndarray  # int64, one per file
+    split_of: dict[str, np.ndarray]  # "train"/"val"/"test" -> indices into files (for folders with splits)
+
+
+def list_folder(root: Path) -> Listing:
+    """The images of an ImageFolder tree (or of train/val/test trees under it); a folder that is not one is
+    one line that says what is wrong."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    if not root.is_dir():
+        raise UserError(f"--data-dir {root} is not a folder; give a folder with a sub-folder of images per class")
+    split_dirs = {s: root / s for s in SPLITS if (root / s).is_dir()}
+    if split_dirs and "train" not in split_dirs:
+        raise UserError(f"{root} has {', '.join(split_dirs)} but no train/ folder; add one, or put the class "
+                        "folders directly in it")
+    trees = split_dirs or {"all": root}
+    classes = _classes(trees.get("train", root))
+    files: list[str] = []
+    labels: list[int] = []
+    split_of: dict[str, np.ndarray] = {}
+    for split, tree in trees.items():
+        start = len(files)
+        for k, name in enumerate(classes):
+            folder = tree / name
+            found = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file()) \
+                if folder.is_dir() else []
+            if split in ("train", "all") and not found:
+                raise UserError(f"class folder {folder} has no images ({', '.join(IMG_EXTENSIONS)}); add some, or "
+                                "remove the folder")
+            files += [str(p.relative_to(root)) for p in found]
+            labels += [k] * len(found)
+        extra = sorted(e.name for e in os.scandir(tree) if e.is_dir() and e.name not in classes) \
+            if split != "all" else []
+        if extra:
+            raise UserError(f"{tree} has class folders that train/ has not ({', '.join(extra[:5])}); every split "
+                            "must use the training set's classes")
+        split_of[split] = np.arange(start, len(files))
+    return Listing(root, classes, files, np.asarray(labels, dtype=np.int64), split_of)
+
+
+def _classes(tree: Path) -> list[str]:
+    classes = sorted(e.name for e in os.scandir(tree) if e.is_dir() and not e.name.startswith("."))
+    if len(classes) < 2:
+        found = f"only the class folder '{classes[0]}'" if classes else "no class folders"
+        raise UserError(f"{tree} has {found}; an image folder needs a sub-folder of images for each of at least "
+                        "two classes (DIR/cat/*.jpg, DIR/dog/*.jpg)")
+    return classes
+
+
+# ---- the cache ----
+
+def _stamp(root: Path, files: list[str]) -> list[list]:
+    """What identifies each file's content cheaply: its size and modification time."""
+    out = []
+    for f in files:
+        st = (root / f).stat()
+        out.append([f, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def cache_folder(root: Path, image_size: int | None, cache_dir: str | None) -> Path:
+    """Where the cache of `root` at `image_size` lives: under --cache-dir, else in the data folder, else (a
+    read-only data folder) in the user's cache folder."""
+    key = hashlib.sha1(f"{root.resolve()}|{image_size}".encode()).hexdigest()[:16]
+    if cache_dir:
+        return Path(cache_dir).expanduser() / key
+    inside = root / ".paratrain-cache"
+    if os.access(root, os.W_OK) and (not inside.exists() or os.access(inside, os.W_OK)):
+        return inside / key
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "paratrain" / key
+
+
+def open_cache(folder: Path, stamps: list[list]) -> dict | None:
+    """The cache's manifest if it is complete and was built from exactly these files, else None."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("version") != CACHE_VERSION or manifest.get("files") != stamps:
+        return None
+    n = len(manifest.get("kept", []))
+    try:  # a truncated or damaged file is rebuilt
+        images, labels, sums = (np.load(folder / f, mmap_mode="r") for f in ("images.npy", "labels.npy", "sums.npy"))
+    except (OSError, ValueError):
+        return None
+    if images.shape != (n, *manifest["shape"]) or labels.shape != (n,) or sums.shape[0] != n:
+        return None
+    return manifest
+
+
+def _decode(path: str, side: int, channels: int) -> np.ndarray | str:
+    """One image as C x side x side uint8, or why it failed: resized (bilinear, antialiased) so that its
+    shorter side is `side`, then centre-cropped, with the sizes and offsets torchvision's Resize and
+    CenterCrop compute (PIL alone: the decoding processes need not import torch)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L" if channels == 1 else "RGB")
+            w, h = im.size
+            short, long = (w, h) if w <= h else (h, w)
+            new_long = int(side * long / short)
+            im = im.resize((side, new_long) if w <= h else (new_long, side), Image.BILINEAR)
+            w, h = im.size
+            top, left = int(round((h - side) / 2.0)), int(round((w - side) / 2.0))
+            arr = np.asarray(im.crop((left, top, left + side, top + side)), dtype=np.uint8)
+    except Exception as e:  # noqa: BLE001 (PIL fails on a bad file in many ways)
+        return f"{type(e).__name__}: {e}"
+    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+def _probe(path: str) -> tuple[int, str] | str:
+    """An image's shorter side and mode from its header (no decoding), or why it cannot be read."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            return min(im.size), im.mode
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def _chunks(n: int, size: int) -> list[range]:
+    return [range(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _probe_many(paths: list[str]) -> list[tuple[int, str] | str]:
+    return [_probe(p) for p in paths]
+
+
+def _decode_many(paths: list[str], side: int, channels: int) -> list[np.ndarray | str]:
+    return [_decode(p, side, channels) for p in paths]
+
+
+def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: int | None, skip_bad: bool,
+                workers: int, quiet: bool) -> dict:
+    """Decode every image into a new cache folder, then rename it into place; returns its manifest."""
+    root, n = listing.root, len(listing.files)
+    paths = [str(root / f) for f in listing.files]
+    chunks = _chunks(n, 64)
+    t0 = time.perf_counter()
+    # Decoding processes are spawned (this process has torch's threads: forking it is unsafe); one worker
+    # decodes here, without a pool.
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) \
+        if workers > 1 else _Inline()
+    with pool:
+        probes = [r for part in pool.map(_probe_many, [[paths[i] for i in c] for c in chunks]) for r in part]
+        bad = {i: r for i, r in enumerate(probes) if isinstance(r, str)}
+        _refuse_bad(bad, listing, skip_bad)
+        good = [i for i in range(n) if i not in bad]
+        sides = sorted(probes[i][0] for i in good)
+        side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
+        channels = 1 if all(probes[i][1] in ("1", "L", "I;16", "I", "F") for i in good) else 3
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = folder.parent / f".{folder.name}.building-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
+                                               shape=(len(good), channels, side, side))
+            sums = np.zeros((len(good), channels, 2))  # per image and channel: sum, sum of squares (0..1)
+            bar = _bar(len(good), quiet)
+            pieces = _chunks(len(good), 64)
+            results = pool.map(_decode_many, [[paths[good[i]] for i in c] for c in pieces],
+                               [side] * len(pieces), [channels] * len(pieces))
+            for piece, decoded in zip(pieces, results, strict=True):
+                for i, arr in zip(piece, decoded, strict=True):
+                    if isinstance(arr, str):  # the header read but the pixels did not: truncated data
+                        bad[good[i]] = arr
+                        continue
+                    images[i] = arr
+                    unit = arr.reshape(channels, -1).astype(np.float64) / 255
+                    sums[i] = np.stack([unit.sum(1), (unit * unit).sum(1)], axis=1)
+                bar.update(len(piece))
+            bar.close()
+            if bad and not skip_bad:
+                _refuse_bad(bad, listing, skip_bad)
+            keep = np.asarray([i for i in range(len(good)) if good[i] not in bad], dtype=np.int64)
+            if len(keep) != len(good):  # images that failed only when decoded: drop their rows
+                images.flush()
+                del images
+                full = np.load(tmp / "images.npy", mmap_mode="r")
+                np.save(tmp / "kept.npy", np.ascontiguousarray(full[keep]))
+                del full
+                os.replace(tmp / "kept.npy", tmp / "images.npy")
+            else:
+                images.flush()
+                del images
+            kept = [good[i] for i in keep]
+            np.save(tmp / "labels.npy", listing.labels[kept])
+            np.save(tmp / "sums.npy", sums[keep])  # any split's statistics, without reading its images
+            manifest = {"version": CACHE_VERSION, "root": str(root.resolve()), "classes": listing.classes,
+                        "shape": [channels, side, side], "files": stamps, "kept": kept,
+                        "skipped": {listing.files[i]: why for i, why in sorted(bad.items())},
+                        "built_s": round(time.perf_counter() - t0, 3)}
+            (tmp / "manifest.json").write_text(json.dumps(manifest))
+            old = folder.parent / f".{folder.name}.old-{os.getpid()}"
+            if folder.exists():
+                os.replace(folder, old)
+            os.replace(tmp, folder)
+            shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    rate = n / max(time.perf_counter() - t0, 1e-9)
+    if not quiet:
+        print(f"paratrain: decoded {len(kept)} images of {root} into {folder} at {rate:.0f} images/s"
+              + (f"; skipped {len(bad)} bad images (listed in its manifest.json)" if bad else ""),
+              file=sys.stderr, flush=True)
+    return manifest
+
+
+class _Inline:
+    """A pool of one: map in this process."""
+
+    def map(self, fn, *iterables):  # noqa: ANN001, ANN002, ANN201
+        return map(fn, *iterables)
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _refuse_bad(bad: dict[int, str], listing: Listing, skip_bad: bool) -> None:
+    if bad and not skip_bad:
+        i = min(bad)
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UserError(f"{listing.root / listing.files[i]} is not a readable image ({bad[i][:120]}){more}; "
+                        "remove or replace it, or pass --skip-bad-images to leave bad images out")
+
+
+def _bar(total: int, quiet: bool):  # noqa: ANN202
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="img", desc="decoding images", disable=quiet or not sys.stderr.isatty(),
+                file=sys.stderr)
+
+
+# ---- the splits ----
+
+def _held_out(n: int, val_size: int, test_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A seeded split of n examples into train, val and test positions (each sorted)."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
+    test, val, train = perm[:test_size], perm[test_size:test_size + val_size], perm[test_size + val_size:]
+    return np.sort(train), np.sort(val), np.sort(test)
+
+
+def _statistics(sums: np.ndarray, pixels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (unbiased) standard deviation on the 0..1 scale, in float64, from the images'
+    per-channel sums and sums of squares (saved with the cache): no image is read."""
+    total = sums.sum(axis=0)  # C x 2
+    count = len(sums) * pixels
+    mean = total[:, 0] / count
+    var = np.maximum(total[:, 1] / count - mean * mean, 0.0) * count / max(count - 1, 1)
+    return tuple(mean.tolist()), tuple(np.sqrt(var).tolist())
+
+
+def load(root: str, image_size: int | None = None, val_size: int | None = None, test_size: int | None = None,
+         cache_dir: str | None = None, skip_bad: bool = False, workers: int | None = None,
+         quiet: bool = False) -> Splits:
+    """The folder's splits, read from its cache (built first if missing or stale)."""
+    listing = list_folder(Path(root))
+    stamps = _stamp(listing.root, listing.files)
+    folder = cache_folder(listing.root, image_size, cache_dir)
+    manifest = open_cache(folder, stamps)
+    if manifest is None:
+        manifest = build_cache(listing, stamps, folder, image_size, skip_bad,
+                               workers or usable_cores(), quiet)
+    kept = np.asarray(manifest["kept"], dtype=np.int64)
+    images = MappedImages(str(folder / "images.npy"))
+    labels = torch.from_numpy(np.load(folder / "labels.npy"))
+    position = {int(f): i for i, f in enumerate(kept)}  # file index -> row of the cache
+    if "all" in listing.split_of:
+        n = len(kept)
+        val_n = n // 10 if val_size is None else val_size
+        test_n = n // 10 if test_size is None else test_size
+        if val_n + test_n >= n:
+            raise UserError(f"--val-size {val_n} and --test-size {test_n} leave no training images of the {n} in "
+                            f"{root}; lower them")
+        rows = dict(zip(SPLITS, _held_out(n, val_n, test_n), strict=True))
+    else:
+        rows = {s: np.asarray([position[int(i)] for i in listing.split_of.get(s, []) if int(i) in position],
+                              dtype=np.int64) for s in SPLITS}
+        if "val" not in listing.split_of:  # no val/ folder: held out of train/
+            val_size = len(rows["train"]) // 10 if val_size is None else val_size
+            if val_size >= len(rows["train"]):
+                raise UserError(f"--val-size {val_size} is not less than the {len(rows['train'])} training images")
+            rows["train"], rows["val"], _ = (rows["train"][p] for p in _held_out(len(rows["train"]), val_size, 0))
+    pairs = {s: (images.subset(r), labels[torch.from_numpy(r)]) for s, r in rows.items()}
+    side = manifest["shape"][-1]
+    mean, std = _statistics(np.load(folder / "sums.npy")[rows["train"]], side * side)
+    return Splits("imagefolder", pairs["train"], pairs["val"], pairs["test"], mean, std, len(listing.classes),
+                  classes=tuple(listing.classes))

@@ -1,0 +1,75 @@
+"""Where a split's images live: an in-memory uint8 tensor, or rows of a memory-mapped uint8 cache file.
+
+Both answer the same questions the loop and the evaluation ask of the images: how many (`len`), what shape
+(`shape`), and "these rows, on this device" (`images[idx]` for a tensor of row indices or a slice). An
+in-memory tensor is moved to the device once, whole; a `MappedImages` stays in the file (the page cache)
+and copies only the rows asked for, so each worker reads only its own share of each global batch and a
+dataset larger than memory trains. It pickles as its path: a spawned worker opens the file itself,
+instead of receiving a copy of the data through shared memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class MappedImages:
+    """Rows `rows` (all, if None) of an N x C x H x W uint8 `.npy` file, read on demand."""
+
+    def __init__(self, path: str, rows: np.ndarray | None = None, device: torch.device | str = "cpu") -> None:
+        self.path, self.rows, self.device = str(path), rows, torch.device(device)
+        self._array: np.ndarray | None = None
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None:  # opened lazily: once per process, after unpickling too
+            self._array = np.load(self.path, mmap_mode="r")
+        return self._array
+
+    @property
+    def shape(self) -> torch.Size:
+        n = len(self.rows) if self.rows is not None else self.array.shape[0]
+        return torch.Size((n, *self.array.shape[1:]))
+
+    dtype = torch.uint8
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx: Any) -> torch.Tensor:
+        """These rows (a tensor or array of indices, or a slice), as a uint8 tensor on this source's device."""
+        if isinstance(idx, torch.Tensor):
+            idx = idx.cpu().numpy()
+        if self.rows is not None:
+            idx = self.rows[idx]
+        elif isinstance(idx, slice):  # a slice of a memory map is a view: copy it out of the file
+            return torch.from_numpy(np.ascontiguousarray(self.array[idx])).to(self.device)
+        # Sorted reads touch the file in order (fewer page faults); the result is put back in the asked order.
+        idx = np.asarray(idx)
+        order = np.argsort(idx, kind="stable")
+        rows = np.empty((len(idx), *self.array.shape[1:]), dtype=np.uint8)
+        rows[order] = self.array[idx[order]]
+        return torch.from_numpy(rows).to(self.device)
+
+    def to(self, device: torch.device | str) -> MappedImages:
+        """The same rows, delivered on `device` (the file stays where it is)."""
+        return MappedImages(self.path, self.rows, device)
+
+    def subset(self, rows: np.ndarray) -> MappedImages:
+        """Rows `rows` of these rows."""
+        return MappedImages(self.path, rows if self.rows is None else self.rows[rows], self.device)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "rows": self.rows, "device": str(self.device)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state["rows"], state["device"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"MappedImages({self.path!r}, {len(self)} rows)"
+
+
+Images = torch.Tensor | MappedImages
