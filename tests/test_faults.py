@@ -262,7 +262,9 @@ def _nan_on_rank_1(logits, y):  # noqa: ANN001, ANN202
 
     _nan_on_rank_1.calls = getattr(_nan_on_rank_1, "calls", 0) + 1
     value = torch.nn.functional.cross_entropy(logits, y)
-    return value * float("nan") if dist.get_rank() == 1 and _nan_on_rank_1.calls == 4 else value
+    # (paratrain tries the loss once in the launching process, outside any group, before the workers start)
+    return value * float("nan") if dist.is_initialized() and dist.get_rank() == 1 and _nan_on_rank_1.calls == 4 \
+        else value
 
 
 def test_a_nan_on_one_worker_stops_both_before_that_update(tmp_path: Path) -> None:
@@ -309,4 +311,82 @@ def test_torchrun_max_restarts_carries_on_after_a_killed_worker(tmp_path: Path) 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == 400 and summary["resumed_from_step"] >= 10
     train(tmp_path / "whole", *args[2:], "--devices", "2")
+    assert max_abs_diff(weights(run), weights(tmp_path / "whole")) < 1e-6
+
+
+# ---- a crash, a bug in your code during training, and a power loss ----
+
+CRASHING = """
+import os, signal
+import torch
+import torch.distributed as dist
+
+STEPS = [0]
+
+def build(channels, num_classes):
+    return Net(channels * 28 * 28, num_classes)
+
+class Net(torch.nn.Module):
+    def __init__(self, inputs, classes):
+        super().__init__()
+        self.fc = torch.nn.Linear(inputs, classes)
+
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled() and dist.is_initialized():
+            STEPS[0] += 1
+            if STEPS[0] == 4:
+                {fault}
+        return self.fc(x.flatten(1))
+"""
+
+
+def _model_file(tmp_path: Path, fault: str) -> str:
+    path = tmp_path / "net.py"
+    path.write_text(CRASHING.format(fault=fault))
+    return f"{path}:build"
+
+
+def test_a_worker_that_crashes_ends_the_run_with_exit_1(tmp_path: Path) -> None:
+    """A segmentation fault in one worker (a crash, not an exception): the group is stopped, exit 1."""
+    model = _model_file(tmp_path, "if dist.get_rank() == 1: os.kill(os.getpid(), signal.SIGSEGV)")
+    launcher = _launch(tmp_path / "run", "--model", model, "--devices", "2", "--steps", "50")
+    code, stderr = _finish(launcher, timeout=120)
+    last = stderr.strip().splitlines()[-1]
+    assert code == 1 and "worker 1 died" in last and "SIGSEGV" in last, stderr
+    assert "--max-restarts R restarts the run" in last
+
+
+def test_a_bug_in_your_code_during_training_shows_its_traceback_and_exits_1(tmp_path: Path) -> None:
+    """A network that raises only in training (after the check before launch passed): the worker's traceback,
+    then one line naming your line, and no restart suggested, even with --max-restarts (it would fail again)."""
+    model = _model_file(tmp_path, "raise ValueError('a bug of mine at step 4')")
+    launcher = _launch(tmp_path / "run", "--model", model, "--devices", "2", "--steps", "50", "--max-restarts", "1")
+    code, stderr = _finish(launcher, timeout=120)
+    last = stderr.strip().splitlines()[-1]
+    assert code == 1, stderr
+    assert "Traceback" in stderr and 'net.py", line 20, in forward' in stderr  # the worker's own traceback
+    assert "ValueError: a bug of mine at step 4 (at net.py:20 in forward" in last, last
+    assert "the error is in your code" in last and "restarting" not in stderr
+
+
+def test_a_power_loss_loses_only_the_steps_since_the_last_checkpoint(tmp_path: Path) -> None:
+    """Every process of the run killed at once (kill -9, as a power loss would): --resume carries on from the
+    last complete checkpoint and ends with the weights of a run nobody touched."""
+    run = tmp_path / "run"
+    args = ("--devices", "2", "--steps", "60", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",
+            "--checkpoint-every", "5", "--log-every", "1")
+    launcher = _launch(run, *args)
+    _wait_for(lambda: any(r.get("step", 0) >= 23 for r in _records(run)), 120, "step 23")
+    everyone = [launcher.pid, *descendants(launcher.pid)]
+    for pid in everyone:
+        os.kill(pid, signal.SIGKILL)
+    launcher.wait()
+    _none_left(everyone)
+    saved = checkpoint.load(run)["step"]
+    assert 20 <= saved < 60 and saved % 5 == 0
+    resumed = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--resume", str(run)],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run / "summary.json").read_text())["resumed_from_step"] == saved
+    train(tmp_path / "whole", "--no-tensorboard", *args)
     assert max_abs_diff(weights(run), weights(tmp_path / "whole")) < 1e-6

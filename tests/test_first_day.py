@@ -188,6 +188,23 @@ def test_a_network_that_fails_on_the_data_is_one_line_at_the_users_line(tmp_path
                       optimizer=lambda params: torch.optim.SGD(params, lr=0.1, momentumm=0.9))
 
 
+def _smooth_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits, y, label_smoothing="0.1")  # a string, not a float
+
+
+def test_a_loss_that_fails_is_one_line_at_the_users_line(tmp_path: Path) -> None:
+    """A loss of the user's is tried on the network's output for 2 training images before any worker starts."""
+    with pytest.raises(UserError) as e:
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK),
+                      loss=_smooth_loss)
+    assert "your loss _smooth_loss failed on the network's output for 2 training images: TypeError" in str(e.value)
+    assert "(at test_first_day.py:" in str(e.value) and "in _smooth_loss: return" in str(e.value), str(e.value)
+    with pytest.raises(UserError, match=r"your loss <lambda> returned \(2,\); it must return the batch mean"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "r"), **QUICK),
+                      loss=lambda z, y: torch.nn.functional.cross_entropy(z, y, reduction="none"))
+    assert not (tmp_path / "r").exists()
+
+
 def test_the_wrong_factory_or_dataset_is_named_as_such(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     run = tmp_path / "r"
     paratrain.fit(Small, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))

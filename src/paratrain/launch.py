@@ -212,11 +212,13 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
         try:
             return _spawn(cfg, plan, data, resume, restarts, parts)
         except WorkerFailed as e:
+            # An exception in the user's code is not restarted: a resumed run replays the same steps exactly,
+            # so it would raise again at the same step.
+            if e.in_user_code:
+                raise UserError(f"{e}; the run stopped; the error is in your code (its traceback is above): fix it "
+                                "and run again", code=1) from None
             if restarts == cfg.max_restarts:
-                if e.in_user_code:
-                    hint = "; the error is in your code (its traceback is above): fix it and run again"
-                else:
-                    hint = "" if cfg.max_restarts else "; --max-restarts R restarts the run from its last checkpoint"
+                hint = "" if cfg.max_restarts else "; --max-restarts R restarts the run from its last checkpoint"
                 raise UserError(f"{e}; the run stopped{hint}", code=1) from None
             print(f"paratrain: {e}; restarting all workers from the last checkpoint "
                   f"(restart {restarts + 1} of {cfg.max_restarts})", file=sys.stderr, flush=True)

@@ -78,13 +78,14 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> tuple[dict[str, Any],
         raise
     except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
         raise failed(f"your model factory {name_of(parts.model)} failed", e) from None
-    if parts.model is not None or is_import_path(cfg.model):  # a registry model needs no check
-        if parts.model is not None and not isinstance(net, nn.Module):
-            raise UserError(f"your model factory {name_of(parts.model)} returned a {type(net).__name__}, not an "
-                            "nn.Module")
-        if parts.model is not None:
-            record["model"] = name_of(parts.model)
-        _check_forward(net, cfg, data, make_batch_transforms, own_loss=parts.loss is not None)
+    if parts.model is not None and not isinstance(net, nn.Module):
+        raise UserError(f"your model factory {name_of(parts.model)} returned a {type(net).__name__}, not an "
+                        "nn.Module")
+    if parts.model is not None:
+        record["model"] = name_of(parts.model)
+    # a registry model with the default loss needs no check
+    if parts.model is not None or is_import_path(cfg.model) or parts.loss is not None:
+        _check_forward(net, cfg, data, make_batch_transforms, loss=parts.loss)
     if parts.optimizer is not None:
         try:
             optimizer = parts.optimizer(net.parameters())
@@ -98,9 +99,10 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> tuple[dict[str, Any],
     return record, net
 
 
-def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, own_loss: bool) -> None:
+def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, loss: Any) -> None:
     """Two training images through the network, as training prepares them: it must give a row per image,
-    and (for the accuracy, and the default cross-entropy) a score for every class the labels hold."""
+    and (for the accuracy, and the default cross-entropy) a score for every class the labels hold; a loss of
+    the user's must take that output and the two labels and give one float."""
     if any(p.device.type != "cpu" for p in net.parameters()):  # a factory that picks its device: left to the run
         return
     images = data.train[0][:2]
@@ -113,10 +115,21 @@ def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: A
         raise failed(f"your network failed on 2 training images of shape {tuple(x.shape)[1:]}", e) from None
     rows = isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == len(x)
     scores = rows and out.dim() == 2 and out.shape[1] >= data.num_classes
-    if not rows or not (scores or own_loss):
+    if not rows or not (scores or loss is not None):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UserError(f"your network returned {got} for {len(x)} images; it must return N x K logits, K at "
                         f"least the {data.num_classes} classes of the data")
+    if loss is not None:
+        try:
+            with torch.no_grad():
+                value = loss(out.float(), data.train[1][:2])
+        except Exception as e:  # noqa: BLE001
+            raise failed(f"your loss {name_of(loss)} failed on the network's output for 2 training images", e) \
+                from None
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()):
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise UserError(f"your loss {name_of(loss)} returned {got}; it must return the batch mean, one float "
+                            "tensor")
 
 
 def describe_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
