@@ -21,6 +21,17 @@ MNIST_DIR = SHARED_DATA / "mnist"
 CIFAR_DIR = SHARED_DATA / "cifar-10-batches-bin"
 
 
+@pytest.fixture(autouse=True)
+def _no_gpu_unless_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test but those marked `gpu` runs as on a machine without a GPU, in this process and in the
+    processes it starts: the equivalence bounds were measured on CPUs, and `--devices 2` means two CPU
+    workers, also on a machine with one GPU. (A module-scoped fixture that trains runs before this.)"""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
     if not (MNIST_DIR / "train-images-idx3-ubyte.gz").is_file():

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-import torch
 
 from paratrain import devices
 from paratrain.cli import main
@@ -12,12 +11,8 @@ def test_devices_json(capsys: pytest.CaptureFixture) -> None:
     assert main(["devices", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["cpu"]["cores"] == devices.usable_cores() >= 1
-    assert len(info["gpus"]) == torch.cuda.device_count()
-    assert info["backend"] == ("nccl" if torch.cuda.is_available() else "gloo")
-    if info["gpus"]:  # a worker per GPU
-        assert info["auto_devices"] == len(info["gpus"])
-    else:  # never more worker threads than cores
-        assert info["auto_devices"] * info["threads_per_worker"] <= info["cpu"]["cores"]
+    assert info["gpus"] == [] and info["backend"] == "gloo"  # conftest hides any GPU from this test
+    assert info["auto_devices"] * info["threads_per_worker"] <= info["cpu"]["cores"]  # never more threads than cores
 
 
 def test_devices_text(capsys: pytest.CaptureFixture) -> None:
@@ -35,7 +30,6 @@ def test_cpu_plan_never_oversubscribes() -> None:
         devices.resolve("cpu", str(cores + 1), None)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_gpu_asked_without_gpu() -> None:
     with pytest.raises(UserError, match="no CUDA GPU"):
         devices.resolve("gpu", "auto", None)

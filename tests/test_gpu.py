@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import max_abs_diff, train, weights
 
+pytestmark = pytest.mark.gpu  # sees the GPUs (conftest hides them from every other test)
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 needs_2_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="fewer than 2 CUDA GPUs here")
 
@@ -22,9 +23,11 @@ def test_one_gpu_trains_digits(tmp_path: Path) -> None:
 @needs_gpu
 def test_gpu_matches_cpu(tmp_path: Path) -> None:
     """Same seed, same batches: a GPU run and a CPU run differ only by floating-point rounding."""
-    args = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64", "--devices", "1")
+    args = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.01", "--batch-size", "64", "--devices", "1")
     train(tmp_path / "gpu", *args, "--accelerator", "gpu")
     train(tmp_path / "cpu", *args, "--accelerator", "cpu")
+    # Not yet measured on a GPU (no session so far was lent one): cuDNN's reductions are not the CPU's, and
+    # lr 0.01 keeps the run far from where float noise grows (lr 0.05: 1.4e-5 between CPU worker counts)
     assert max_abs_diff(weights(tmp_path / "gpu"), weights(tmp_path / "cpu")) < 1e-3
 
 
@@ -32,7 +35,7 @@ def test_gpu_matches_cpu(tmp_path: Path) -> None:
 def test_gpus_equal_one_gpu_on_mnist(tmp_path: Path, mnist_dir: Path) -> None:
     n = torch.cuda.device_count()
     args = ("--accelerator", "gpu", "--dataset", "mnist", "--data-dir", str(mnist_dir), "--steps", "20",
-            "--optimizer", "sgd", "--lr", "0.05", "--batch-size", str(128 * n))
+            "--optimizer", "sgd", "--lr", "0.01", "--batch-size", str(128 * n))
     one = train(tmp_path / "one", *args, "--devices", "1")
     many = train(tmp_path / "many", *args, "--devices", str(n))
     assert many["world_size"] == n and one["world_size"] == 1
@@ -50,7 +53,7 @@ def test_mixed_precision_on_gpu(tmp_path: Path, precision: str) -> None:
 @needs_2_gpus
 def test_two_stage_pipeline_on_gpus_equals_one_gpu(tmp_path: Path) -> None:
     """The pipeline on NCCL: stage 0 on cuda:0, stage 1 on cuda:1, micro-batches sent between them."""
-    args = ("--accelerator", "gpu", "--steps", "10", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
+    args = ("--accelerator", "gpu", "--steps", "10", "--optimizer", "sgd", "--lr", "0.01", "--batch-size", "64")
     train(tmp_path / "one", *args, "--devices", "1")
     summary = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2", "--microbatches", "4")
     assert summary["world_size"] == 2 and summary["strategy"] == "pipeline"

@@ -40,6 +40,7 @@ def test_tower_gradient_is_the_global_batch_gradient() -> None:
         tower(torch.randn(10, 6))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("param_device", ["cpu", "cuda:0"])
 def test_tower_on_gpus(tmp_path: Path, param_device: str) -> None:

@@ -124,7 +124,7 @@ def test_two_nodes_equal_one_device(two_node_run: Path, tmp_path: Path) -> None:
     # 40 all-reduces of LeNet-5's 61,706 float32 gradients: each node sends at least half of them each step
     assert min(SENT.values()) > 40 * 61_706 * 4 // 2, SENT
     train(tmp_path / "one", *TRAIN, "--devices", "1")
-    assert max_abs_diff(weights(two_node_run), weights(tmp_path / "one")) < 1e-4
+    assert max_abs_diff(weights(two_node_run), weights(tmp_path / "one")) < 1e-4  # measured 1.1e-6
 
 
 def _worker_of(agent: subprocess.Popen) -> int | None:
