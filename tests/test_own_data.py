@@ -18,6 +18,8 @@ from conftest import max_abs_diff, run_cli, train, weights
 from PIL import Image
 
 import paratrain
+import paratrain.data
+from paratrain import UserError
 from paratrain.cli import main
 from paratrain.data import folder
 from paratrain.data.source import MappedImages
@@ -272,3 +274,56 @@ def test_the_example_on_two_workers_equals_one_and_resumes_exactly(shapes: Path,
     assert resumed.returncode == 0, resumed.stderr
     assert max_abs_diff(weights(tmp_path / "half"), weights(tmp_path / "two")) == 0.0
     assert "decoded" not in resumed.stderr  # the cache was opened, not rebuilt
+
+
+# ---- the sets published in MNIST's and CIFAR's formats ----
+
+def _idx(dims: list[int]) -> bytes:
+    header = bytes([0, 0, 0x08, len(dims)]) + b"".join(d.to_bytes(4, "big") for d in dims)
+    return header + bytes(i % 10 for i in range(int(np.prod(dims))))
+
+
+@pytest.mark.parametrize(("dataset", "raw"), [("fashion-mnist", "FashionMNIST"), ("kmnist", "KMNIST")])
+def test_the_mnist_format_sets_read_their_files(dataset: str, raw: str, tmp_path: Path) -> None:
+    folder = tmp_path / raw / "raw"  # where torchvision's download puts them
+    folder.mkdir(parents=True)
+    for name, dims in (("train-images-idx3-ubyte", [30, 28, 28]), ("train-labels-idx1-ubyte", [30]),
+                       ("t10k-images-idx3-ubyte", [10, 28, 28]), ("t10k-labels-idx1-ubyte", [10])):
+        (folder / name).write_bytes(_idx(dims))
+    splits = paratrain.data.load_dataset(dataset, str(tmp_path), download=False, val_size=5)
+    assert (len(splits.train[1]), len(splits.val[1]), len(splits.test[1])) == (25, 5, 10)
+    assert splits.name == dataset and splits.mean != (0.1307,)  # its own statistics, not MNIST's
+    with pytest.raises(UserError, match=f"{'Fashion-MNIST' if raw == 'FashionMNIST' else 'KMNIST'} file"):
+        paratrain.data.load_dataset(dataset, str(tmp_path / "empty"), download=False)
+
+
+def _cifar100_records(n: int) -> bytes:
+    return b"".join(bytes([i % 20, (i * 7) % 100]) + bytes([i % 256]) * 3072 for i in range(n))
+
+
+def test_cifar100_binary_and_python_with_fine_or_coarse_labels(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    binary = tmp_path / "bin" / "cifar-100-binary"
+    binary.mkdir(parents=True)
+    (binary / "train.bin").write_bytes(_cifar100_records(30))
+    (binary / "test.bin").write_bytes(_cifar100_records(10))
+    fine = paratrain.data.load_dataset("cifar100", str(tmp_path / "bin"), download=False, val_size=5)
+    coarse = paratrain.data.load_dataset("cifar100", str(tmp_path / "bin"), download=False, val_size=5,
+                                         labels="coarse")
+    assert fine.num_classes == 100 and coarse.num_classes == 20
+    assert fine.test[1].tolist() == [(i * 7) % 100 for i in range(10)] and coarse.test[1].tolist() == list(range(10))
+    assert torch.equal(fine.test[0][3], torch.full((3, 32, 32), 3, dtype=torch.uint8))
+    python = tmp_path / "py" / "cifar-100-python"
+    python.mkdir(parents=True)
+    for name, n in (("train", 30), ("test", 10)):
+        records = np.frombuffer(_cifar100_records(n), dtype=np.uint8).reshape(n, -1)
+        with open(python / name, "wb") as f:
+            pickle.dump({"data": records[:, 2:].copy(), "fine_labels": records[:, 1].tolist(),
+                         "coarse_labels": records[:, 0].tolist()}, f)
+    again = paratrain.data.load_dataset("cifar100", str(tmp_path / "py"), download=False, val_size=5,
+                                        labels="coarse")
+    assert torch.equal(again.test[1], coarse.test[1]) and torch.equal(again.train[0], coarse.train[0])
+    (binary / "test.bin").write_bytes(_cifar100_records(10)[:-5])
+    code = _main(["train", "--dataset", "cifar100", "--data-dir", str(tmp_path / "bin"), "--no-download",
+                  "--steps", "1", "--out", str(tmp_path / "run")])
+    _one_line(capsys, code, "not a whole number of 3074-byte CIFAR-100 records")
+    _one_line(capsys, _main(["train", "--labels", "coarse", "--steps", "1"]), "--labels is for --dataset cifar100")

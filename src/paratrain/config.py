@@ -23,7 +23,7 @@ from .strategies import REGISTRY
 
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
 # imagefolder: a folder of class sub-folders (--data-dir); custom: tensors given to paratrain.fit
-DATASETS = ("digits", "mnist", "cifar10", "synthetic", "imagefolder", "custom")
+DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "custom")
 # custom: an optimizer factory given to paratrain.fit
 OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
@@ -47,6 +47,7 @@ class TrainConfig:
     download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download",
                         off_help="never download: a missing dataset is an error")
     val_size: int | None = _f(None, "training examples held out for validation (default: per dataset)")
+    labels: str = _f("fine", "cifar100: its 100 fine classes or its 20 coarse ones", choices=("fine", "coarse"))
     test_size: int | None = _f(None, "imagefolder without a test/ folder: images held out for testing "
                                "(default: a tenth)")
     image_size: int | None = _f(None, "imagefolder: the side images are resized and centre-cropped to "
@@ -139,7 +140,10 @@ class TrainConfig:
 DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "digits": {"batch_size": 64, "epochs": 10},
     "mnist": {"batch_size": 512, "epochs": 5},
+    "fashion-mnist": {"batch_size": 512, "epochs": 5},
+    "kmnist": {"batch_size": 512, "epochs": 5},
     "cifar10": {"batch_size": 128, "epochs": 10},
+    "cifar100": {"batch_size": 128, "epochs": 10},
     "synthetic": {"batch_size": 512, "epochs": 1},
     "imagefolder": {"batch_size": 64, "epochs": 10},
     "custom": {"batch_size": 64, "epochs": 10},
@@ -334,7 +338,7 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("activation", cfg.activation), ("accelerator", cfg.accelerator),
                         ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
                         ("strategy", cfg.strategy), ("param_device", cfg.param_device),
-                        ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm)):
+                        ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm), ("labels", cfg.labels)):
         choices = FIELDS[name].metadata["choices"]
         if name == "model" and is_import_path(value):
             continue
@@ -377,6 +381,8 @@ def _check_numbers(cfg: TrainConfig) -> None:
 def _check_combinations(cfg: TrainConfig) -> None:
     folder_only = [n for n in ("test_size", "image_size", "cache_dir") if getattr(cfg, n) is not None]
     folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
+    if cfg.labels != "fine" and cfg.dataset != "cifar100":
+        _bad(f"--labels is for --dataset cifar100, not {cfg.dataset}")
     if folder_only and cfg.dataset != "imagefolder":
         _bad(f"--{folder_only[0].replace('_', '-')} is for --dataset imagefolder, not {cfg.dataset}")
     if cfg.dropout is not None and not 0 <= cfg.dropout < 1:

@@ -22,6 +22,9 @@ from .errors import UserError
 
 _DIGITS = tuple(str(i) for i in range(10))
 CLASS_NAMES = {"digits": _DIGITS, "mnist": _DIGITS,
+               "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                                 "Bag", "Ankle boot"),
+               "kmnist": ("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"),
                "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")}
 
 

@@ -11,7 +11,7 @@ from .splits import Splits
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-DATASETS = ("digits", "mnist", "cifar10", "synthetic", "imagefolder")
+DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder")
 DEFAULT_DATA_DIR = "data"
 
 
@@ -21,21 +21,25 @@ def synthetic_side(channels: int) -> int:
 
 
 def load_dataset(name: str, data_dir: str | None = None, download: bool = True, val_size: int | None = None,
-                 channels: int = 1) -> Splits:
-    """Load a dataset into memory; `channels` only shapes the synthetic one."""
+                 channels: int = 1, labels: str = "fine") -> Splits:
+    """Load a dataset into memory; `channels` only shapes the synthetic one, `labels` CIFAR-100's classes."""
     folder = data_dir or str(Path(DEFAULT_DATA_DIR) / name)
     if name == "digits":
         from . import digits
 
         return digits.load(val_size)
-    if name == "mnist":
+    if name in ("mnist", "fashion-mnist", "kmnist"):
         from . import mnist
 
-        return mnist.load(folder, download, val_size)
+        return mnist.load(folder, download, val_size, name)
     if name == "cifar10":
         from . import cifar10
 
         return cifar10.load(folder, download, val_size)
+    if name == "cifar100":
+        from . import cifar100
+
+        return cifar100.load(folder, download, val_size, labels)
     if name == "custom":
         raise UserError("dataset 'custom' is tensors of your own: pass them to paratrain.fit or "
                         "paratrain.evaluate(run, data); from the command line choose a dataset by name")
@@ -65,7 +69,8 @@ def load_for(cfg: TrainConfig) -> Splits:
                             "class")
         return folder.load(cfg.data_dir, cfg.image_size, cfg.val_size, cfg.test_size, cfg.cache_dir,
                            cfg.skip_bad_images, quiet=cfg.quiet)
-    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model))
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model),
+                        cfg.labels)
 
 
 __all__ = ["DATASETS", "Splits", "load_dataset", "load_for", "synthetic_side"]

@@ -28,7 +28,9 @@ MAX_RECORDS = 60_000  # a file of CIFAR-10's binary version holds 10,000 records
 MAX_PICKLE_BYTES = 200 * 2**20  # a python batch is 31 MB
 # the official archives (https://www.cs.toronto.edu/~kriz/cifar.html): each unpacks to about 180 MB in 8 files
 ARCHIVE_MD5 = {"cifar-10-binary.tar.gz": "c32a1d4ab5d03f1284b67883e8d87530",
-               "cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"}
+               "cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a",
+               "cifar-100-binary.tar.gz": "03b5dce01913d631647c71ecec9e9cb8",
+               "cifar-100-python.tar.gz": "eb9058c3a382ffc7106e4002c42a8d85"}
 MAX_ARCHIVE_BYTES, MAX_ARCHIVE_MEMBERS = 400 * 2**20, 64
 
 
@@ -132,11 +134,11 @@ def extract_safely(archive: Path, dest: Path) -> None:
             for m in tar:  # read member by member: a bomb of empty members stops at the count
                 members.append(m)
                 if len(members) > MAX_ARCHIVE_MEMBERS:
-                    raise UserError(f"{archive} has more than {MAX_ARCHIVE_MEMBERS} members, which no CIFAR-10 "
+                    raise UserError(f"{archive} has more than {MAX_ARCHIVE_MEMBERS} members, which no CIFAR "
                                     "archive has; refusing to extract it. Download the official archive again")
             total = sum(m.size for m in members)
             if total > MAX_ARCHIVE_BYTES:
-                raise UserError(f"{archive} would unpack to {total:,} bytes, more than any CIFAR-10 archive; "
+                raise UserError(f"{archive} would unpack to {total:,} bytes, more than any CIFAR archive; "
                                 "refusing to extract it. Download the official archive again")
             for m in members:  # check every member first, so nothing is written from a bad archive
                 tarfile.data_filter(m, str(dest))

@@ -1,4 +1,5 @@
-"""MNIST from the original IDX files (plain or .gz), downloaded through torchvision when missing.
+"""MNIST, and the sets published in its IDX format (Fashion-MNIST, KMNIST), from the original files (plain or
+.gz), downloaded through torchvision (which checks their MD5s) when missing.
 
 The split is the classic tutorial's: the first 5,000 training images validate, 55,000 train, and the
 10,000 test images test.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import gzip
 import math
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -25,6 +27,24 @@ FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 MEAN, STD = (0.1307,), (0.3081,)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A dataset in MNIST's IDX format: its name in messages, torchvision's class (and folder) for it, and
+    the per-channel statistics of its training images."""
+
+    title: str
+    torchvision_name: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+FAMILIES = {
+    "mnist": Family("MNIST", "MNIST", MEAN, STD),
+    "fashion-mnist": Family("Fashion-MNIST", "FashionMNIST", (0.2860,), (0.3530,)),
+    "kmnist": Family("KMNIST", "KMNIST", (0.1918,), (0.3483,)),
+}
 VAL_SIZE = 5_000
 # IDX magic: two zero bytes, the element type (0x08 = unsigned byte) and the number of dimensions.
 _MAGIC = {3: b"\x00\x00\x08\x03", 1: b"\x00\x00\x08\x01"}
@@ -75,14 +95,14 @@ def read_idx(path: Path, ndim: int, item_shape: tuple[int, ...] | None = None) -
             head = f.read(header)
             if len(head) < header or head[:4] != _MAGIC[ndim]:
                 raise UserError(f"{path} is not an IDX file of {ndim}-d unsigned bytes (wrong magic number); "
-                                "use the original MNIST files")
+                                "use the original files of the dataset")
             dims = [int.from_bytes(head[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]  # Python ints
             expected = tuple(dims[1:]) if item_shape is None else item_shape
             size = math.prod(dims)
             if tuple(dims[1:]) != expected or not 0 < dims[0] <= MAX_IMAGES or size > MAX_BYTES:
                 shape = " x ".join(map(str, expected)) or "one label"
                 raise UserError(f"{path}: its header describes {' x '.join(map(str, dims))}, not up to "
-                                f"{MAX_IMAGES:,} items of {shape}; use the original MNIST files")
+                                f"{MAX_IMAGES:,} items of {shape}; use the original files of the dataset")
             if path.suffix != ".gz" and path.stat().st_size != header + size:
                 raise UserError(f"{path} has {path.stat().st_size} bytes but its header promises {header + size}; "
                                 "the file is truncated or corrupt, download it again")
@@ -93,49 +113,49 @@ def read_idx(path: Path, ndim: int, item_shape: tuple[int, ...] | None = None) -
     return torch.from_numpy(array.copy())
 
 
-def _find(root: Path, stem: str) -> Path | None:
-    for folder in (root, root / "MNIST" / "raw", root / "mnist"):
+def _find(root: Path, stem: str, family: Family) -> Path | None:
+    for folder in (root, root / family.torchvision_name / "raw", root / family.title.lower()):
         for name in (stem, stem + ".gz"):
             if (folder / name).is_file():
                 return folder / name
     return None
 
 
-def _download(root: Path) -> None:
+def _download(root: Path, family: Family) -> None:
     import torchvision
 
     from .fetch import undone_on_failure
 
     try:
-        with undone_on_failure(root, "MNIST"):
+        with undone_on_failure(root, family.torchvision_name):
             for train in (True, False):  # torchvision checks each file's MD5
-                torchvision.datasets.MNIST(str(root), train=train, download=True)
+                getattr(torchvision.datasets, family.torchvision_name)(str(root), train=train, download=True)
     except Exception as e:  # network errors come in many types; all mean the same to the user
-        raise UserError(f"could not download MNIST into {root} ({type(e).__name__}: {e}); "
+        raise UserError(f"could not download {family.title} into {root} ({type(e).__name__}: {e}); "
                         "copy the four IDX files there and pass --data-dir") from None
 
 
-def load(data_dir: str, download: bool, val_size: int | None) -> Splits:
-    root = Path(data_dir)
-    paths = {key: _find(root, stem) for key, stem in FILES.items()}
+def load(data_dir: str, download: bool, val_size: int | None, name: str = "mnist") -> Splits:
+    family, root = FAMILIES[name], Path(data_dir)
+    paths = {key: _find(root, stem, family) for key, stem in FILES.items()}
     missing = [FILES[k] for k, p in paths.items() if p is None]
     if missing and download:
-        _download(root)
-        paths = {key: _find(root, stem) for key, stem in FILES.items()}
+        _download(root, family)
+        paths = {key: _find(root, stem, family) for key, stem in FILES.items()}
         missing = [FILES[k] for k, p in paths.items() if p is None]
     if missing:
-        raise UserError(f"MNIST file(s) {', '.join(missing)} (or .gz) not found in {root}; "
+        raise UserError(f"{family.title} file(s) {', '.join(missing)} (or .gz) not found in {root}; "
                         "pass --data-dir to the folder that holds them, or allow the download")
     train_x, train_y = read_idx(paths["train_images"], 3, (28, 28)), read_idx(paths["train_labels"], 1)
     test_x, test_y = read_idx(paths["test_images"], 3, (28, 28)), read_idx(paths["test_labels"], 1)
     for (x, y), kind in (((train_x, train_y), "train"), ((test_x, test_y), "test")):
         if len(x) != len(y):
-            raise UserError(f"MNIST {kind} images ({len(x)}) and labels ({len(y)}) differ in count; "
+            raise UserError(f"{family.title} {kind} images ({len(x)}) and labels ({len(y)}) differ in count; "
                             "the files do not belong together, download them again")
         if len(y) and int(y.max()) > 9:
-            raise UserError(f"MNIST {kind} labels hold a class above 9; the label file is corrupt")
+            raise UserError(f"{family.title} {kind} labels hold a class above 9; the label file is corrupt")
     val = VAL_SIZE if val_size is None else val_size
     if val >= len(train_y):
-        raise UserError(f"--val-size {val} leaves no training examples (MNIST has {len(train_y)})")
-    return hold_out("mnist", (train_x.unsqueeze(1), train_y.long()), (test_x.unsqueeze(1), test_y.long()),
-                    val, MEAN, STD)
+        raise UserError(f"--val-size {val} leaves no training examples ({family.title} has {len(train_y)})")
+    return hold_out(name, (train_x.unsqueeze(1), train_y.long()), (test_x.unsqueeze(1), test_y.long()),
+                    val, family.mean, family.std)
