@@ -327,3 +327,42 @@ def test_cifar100_binary_and_python_with_fine_or_coarse_labels(tmp_path: Path, c
                   "--steps", "1", "--out", str(tmp_path / "run")])
     _one_line(capsys, code, "not a whole number of 3074-byte CIFAR-100 records")
     _one_line(capsys, _main(["train", "--labels", "coarse", "--steps", "1"]), "--labels is for --dataset cifar100")
+
+
+class Shapes(torch.utils.data.Dataset):
+    """A map-style Dataset of (PIL image, label) pairs of several sizes, as torchvision's datasets give."""
+
+    classes = ["circle", "square", "triangle"]
+
+    def __init__(self, n: int) -> None:
+        import random
+
+        rng = random.Random(1)
+        self.items = [(make_shapes.draw(self.classes[i % 3], rng), i % 3) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        return self.items[i]
+
+
+def test_a_dataset_is_decoded_once_into_the_run_and_reopened_on_resume(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "run"
+    cfg = dict(model=f"{EXAMPLE}:build", batch_size=8, optimizer="sgd", lr=0.01, image_size=32, **QUICK)
+    summary = paratrain.fit(None, Shapes(60), paratrain.TrainConfig(steps=3, out=str(run), **cfg))
+    assert summary["classes"] == Shapes.classes and summary["dataset"] == "custom"
+    assert np.load(run / "data-cache" / "images.npy", mmap_mode="r").shape == (60, 3, 32, 32)
+    monkeypatch.setattr(folder, "_build_from_dataset", lambda *a, **k: pytest.fail("decoded again"))
+    again = paratrain.fit(None, Shapes(60), paratrain.TrainConfig(resume=str(run), steps=5, quiet=True))
+    assert again["steps"] == 5 and again["resumed_from_step"] == 3
+    classifier = paratrain.load_classifier(run)
+    assert classifier.classes == Shapes.classes
+    monkeypatch.undo()
+    bad = torch.utils.data.StackDataset(["not an image"] * 5, [0] * 5)
+    with pytest.raises(UserError, match="item 0 of your dataset is not an .image, label. pair paratrain can read"):
+        paratrain.fit(None, bad, paratrain.TrainConfig(steps=1, out=str(tmp_path / "r2"), **QUICK))
+    with pytest.raises(UserError, match="a torch Dataset of .image, label. pairs, a Splits, .* not a list"):
+        paratrain.fit(None, [("not an image", 0)] * 5, paratrain.TrainConfig(steps=1, out=str(tmp_path / "r2"),
+                                                                             **QUICK))

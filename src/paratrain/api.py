@@ -31,7 +31,7 @@ from .parts import Parts
 from .predict import Classifier
 from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
 
-DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]]
+DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]] | torch.utils.data.Dataset
 
 
 def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = None,
@@ -44,7 +44,9 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     model: a factory that builds the network, called with whichever of `channels`, `image_size` and
         `num_classes` (the data's) it names (None: `config.model`, a registry name or an import path).
     data: a dataset name ("digits", "mnist", "cifar10", "synthetic"), the path of an image folder (a
-        sub-folder per class; train/, val/, test/ where it has them), a `Splits`, or a dict with "train",
+        sub-folder per class; train/, val/, test/ where it has them), a map-style torch Dataset of (image,
+        label) pairs (decoded once into RUN_DIR/data-cache, then split as a folder is), a `Splits`, or a
+        dict with "train",
         "val" and "test" pairs (square images N x C x H x H, uint8 0..255 or float; integer labels 0..K-1);
         None: `config.dataset`.
     config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...);
@@ -141,9 +143,15 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
         return data
     if isinstance(data, str):
         return load_for(cfg if cfg.dataset == "imagefolder" else cfg.replace(dataset=data))
+    if isinstance(data, torch.utils.data.Dataset):  # decoded once into a cache in the run directory
+        from .data import folder
+
+        return folder.from_dataset(data, Path(cfg.out) / "data-cache", cfg.image_size, cfg.val_size, cfg.test_size,
+                                   reuse=bool(cfg.resume), quiet=cfg.quiet)
     if not isinstance(data, dict):
-        raise UserError(f"data must be a dataset name, a Splits, or a dict with 'train', 'val' and 'test' "
-                        f"(images, labels) pairs; not a {type(data).__name__}")
+        raise UserError(f"data must be a dataset name, an image folder's path, a torch Dataset of (image, label) "
+                        f"pairs, a Splits, or a dict with 'train', 'val' and 'test' (images, labels) pairs; not a "
+                        f"{type(data).__name__}")
     missing = [k for k in ("train", "val", "test") if k not in data]
     if missing:
         extra = [str(k) for k in data if k not in ("train", "val", "test")]

@@ -383,7 +383,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
     folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
     if cfg.labels != "fine" and cfg.dataset != "cifar100":
         _bad(f"--labels is for --dataset cifar100, not {cfg.dataset}")
-    if folder_only and cfg.dataset != "imagefolder":
+    if folder_only and cfg.dataset not in ("imagefolder", "custom"):  # custom: a Dataset given to paratrain.fit
         _bad(f"--{folder_only[0].replace('_', '-')} is for --dataset imagefolder, not {cfg.dataset}")
     if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
         _bad(f"--dropout must be in [0, 1), not {cfg.dropout}")

@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -137,23 +138,30 @@ def open_cache(folder: Path, stamps: list[list]) -> dict | None:
 
 
 def _decode(path: str, side: int, channels: int) -> np.ndarray | str:
-    """One image as C x side x side uint8, or why it failed: resized (bilinear, antialiased) so that its
-    shorter side is `side`, then centre-cropped, with the sizes and offsets torchvision's Resize and
-    CenterCrop compute (PIL alone: the decoding processes need not import torch)."""
+    """One image file as C x side x side uint8, or why it failed."""
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            im = im.convert("L" if channels == 1 else "RGB")
-            w, h = im.size
-            short, long = (w, h) if w <= h else (h, w)
-            new_long = int(side * long / short)
-            im = im.resize((side, new_long) if w <= h else (new_long, side), Image.BILINEAR)
-            w, h = im.size
-            top, left = int(round((h - side) / 2.0)), int(round((w - side) / 2.0))
-            arr = np.asarray(im.crop((left, top, left + side, top + side)), dtype=np.uint8)
+            return square(im, side, channels)
     except Exception as e:  # noqa: BLE001 (PIL fails on a bad file in many ways)
         return f"{type(e).__name__}: {e}"
+
+
+def square(im: Any, side: int, channels: int) -> np.ndarray:
+    """A PIL image as C x side x side uint8: resized (bilinear, antialiased) so that its shorter side is
+    `side`, then centre-cropped, with the sizes and offsets torchvision's Resize and CenterCrop compute
+    (PIL alone: the decoding processes need not import torch)."""
+    from PIL import Image
+
+    im = im.convert("L" if channels == 1 else "RGB")
+    w, h = im.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_long = int(side * long / short)
+    im = im.resize((side, new_long) if w <= h else (new_long, side), Image.BILINEAR)
+    w, h = im.size
+    top, left = int(round((h - side) / 2.0)), int(round((w - side) / 2.0))
+    arr = np.asarray(im.crop((left, top, left + side, top + side)), dtype=np.uint8)
     return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 
@@ -317,17 +325,9 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
         manifest = build_cache(listing, stamps, folder, image_size, skip_bad,
                                workers or usable_cores(), quiet)
     kept = np.asarray(manifest["kept"], dtype=np.int64)
-    images = MappedImages(str(folder / "images.npy"))
-    labels = torch.from_numpy(np.load(folder / "labels.npy"))
     position = {int(f): i for i, f in enumerate(kept)}  # file index -> row of the cache
     if "all" in listing.split_of:
-        n = len(kept)
-        val_n = n // 10 if val_size is None else val_size
-        test_n = n // 10 if test_size is None else test_size
-        if val_n + test_n >= n:
-            raise UserError(f"--val-size {val_n} and --test-size {test_n} leave no training images of the {n} in "
-                            f"{root}; lower them")
-        rows = dict(zip(SPLITS, _held_out(n, val_n, test_n), strict=True))
+        rows = _seeded_rows(len(kept), val_size, test_size, root)
     else:
         rows = {s: np.asarray([position[int(i)] for i in listing.split_of.get(s, []) if int(i) in position],
                               dtype=np.int64) for s in SPLITS}
@@ -336,8 +336,125 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
             if val_size >= len(rows["train"]):
                 raise UserError(f"--val-size {val_size} is not less than the {len(rows['train'])} training images")
             rows["train"], rows["val"], _ = (rows["train"][p] for p in _held_out(len(rows["train"]), val_size, 0))
+    return _splits(folder, manifest, rows, "imagefolder", listing.classes)
+
+
+def _seeded_rows(n: int, val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
+    val_n = n // 10 if val_size is None else val_size
+    test_n = n // 10 if test_size is None else test_size
+    if val_n + test_n >= n:
+        raise UserError(f"--val-size {val_n} and --test-size {test_n} leave no training images of the {n} in "
+                        f"{where}; lower them")
+    return dict(zip(SPLITS, _held_out(n, val_n, test_n), strict=True))
+
+
+def _splits(folder: Path, manifest: dict, rows: dict[str, np.ndarray], name: str, classes: list[str]) -> Splits:
+    """The splits `rows` of a cache, normalised with the statistics of its training rows."""
+    images = MappedImages(str(folder / "images.npy"))
+    labels = torch.from_numpy(np.load(folder / "labels.npy"))
     pairs = {s: (images.subset(r), labels[torch.from_numpy(r)]) for s, r in rows.items()}
     side = manifest["shape"][-1]
     mean, std = _statistics(np.load(folder / "sums.npy")[rows["train"]], side * side)
-    return Splits("imagefolder", pairs["train"], pairs["val"], pairs["test"], mean, std, len(listing.classes),
-                  classes=tuple(listing.classes))
+    return Splits(name, pairs["train"], pairs["val"], pairs["test"], mean, std, len(classes),
+                  classes=tuple(classes))
+
+
+# ---- a map-style Dataset of the user's ----
+
+def _as_pil(image: Any) -> Any:
+    """A Dataset's image (a PIL image, a uint8 or 0..1 float tensor C x H x W, or an H x W (x C) array)."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image
+    if isinstance(image, torch.Tensor):
+        if image.dim() == 2:
+            image = image[None]
+        if image.dim() != 3:
+            raise ValueError(f"a tensor image must be C x H x W, not {tuple(image.shape)}")
+        if image.is_floating_point():
+            image = (image.clamp(0, 1) * 255).round()
+        image = image.to(torch.uint8).permute(1, 2, 0).numpy()
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"an array image must be uint8 H x W (x C), not {arr.dtype}")
+    return Image.fromarray(arr[..., 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
+
+
+def from_dataset(dataset: Any, cache: Path, image_size: int | None, val_size: int | None,
+                 test_size: int | None, reuse: bool, quiet: bool) -> Splits:
+    """A map-style Dataset of (image, label) pairs decoded once into a cache at `cache` (reopened when `reuse`
+    and it holds as many images), then split as a folder without split folders is."""
+    n = len(dataset)
+    manifest = _open_dataset_cache(cache, n) if reuse else None
+    if manifest is None:
+        manifest = _build_from_dataset(dataset, n, cache, image_size, quiet)
+    classes = manifest["classes"]
+    return _splits(cache, manifest, _seeded_rows(n, val_size, test_size, "the dataset"), "custom", classes)
+
+
+def _open_dataset_cache(cache: Path, n: int) -> dict | None:
+    try:
+        manifest = json.loads((cache / "manifest.json").read_text())
+        images = np.load(cache / "images.npy", mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+    ok = manifest.get("version") == CACHE_VERSION and manifest.get("count") == n == images.shape[0]
+    return manifest if ok else None
+
+
+def _item(dataset: Any, i: int) -> tuple[Any, int]:
+    try:
+        image, label = dataset[i]
+        return _as_pil(image), int(label)
+    except Exception as e:  # noqa: BLE001 (the user's Dataset may raise anything)
+        raise UserError(f"item {i} of your dataset is not an (image, label) pair paratrain can read "
+                        f"({type(e).__name__}: {e}); give PIL images, uint8 or 0..1 tensors, and int labels") \
+            from None
+
+
+def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | None, quiet: bool) -> dict:
+    if n < 3:
+        raise UserError(f"your dataset has {n} item(s); it needs at least one each to train, validate and test")
+    sample = [_item(dataset, i)[0] for i in range(min(n, 1000))]  # the size and colours, from the first items
+    sides = sorted(min(im.size) for im in sample)
+    side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
+    channels = 1 if all(im.mode in ("1", "L", "I;16", "I", "F") for im in sample) else 3
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.parent / f".{cache.name}.building-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
+                                           shape=(n, channels, side, side))
+        labels = np.zeros(n, dtype=np.int64)
+        sums = np.zeros((n, channels, 2))
+        bar = _bar(n, quiet)
+        for i in range(n):
+            im, labels[i] = _item(dataset, i)
+            images[i] = arr = square(im, side, channels)
+            unit = arr.reshape(channels, -1).astype(np.float64) / 255
+            sums[i] = np.stack([unit.sum(1), (unit * unit).sum(1)], axis=1)
+            bar.update(1)
+        bar.close()
+        images.flush()
+        del images
+        if labels.min() < 0:
+            raise UserError("your dataset has a negative label; labels must be class indices 0..K-1")
+        names = getattr(dataset, "classes", None)
+        k = int(labels.max()) + 1
+        classes = [str(c) for c in names] if isinstance(names, list | tuple) and len(names) >= k else \
+            [str(c) for c in range(k)]
+        np.save(tmp / "labels.npy", labels)
+        np.save(tmp / "sums.npy", sums)
+        manifest = {"version": CACHE_VERSION, "count": n, "classes": classes, "shape": [channels, side, side]}
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        old = cache.parent / f".{cache.name}.old-{os.getpid()}"
+        if cache.exists():
+            os.replace(cache, old)
+        os.replace(tmp, cache)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
