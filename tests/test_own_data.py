@@ -64,6 +64,14 @@ def test_an_import_path_is_a_model_name() -> None:
     assert absolute("my_pkg.nets:Net") == "my_pkg.nets:Net"  # a module path is looked up, not a file
 
 
+def test_a_run_of_an_imported_model_is_named_after_its_factory() -> None:
+    from paratrain import config
+
+    for model, name in ((f"{EXAMPLE}:build", "runs/residual_cnn.build-digits-"), ("my_pkg.nets:Net", "runs/nets.Net-")):
+        out = config.with_run_dir(paratrain.TrainConfig(model=model)).out
+        assert out.startswith(name) and out.count("/") == 1, out
+
+
 def test_a_factory_gets_the_shapes_it_names() -> None:
     seen = {}
 
@@ -73,10 +81,17 @@ def test_a_factory_gets_the_shapes_it_names() -> None:
     def every(**kw):  # noqa: ANN003, ANN202
         seen["b"] = kw
 
+    def named_and_more(channels, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen["d"] = (channels, kw)
+
     call_factory(only_classes, 3, 32, 7)
-    call_factory(every, 3, 32, 7)
+    call_factory(every, 3, 32, 7)  # as torchvision's resnet18(**kwargs): only num_classes reaches the network
+    call_factory(named_and_more, 3, 32, 7)
     call_factory(lambda: seen.setdefault("c", 1), 3, 32, 7)
-    assert seen == {"a": 7, "b": {"channels": 3, "image_size": 32, "num_classes": 7}, "c": 1}
+    assert seen == {"a": 7, "b": {"num_classes": 7}, "c": 1, "d": (3, {})}
+    import torchvision
+
+    assert call_factory(torchvision.models.resnet18, 3, 32, 7).fc.out_features == 7
 
 
 def test_resolve_by_file_and_by_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,6 +138,7 @@ def test_an_imported_model_trains_resumes_and_evaluates_by_its_name(tmp_path: Pa
     result = paratrain.evaluate(run)
     assert result["model"] == f"{EXAMPLE}:build" and result["test_accuracy"] == pytest.approx(
         json.loads((run / "summary.json").read_text())["test_accuracy"])
+    assert paratrain.evaluate(run)["test_examples"] == 359
     net = paratrain.load_model(run)
     assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules()) == 9  # 1 + 2 + 3 + 3
 
@@ -225,14 +241,47 @@ def test_bad_images_are_skipped_and_counted_when_asked(tmp_path: Path) -> None:
     assert sum(len(p[1]) for p in (splits.train, splits.val, splits.test)) == 12
     manifest = json.loads((Path(splits.train[0].path).parent / "manifest.json").read_text())
     assert list(manifest["skipped"]) == ["circle/bad.png"]
+    with pytest.raises(UserError, match="circle/bad.png is not a readable image"):  # the same cache, no flag
+        folder.load(str(data), quiet=True, workers=1)
 
 
 def test_train_val_test_folders_are_the_splits(tmp_path: Path) -> None:
     for split, n in (("train", 5), ("test", 2)):
         make_shapes.write(tmp_path / "d" / split, n, seed=n)
+    (tmp_path / "d" / "train" / ".ipynb_checkpoints").mkdir()  # hidden folders are not classes
     splits = folder.load(str(tmp_path / "d"), val_size=3, quiet=True, workers=1)
     assert (len(splits.train[1]), len(splits.val[1]), len(splits.test[1])) == (12, 3, 6)
     assert splits.test[1].tolist() == [0, 0, 1, 1, 2, 2]
+    # train/ alone: validation and test images are both held out of it, never an empty test set
+    make_shapes.write(tmp_path / "e" / "train", 10)
+    alone = folder.load(str(tmp_path / "e"), test_size=4, quiet=True, workers=1)
+    assert (len(alone.train[1]), len(alone.val[1]), len(alone.test[1])) == (23, 3, 4)
+    rows = [set(p[0].rows.tolist()) for p in (alone.train, alone.val, alone.test)]
+    assert not (rows[0] & rows[1] or rows[0] & rows[2] or rows[1] & rows[2])  # disjoint
+
+
+def test_two_builds_at_once_decode_once_and_a_replaced_cache_is_refused(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    make_shapes.write(tmp_path / "d", 4)
+    builds = []
+    real = folder.build_cache
+    monkeypatch.setattr(folder, "build_cache", lambda *a, **k: builds.append(1) or real(*a, **k))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(folder.load(str(tmp_path / "d"), quiet=True,
+                                                                          workers=1))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 2 and len(builds) == 1  # the second waited for the first, then opened its cache
+    old = pickle.loads(pickle.dumps(results[0].train[0]))  # as a worker would receive it
+    make_shapes.write(tmp_path / "d", 5)  # a new image: the next load rebuilds the cache
+    folder.load(str(tmp_path / "d"), quiet=True, workers=1)
+    with pytest.raises(UserError, match="was replaced while this run used it"):
+        pickle.loads(pickle.dumps(results[0].train[0]))[0:1]
+    assert old is not None
 
 
 def test_folder_flags_need_a_folder(tmp_path: Path, capsys) -> None:  # noqa: ANN001
@@ -360,9 +409,16 @@ def test_a_dataset_is_decoded_once_into_the_run_and_reopened_on_resume(tmp_path:
     classifier = paratrain.load_classifier(run)
     assert classifier.classes == Shapes.classes
     monkeypatch.undo()
+    result = paratrain.evaluate(run, Shapes(60))  # decoded apart, not into the run
+    assert result["test_accuracy"] == again["test_accuracy"] and result["test_examples"] == 6
     bad = torch.utils.data.StackDataset(["not an image"] * 5, [0] * 5)
     with pytest.raises(UserError, match="item 0 of your dataset is not an .image, label. pair paratrain can read"):
         paratrain.fit(None, bad, paratrain.TrainConfig(steps=1, out=str(tmp_path / "r2"), **QUICK))
+    for item, why in (((torch.zeros(3, 8, 8), 0.5), "the label 0.5 is not a class index"),
+                      ((torch.full((3, 8, 8), 2.0), 1), "a float image must hold pixels in 0..1")):
+        with pytest.raises(UserError, match=why):
+            paratrain.fit(None, torch.utils.data.StackDataset(*zip(*[item] * 5, strict=True)),
+                          paratrain.TrainConfig(steps=1, out=str(tmp_path / "r3"), **QUICK))
     with pytest.raises(UserError, match="a torch Dataset of .image, label. pairs, a Splits, .* not a list"):
         paratrain.fit(None, [("not an image", 0)] * 5, paratrain.TrainConfig(steps=1, out=str(tmp_path / "r2"),
                                                                              **QUICK))

@@ -81,8 +81,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif cfg.optimizer == "custom":
         raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
                         "paratrain.fit(..., optimizer=make_optimizer)")
-    if isinstance(data, os.PathLike) or (isinstance(data, str) and data not in C.DATASETS and
-                                         ("/" in data or os.sep in data or Path(data).is_dir())):
+    if _is_folder(data):
         data = str(data)  # a folder of class sub-folders
         cfg = cfg.replace(dataset="imagefolder", data_dir=data)
     elif isinstance(data, str):
@@ -93,6 +92,12 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg), Parts(model, optimizer, loss))
+
+
+def _is_folder(data: Any) -> bool:
+    """`data` names an image folder (a path), not a dataset."""
+    return isinstance(data, os.PathLike) or (isinstance(data, str) and data not in C.DATASETS and
+                                             ("/" in data or os.sep in data or Path(data).is_dir()))
 
 
 def _check_callables(**given: Any) -> None:
@@ -272,14 +277,33 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     _check_callables(model=model, loss=loss)
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
-    if isinstance(data, str):
+    if _is_folder(data):
+        dataset, data_dir, data = "imagefolder", str(data), None
+    elif isinstance(data, str):
         dataset = data
+    dataset = dataset or cfg.dataset
+    # An image folder is decoded at the size the network was trained at; the cache goes where it would
+    # for a training run on that folder, never where the checkpoint's configuration says.
+    decoded = dataset in ("imagefolder", "custom")  # a folder or a Dataset: decoded at the trained size
+    folder = {"image_size": state.get("data", {}).get("image_size") if decoded else None,
+              "cache_dir": None, "test_size": cfg.test_size if decoded else None,
+              "skip_bad_images": cfg.skip_bad_images and dataset == "imagefolder"}
     # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come
     # from someone else
-    cfg = C.validate(cfg.replace(dataset=dataset or cfg.dataset, data_dir=data_dir, overwrite=False,
+    cfg = C.validate(cfg.replace(dataset=dataset, data_dir=data_dir, overwrite=False, **folder,
                                  download=C.TrainConfig.download if download is None else download))
     device = devices.resolve(accelerator, "1", None).accelerator  # a bad --accelerator fails before any data
-    splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)
+    if isinstance(data, torch.utils.data.Dataset):  # decoded into a cache of its own, not into the run
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="paratrain-eval-") as tmp:
+            splits = as_splits(data, cfg.replace(out=tmp, resume=None))
+            # the test split in memory before tmp goes (the others only lend their shapes)
+            splits = dataclasses.replace(splits, test=(splits.test[0][:], splits.test[1]),
+                                         **{s: (getattr(splits, s)[0][:0], getattr(splits, s)[1][:0])
+                                            for s in ("train", "val")})
+    else:
+        splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)
     if "data" in state:  # normalise as in training, whatever training set the caller passes now
         _check_shapes(run, state, splits)
         splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))

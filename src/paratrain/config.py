@@ -275,7 +275,11 @@ def with_run_dir(cfg: TrainConfig) -> TrainConfig:
         return cfg.replace(out=cfg.resume)
     if cfg.out:
         return cfg
-    return cfg.replace(out=str(Path("runs") / f"{cfg.model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    model = cfg.model
+    if is_import_path(model):  # path/to/net.py:build -> net.build (a folder name, not a path)
+        head, _, tail = model.rpartition(":")
+        model = f"{Path(head).stem if head.endswith('.py') else head.rsplit('.', 1)[-1]}.{tail}"
+    return cfg.replace(out=str(Path("runs") / f"{model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
 MAX_YAML_BYTES = 256 * 1024

@@ -13,6 +13,7 @@ never replaces a good cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -20,7 +21,9 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +80,8 @@ def list_folder(root: Path) -> Listing:
                                 "remove the folder")
             files += [str(p.relative_to(root)) for p in found]
             labels += [k] * len(found)
-        extra = sorted(e.name for e in os.scandir(tree) if e.is_dir() and e.name not in classes) \
-            if split != "all" else []
+        extra = sorted(e.name for e in os.scandir(tree) if e.is_dir() and e.name not in classes
+                       and not e.name.startswith(".")) if split != "all" else []
         if extra:
             raise UserError(f"{tree} has class folders that train/ has not ({', '.join(extra[:5])}); every split "
                             "must use the training set's classes")
@@ -204,12 +207,14 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
         bad = {i: r for i, r in enumerate(probes) if isinstance(r, str)}
         _refuse_bad(bad, listing, skip_bad)
         good = [i for i in range(n) if i not in bad]
+        if not good:
+            raise UserError(f"none of the {n} images in {root} can be read; see the manifest of a build with "
+                            "--skip-bad-images, or check the files")
         sides = sorted(probes[i][0] for i in good)
         side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
         channels = 1 if all(probes[i][1] in ("1", "L", "I;16", "I", "F") for i in good) else 3
         folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = folder.parent / f".{folder.name}.building-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = _private_name(folder, "building")
         tmp.mkdir()
         try:
             images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
@@ -236,8 +241,12 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
                 images.flush()
                 del images
                 full = np.load(tmp / "images.npy", mmap_mode="r")
-                np.save(tmp / "kept.npy", np.ascontiguousarray(full[keep]))
-                del full
+                kept_rows = np.lib.format.open_memmap(tmp / "kept.npy", mode="w+", dtype=np.uint8,
+                                                      shape=(len(keep), *full.shape[1:]))
+                for start in range(0, len(keep), 4096):  # a chunk at a time: the set may not fit in memory
+                    kept_rows[start:start + 4096] = full[keep[start:start + 4096]]
+                kept_rows.flush()
+                del full, kept_rows
                 os.replace(tmp / "kept.npy", tmp / "images.npy")
             else:
                 images.flush()
@@ -250,11 +259,7 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
                         "skipped": {listing.files[i]: why for i, why in sorted(bad.items())},
                         "built_s": round(time.perf_counter() - t0, 3)}
             (tmp / "manifest.json").write_text(json.dumps(manifest))
-            old = folder.parent / f".{folder.name}.old-{os.getpid()}"
-            if folder.exists():
-                os.replace(folder, old)
-            os.replace(tmp, folder)
-            shutil.rmtree(old, ignore_errors=True)
+            _put_in_place(tmp, folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -264,6 +269,24 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
               + (f"; skipped {len(bad)} bad images (listed in its manifest.json)" if bad else ""),
               file=sys.stderr, flush=True)
     return manifest
+
+
+def _private_name(folder: Path, what: str) -> Path:
+    """A sibling of `folder` that no other process (on this machine or another one sharing the disk) uses."""
+    import socket
+    import uuid
+
+    return folder.parent / f".{folder.name}.{what}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _put_in_place(tmp: Path, folder: Path) -> None:
+    """Rename a finished build to `folder`, moving an older cache aside first (readers that opened it keep
+    their open files)."""
+    old = _private_name(folder, "old")
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class _Inline:
@@ -320,10 +343,23 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
     listing = list_folder(Path(root))
     stamps = _stamp(listing.root, listing.files)
     folder = cache_folder(listing.root, image_size, cache_dir)
-    manifest = open_cache(folder, stamps)
-    if manifest is None:
-        manifest = build_cache(listing, stamps, folder, image_size, skip_bad,
-                               workers or usable_cores(), quiet)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(folder):  # one build at a time (torchrun's ranks, two runs): the others then open it
+            manifest = open_cache(folder, stamps)
+            if manifest is None:
+                manifest = build_cache(listing, stamps, folder, image_size, skip_bad, workers or usable_cores(),
+                                       quiet)
+    except BrokenProcessPool:  # a decoding process died: most often a script that calls fit when imported
+        raise UserError("a process decoding the images stopped; if you call paratrain.fit from a script, put the "
+                        'call under `if __name__ == "__main__":` (the decoding processes import it again)') from None
+    except OSError as e:
+        raise UserError(f"cannot write the image cache in {folder.parent} ({e.strerror or e}); pass --cache-dir "
+                        "DIR with a folder you can write") from None
+    if manifest["skipped"] and not skip_bad:  # built with --skip-bad-images: without it, stop as a build would
+        first, why = next(iter(manifest["skipped"].items()))
+        raise UserError(f"{listing.root / first} is not a readable image ({why[:120]}); remove or replace it, or "
+                        "pass --skip-bad-images to leave bad images out")
     kept = np.asarray(manifest["kept"], dtype=np.int64)
     position = {int(f): i for i, f in enumerate(kept)}  # file index -> row of the cache
     if "all" in listing.split_of:
@@ -331,12 +367,33 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
     else:
         rows = {s: np.asarray([position[int(i)] for i in listing.split_of.get(s, []) if int(i) in position],
                               dtype=np.int64) for s in SPLITS}
-        if "val" not in listing.split_of:  # no val/ folder: held out of train/
-            val_size = len(rows["train"]) // 10 if val_size is None else val_size
-            if val_size >= len(rows["train"]):
-                raise UserError(f"--val-size {val_size} is not less than the {len(rows['train'])} training images")
-            rows["train"], rows["val"], _ = (rows["train"][p] for p in _held_out(len(rows["train"]), val_size, 0))
+        # no val/ or test/ folder: held out of train/ (a tenth each, or --val-size, --test-size)
+        n = len(rows["train"])
+        val_n = 0 if "val" in listing.split_of else n // 10 if val_size is None else val_size
+        test_n = 0 if "test" in listing.split_of else n // 10 if test_size is None else test_size
+        if val_n + test_n >= n:
+            raise UserError(f"holding out {val_n} images for validation and {test_n} for testing leaves none of "
+                            f"the {n} in {root}/train to train on; lower --val-size or --test-size")
+        train, val, test = (rows["train"][p] for p in _held_out(n, val_n, test_n))
+        rows["train"] = train
+        if "val" not in listing.split_of:
+            rows["val"] = val
+        if "test" not in listing.split_of:
+            rows["test"] = test
     return _splits(folder, manifest, rows, "imagefolder", listing.classes)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder`'s lock file (flock: released if the process dies)."""
+    import fcntl
+
+    with open(folder.parent / f".{folder.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _seeded_rows(n: int, val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
@@ -373,7 +430,10 @@ def _as_pil(image: Any) -> Any:
         if image.dim() != 3:
             raise ValueError(f"a tensor image must be C x H x W, not {tuple(image.shape)}")
         if image.is_floating_point():
-            image = (image.clamp(0, 1) * 255).round()
+            if len(image) and (float(image.min()) < 0 or float(image.max()) > 1):
+                raise ValueError("a float image must hold pixels in 0..1 (not normalised ones: paratrain "
+                                 "normalises with the training set's statistics)")
+            image = (image * 255).round()
         image = image.to(torch.uint8).permute(1, 2, 0).numpy()
     arr = np.asarray(image)
     if arr.dtype != np.uint8:
@@ -406,7 +466,10 @@ def _open_dataset_cache(cache: Path, n: int) -> dict | None:
 def _item(dataset: Any, i: int) -> tuple[Any, int]:
     try:
         image, label = dataset[i]
-        return _as_pil(image), int(label)
+        value = label.item() if isinstance(label, torch.Tensor | np.generic) and np.size(label) == 1 else label
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+            raise ValueError(f"the label {label!r} is not a class index")
+        return _as_pil(image), int(value)
     except Exception as e:  # noqa: BLE001 (the user's Dataset may raise anything)
         raise UserError(f"item {i} of your dataset is not an (image, label) pair paratrain can read "
                         f"({type(e).__name__}: {e}); give PIL images, uint8 or 0..1 tensors, and int labels") \
@@ -421,8 +484,7 @@ def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | Non
     side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
     channels = 1 if all(im.mode in ("1", "L", "I;16", "I", "F") for im in sample) else 3
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.parent / f".{cache.name}.building-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _private_name(cache, "building")
     tmp.mkdir()
     try:
         images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
@@ -449,11 +511,7 @@ def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | Non
         np.save(tmp / "sums.npy", sums)
         manifest = {"version": CACHE_VERSION, "count": n, "classes": classes, "shape": [channels, side, side]}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
-        old = cache.parent / f".{cache.name}.old-{os.getpid()}"
-        if cache.exists():
-            os.replace(cache, old)
-        os.replace(tmp, cache)
-        shutil.rmtree(old, ignore_errors=True)
+        _put_in_place(tmp, cache)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

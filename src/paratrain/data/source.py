@@ -10,6 +10,7 @@ instead of receiving a copy of the data through shared memory.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -19,13 +20,21 @@ import torch
 class MappedImages:
     """Rows `rows` (all, if None) of an N x C x H x W uint8 `.npy` file, read on demand."""
 
-    def __init__(self, path: str, rows: np.ndarray | None = None, device: torch.device | str = "cpu") -> None:
+    def __init__(self, path: str, rows: np.ndarray | None = None, device: torch.device | str = "cpu",
+                 stamp: tuple[int, int, int] | None = None) -> None:
         self.path, self.rows, self.device = str(path), rows, torch.device(device)
+        # the file this source was made from: a cache rebuilt since (a new file) must not be read as it
+        self.stamp = stamp or _stamp(self.path)
         self._array: np.ndarray | None = None
 
     @property
     def array(self) -> np.ndarray:
         if self._array is None:  # opened lazily: once per process, after unpickling too
+            if _stamp(self.path) != self.stamp:
+                from ..errors import UserError
+
+                raise UserError(f"{self.path} was replaced while this run used it (the cache was rebuilt: were "
+                                "its images changed?); run again")
             self._array = np.load(self.path, mmap_mode="r")
         return self._array
 
@@ -43,12 +52,14 @@ class MappedImages:
         """These rows (a tensor or array of indices, or a slice), as a uint8 tensor on this source's device."""
         if isinstance(idx, torch.Tensor):
             idx = idx.cpu().numpy()
+        if isinstance(idx, int | np.integer):
+            return self[[int(idx)]][0]
         if self.rows is not None:
             idx = self.rows[idx]
         elif isinstance(idx, slice):  # a slice of a memory map is a view: copy it out of the file
             return torch.from_numpy(np.ascontiguousarray(self.array[idx])).to(self.device)
         # Sorted reads touch the file in order (fewer page faults); the result is put back in the asked order.
-        idx = np.asarray(idx)
+        idx = np.asarray(idx, dtype=np.int64)
         order = np.argsort(idx, kind="stable")
         rows = np.empty((len(idx), *self.array.shape[1:]), dtype=np.uint8)
         rows[order] = self.array[idx[order]]
@@ -56,20 +67,25 @@ class MappedImages:
 
     def to(self, device: torch.device | str) -> MappedImages:
         """The same rows, delivered on `device` (the file stays where it is)."""
-        return MappedImages(self.path, self.rows, device)
+        return MappedImages(self.path, self.rows, device, self.stamp)
 
     def subset(self, rows: np.ndarray) -> MappedImages:
         """Rows `rows` of these rows."""
-        return MappedImages(self.path, rows if self.rows is None else self.rows[rows], self.device)
+        return MappedImages(self.path, rows if self.rows is None else self.rows[rows], self.device, self.stamp)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "rows": self.rows, "device": str(self.device)}
+        return {"path": self.path, "rows": self.rows, "device": str(self.device), "stamp": self.stamp}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["rows"], state["device"])  # type: ignore[misc]
+        self.__init__(state["path"], state["rows"], state["device"], tuple(state["stamp"]))  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"MappedImages({self.path!r}, {len(self)} rows)"
 
 
 Images = torch.Tensor | MappedImages
+
+
+def _stamp(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns

@@ -2,8 +2,9 @@
 
 The path is a model name like "lenet5": config.yaml records it, and every worker (spawned or under
 torchrun), `--resume`, `paratrain eval`, `load_model` and `paratrain search` resolve it the same way, here.
-A factory gets whichever of `channels`, `image_size` and `num_classes` it names (all three if it takes
-**kwargs); the same rule holds for the factories given to `paratrain.fit(model=...)`.
+A factory gets whichever of `channels`, `image_size` and `num_classes` it names (a factory that names none
+of them but takes **kwargs, as torchvision's models do, gets `num_classes`); the same rule holds for the
+factories given to `paratrain.fit(model=...)`.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ def call_factory(factory: Callable[..., Any], channels: int, image_size: int, nu
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin or C extension without a signature: call it bare
         return factory()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return factory(**given)
-    return factory(**{k: v for k, v in given.items() if k in params})
+    named = {k: v for k, v in given.items() if k in params}
+    if not named and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        # torchvision's models (resnet18(**kwargs)) hand kwargs on to the network's class, which takes
+        # num_classes but not the data's channels or size
+        return factory(num_classes=num_classes)
+    return factory(**named)
