@@ -58,3 +58,18 @@ def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
     checkpoint.save(state, tmp_path / "a.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]
     assert torch.equal(checkpoint.load(tmp_path / "a.pt")["model"]["w"], torch.ones(3))
+
+
+def test_without_hard_links_last_pt_is_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem without hard links (some network and FUSE mounts): last.pt is a full copy of the step."""
+    import os
+
+    def no_links(*args: object) -> None:
+        raise OSError("hard links are not supported here")
+
+    monkeypatch.setattr(os, "link", no_links)
+    state = {"model": {"w": torch.arange(3.0)}, "optimizer": {}, "step": 7, "epoch": 0, "config": {}}
+    checkpoint.save_step(state, tmp_path, 7, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-00000007.pt"]
+    assert checkpoint.load(tmp_path / "last.pt")["step"] == 7
+    assert torch.equal(checkpoint.load(tmp_path / "last.pt")["model"]["w"], torch.arange(3.0))

@@ -186,6 +186,13 @@ def test_each_optimizer_is_the_one_named_with_its_settings(name: str, kind: type
     assert {k: group[k] for k in settings} == settings
 
 
+def test_the_custom_optimizer_needs_its_factory() -> None:
+    from paratrain import UserError
+
+    with pytest.raises(UserError, match="optimizer 'custom' is a factory of yours: pass it"):
+        make_optimizer(_cfg(optimizer="custom"), [torch.nn.Parameter(torch.zeros(1))])
+
+
 def test_weight_decay_and_nesterov_change_the_update_as_torch_does(tmp_path: Path) -> None:
     """Three steps with --weight-decay and --nesterov against the same steps by a hand-built torch.optim.SGD."""
     from paratrain.build import make_batch_transforms, make_model

@@ -46,3 +46,10 @@ def test_eval_ranges_partition_without_padding(n: int, world: int) -> None:
     assert covered == list(range(n))  # contiguous, each index exactly once, nothing added
     sizes = [len(r) for r in ranges]
     assert max(sizes) - min(sizes) <= 1
+
+
+def test_the_data_order_is_the_one_older_checkpoints_were_trained_with() -> None:
+    """A resumed run must draw the order its first half drew, also across paratrain versions: any other
+    seeding (a changed formula) would be just as random, and would silently change a resumed run's data."""
+    assert epoch_permutation(12, 0, 0).tolist() == [8, 0, 5, 9, 7, 4, 2, 10, 3, 1, 11, 6]
+    assert epoch_permutation(12, 3, 2).tolist() == [6, 11, 9, 5, 4, 0, 3, 10, 8, 7, 1, 2]
