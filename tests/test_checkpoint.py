@@ -73,3 +73,24 @@ def test_without_hard_links_last_pt_is_written_again(tmp_path: Path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-00000007.pt"]
     assert checkpoint.load(tmp_path / "last.pt")["step"] == 7
     assert torch.equal(checkpoint.load(tmp_path / "last.pt")["model"]["w"], torch.arange(3.0))
+
+
+def test_save_makes_folders_writes_beside_the_file_and_cleans_up_a_failed_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    renames = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: renames.append((Path(a).parent, Path(b))) or real_replace(a, b))
+    state = {"model": {"w": torch.ones(2)}, "optimizer": {}, "step": 1, "epoch": 0, "config": {}}
+    target = tmp_path / "a" / "b" / "c.pt"
+    checkpoint.save(state, target)  # missing folders are made
+    assert renames == [(target.parent, target)]  # the temporary file is in the same folder: the rename is atomic
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError, match="No space left"):  # the writer's own error, not one from the clean-up
+        checkpoint.save(state, tmp_path / "a" / "b" / "d.pt")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["c.pt"]  # no temporary file left

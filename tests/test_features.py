@@ -420,3 +420,50 @@ def test_mnist_fast_reaches_99_percent(tmp_path: Path, mnist_dir: Path) -> None:
     """The mnist-fast recipe as a user runs it (about 45 s on 2 cores)."""
     summary = train(tmp_path / "fast", "--recipe", "mnist-fast", "--data-dir", str(mnist_dir), timeout=600)
     assert summary["test_accuracy"] >= 0.990
+
+
+# ---- what mutation testing found untested ----
+
+def test_small_images_are_padded_to_the_model_before_a_random_crop() -> None:
+    """MNIST's 28 x 28 into LeNet-5's 32 x 32 with --random-crop: padded as evaluation pads, then cropped."""
+    from paratrain.data.transforms import Augment, BatchPipeline
+
+    pipe = BatchPipeline((0.0,), (1.0,), 32, torch.device("cpu"), Augment(random_crop=True))
+    x = torch.full((4, 1, 28, 28), 255, dtype=torch.uint8)
+    out = pipe.train(x, torch.Generator().manual_seed(0))
+    assert out.shape == (4, 1, 32, 32)
+    assert torch.equal(out, pipe.eval(x))  # no padding beyond the model's size: the only window is the whole
+
+
+def test_contrast_keeps_each_images_own_channel_means() -> None:
+    from paratrain.data.transforms import Augment, BatchPipeline
+
+    pipe = BatchPipeline((0.0, 0.0), (1.0, 1.0), 8, torch.device("cpu"), Augment(contrast=0.5))
+    x = torch.randint(0, 256, (6, 2, 8, 8), dtype=torch.uint8)
+    x[0, 0] //= 4  # images and channels of very different means
+    out = pipe.train(x, torch.Generator().manual_seed(0))
+    plain = pipe.eval(x)
+    assert torch.allclose(out.mean(dim=(2, 3)), plain.mean(dim=(2, 3)), atol=1e-5)
+    assert not torch.allclose(out, plain)
+
+
+def test_float_images_come_out_float32() -> None:
+    from paratrain.data.transforms import unit_scale
+
+    assert unit_scale(torch.rand(2, 1, 4, 4, dtype=torch.float64)).dtype == torch.float32
+
+
+def test_lr_decay_in_epochs_counts_the_steps_of_an_epoch() -> None:
+    cfg = _cfg(lr_schedule="step", lr_decay_epochs=2, lr_decay_rate=0.5)
+    opt = make_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))])
+    sched = make_scheduler(cfg, opt, total_steps=100, steps_per_epoch=10)
+    lrs = []
+    for _ in range(45):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[19] == cfg.lr and lrs[20] == cfg.lr / 2 and lrs[40] == cfg.lr / 4  # halved every 20 steps
+
+
+def test_a_cosine_schedule_of_one_step_ends_at_zero() -> None:
+    assert lr_factor(_cfg(lr_schedule="cosine"), 1, 1, 10) == 0.0
