@@ -94,3 +94,56 @@ def test_save_makes_folders_writes_beside_the_file_and_cleans_up_a_failed_write(
     with pytest.raises(OSError, match="No space left"):  # the writer's own error, not one from the clean-up
         checkpoint.save(state, tmp_path / "a" / "b" / "d.pt")
     assert sorted(p.name for p in target.parent.iterdir()) == ["c.pt"]  # no temporary file left
+
+
+@pytest.mark.parametrize(("mine", "theirs", "expected_step", "expected_restarts"), [
+    ((10, 0, None), (20, 1, None), 20, 1),  # the other node has the newer checkpoint and counted a restart
+    ((20, 2, None), (10, 0, None), 20, 2),
+    ((-1, 0, None), (-1, 3, None), None, 3),  # nobody has one: a fresh start, with the group's restart count
+    ((15, 0, None), (15, 0, None), 15, 0),  # a tie: rank 0's, so every rank agrees on one
+])
+def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
+        monkeypatch: pytest.MonkeyPatch, mine: tuple, theirs: tuple, expected_step: int | None,
+        expected_restarts: int) -> None:
+    """newest_in_group's choice, as rank 0 of 2 (the other rank's offer comes through a stand-in for the
+    collectives; tests/test_faults.py runs it for real under torchrun)."""
+    import torch.distributed as dist
+
+    from paratrain.dist import DistContext
+
+    def gather(offers: list, offer: tuple) -> None:
+        assert offer == mine
+        offers[:] = [mine, theirs]
+
+    sent = []
+
+    def broadcast(box: list, src: int) -> None:
+        sent.append(src)
+        if src != 0:
+            box[0] = {"step": theirs[0], "from": "rank 1"}
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    ctx = DistContext(0, 2, 0, torch.device("cpu"), "gloo")
+    local = None if mine[0] < 0 else {"step": mine[0], "from": "rank 0"}
+    chosen, restarts = checkpoint.newest_in_group(ctx, local, None, mine[1])
+    assert restarts == expected_restarts
+    assert (chosen["step"] if chosen else None) == expected_step
+    if chosen is not None:
+        assert chosen["from"] == ("rank 1" if theirs[0] > mine[0] else "rank 0") and len(sent) == 1
+
+
+def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    from paratrain import UserError
+    from paratrain.dist import DistContext
+
+    monkeypatch.setattr(dist, "all_gather_object",
+                        lambda offers, offer: offers.__setitem__(slice(None), [offer, (-1, 0, "it is of model mlp")]))
+    with pytest.raises(UserError, match="rank 1: it is of model mlp"):
+        checkpoint.newest_in_group(DistContext(0, 2, 0, torch.device("cpu"), "gloo"), None, None, 0)
+    one = DistContext(0, 1, 0, torch.device("cpu"), None)  # a single worker: its own checkpoint, or its problem
+    assert checkpoint.newest_in_group(one, {"step": 3}, None, 2) == ({"step": 3}, 2)
+    with pytest.raises(UserError, match="unreadable"):
+        checkpoint.newest_in_group(one, None, "unreadable", 0)

@@ -451,6 +451,8 @@ def test_float_images_come_out_float32() -> None:
     from paratrain.data.transforms import unit_scale
 
     assert unit_scale(torch.rand(2, 1, 4, 4, dtype=torch.float64)).dtype == torch.float32
+    x = torch.rand(2, 1, 4, 4)
+    assert unit_scale(x) is not x and unit_scale(x).data_ptr() != x.data_ptr()  # a copy: the caller's stays as it is
 
 
 def test_lr_decay_in_epochs_counts_the_steps_of_an_epoch() -> None:
