@@ -101,6 +101,7 @@ def test_save_makes_folders_writes_beside_the_file_and_cleans_up_a_failed_write(
     ((20, 2, None), (10, 0, None), 20, 2),
     ((-1, 0, None), (-1, 3, None), None, 3),  # nobody has one: a fresh start, with the group's restart count
     ((15, 0, None), (15, 0, None), 15, 0),  # a tie: rank 0's, so every rank agrees on one
+    ((10, 2, None), (20, 0, None), 20, 2),  # the newest checkpoint, not the node that restarted most
 ])
 def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
         monkeypatch: pytest.MonkeyPatch, mine: tuple, theirs: tuple, expected_step: int | None,
@@ -131,6 +132,8 @@ def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
     assert (chosen["step"] if chosen else None) == expected_step
     if chosen is not None:
         assert chosen["from"] == ("rank 1" if theirs[0] > mine[0] else "rank 0") and len(sent) == 1
+    else:
+        assert sent == []  # nothing to send
 
 
 def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -288,6 +288,13 @@ def test_folder_flags_need_a_folder(tmp_path: Path, capsys) -> None:  # noqa: AN
     _one_line(capsys, _main(["train", "--dataset", "imagefolder", "--steps", "1"]), "needs --data-dir DIR")
     _one_line(capsys, _main(["train", "--image-size", "32", "--steps", "1"]),
               "--image-size is for --dataset imagefolder, not digits")
+    _one_line(capsys, _main(["train", "--data-dir", str(tmp_path), "--steps", "1"]),  # not silently the digits
+              "--data-dir is not read by --dataset digits; for a folder with a sub-folder of images per class, "
+              "pass --dataset imagefolder")
+    from paratrain import config
+
+    saved = config.validate(paratrain.TrainConfig(dataset="mnist", data_dir="some/where")).data_dir
+    assert saved == str(Path("some/where").resolve())  # --resume from another folder reads the same files
 
 
 def test_the_memory_map_trains_as_the_same_images_in_memory(shapes: Path, tmp_path: Path) -> None:
@@ -301,6 +308,9 @@ def test_the_memory_map_trains_as_the_same_images_in_memory(shapes: Path, tmp_pa
     b = paratrain.fit(None, in_memory, paratrain.TrainConfig(out=str(tmp_path / "b"), **cfg))
     assert max_abs_diff(weights(tmp_path / "a"), weights(tmp_path / "b")) == 0.0
     assert a["test_accuracy"] == b["test_accuracy"]
+    caches = sorted(p.name for p in (shapes / ".paratrain-cache").iterdir() if not p.name.startswith("."))
+    assert paratrain.evaluate(tmp_path / "a", shapes)["test_accuracy"] == a["test_accuracy"]
+    assert sorted(p.name for p in (shapes / ".paratrain-cache").iterdir() if not p.name.startswith(".")) == caches
 
 
 # ---- the whole path, on 2 workers ----

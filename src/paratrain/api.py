@@ -284,8 +284,10 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     dataset = dataset or cfg.dataset
     # An image folder is decoded at the size the network was trained at; the cache goes where it would
     # for a training run on that folder, never where the checkpoint's configuration says.
-    decoded = dataset in ("imagefolder", "custom")  # a folder or a Dataset: decoded at the trained size
-    folder = {"image_size": state.get("data", {}).get("image_size") if decoded else None,
+    # a folder: as the run asked (the same cache); a Dataset: decoded at the trained size
+    trained = state.get("data", {}).get("image_size")
+    decoded = dataset in ("imagefolder", "custom")
+    folder = {"image_size": cfg.image_size if dataset == "imagefolder" else trained if decoded else None,
               "cache_dir": None, "test_size": cfg.test_size if decoded else None,
               "skip_bad_images": cfg.skip_bad_images and dataset == "imagefolder"}
     # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come

@@ -326,6 +326,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
     if is_import_path(cfg.model):  # config.yaml names the same file from any folder
         cfg = cfg.replace(model=absolute(cfg.model))
+    if cfg.data_dir:  # and the same data: --resume from another folder reads what the run read
+        cfg = cfg.replace(data_dir=str(Path(cfg.data_dir).expanduser().resolve()))
     _check_choices(cfg)
     _check_numbers(cfg)
     _check_combinations(cfg)
@@ -383,6 +385,9 @@ def _check_numbers(cfg: TrainConfig) -> None:
 
 
 def _check_combinations(cfg: TrainConfig) -> None:
+    if cfg.data_dir and cfg.dataset in ("digits", "synthetic"):
+        _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
+             "class, pass --dataset imagefolder")
     folder_only = [n for n in ("test_size", "image_size", "cache_dir") if getattr(cfg, n) is not None]
     folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
     if cfg.labels != "fine" and cfg.dataset != "cifar100":
