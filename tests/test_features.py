@@ -469,3 +469,21 @@ def test_lr_decay_in_epochs_counts_the_steps_of_an_epoch() -> None:
 
 def test_a_cosine_schedule_of_one_step_ends_at_zero() -> None:
     assert lr_factor(_cfg(lr_schedule="cosine"), 1, 1, 10) == 0.0
+
+
+def test_evaluation_gives_the_mean_loss_and_accuracy_of_the_whole_set() -> None:
+    """Against cross-entropy and argmax computed directly on the same 50 examples, in batches of 16 that do
+    not divide them."""
+    from paratrain.data.transforms import BatchPipeline
+    from paratrain.evaluation import evaluate
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    x = torch.randint(0, 256, (50, 1, 4, 4), dtype=torch.uint8)
+    y = torch.randint(0, 3, (50,))
+    prep = BatchPipeline((0.5,), (0.25,), 4, torch.device("cpu"))
+    accuracy, loss = evaluate(net, (x, y), prep, dist.init(0, 1, 0, "cpu"), batch_size=16)
+    with torch.no_grad():
+        logits = net(prep.eval(x))
+    assert loss == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-6)
+    assert accuracy == (logits.argmax(1) == y).sum().item() / 50  # exactly: the count of the right ones
