@@ -38,6 +38,7 @@ from .splits import Splits
 
 CACHE_VERSION = 1  # of the files below: a cache of another version is rebuilt
 MAX_DEFAULT_SIZE = 224
+PARALLEL_FROM = 5_000  # images: below this a folder is decoded in this process
 SPLIT_SEED = 0  # the held-out split does not move with --seed: test accuracies of two runs compare
 SPLITS = ("train", "val", "test")
 
@@ -348,8 +349,10 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
         with _locked(folder):  # one build at a time (torchrun's ranks, two runs): the others then open it
             manifest = open_cache(folder, stamps)
             if manifest is None:
-                manifest = build_cache(listing, stamps, folder, image_size, skip_bad, workers or usable_cores(),
-                                       quiet)
+                # Spawning the decoding processes costs seconds (each imports torch): worth it for thousands
+                # of images (benchmarks/image_cache.py: 1,500 small PNGs decoded faster in this process)
+                default = usable_cores() if len(listing.files) >= PARALLEL_FROM else 1
+                manifest = build_cache(listing, stamps, folder, image_size, skip_bad, workers or default, quiet)
     except BrokenProcessPool:  # a decoding process died: most often a script that calls fit when imported
         raise UserError("a process decoding the images stopped; if you call paratrain.fit from a script, put the "
                         'call under `if __name__ == "__main__":` (the decoding processes import it again)') from None

@@ -57,7 +57,7 @@ class MappedImages:
         if self.rows is not None:
             idx = self.rows[idx]
         elif isinstance(idx, slice):  # a slice of a memory map is a view: copy it out of the file
-            return torch.from_numpy(np.ascontiguousarray(self.array[idx])).to(self.device)
+            return torch.from_numpy(np.array(self.array[idx])).to(self.device)  # a copy, writable
         # Sorted reads touch the file in order (fewer page faults); the result is put back in the asked order.
         idx = np.asarray(idx, dtype=np.int64)
         order = np.argsort(idx, kind="stable")
