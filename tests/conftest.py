@@ -21,6 +21,19 @@ MNIST_DIR = SHARED_DATA / "mnist"
 CIFAR_DIR = SHARED_DATA / "cifar-10-batches-bin"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_gpu_in_module_fixtures(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The same for the module-scoped fixtures that train (they are set up before the function's)."""
+    if any(item.get_closest_marker("gpu") for item in request.session.items if item.module is request.module):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        patch.setattr(torch.cuda, "device_count", lambda: 0)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _no_gpu_unless_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test but those marked `gpu` runs as on a machine without a GPU, in this process and in the

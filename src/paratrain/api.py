@@ -287,7 +287,10 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     # a folder: as the run asked (the same cache); a Dataset: decoded at the trained size
     trained = state.get("data", {}).get("image_size")
     decoded = dataset in ("imagefolder", "custom")
-    folder = {"image_size": cfg.image_size if dataset == "imagefolder" else trained if decoded else None,
+    # the run's own folder again: its own cache (the size it asked for); any other data: the trained size
+    same_folder = dataset == "imagefolder" and cfg.dataset == "imagefolder" and data_dir is not None and \
+        cfg.data_dir is not None and Path(data_dir).resolve() == Path(cfg.data_dir).resolve()
+    folder = {"image_size": cfg.image_size if same_folder else trained if decoded else None,
               "cache_dir": None, "test_size": cfg.test_size if decoded else None,
               "skip_bad_images": cfg.skip_bad_images and dataset == "imagefolder"}
     # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come

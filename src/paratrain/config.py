@@ -258,6 +258,8 @@ def of_run(run: str | Path, given_as: str) -> TrainConfig:
         raise UserError(f"{given_as}: no config.yaml there; pass the directory of a paratrain run")
     values = load_yaml(saved)
     values.setdefault("batchnorm", "local")  # saved before --batchnorm existed: it ran with each worker's share
+    if values.get("dataset") in ("digits", "synthetic"):  # a --data-dir these never read (once accepted)
+        values["data_dir"] = None
     return from_dict(values)
 
 

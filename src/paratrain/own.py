@@ -8,6 +8,7 @@ than a traceback in every worker followed by a hint about restarts that cannot h
 
 from __future__ import annotations
 
+import os
 import traceback
 from pathlib import Path
 from typing import Any
@@ -21,18 +22,28 @@ from .import_path import is_import_path
 
 def _libraries() -> tuple[str, ...]:
     """Where code that is not the user's lives: Python's standard library, installed packages, paratrain."""
+    import site
     import sysconfig
 
+    import torch as _torch
+
     paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return tuple(str(Path(p).resolve()) for p in paths) + (str(Path(__file__).resolve().parent),)
+    paths |= set(site.getsitepackages()) | {site.getusersitepackages()}  # pip --user, Debian's dist-packages
+    paths |= {str(Path(_torch.__file__).parent), str(Path(__file__).resolve().parent)}
+    return tuple(str(Path(p).resolve()) + os.sep for p in paths)
 
 
 _LIBRARIES = _libraries()
 
 
+def _is_library(filename: str) -> bool:
+    """Code that is not the user's: under a library folder, or Python's own (<frozen ...>, <string>)."""
+    return filename.startswith("<") or str(Path(filename).resolve()).startswith(_LIBRARIES)
+
+
 def user_frame(tb: Any) -> str:
     """Where the user's code failed: the last frame of a traceback outside torch and paratrain ("" if none)."""
-    frames = [f for f in traceback.extract_tb(tb) if not str(Path(f.filename).resolve()).startswith(_LIBRARIES)]
+    frames = [f for f in traceback.extract_tb(tb) if not _is_library(f.filename)]
     return _where(frames[-1].filename, frames[-1].lineno, frames[-1].name, frames[-1].line) if frames else ""
 
 
@@ -44,7 +55,7 @@ def user_frame_in_text(text: str) -> str:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         m = re.match(r'\s*File "(.+)", line (\d+), in (.+)', line)
-        if m and not str(Path(m.group(1)).resolve()).startswith(_LIBRARIES):
+        if m and not _is_library(m.group(1)):
             code = lines[i + 1].strip() if i + 1 < len(lines) else ""
             found = _where(m.group(1), int(m.group(2)), m.group(3), code)
     return found

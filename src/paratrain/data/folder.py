@@ -344,6 +344,11 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
     listing = list_folder(Path(root))
     stamps = _stamp(listing.root, listing.files)
     folder = cache_folder(listing.root, image_size, cache_dir)
+    if image_size is not None:  # the cache of the default size may already be of this size (paratrain eval)
+        median = cache_folder(listing.root, None, cache_dir)
+        found = open_cache(median, stamps)
+        if found is not None and found["shape"][-1] == image_size:
+            folder = median
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         with _locked(folder):  # one build at a time (torchrun's ranks, two runs): the others then open it
@@ -389,14 +394,25 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
     """An exclusive lock on `folder`'s lock file (flock: released if the process dies)."""
+    import errno
     import fcntl
 
-    with open(folder.parent / f".{folder.name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    # Read-only is enough for flock: a cache folder the user may only read (already built) still opens.
+    try:
+        fd = os.open(folder.parent / f".{folder.name}.lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:  # a filesystem without locks (NFS mounted nolock, some parallel ones)
+                if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EACCES, errno.EROFS):
+                    raise
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # closing releases the lock
 
 
 def _seeded_rows(n: int, val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
