@@ -59,6 +59,16 @@ def cifar_dir() -> Path:
     return CIFAR_DIR
 
 
+def main_code(argv: list[str]) -> int:
+    """`paratrain ARGV` in this process: its exit code, also when argparse exits."""
+    from paratrain.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code)
+
+
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m paratrain ARGS` in a fresh process, as a user would run it."""
     return subprocess.run([sys.executable, "-m", "paratrain", *args], capture_output=True, text=True,

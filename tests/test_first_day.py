@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import main_code
 
 import paratrain
 from paratrain import UserError
@@ -15,11 +16,7 @@ from paratrain.cli import main
 QUICK = {"quiet": True, "tensorboard": False, "devices": "1"}
 
 
-def _main(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code)
+_main = main_code
 
 
 # ---- 1. a run is never overwritten ----

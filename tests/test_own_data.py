@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import max_abs_diff, run_cli, train, weights
+from conftest import main_code, max_abs_diff, run_cli, train, weights
 from PIL import Image
 
 import paratrain
 import paratrain.data
 from paratrain import UserError
-from paratrain.cli import main
 from paratrain.data import folder
 from paratrain.data.source import MappedImages
 from paratrain.import_path import absolute, is_import_path
@@ -34,11 +33,7 @@ import make_shapes  # noqa: E402
 QUICK = {"quiet": True, "tensorboard": False, "devices": "1"}
 
 
-def _main(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code)
+_main = main_code
 
 
 def _one_line(capsys: pytest.CaptureFixture, code: int, expected: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,30 +151,38 @@ def extract_safely(archive: Path, dest: Path) -> None:
         raise UserError(f"{archive} is not a readable tar archive ({e}); download it again") from None
 
 
-def _download(root: Path) -> None:
+def fetch_archive(root: Path, url: str, name: str, title: str) -> None:
+    """Download a CIFAR archive (torchvision checks its MD5); a failed one is not kept."""
     from torchvision.datasets.utils import download_url
 
     from .fetch import undone_on_failure
 
     try:
         with undone_on_failure(root):
-            download_url(URL, str(root), ARCHIVES[1], ARCHIVE_MD5[ARCHIVES[1]])  # checks the archive's MD5
+            download_url(url, str(root), name, ARCHIVE_MD5[name])  # checks the archive's MD5
     except Exception as e:  # network errors come in many types; all mean the same to the user
-        (root / ARCHIVES[1]).unlink(missing_ok=True)  # a download that failed its MD5 is not kept
-        raise UserError(f"could not download CIFAR-10 into {root} ({type(e).__name__}: {e}); "
-                        "put the batches there and pass --data-dir") from None
+        (root / name).unlink(missing_ok=True)  # a download that failed its MD5 is not kept
+        raise UserError(f"could not download {title} into {root} ({type(e).__name__}: {e}); "
+                        "put its files there and pass --data-dir") from None
+
+
+def locate(root: Path, download: bool, layout: Any, archives: tuple[str, ...], url: str, title: str) -> Any:
+    """Where a CIFAR version lies under root (`layout(root)`), downloading the python archive when nothing
+    is there and extracting an official archive that is; None if neither."""
+    found = layout(root)
+    if found is None and download and not any((root / a).is_file() for a in archives):
+        fetch_archive(root, url, archives[1], title)
+    for archive in (root / a for a in archives):
+        if found is None and archive.is_file():
+            check_archive(archive)
+            extract_safely(archive, root)
+            found = layout(root)
+    return found
 
 
 def load(data_dir: str, download: bool, val_size: int | None) -> Splits:
     root = Path(data_dir)
-    found = _layout(root)
-    if found is None and download and not any((root / a).is_file() for a in ARCHIVES):
-        _download(root)
-    for archive in (root / a for a in ARCHIVES):
-        if found is None and archive.is_file():
-            check_archive(archive)
-            extract_safely(archive, root)
-            found = _layout(root)
+    found = locate(root, download, _layout, ARCHIVES, URL, "CIFAR-10")
     if found is None:
         raise UserError(f"CIFAR-10 batches (data_batch_1..5 and test_batch, .bin/.bin.gz or python) "
                         f"not found in {root}; pass --data-dir to the folder that holds them, "

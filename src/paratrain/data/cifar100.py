@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from .cifar10 import ARCHIVE_MD5, _ArraysOnly, check_archive, extract_safely
+from .cifar10 import _ArraysOnly, locate
 from .mnist import read_bytes
 from .splits import Splits, hold_out
 
@@ -77,30 +77,9 @@ def _layout(root: Path) -> tuple[str, Path] | None:
     return None
 
 
-def _download(root: Path) -> None:
-    from torchvision.datasets.utils import download_url
-
-    from .fetch import undone_on_failure
-
-    try:
-        with undone_on_failure(root):
-            download_url(URL, str(root), ARCHIVES[1], ARCHIVE_MD5[ARCHIVES[1]])  # checks the archive's MD5
-    except Exception as e:  # network errors come in many types; all mean the same to the user
-        (root / ARCHIVES[1]).unlink(missing_ok=True)
-        raise UserError(f"could not download CIFAR-100 into {root} ({type(e).__name__}: {e}); "
-                        "put its files there and pass --data-dir") from None
-
-
 def load(data_dir: str, download: bool, val_size: int | None, labels: str = "fine") -> Splits:
     root = Path(data_dir)
-    found = _layout(root)
-    if found is None and download and not any((root / a).is_file() for a in ARCHIVES):
-        _download(root)
-    for archive in (root / a for a in ARCHIVES):
-        if found is None and archive.is_file():
-            check_archive(archive)
-            extract_safely(archive, root)
-            found = _layout(root)
+    found = locate(root, download, _layout, ARCHIVES, URL, "CIFAR-100")
     if found is None:
         raise UserError(f"CIFAR-100 files (train and test, .bin/.bin.gz or python) not found in {root}; pass "
                         "--data-dir to the folder that holds them, or allow the download")

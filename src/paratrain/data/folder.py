@@ -231,8 +231,7 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
                         bad[good[i]] = arr
                         continue
                     images[i] = arr
-                    unit = arr.reshape(channels, -1).astype(np.float64) / 255
-                    sums[i] = np.stack([unit.sum(1), (unit * unit).sum(1)], axis=1)
+                    sums[i] = channel_sums(arr)
                 bar.update(len(piece))
             bar.close()
             if bad and not skip_bad:
@@ -325,6 +324,12 @@ def _held_out(n: int, val_size: int, test_size: int) -> tuple[np.ndarray, np.nda
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
     test, val, train = perm[:test_size], perm[test_size:test_size + val_size], perm[test_size + val_size:]
     return np.sort(train), np.sort(val), np.sort(test)
+
+
+def channel_sums(image: np.ndarray) -> np.ndarray:
+    """One C x H x W uint8 image's per-channel sum and sum of squares on the 0..1 scale (C x 2, float64)."""
+    unit = image.reshape(image.shape[0], -1).astype(np.float64) / 255
+    return np.stack([unit.sum(1), (unit * unit).sum(1)], axis=1)
 
 
 def _statistics(sums: np.ndarray, pixels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -514,8 +519,7 @@ def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | Non
         for i in range(n):
             im, labels[i] = _item(dataset, i)
             images[i] = arr = square(im, side, channels)
-            unit = arr.reshape(channels, -1).astype(np.float64) / 255
-            sums[i] = np.stack([unit.sum(1), (unit * unit).sum(1)], axis=1)
+            sums[i] = channel_sums(arr)
             bar.update(1)
         bar.close()
         images.flush()
