@@ -125,7 +125,7 @@ def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
 
     monkeypatch.setattr(dist, "all_gather_object", gather)
     monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
-    ctx = DistContext(0, 2, 0, torch.device("cpu"), "gloo")
+    ctx = DistContext(0, 2, torch.device("cpu"), "gloo")
     local = None if mine[0] < 0 else {"step": mine[0], "from": "rank 0"}
     chosen, restarts = checkpoint.newest_in_group(ctx, local, None, mine[1])
     assert restarts == expected_restarts
@@ -145,8 +145,8 @@ def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pyte
     monkeypatch.setattr(dist, "all_gather_object",
                         lambda offers, offer: offers.__setitem__(slice(None), [offer, (-1, 0, "it is of model mlp")]))
     with pytest.raises(UserError, match="rank 1: it is of model mlp"):
-        checkpoint.newest_in_group(DistContext(0, 2, 0, torch.device("cpu"), "gloo"), None, None, 0)
-    one = DistContext(0, 1, 0, torch.device("cpu"), None)  # a single worker: its own checkpoint, or its problem
+        checkpoint.newest_in_group(DistContext(0, 2, torch.device("cpu"), "gloo"), None, None, 0)
+    one = DistContext(0, 1, torch.device("cpu"), None)  # a single worker: its own checkpoint, or its problem
     assert checkpoint.newest_in_group(one, {"step": 3}, None, 2) == ({"step": 3}, 2)
     with pytest.raises(UserError, match="unreadable"):
         checkpoint.newest_in_group(one, None, "unreadable", 0)

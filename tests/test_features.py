@@ -9,20 +9,28 @@ import pytest
 import torch
 from conftest import max_abs_diff, run_cli, train, weights
 
-from paratrain import checkpoint, config, dist
+from paratrain import checkpoint, config, dist, runplan
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
+from paratrain.devices import Plan
 from paratrain.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
-from paratrain.train import fit
+from paratrain.train import fit as fit_plan
 
 
 def _cfg(**kw: object) -> config.TrainConfig:
     return config.validate(config.TrainConfig(**kw))
 
 
+
+def fit(cfg: config.TrainConfig, data: object, resume: dict | None = None, parts: object = None) -> dict | None:
+    """One worker in this process, planned as every run is (runplan.make)."""
+    plan = runplan.make(cfg, lambda: data, parts, hardware=Plan("cpu", 1, 1, "gloo"), resume=resume)
+    return fit_plan(dist.init(0, 1, "cpu"), plan)
+
+
 def _fit(tmp_path: Path, name: str, **kw: object) -> dict:
     cfg = _cfg(out=str(tmp_path / name), quiet=True, tensorboard=False, **kw)
-    return fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset(cfg.dataset, val_size=cfg.val_size))
+    return fit(cfg, load_dataset(cfg.dataset, val_size=cfg.val_size))
 
 
 # ---- learning-rate schedules -------------------------------------------------------------------------
@@ -167,7 +175,7 @@ def test_bf16_autocast_runs_the_forward_in_bf16(tmp_path: Path, precision: str, 
     _Recorder.seen.clear()
     cfg = _cfg(out=str(tmp_path / precision), quiet=True, tensorboard=False, steps=60, precision=precision,
                model="custom")
-    summary = fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset("digits"), parts=Parts(model=_recorded_net))
+    summary = fit(cfg, load_dataset("digits"), parts=Parts(model=_recorded_net))
     assert summary["precision"] == precision and summary["test_accuracy"] > 0.5
     assert len(_Recorder.seen) == 60 and set(_Recorder.seen) == {dtype}  # every training step's forward
 
@@ -201,7 +209,7 @@ def test_weight_decay_and_nesterov_change_the_update_as_torch_does(tmp_path: Pat
     cfg = _cfg(out=str(tmp_path / "r"), quiet=True, tensorboard=False, steps=3, optimizer="sgd", lr=0.05,
                momentum=0.9, nesterov=True, weight_decay=0.01, model="mlp", width=32, depth=1, seed=3)
     data = load_dataset("digits")
-    fit(dist.init(0, 1, 0, "cpu"), cfg, data)
+    fit(cfg, data)
     torch.manual_seed(cfg.seed)
     net = make_model(cfg, data)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)
@@ -214,7 +222,7 @@ def test_weight_decay_and_nesterov_change_the_update_as_torch_does(tmp_path: Pat
         opt.step()
     assert max_abs_diff(weights(tmp_path / "r"), net.state_dict()) < 1e-6
     plain = _cfg(**{**cfg.to_dict(), "out": str(tmp_path / "p"), "nesterov": False, "weight_decay": 0.0})
-    fit(dist.init(0, 1, 0, "cpu"), plain, data)
+    fit(plain, data)
     assert max_abs_diff(weights(tmp_path / "p"), net.state_dict()) > 1e-4  # the two options do change it
 
 
@@ -310,7 +318,7 @@ def test_resume_restores_schedule_ema_augmentation_and_dropout(tmp_path: Path) -
     assert part["step"] == 1
     cfg = _cfg(out=str(tmp_path / "part"), resume=str(tmp_path / "part"), quiet=True, tensorboard=False,
                steps=30, **features)
-    fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset("digits"), resume=part)
+    fit(cfg, load_dataset("digits"), resume=part)
     whole, resumed = checkpoint.load(tmp_path / "whole"), checkpoint.load(tmp_path / "part")
     assert resumed["step"] == 30
     assert max_abs_diff(whole["model"], resumed["model"]) < 1e-6  # measured 0.0
@@ -350,8 +358,11 @@ def test_a_nan_stop_names_the_step_it_happened_at(tmp_path: Path) -> None:
     from paratrain.parts import Parts
 
     cfg = _cfg(out=str(tmp_path / "nan"), quiet=True, tensorboard=False, steps=20, checkpoint_every=1)
+    data = load_dataset("digits")
+    plan = runplan.make(cfg, lambda: data, Parts(loss=loss), hardware=Plan("cpu", 1, 1, "gloo"))
+    calls.clear()  # the plan tried the loss once
     with pytest.raises(UserError, match="the loss became nan at step 7; stopped before updating") as e:
-        fit(dist.init(0, 1, 0, "cpu"), cfg, load_dataset("digits"), parts=Parts(loss=loss))
+        fit_plan(dist.init(0, 1, "cpu"), plan)
     assert e.value.code == 3 and checkpoint.load(tmp_path / "nan")["step"] == 6  # the last good one
 
 
@@ -482,7 +493,7 @@ def test_evaluation_gives_the_mean_loss_and_accuracy_of_the_whole_set() -> None:
     x = torch.randint(0, 256, (50, 1, 4, 4), dtype=torch.uint8)
     y = torch.randint(0, 3, (50,))
     prep = BatchPipeline((0.5,), (0.25,), 4, torch.device("cpu"))
-    accuracy, loss = evaluate(net, (x, y), prep, dist.init(0, 1, 0, "cpu"), batch_size=16)
+    accuracy, loss = evaluate(net, (x, y), prep, dist.init(0, 1, "cpu"), batch_size=16)
     with torch.no_grad():
         logits = net(prep.eval(x))
     assert loss == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-6)

@@ -23,7 +23,7 @@ import pytest
 import torch
 from conftest import descendants
 
-from paratrain import checkpoint, config, launch
+from paratrain import checkpoint, config, launch, runplan
 from paratrain.data import load_dataset
 from paratrain.devices import Plan
 from paratrain.interrupt import Stopped
@@ -57,7 +57,7 @@ def _run(cfg: config.TrainConfig, workers: int, data: Any, resume: dict | None =
     if resume is not None:
         cfg = cfg.replace(resume=cfg.out)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    return launch.run(cfg, Plan("cpu", workers, 1, "gloo"), data, resume)
+    return launch.run(runplan.make(cfg, lambda: data, hardware=Plan("cpu", workers, 1, "gloo"), resume=resume))
 
 
 def _state(run: Path, name: str = "last.pt") -> dict:

@@ -25,8 +25,6 @@ from . import config as C
 from .data import Splits, load_for
 from .data.transforms import unit_scale
 from .errors import UserError, closest
-from .import_path import is_import_path
-from .own import check_and_describe
 from .parts import Parts
 from .predict import Classifier
 from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
@@ -116,21 +114,6 @@ def _check_callables(**given: Any) -> None:
             raise UserError(f"{name}= must be callable (a class or a function), not a {type(value).__name__}")
 
 
-def _settings_that_ran(optimizer: dict[str, Any]) -> dict[str, Any]:
-    """The user's optimizer's lr, momentum, weight decay and Nesterov flag, for config.yaml (where it has
-    them): config.yaml then records what ran, not the defaults; parts.yaml has the rest."""
-    found = {}
-    for name in ("lr", "momentum", "weight_decay"):
-        value = optimizer.get(name)
-        if isinstance(value, float | int) and not isinstance(value, bool) and value >= 0:
-            found[name] = float(value)
-    if isinstance(optimizer.get("nesterov"), bool):
-        found["nesterov"] = optimizer["nesterov"]
-    if found.get("lr") == 0:
-        del found["lr"]
-    return found
-
-
 def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     """The configuration of the run in `cfg.resume` (its config.yaml), with the fields of `cfg` that differ
     from the defaults on top, as `paratrain train --resume RUN FLAGS` puts its flags (config.overlay). A
@@ -191,7 +174,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
 def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None) -> dict[str, Any] | None:
     """Plan the run (devices, batch split: the strategy's rules), check what can be checked before any process
     starts, load the data, write config.yaml, and launch the workers."""
-    from . import checkpoint, devices, launch, strategies
+    from . import launch, runplan
     from .train import run_length
 
     fresh = not cfg.resume and not launch.under_torchrun()  # torchrun's starts and restarts carry a run on
@@ -200,44 +183,15 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
                         "carries on the run in --out: clear the folder before launching, or pass a new --out")
     if fresh:
         check_fresh(cfg.out, cfg.overwrite)
-    strategy = strategies.get(cfg.strategy)
-    cfg = strategy.defaults(cfg)
-    if launch.under_torchrun():
-        plan = launch.torchrun_plan(cfg.accelerator, cfg.threads_per_worker)
-        is_main = launch.torchrun_ranks()[0] == 0
-    else:
-        plan = devices.resolve(cfg.accelerator, cfg.devices, cfg.threads_per_worker, cfg.oversubscribe)
-        is_main = True
-    cfg, plan = strategy.plan(cfg, plan, launch.under_torchrun())
-    resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt") if cfg.resume else None
-    if resume is not None and (why := checkpoint.model_mismatch(resume, cfg.model, cfg.resume)):
-        saved = resume["config"].get("model")
-        how = ("in Python: paratrain.fit(model=make_net, config=TrainConfig(resume=...))" if saved == "custom"
-               else f"without a factory of yours (paratrain.fit(model=None, ...)), it trains the registry's {saved}"
-               if cfg.model == "custom" else f"with --model {saved}")
-        raise UserError(f"{why}; resume {how}")
-    if resume is not None and resume["config"].get("dataset") not in (cfg.dataset, None):
-        raise UserError(f"the run in {cfg.resume} trained on {resume['config']['dataset']}; carrying it on with "
-                        f"{cfg.dataset} would mix two datasets in one run: drop --dataset, or start a new run")
-    data = load_data()
-    length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
-    cfg = strategy.prepare(cfg, data, parts)
-    net = None
-    own = parts is not None and bool(parts.model or parts.optimizer or parts.loss)
-    if own or is_import_path(cfg.model):
-        record, net = check_and_describe(parts or Parts(), cfg, data)  # first: a factory that raises is one line
-        if own:
-            parts = dataclasses.replace(parts, record=record)
-            cfg = cfg.replace(**_settings_that_ran(record.get("optimizer", {})))
-    if resume is not None:  # weights that do not fit fail here in one line, not in every worker
-        from .build import make_model
-
-        checkpoint.load_weights(net if net is not None else make_model(cfg, data, parts), resume, cfg.resume,
-                                cfg.to_dict())
+    plan = runplan.make(cfg, load_data, parts)
+    cfg, parts, resume = plan.cfg, plan.parts, plan.resume
+    length = run_length(cfg, len(plan.data.train[1]))
+    is_main = not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0
     if is_main and fresh:  # last: any bad input above leaves the old run as it was
         clear_run(Path(cfg.out))  # --overwrite's run, or the leftovers of one that never took a step
     # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again
     cfg = cfg.replace(overwrite=False)
+    plan = dataclasses.replace(plan, cfg=cfg)
     if is_main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         check_owned(Path(cfg.out))  # again: another user could have made it since check_writable
@@ -252,10 +206,11 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
             elif resume is not None:
                 print(f"paratrain: resuming {cfg.out} from its checkpoint of step {resume['step']}", flush=True)
             name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
-            print(f"paratrain: {name} on {cfg.dataset}, {plan.workers} {plan.accelerator} worker(s) x "
-                  f"{plan.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
+            hw = plan.hardware
+            print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "
+                  f"{hw.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
                   flush=True)
-    summary = launch.run(cfg, plan, data, resume, parts)
+    summary = launch.run(plan)
     if summary is not None:  # the last line (also with --quiet), from the command line and from Python alike
         rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
         print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
@@ -270,7 +225,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     """Test accuracy and mean loss (cross-entropy, or `loss`) of a run's last checkpoint (or a .pt file) on
     one device. `data` defaults to the run's own dataset (a run on tensors of your own needs them again);
     a run of a user's network needs its factory (`model`)."""
-    from . import checkpoint, devices, dist
+    from . import checkpoint, devices, dist, runplan
     from .build import make_batch_transforms
     from .evaluation import evaluate as evaluate_on
 
@@ -297,7 +252,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     # from someone else
     cfg = C.validate(cfg.replace(dataset=dataset, data_dir=data_dir, overwrite=False, **folder,
                                  download=C.TrainConfig.download if download is None else download))
-    device = devices.resolve(accelerator, "1", None).accelerator  # a bad --accelerator fails before any data
+    device = runplan.device_map(devices.resolve(accelerator, "1", None))[0]  # a bad --accelerator fails before any data
     if isinstance(data, torch.utils.data.Dataset):  # decoded into a cache of its own, not into the run
         import tempfile
 
@@ -314,7 +269,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
         splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
     net = _restore(cfg, splits, state, run, model, use_ema)
-    ctx = dist.init(0, 1, 0, device)
+    ctx = dist.init(0, 1, device)
     splits = splits.to(ctx.device)
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
                                  cfg.eval_batch_size, loss)

@@ -17,7 +17,6 @@ import torch.distributed as dist
 class DistContext:
     rank: int
     world_size: int
-    local_rank: int
     device: torch.device
     backend: str | None  # None: a single worker with no process group
 
@@ -63,11 +62,12 @@ def average_gradients(params: Iterable[torch.nn.Parameter], size: int, group: An
         offset += g.numel()
 
 
-def device_for(accelerator: str, local_rank: int) -> torch.device:
-    if accelerator == "gpu":
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+def device_for(name: str | torch.device) -> torch.device:
+    """The device a worker's plan gives it ("cpu", "cuda:1"), made current where it is a GPU."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def loopback_store(rank: int, world_size: int, port: int, timeout_s: float = 300.0) -> dist.TCPStore:
@@ -84,20 +84,20 @@ def loopback_store(rank: int, world_size: int, port: int, timeout_s: float = 300
     return dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timeout, master_listen_fd=sock.detach())
 
 
-def init(rank: int, world_size: int, local_rank: int, accelerator: str, local_port: int | None = None,
+def init(rank: int, world_size: int, device: str | torch.device, local_port: int | None = None,
          timeout_s: float = 300.0) -> DistContext:
     """Join (or, for one worker, skip) the process group: on this machine through a loopback rendezvous at
     `local_port`, or (None) through torchrun's env://."""
-    device = device_for(accelerator, local_rank)
+    device = device_for(device)
     if world_size == 1:
-        return DistContext(0, 1, 0, device, None)
+        return DistContext(0, 1, device, None)
     backend = "nccl" if device.type == "cuda" else "gloo"
     where: dict[str, Any] = {"init_method": "env://"}
     if local_port is not None:
         where = {"store": loopback_store(rank, world_size, local_port, timeout_s)}
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
                             device_id=device if device.type == "cuda" else None, **where)
-    return DistContext(rank, world_size, local_rank, device, backend)
+    return DistContext(rank, world_size, device, backend)
 
 
 def teardown(ctx: DistContext) -> None:

@@ -6,6 +6,7 @@ This is the only module that reads the launcher's environment (RANK, WORLD_SIZE,
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import socket
@@ -13,17 +14,19 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.multiprocessing as mp
 
 from . import dist
 from .config import TrainConfig
-from .data import Splits
 from .devices import Plan, usable_cores
 from .errors import UserError, one_line
 from .interrupt import Stopped, StopRequest
+
+if TYPE_CHECKING:
+    from .runplan import RunPlan
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -36,17 +39,22 @@ def torchrun_ranks() -> tuple[int, int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
 
 
+def local_workers() -> int:
+    """How many workers torchrun started on this node."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", torchrun_ranks()[1]))
+
+
 def torchrun_plan(accelerator: str, threads_per_worker: int | None) -> Plan:
     """The plan torchrun imposes: its world size, and this node's cores shared by its local workers."""
     _, world_size, local_rank = torchrun_ranks()
-    local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    on_node = local_workers()
     n_gpus = torch.cuda.device_count()
     if accelerator == "auto":
         accelerator = "gpu" if n_gpus else "cpu"
     if accelerator == "gpu" and local_rank >= n_gpus:
-        raise UserError(f"torchrun started {local_workers} workers on this node but it has {n_gpus} GPU(s); "
+        raise UserError(f"torchrun started {on_node} workers on this node but it has {n_gpus} GPU(s); "
                         f"use --nproc-per-node {n_gpus} or --accelerator cpu")
-    threads = threads_per_worker or max(1, usable_cores() // local_workers)
+    threads = threads_per_worker or max(1, usable_cores() // on_node)
     return Plan(accelerator, world_size, threads, "nccl" if accelerator == "gpu" else "gloo")
 
 
@@ -93,36 +101,37 @@ def _set_threads(n: int) -> None:
         pass
 
 
-def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | None, plan: Plan,
-                cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None,
-                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False,
-                parts: Any = None) -> dict[str, Any] | None:
+def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | None, plan: RunPlan,
+                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False) -> dict[str, Any] | None:
     """This process as one worker: tune it, join the group, train, leave the group.
     `find_checkpoint`: carry on from the newest checkpoint that any worker of the group was given or finds
     in --out (torchrun, where each node has its own disk)."""
     from .checkpoint import newest_in_group
     from .train import fit
 
+    cfg = plan.cfg
     tune_malloc()
-    _set_threads(plan.threads_per_worker)
-    ctx = dist.init(rank, world_size, local_rank, plan.accelerator, local_port, cfg.collective_timeout)
+    _set_threads(plan.hardware.threads_per_worker)
+    ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout)
     try:
         if find_checkpoint:
-            given = resume is not None
-            resume, restarts = newest_in_group(ctx, *_offer(cfg, resume), restarts)
+            given = plan.resume is not None
+            resume, restarts = newest_in_group(ctx, *_offer(cfg, plan.resume), restarts)
             if resume is not None and not given:
-                cfg = cfg.replace(resume=cfg.out)
+                plan = plan.carried_on(resume, cfg.out)
                 if ctx.is_main:
                     print(f"paratrain: carrying on from the checkpoint of step {resume['step']} found in {cfg.out}",
                           file=sys.stderr, flush=True)
+            else:
+                plan = dataclasses.replace(plan, resume=resume)
         with StopRequest().installed() as stop:
-            return fit(ctx, cfg, data, resume, devices=devices, stop=stop, restarts=restarts, parts=parts)
+            return fit(ctx, plan, devices=devices, stop=stop, restarts=restarts)
     finally:
         dist.teardown(ctx)
 
 
-def _worker(rank: int, world_size: int, port: int, plan: Plan, cfg: TrainConfig, data: Splits,
-            resume: dict[str, Any] | None, restarts: int, heartbeats: Any, result_queue: Any, parts: Any) -> None:
+def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int, heartbeats: Any,
+            result_queue: Any) -> None:
     """Entry point of a spawned worker: a UserError goes to the launcher (which raises it, so a Python
     caller gets the exception and the command line its one line) and becomes the exit code; a collective
     that timed out names the workers whose heartbeat stopped."""
@@ -130,8 +139,7 @@ def _worker(rank: int, world_size: int, port: int, plan: Plan, cfg: TrainConfig,
     beat.start()
     on_loopback()
     try:
-        summary = _train_here(rank, world_size, rank, port, plan, cfg, data, resume,
-                              describe_devices(plan), restarts, parts=parts)
+        summary = _train_here(rank, world_size, rank, port, plan, describe_devices(plan), restarts)
         if summary is not None:
             result_queue.put(summary)
     except UserError as e:  # every worker may meet it (a NaN on one is seen by all); the launcher reads the first
@@ -143,7 +151,7 @@ def _worker(rank: int, world_size: int, port: int, plan: Plan, cfg: TrainConfig,
         silent = [r for r in range(world_size) if time.monotonic() - heartbeats[r] > 3 * HEARTBEAT_S]
         who = ", ".join(map(str, silent)) or "unknown (all heartbeats are recent)"
         print(f"paratrain: error: worker {rank}: a collective waited more than --collective-timeout "
-              f"{cfg.collective_timeout:g} s; the worker(s) that stopped answering: rank {who}", file=sys.stderr,
+              f"{plan.cfg.collective_timeout:g} s; the worker(s) that stopped answering: rank {who}", file=sys.stderr,
               flush=True)
         end_process(TIMEOUT_EXIT)
     end_process(0)
@@ -181,16 +189,16 @@ def _beat(heartbeats: Any, rank: int) -> None:
         time.sleep(HEARTBEAT_S)
 
 
-def describe_devices(plan: Plan) -> list[str]:
-    if plan.accelerator == "gpu":
-        return [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(plan.workers)]
-    return [f"cpu ({plan.threads_per_worker} thread{'s' if plan.threads_per_worker > 1 else ''})"] * plan.workers
+def describe_devices(plan: RunPlan) -> list[str]:
+    """Each worker's device, for summary.json."""
+    threads = plan.hardware.threads_per_worker
+    cpu = f"cpu ({threads} thread{'s' if threads > 1 else ''})"
+    return [f"{d} {torch.cuda.get_device_name(d)}" if d.startswith("cuda") else cpu for d in plan.devices]
 
 
-def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
-        parts: Any = None) -> dict[str, Any] | None:
-    """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks).
-    `parts`: the user's model, optimizer and loss (parts.Parts), or None for the configuration's."""
+def run(plan: RunPlan) -> dict[str, Any] | None:
+    """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks)."""
+    cfg = plan.cfg
     if under_torchrun():
         rank, world_size, local_rank = torchrun_ranks()
         # torchrun --max-restarts starts the workers again after a failure, on every node, but counts the
@@ -198,19 +206,18 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
         # on from the newest one any node has (rank 0 writes them, on its own disk).
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         try:
-            return _train_here(rank, world_size, local_rank, None, plan, cfg, data, resume, None, restarts,
-                               find_checkpoint=True, parts=parts)
+            return _train_here(rank, world_size, local_rank, None, plan, None, restarts, find_checkpoint=True)
         except RuntimeError as e:
             if not _timed_out(e):
                 raise
             raise UserError(f"rank {rank}: a collective waited more than --collective-timeout "
                             f"{cfg.collective_timeout:g} s for a worker that stopped answering (torchrun's agent "
                             "names the one that failed)", code=1) from None
-    if plan.workers == 1:
-        return _train_here(0, 1, 0, None, plan, cfg, data, resume, describe_devices(plan), parts=parts)
+    if plan.hardware.workers == 1:
+        return _train_here(0, 1, 0, None, plan, describe_devices(plan))
     for restarts in range(cfg.max_restarts + 1):
         try:
-            return _spawn(cfg, plan, data, resume, restarts, parts)
+            return _spawn(plan, restarts)
         except WorkerFailed as e:
             # An exception in the user's code is not restarted: a resumed run replays the same steps exactly,
             # so it would raise again at the same step.
@@ -222,8 +229,7 @@ def run(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | Non
                 raise UserError(f"{e}; the run stopped{hint}", code=1) from None
             print(f"paratrain: {e}; restarting all workers from the last checkpoint "
                   f"(restart {restarts + 1} of {cfg.max_restarts})", file=sys.stderr, flush=True)
-            resume = _last_checkpoint(cfg)
-            cfg = cfg.replace(resume=cfg.out) if resume is not None else cfg
+            plan = plan.carried_on(_last_checkpoint(cfg), cfg.out)
     raise AssertionError("unreachable")
 
 
@@ -262,16 +268,17 @@ class WorkerFailed(Exception):
 MAIN_GUARD_EXIT = 5  # a spawned worker found the user's script calling fit as it was imported (api.fit)
 
 
-def _spawn(cfg: TrainConfig, plan: Plan, data: Splits, resume: dict[str, Any] | None,
-           restarts: int, parts: Any = None) -> dict[str, Any]:
+def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
+    cfg = plan.cfg
     port = free_port()
     smp = mp.get_context("spawn")
     results = smp.SimpleQueue()
-    heartbeats = smp.Array("d", [time.monotonic()] * plan.workers, lock=False)
-    # The dataset tensors travel to the workers through shared memory: loaded and checked once, here.
-    context = mp.start_processes(_worker, args=(plan.workers, port, plan, cfg, data, resume, restarts,
-                                                heartbeats, results, parts),
-                                 nprocs=plan.workers, join=False, start_method="spawn")
+    workers = plan.hardware.workers
+    heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
+    # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
+    # its path; loaded and checked once, here.
+    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results),
+                                 nprocs=workers, join=False, start_method="spawn")
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while not context.join(timeout=0.5, grace_period=5):

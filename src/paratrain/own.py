@@ -156,3 +156,18 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
     return value if isinstance(value, bool | int | float | str | type(None)) else repr(value)
+
+
+def settings_that_ran(optimizer: dict[str, Any]) -> dict[str, Any]:
+    """The user's optimizer's lr, momentum, weight decay and Nesterov flag, for config.yaml (where it has
+    them): config.yaml then records what ran, not the defaults; parts.yaml has the rest."""
+    found = {}
+    for name in ("lr", "momentum", "weight_decay"):
+        value = optimizer.get(name)
+        if isinstance(value, float | int) and not isinstance(value, bool) and value >= 0:
+            found[name] = float(value)
+    if isinstance(optimizer.get("nesterov"), bool):
+        found["nesterov"] = optimizer["nesterov"]
+    if found.get("lr") == 0:
+        del found["lr"]
+    return found

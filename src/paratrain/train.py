@@ -35,6 +35,7 @@ from .interrupt import Stopped, StopRequest, signal_name
 from .parts import Parts
 from .phases import PhaseTimer
 from .runlog import RunLog, write_summary
+from .runplan import RunPlan
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -84,16 +85,16 @@ class RunState:
 class Trainer:
     """One worker's training run: build it (set-up), then `run()` it once."""
 
-    def __init__(self, ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
-                 stop: StopRequest | None = None, parts: Parts | None = None, devices: list[str] | None = None,
-                 restarts: int = 0) -> None:
+    def __init__(self, ctx: DistContext, plan: RunPlan, stop: StopRequest | None = None,
+                 devices: list[str] | None = None, restarts: int = 0) -> None:
+        cfg, data = plan.cfg, plan.data
         self.ctx, self.cfg, self.stop_request = ctx, cfg, stop
         self.devices, self.restarts = devices, restarts
-        self.parts = parts or Parts()
+        self.parts = plan.parts or Parts()
         self.loss = self.parts.loss  # None: cross-entropy
         self.length = run_length(cfg, len(data.train[1]))
-        self.strategy = strategies.get(cfg.strategy)(ctx, cfg)
-        self.state = self._set_up(data, resume)
+        self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
+        self.state = self._set_up(data, plan.resume)
         # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
         self.data = data.to(ctx.device)
         self.prep = make_batch_transforms(cfg, self.data, ctx.device)
@@ -358,11 +359,10 @@ class Trainer:
         }
 
 
-def fit(ctx: DistContext, cfg: TrainConfig, data: Splits, resume: dict[str, Any] | None = None,
-        devices: list[str] | None = None, stop: StopRequest | None = None, restarts: int = 0,
-        parts: Parts | None = None) -> dict[str, Any] | None:
-    """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere.
-    `stop` records SIGINT/SIGTERM: the workers then stop together, save, and raise Stopped.
-    `restarts`: how many times the launcher restarted this run after a worker died (for the summary).
-    `parts`: the user's own model factory, optimizer factory and loss, in place of the configuration's."""
-    return Trainer(ctx, cfg, data, resume=resume, stop=stop, parts=parts, devices=devices, restarts=restarts).run()
+def fit(ctx: DistContext, plan: RunPlan, devices: list[str] | None = None, stop: StopRequest | None = None,
+        restarts: int = 0) -> dict[str, Any] | None:
+    """Train, evaluate, write the run directory: this worker's part of the plan (runplan.make). Returns the
+    summary on rank 0, None elsewhere. `stop` records SIGINT/SIGTERM: the workers then stop together, save,
+    and raise Stopped. `restarts`: how many times the launcher restarted this run after a worker died (for
+    the summary)."""
+    return Trainer(ctx, plan, stop=stop, devices=devices, restarts=restarts).run()

@@ -328,18 +328,20 @@ def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) 
 
 def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerator: str,
               devices_per_trial: int) -> dict[str, Any]:
-    """One trial: in this process on one device, or data-parallel on devices_per_trial workers."""
-    from .. import dist
+    """One trial, planned as `paratrain train` plans a run: in this process on one device, or data-parallel
+    on devices_per_trial workers. Pool process `index` owns GPUs index*D .. index*D+D-1."""
+    from .. import dist, runplan
     from ..devices import Plan
     from ..launch import run
     from ..train import fit
 
+    hardware = Plan(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
+    devices = runplan.device_map(hardware, index * devices_per_trial)
+    cfg = cfg.replace(accelerator=accelerator, devices=str(devices_per_trial))
+    plan = runplan.make(cfg, lambda: data, hardware=hardware, devices=devices)
     if devices_per_trial > 1:
-        plan = Plan(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
-        return run(cfg.replace(accelerator=accelerator, devices=str(devices_per_trial)), plan, data, None)
-    ctx = dist.init(0, 1, index if accelerator == "gpu" else 0, accelerator)
-    cfg = cfg.replace(accelerator=accelerator, devices="1")
-    return fit(ctx, cfg, data, None)
+        return run(plan)
+    return fit(dist.init(0, 1, devices[0]), plan)
 
 
 def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,

@@ -1,8 +1,9 @@
 """What a strategy is: the rules for spreading one training over the workers, in the order a run needs them.
 
-Before launch (classmethods, in the launching process, without torch): `check` the options, fill in
-`defaults`, `plan` the batch split over the `copies` of the model, `prepare` what needs the data (a
-pipeline's cuts). In each worker (an instance): `build` the part of the model this worker trains, `restore`
+Before launch (classmethods, in the launching process, without torch; runplan.make calls them): `check` the
+options, fill in `defaults`, `plan` the batch split over the `copies` of the model, `prepare` what needs the
+data (a pipeline's cuts). What the workers must know of these decisions is the plan's `layout`, given to
+the instance. In each worker (an instance): `build` the part of the model this worker trains, `restore`
 its optimizer state, `wrap` it; every step `forward_backward`, `reduce_gradients`, `clip_grad_norm`; and
 `save`, `whole_model` and `summary` for checkpoints, evaluation and summary.json.
 
@@ -62,25 +63,27 @@ class Strategy:
         return workers
 
     @classmethod
-    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan]:
-        """The batch split over the plan's workers, checked once before any process starts."""
+    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan, dict[str, Any]]:
+        """The batch split over the plan's workers, checked once before any process starts; the processes to
+        start; and the strategy's layout (what its workers read from the run's plan)."""
         copies = cls.copies(cfg, plan.workers)
         if cfg.batch_per_worker:
             cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
         if cfg.batch_size % copies:
             raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {cls.unit}; "
                             f"use a multiple of {copies}")
-        return cfg, plan
+        return cfg, plan, {}
 
     @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> TrainConfig:
-        """What is decided once the data is loaded, for every worker alike."""
-        return cfg
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+        """What is decided once the data is loaded, for every worker alike: the resolved configuration, and
+        what it adds to the layout."""
+        return cfg, {}
 
     # ---- in each worker ----
 
-    def __init__(self, ctx: DistContext, cfg: TrainConfig) -> None:
-        self.ctx, self.cfg = ctx, cfg
+    def __init__(self, ctx: DistContext, cfg: TrainConfig, layout: dict[str, Any] | None = None) -> None:
+        self.ctx, self.cfg, self.layout = ctx, cfg, layout or {}
         self.module: Any = None  # what this worker trains (set by build)
         self.model: Any = None  # what it calls: the module, or its wrapper (set by build, wrap)
         self.loss: Any = None

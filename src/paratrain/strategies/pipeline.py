@@ -50,17 +50,17 @@ class PipelineStrategy(Strategy):
         return 1
 
     @classmethod
-    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan]:
-        cfg, plan = super().plan(cfg, plan, under_torchrun)
+    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan, dict[str, Any]]:
+        cfg, plan, layout = super().plan(cfg, plan, under_torchrun)
         copies = cls.copies(cfg, plan.workers)
         if (cfg.batch_size // copies) % cfg.microbatches:
             raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
                             f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
                             f"{copies * cfg.microbatches}")
-        return cfg, plan
+        return cfg, plan, layout
 
     @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> TrainConfig:
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
         from ..batchnorm import has_batchnorm
         from ..build import make_model
 
@@ -69,7 +69,8 @@ class PipelineStrategy(Strategy):
             raise UserError(f"--strategy {cfg.strategy} cannot keep --batchnorm sync: a stage normalises each "
                             "micro-batch, which one device never does; pass --batchnorm local to run it so anyway, "
                             "or use --strategy ddp")
-        return cls.split(cfg, data, parts, model)[0]
+        cfg = cls.split(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
+        return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
 
     @classmethod
     def split(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None,
@@ -106,7 +107,7 @@ class PipelineStrategy(Strategy):
         layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
         side = input_size(cfg.model, data.image_size)
         micro = cfg.batch_size // layout.replicas // cfg.microbatches
-        cuts = [int(c) for c in cfg.split.split(",")]  # resolved once before launch (prepare)
+        cuts = self.layout["cuts"]  # resolved once before launch (prepare)
         self.stage = Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
                               torch.zeros(micro, data.channels, side, side), loss)
         self.module = self.model = self.stage.module
@@ -139,7 +140,7 @@ class PipelineStrategy(Strategy):
         return self.stage.gather_model(), self.stage.gather_optimizer(optimizer)  # collectives: every stage
 
     def summary(self) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, cuts = self.cfg, ",".join(map(str, self.layout["cuts"]))
         return {**super().summary(), "pipeline": {"stages": cfg.stages, "microbatches": cfg.microbatches,
-                                                  "schedule": cfg.schedule, "cuts": cfg.split,
+                                                  "schedule": cfg.schedule, "cuts": cuts,
                                                   "bubble": self.stage.bubble()}}

@@ -21,20 +21,23 @@ class TowerStrategy(Strategy):
     unit = "towers"
 
     @classmethod
-    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan]:
+    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan, dict[str, Any]]:
         """One process whose device is the parameter device; its replicas are the plan's devices (GPUs,
-        or copies on the CPU), recorded in the config so the worker can build them."""
+        or copies on the CPU), in the layout."""
         from .. import devices
+        from ..runplan import device_map
 
-        cfg, plan = super().plan(cfg, plan, under_torchrun)
+        cfg, plan, layout = super().plan(cfg, plan, under_torchrun)
         if under_torchrun:
             raise UserError("--strategy tower runs in one process; start it without torchrun")
         on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
         one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
-        return cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers)), one
+        # config.yaml records the resolved devices, which a resumed run then asks for again
+        return (cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers)), one,
+                {**layout, "replicas": list(device_map(plan))})
 
     @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> TrainConfig:
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
         from ..batchnorm import has_batchnorm
         from ..build import make_model
 
@@ -43,16 +46,14 @@ class TowerStrategy(Strategy):
         if has_batchnorm(make_model(cfg, data, parts)):
             raise UserError("--strategy tower cannot train a network with BatchNorm layers (its replicas would "
                             "update the running statistics wrongly); use --strategy ddp")
-        return cfg
+        return cfg, {}
 
     def wrap(self) -> None:
         import torch
 
         from ..models.tower import Tower
 
-        n = int(self.cfg.devices)
-        gpus = self.cfg.accelerator == "gpu"
-        self.model = Tower(self.module, [torch.device("cuda", i) for i in range(n)] if gpus else [self.ctx.device] * n)
+        self.model = Tower(self.module, [torch.device(d) for d in self.layout["replicas"]])
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "world_size": int(self.cfg.devices)}
+        return {**super().summary(), "world_size": len(self.layout["replicas"])}
