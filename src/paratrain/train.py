@@ -115,10 +115,9 @@ class Trainer:
         # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
         resume = checkpoint.owned(resume) if resume is not None else None
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
-        model = make_model(cfg, data, self.parts)
-        if resume is not None:
-            checkpoint.load_weights(model, resume, cfg.resume, cfg.to_dict())
-        module = self.strategy.build(model, data, self.loss or F.cross_entropy)
+        module = self.strategy.build(make_model(cfg, data, self.parts), data, self.loss or F.cross_entropy)
+        if resume is not None:  # before the optimizer and the EMA are built over it: they start from these weights
+            self.strategy.load(resume)
         state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
                                                   self.length.per_epoch, self.ctx.device))
         if resume is not None:

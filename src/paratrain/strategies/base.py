@@ -3,9 +3,10 @@
 Before launch (classmethods, in the launching process, without torch; runplan.make calls them): `check` the
 options, fill in `defaults`, `plan` the batch split over the `copies` of the model, `prepare` what needs the
 data (a pipeline's cuts). What the workers must know of these decisions is the plan's `layout`, given to
-the instance. In each worker (an instance): `build` the part of the model this worker trains, `restore`
-its optimizer state, `wrap` it; every step `forward_backward`, `reduce_gradients`, `clip_grad_norm`; and
-`save`, `whole_model` and `summary` for checkpoints, evaluation and summary.json.
+the instance. In each worker (an instance): `build` the part of the model this worker trains, `load` a
+checkpoint's weights into it and `restore` its optimizer state (a strategy owns loading as it owns saving:
+a sharded strategy would read its shards), `wrap` it; every step `forward_backward`, `reduce_gradients`,
+`clip_grad_norm`; and `save`, `whole_model` and `summary` for checkpoints, evaluation and summary.json.
 
 The hooks leave room for a strategy whose workers do not hold the whole model: `build` returns whatever
 module this worker updates (a pipeline stage here; sharded tensors under FSDP2), `save` decides who writes
@@ -95,10 +96,17 @@ class Strategy:
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
         """The module whose parameters this worker updates, on its device (the optimizer is built over it).
-        `model` is the whole model with its initial (or resumed) weights, on the CPU."""
+        `model` is the whole model with its initial weights, on the CPU (`load` then loads a checkpoint)."""
         self.loss = loss
         self.module = self.model = model.to(self.ctx.device)
         return self.module
+
+    def load(self, resume: dict) -> None:
+        """Load a checkpoint's weights into what this worker trains (after `build`; the checkpoint holds the
+        whole model, as `save` writes it)."""
+        from .. import checkpoint
+
+        checkpoint.load_weights(self.module, resume, self.cfg.resume, self.cfg.to_dict())
 
     def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load a whole-model optimizer state (a checkpoint's) into this worker's optimizer."""

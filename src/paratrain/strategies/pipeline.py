@@ -123,6 +123,13 @@ class PipelineStrategy(Strategy):
         if self.stage.layout.replicas > 1:
             broadcast_buffers(module, group=self.stage.dp_group)
 
+    def load(self, resume: dict) -> None:
+        """This stage's layers of the whole model's weights (the stage names its layers as the whole does)."""
+        from .. import checkpoint
+
+        mine = {k: v for k, v in resume["model"].items() if k.split(".", 1)[0] in self.stage.module._modules}
+        checkpoint.load_weights(self.module, {**resume, "model": mine}, self.cfg.resume, self.cfg.to_dict())
+
     def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         self.stage.load_optimizer(optimizer, state)
 
