@@ -35,7 +35,8 @@ DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tens
 def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = None,
         config: C.TrainConfig | None = None, *,
         optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
-        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> dict[str, Any] | None:
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        cache_key: str | None = None) -> dict[str, Any] | None:
     """Train on 1..N local workers (or in torchrun's group) and return the summary that summary.json holds
     (None on torchrun ranks other than 0).
 
@@ -53,6 +54,10 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         (a field left at its default keeps the run's value).
     optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
     loss: `loss(logits, targets)`, the batch mean (None: cross-entropy).
+    cache_key: a name for a Dataset's decoded cache, kept under `config.cache_dir` (else ~/.cache/paratrain)
+        in datasets/KEY and reopened by every later run given the same key (while it holds as many images
+        of the size asked); without it the cache lives in the run directory. A Dataset has no files whose
+        changes paratrain could notice: give a new key when its content changes.
     Raises UserError for bad input, with a message that says what to do.
     """
     import multiprocessing
@@ -89,7 +94,11 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     cfg = C.validate(C.with_run_dir(cfg))
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
-    return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg), Parts(model, optimizer, loss))
+    if cache_key is not None and not isinstance(data, torch.utils.data.Dataset):
+        raise UserError("cache_key names the cache of a torch Dataset given as data; a folder's cache is found by "
+                        "its path (and config.cache_dir), a dataset name's needs none")
+    return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key),
+                 Parts(model, optimizer, loss))
 
 
 def _is_folder(data: Any) -> bool:
@@ -125,17 +134,22 @@ def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     return C.overlay(C.of_run(cfg.resume, f"resume={cfg.resume}"), changed)
 
 
-def as_splits(data: DataLike, cfg: C.TrainConfig) -> Splits:
+def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None) -> Splits:
     """The training, validation and test sets as a `Splits` (normalised with the training set's statistics)."""
     if isinstance(data, Splits):
         return data
     if isinstance(data, str):
         return load_for(cfg if cfg.dataset == "imagefolder" else cfg.replace(dataset=data))
-    if isinstance(data, torch.utils.data.Dataset):  # decoded once into a cache in the run directory
+    if isinstance(data, torch.utils.data.Dataset):  # decoded once into a cache: the run's, or one the user names
+        from . import launch
         from .data import folder
 
-        return folder.from_dataset(data, Path(cfg.out) / "data-cache", cfg.image_size, cfg.val_size, cfg.test_size,
-                                   reuse=bool(cfg.resume), quiet=cfg.quiet)
+        if cache_key is not None:
+            where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir), True
+        else:  # torchrun's ranks (fresh or not) share what the first one built
+            where, reuse = Path(cfg.out) / "data-cache", bool(cfg.resume) or launch.under_torchrun()
+        return folder.from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse,
+                                   quiet=cfg.quiet)
     if not isinstance(data, dict):
         raise UserError(f"data must be a dataset name, an image folder's path, a torch Dataset of (image, label) "
                         f"pairs, a Splits, or a dict with 'train', 'val' and 'test' (images, labels) pairs; not a "

@@ -119,8 +119,19 @@ def cache_folder(root: Path, image_size: int | None, cache_dir: str | None) -> P
     inside = root / ".paratrain-cache"
     if os.access(root, os.W_OK) and (not inside.exists() or os.access(inside, os.W_OK)):
         return inside / key
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "paratrain" / key
+    return user_cache() / key
+
+
+def user_cache() -> Path:
+    """The user's cache folder for paratrain (XDG_CACHE_HOME, else ~/.cache)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paratrain"
+
+
+def dataset_cache(key: str, cache_dir: str | None) -> Path:
+    """Where a Dataset's cache named `key` lives: under --cache-dir, else the user's cache folder."""
+    if not key or key in (".", "..") or "/" in key or "\\" in key:
+        raise UserError(f"cache_key {key!r} must be a plain name (letters, digits, - or _), not a path")
+    return (Path(cache_dir).expanduser() if cache_dir else user_cache()) / "datasets" / key
 
 
 def open_cache(folder: Path, stamps: list[list]) -> dict | None:
@@ -319,9 +330,14 @@ def _bar(total: int, quiet: bool):  # noqa: ANN202
 
 # ---- the splits ----
 
-def _held_out(n: int, val_size: int, test_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A seeded split of n examples into train, val and test positions (each sorted)."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
+def _held_out(keys: list[str], val_size: int, test_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A seeded split of examples named by `keys` (file paths, item numbers) into train, val and test
+    positions (each sorted). Each example's place follows a hash of its name, not its position: an image
+    added to a folder joins one split and moves at most one other, so a test set stays (nearly) the same."""
+    def place(i: int) -> bytes:
+        return hashlib.sha1(f"{SPLIT_SEED}|{keys[i]}".encode()).digest()
+
+    perm = np.asarray(sorted(range(len(keys)), key=place), dtype=np.int64)
     test, val, train = perm[:test_size], perm[test_size:test_size + val_size], perm[test_size + val_size:]
     return np.sort(train), np.sort(val), np.sort(test)
 
@@ -356,19 +372,28 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
             folder = median
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(folder):  # one build at a time (torchrun's ranks, two runs): the others then open it
+        # One build at a time (torchrun's ranks, two runs): the others wait, then open it. The files are read
+        # under the lock too, so that another run's rebuild cannot slip in between the images and the labels.
+        with _locked(folder, quiet):
             manifest = open_cache(folder, stamps)
             if manifest is None:
                 # Spawning the decoding processes costs seconds (each imports torch): worth it for thousands
                 # of images (benchmarks/image_cache.py: 1,500 small PNGs decoded faster in this process)
                 default = usable_cores() if len(listing.files) >= PARALLEL_FROM else 1
                 manifest = build_cache(listing, stamps, folder, image_size, skip_bad, workers or default, quiet)
+            return _splits(folder, manifest, _folder_rows(listing, manifest, root, val_size, test_size, skip_bad),
+                           "imagefolder", listing.classes)
     except BrokenProcessPool:  # a decoding process died: most often a script that calls fit when imported
         raise UserError("a process decoding the images stopped; if you call paratrain.fit from a script, put the "
                         'call under `if __name__ == "__main__":` (the decoding processes import it again)') from None
     except OSError as e:
         raise UserError(f"cannot write the image cache in {folder.parent} ({e.strerror or e}); pass --cache-dir "
                         "DIR with a folder you can write") from None
+
+
+def _folder_rows(listing: Listing, manifest: dict, root: str, val_size: int | None, test_size: int | None,
+                 skip_bad: bool) -> dict[str, np.ndarray]:
+    """The cache rows of each split: the split folders', or held out by a seeded hash of the file names."""
     if manifest["skipped"] and not skip_bad:  # built with --skip-bad-images: without it, stop as a build would
         first, why = next(iter(manifest["skipped"].items()))
         raise UserError(f"{listing.root / first} is not a readable image ({why[:120]}); remove or replace it, or "
@@ -376,29 +401,30 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
     kept = np.asarray(manifest["kept"], dtype=np.int64)
     position = {int(f): i for i, f in enumerate(kept)}  # file index -> row of the cache
     if "all" in listing.split_of:
-        rows = _seeded_rows(len(kept), val_size, test_size, root)
-    else:
-        rows = {s: np.asarray([position[int(i)] for i in listing.split_of.get(s, []) if int(i) in position],
-                              dtype=np.int64) for s in SPLITS}
-        # no val/ or test/ folder: held out of train/ (a tenth each, or --val-size, --test-size)
-        n = len(rows["train"])
-        val_n = 0 if "val" in listing.split_of else n // 10 if val_size is None else val_size
-        test_n = 0 if "test" in listing.split_of else n // 10 if test_size is None else test_size
-        if val_n + test_n >= n:
-            raise UserError(f"holding out {val_n} images for validation and {test_n} for testing leaves none of "
-                            f"the {n} in {root}/train to train on; lower --val-size or --test-size")
-        train, val, test = (rows["train"][p] for p in _held_out(n, val_n, test_n))
-        rows["train"] = train
-        if "val" not in listing.split_of:
-            rows["val"] = val
-        if "test" not in listing.split_of:
-            rows["test"] = test
-    return _splits(folder, manifest, rows, "imagefolder", listing.classes)
+        return _seeded_rows([listing.files[i] for i in kept], val_size, test_size, root)
+    rows = {s: np.asarray([position[int(i)] for i in listing.split_of.get(s, []) if int(i) in position],
+                          dtype=np.int64) for s in SPLITS}
+    # no val/ or test/ folder: held out of train/ (a tenth each, or --val-size, --test-size)
+    n = len(rows["train"])
+    val_n = 0 if "val" in listing.split_of else n // 10 if val_size is None else val_size
+    test_n = 0 if "test" in listing.split_of else n // 10 if test_size is None else test_size
+    if val_n + test_n >= n:
+        raise UserError(f"holding out {val_n} images for validation and {test_n} for testing leaves none of "
+                        f"the {n} in {root}/train to train on; lower --val-size or --test-size")
+    names = [listing.files[kept[r]] for r in rows["train"]]
+    train, val, test = (rows["train"][p] for p in _held_out(names, val_n, test_n))
+    rows["train"] = train
+    if "val" not in listing.split_of:
+        rows["val"] = val
+    if "test" not in listing.split_of:
+        rows["test"] = test
+    return rows
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """An exclusive lock on `folder`'s lock file (flock: released if the process dies)."""
+def _locked(folder: Path, quiet: bool = True) -> Iterator[None]:
+    """An exclusive lock on `folder`'s lock file (flock: released if the process dies); says so when it
+    waits for another process (unless `quiet`)."""
     import errno
     import fcntl
 
@@ -410,7 +436,13 @@ def _locked(folder: Path) -> Iterator[None]:
     try:
         if fd >= 0:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    if not quiet:
+                        print(f"paratrain: waiting for another process that builds the image cache {folder}",
+                              file=sys.stderr, flush=True)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
             except OSError as e:  # a filesystem without locks (NFS mounted nolock, some parallel ones)
                 if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EACCES, errno.EROFS):
                     raise
@@ -420,13 +452,14 @@ def _locked(folder: Path) -> Iterator[None]:
             os.close(fd)  # closing releases the lock
 
 
-def _seeded_rows(n: int, val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
+def _seeded_rows(keys: list[str], val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
+    n = len(keys)
     val_n = n // 10 if val_size is None else val_size
     test_n = n // 10 if test_size is None else test_size
     if val_n + test_n >= n:
         raise UserError(f"--val-size {val_n} and --test-size {test_n} leave no training images of the {n} in "
                         f"{where}; lower them")
-    return dict(zip(SPLITS, _held_out(n, val_n, test_n), strict=True))
+    return dict(zip(SPLITS, _held_out(keys, val_n, test_n), strict=True))
 
 
 def _splits(folder: Path, manifest: dict, rows: dict[str, np.ndarray], name: str, classes: list[str]) -> Splits:
@@ -470,20 +503,23 @@ def from_dataset(dataset: Any, cache: Path, image_size: int | None, val_size: in
     """A map-style Dataset of (image, label) pairs decoded once into a cache at `cache` (reopened when `reuse`
     and it holds as many images), then split as a folder without split folders is."""
     n = len(dataset)
-    manifest = _open_dataset_cache(cache, n) if reuse else None
-    if manifest is None:
-        manifest = _build_from_dataset(dataset, n, cache, image_size, quiet)
-    classes = manifest["classes"]
-    return _splits(cache, manifest, _seeded_rows(n, val_size, test_size, "the dataset"), "custom", classes)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(cache, quiet):  # torchrun's ranks of one node build it once; the others wait, then open it
+        manifest = _open_dataset_cache(cache, n, image_size) if reuse else None
+        if manifest is None:
+            manifest = _build_from_dataset(dataset, n, cache, image_size, quiet)
+        rows = _seeded_rows([str(i) for i in range(n)], val_size, test_size, "the dataset")
+        return _splits(cache, manifest, rows, "custom", manifest["classes"])
 
 
-def _open_dataset_cache(cache: Path, n: int) -> dict | None:
+def _open_dataset_cache(cache: Path, n: int, image_size: int | None) -> dict | None:
     try:
         manifest = json.loads((cache / "manifest.json").read_text())
         images = np.load(cache / "images.npy", mmap_mode="r")
     except (OSError, ValueError):
         return None
     ok = manifest.get("version") == CACHE_VERSION and manifest.get("count") == n == images.shape[0]
+    ok = ok and image_size in (None, images.shape[-1])
     return manifest if ok else None
 
 

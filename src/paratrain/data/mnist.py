@@ -135,6 +135,19 @@ def _download(root: Path, family: Family) -> None:
                         "copy the four IDX files there and pass --data-dir") from None
 
 
+def _check_family(train_x: torch.Tensor, family: Family, root: Path) -> None:
+    """The three sets share their file names: a full training file whose mean pixel is another family's
+    (to 0.005, where theirs lie 0.06 and more apart) is that family's, not the one asked for."""
+    if len(train_x) != MAX_IMAGES:
+        return
+    mean = float(train_x.double().mean()) / 255
+    other = next((f for f in FAMILIES.values() if abs(mean - f.mean[0]) < 0.005), family)
+    if other is not family:
+        flag = next(k for k, f in FAMILIES.items() if f is other)
+        raise UserError(f"the files in {root} hold {other.title}, not {family.title} (their mean pixel is "
+                        f"{other.title}'s); pass --dataset {flag}, or --data-dir to {family.title}'s files")
+
+
 def load(data_dir: str, download: bool, val_size: int | None, name: str = "mnist") -> Splits:
     family, root = FAMILIES[name], Path(data_dir)
     paths = {key: _find(root, stem, family) for key, stem in FILES.items()}
@@ -154,6 +167,7 @@ def load(data_dir: str, download: bool, val_size: int | None, name: str = "mnist
                             "the files do not belong together, download them again")
         if len(y) and int(y.max()) > 9:
             raise UserError(f"{family.title} {kind} labels hold a class above 9; the label file is corrupt")
+    _check_family(train_x, family, root)
     val = VAL_SIZE if val_size is None else val_size
     if val >= len(train_y):
         raise UserError(f"--val-size {val} leaves no training examples ({family.title} has {len(train_y)})")
