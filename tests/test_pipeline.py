@@ -159,3 +159,53 @@ def test_pipeline_flag_errors(flags: tuple[str, ...], message: str, capsys: pyte
     assert code == 2 and message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
+
+
+class _Blocks(torch.nn.Module):
+    """A network that is not an nn.Sequential but applies its children in order."""
+
+    def __init__(self, skip: bool = False) -> None:
+        super().__init__()
+        self.skip = skip
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten())
+        self.head = torch.nn.Linear(4 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.head(self.features(x))
+        return out + 1 if self.skip else out  # skip: something beside the children, so not a sequence
+
+
+def test_a_module_that_applies_its_children_in_order_is_cut_by_name() -> None:
+    from paratrain.strategies.stages import layers_of
+
+    net = _Blocks()
+    layers = layers_of(net, "blocks", torch.zeros(1, 1, 8, 8))
+    assert list(layers._modules) == ["features", "head"]
+    assert layers.state_dict().keys() == net.state_dict().keys()  # a checkpoint loads back into the network
+    with pytest.raises(UserError, match="or a module whose forward applies its children in order.; 'odd' is not"):
+        layers_of(_Blocks(skip=True), "odd", torch.zeros(1, 1, 8, 8))
+
+
+@pytest.mark.integration
+def test_an_imported_network_of_named_blocks_trains_as_a_pipeline(tmp_path: Path) -> None:
+    (tmp_path / "blocks.py").write_text(
+        "import torch\n\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self, channels, image_size, num_classes):\n"
+        "        super().__init__()\n"
+        "        self.features = torch.nn.Sequential(torch.nn.Conv2d(channels, 6, 5), torch.nn.ReLU(),\n"
+        "                                            torch.nn.MaxPool2d(2), torch.nn.Flatten())\n"
+        "        self.head = torch.nn.Sequential(torch.nn.Linear(6 * ((image_size - 4) // 2) ** 2, 32),\n"
+        "                                        torch.nn.ReLU(),\n"
+        "                                        torch.nn.Linear(32, num_classes))\n\n"
+        "    def forward(self, x):\n"
+        "        return self.head(self.features(x))\n")
+    args = ("--model", f"{tmp_path / 'blocks.py'}:Net", "--steps", "8", "--batch-size", "64", "--optimizer", "sgd",
+            "--lr", "0.01", "--momentum", "0.9", "--no-tensorboard")
+    one = train(tmp_path / "one", *args, "--devices", "1")
+    assert one["world_size"] == 1
+    pipe = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2", "--split", "1")
+    assert pipe["pipeline"]["cuts"] == "1" and pipe["world_size"] == 2
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "pipe")) < 2e-6
+    proc = run_cli("eval", "--checkpoint", str(tmp_path / "pipe"))  # the checkpoint loads into the network
+    assert proc.returncode == 0 and f"{pipe['test_accuracy']:.4f}" in proc.stdout, proc.stderr

@@ -83,9 +83,10 @@ class PipelineStrategy(Strategy):
         from ..models import input_size
         from . import stages
 
-        model = stages.layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model)
         side = input_size(cfg.model, data.image_size)
-        cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, torch.zeros(1, data.channels, side, side))
+        example = torch.zeros(1, data.channels, side, side)
+        model = stages.layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model, example)
+        cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, example)
         return cfg.replace(split=",".join(map(str, cuts))), stages.split_table(model, cuts, costs)
 
     # ---- in each worker: its stage ----
@@ -108,8 +109,9 @@ class PipelineStrategy(Strategy):
         side = input_size(cfg.model, data.image_size)
         micro = cfg.batch_size // layout.replicas // cfg.microbatches
         cuts = self.layout["cuts"]  # resolved once before launch (prepare)
-        self.stage = Pipeline(layers_of(model, cfg.model), cuts, layout, ctx.device, cfg.microbatches, cfg.schedule,
-                              torch.zeros(micro, data.channels, side, side), loss)
+        example = torch.zeros(micro, data.channels, side, side)
+        self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, layout, ctx.device, cfg.microbatches,
+                              cfg.schedule, example, loss)
         self.module = self.model = self.stage.module
         if cfg.batchnorm == "local" and ctx.is_main and not cfg.quiet and has_batchnorm(model):
             print(f"paratrain: note: --strategy {cfg.strategy} with --batchnorm local: each stage normalises its "

@@ -29,11 +29,32 @@ from ..errors import UserError
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
 
 
-def layers_of(model: nn.Module, name: str) -> nn.Sequential:
-    if not isinstance(model, nn.Sequential):
-        raise UserError(f"--strategy pipeline/hybrid needs a model that is a sequence of layers (lenet5, convnet, "
-                        f"cifar10-net, mlp); '{name}' is not one")
-    return model
+def layers_of(model: nn.Module, name: str, example: torch.Tensor) -> nn.Sequential:
+    """The model as a sequence of layers: an nn.Sequential as it is; another module whose forward is its
+    children applied in order (checked on `example`: the same output, exactly) as an nn.Sequential of those
+    children under their own names, so that its weights keep the model's names (checkpoints load back into
+    the model)."""
+    if isinstance(model, nn.Sequential):
+        return model
+    children = OrderedDict(model.named_children())
+    own = list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False))
+    if children and not own and _same_output(model, nn.Sequential(children), example):
+        return nn.Sequential(children)
+    raise UserError(f"--strategy pipeline/hybrid needs a model that is a sequence of layers (lenet5, convnet, "
+                    f"cifar10-net, mlp, an nn.Sequential, or a module whose forward applies its children in "
+                    f"order); '{name}' is not one")
+
+
+def _same_output(model: nn.Module, layers: nn.Sequential, example: torch.Tensor) -> bool:
+    was_training = model.training
+    model.eval()  # no BatchNorm statistics or dropout draws spent on the check
+    try:
+        with torch.no_grad():
+            return bool(torch.equal(model(example), layers(example)))
+    except Exception:  # noqa: BLE001 (a forward that needs more than the children: not a sequence)
+        return False
+    finally:
+        model.train(was_training)
 
 
 # ---- where to cut (pure functions, and the counted cost they balance) ----
@@ -189,7 +210,8 @@ class Pipeline:
         lo, hi = stage_bounds(cuts, len(full))[layout.stage]
         # The whole model, for evaluation only; the stage trains its own layers (named as in the whole).
         self.full = copy.deepcopy(full).to(device)
-        self.module = nn.Sequential(OrderedDict((str(i), full[i]) for i in range(lo, hi))).to(device)
+        # named as in the whole model, so that the stages' weights gather into it (and a checkpoint loads back)
+        self.module = nn.Sequential(OrderedDict(list(full.named_children())[lo:hi])).to(device)
         counts = [sum(1 for _ in full[i].parameters()) for i in range(len(full))]
         self.param_offset, self.param_total = sum(counts[:lo]), sum(counts)
         with torch.no_grad():  # the shape of a micro-batch where it enters this stage
