@@ -520,3 +520,10 @@ def test_a_network_with_more_scores_than_classes_gets_a_note(tmp_path: Path, cap
     cfg = paratrain.TrainConfig(steps=1, out=str(tmp_path / "r"), tensorboard=False, devices="1")
     paratrain.fit(lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(12)), "digits", cfg)
     assert "your network gives 12 scores per image and the data has 10 classes" in capsys.readouterr().out
+
+
+def test_python_callers_read_field_names_not_flags(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="^devices must be 'auto' or a positive number, not '0'$"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(devices=0, out=str(tmp_path / "r")))
+    with pytest.raises(UserError, match="^image_size is for dataset imagefolder, not digits$"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(image_size=32, out=str(tmp_path / "r")))

@@ -91,7 +91,10 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         cfg = cfg.replace(dataset=data)
     elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
         cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
-    cfg = C.validate(C.with_run_dir(cfg))
+    try:
+        cfg = C.validate(C.with_run_dir(cfg))
+    except UserError as e:  # in the words of the TrainConfig the caller wrote, not of the flags
+        raise UserError(C.in_python_words(str(e)), e.code) from None
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     if cache_key is not None and not isinstance(data, torch.utils.data.Dataset):

@@ -408,3 +408,15 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
     if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
         _bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
+
+
+def in_python_words(message: str) -> str:
+    """A validation message for a Python caller: `--val-size` becomes `val_size`, the TrainConfig field
+    it set (flags that are not fields stay as they are)."""
+    import re
+
+    def field(m: re.Match) -> str:
+        name = m.group(1).replace("-", "_")
+        return name if name in FIELDS else m.group(0)
+
+    return re.sub(r"--([a-z][a-z0-9-]*)", field, message)
