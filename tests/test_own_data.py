@@ -527,3 +527,33 @@ def test_python_callers_read_field_names_not_flags(tmp_path: Path) -> None:
         paratrain.fit(None, "digits", paratrain.TrainConfig(devices=0, out=str(tmp_path / "r")))
     with pytest.raises(UserError, match="^image_size is for dataset imagefolder, not digits$"):
         paratrain.fit(None, "digits", paratrain.TrainConfig(image_size=32, out=str(tmp_path / "r")))
+
+
+def test_what_a_new_user_tried(shapes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    # a TensorDataset's labels are 0-d tensors: class indices like any other
+    x = torch.rand(12, 3, 8, 8)
+    pairs = torch.utils.data.TensorDataset(x, torch.arange(12) % 3)
+    assert folder._item(pairs, 4)[1] == 1
+    one_class = torch.utils.data.TensorDataset(x, torch.zeros(12, dtype=torch.long))
+    with pytest.raises(UserError, match="every item of your dataset has the label 0; a classifier needs at least two"):
+        paratrain.fit(None, one_class, paratrain.TrainConfig(steps=1, out=str(tmp_path / "one"), **QUICK))
+    # model= takes an import path too, as config.model does
+    summary = paratrain.fit(f"{EXAMPLE}:build", "digits", paratrain.TrainConfig(steps=1, out=str(tmp_path / "r"),
+                                                                                 **QUICK))
+    assert summary["model"] == f"{EXAMPLE}:build"
+    # a typo in the factory's name is found before a new folder is decoded
+    make_shapes.write(tmp_path / "fresh", 3)
+    monkeypatch.setattr(folder, "build_cache", lambda *a, **k: pytest.fail("decoded before the model was found"))
+    _one_line(capsys, _main(["train", "--model", f"{EXAMPLE}:biuld", "--dataset", "imagefolder", "--data-dir",
+                             str(tmp_path / "fresh"), "--steps", "1"]), "has no 'biuld'; it defines: ")
+    monkeypatch.undo()
+    # paratrain eval RUN, and a folder run's test folder named in the line that asks for it
+    assert _main(["train", "--model", f"{EXAMPLE}:build", "--dataset", "imagefolder", "--data-dir", str(shapes),
+                  "--steps", "2", "--devices", "1", "--batch-size", "16", "--quiet", "--no-tensorboard", "--out",
+                  str(tmp_path / "f")]) == 0
+    capsys.readouterr()
+    _one_line(capsys, _main(["eval", str(tmp_path / "f")]),
+              f"name the image folder to test on: paratrain eval --data-dir DIR (Python: evaluate(run, DIR)); the "
+              f"run trained on {shapes}")
+    assert _main(["eval", str(tmp_path / "f"), "--data-dir", str(shapes)]) == 0
+    assert "test_accuracy" in capsys.readouterr().out

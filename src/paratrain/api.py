@@ -41,7 +41,8 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     (None on torchrun ranks other than 0).
 
     model: a factory that builds the network, called with whichever of `channels`, `image_size` and
-        `num_classes` (the data's) it names (None: `config.model`, a registry name or an import path).
+        `num_classes` (the data's) it names; or a registry name or an import path ("nets.py:build"), as
+        config.model takes them (None: `config.model`).
     data: a dataset name ("digits", "mnist", "cifar10", "synthetic"), the path of an image folder (a
         sub-folder per class; train/, val/, test/ where it has them), a map-style torch Dataset of (image,
         label) pairs (decoded once into RUN_DIR/data-cache, then split as a folder is), a `Splits`, or a
@@ -68,11 +69,13 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         # This is a spawned worker importing the user's script, which calls fit at import (no __main__ guard):
         # leave quietly, before any work; the parent sees the exit code and says what to do.
         os._exit(launch.MAIN_GUARD_EXIT)
-    _check_callables(model=model, optimizer=optimizer, loss=loss)
     if config is not None and not isinstance(config, C.TrainConfig):
         raise UserError(f"config must be a paratrain.TrainConfig, not a {type(config).__name__}; "
                         "e.g. TrainConfig(steps=100)")
     cfg = config or C.TrainConfig()
+    if isinstance(model, str):  # a registry name or an import path, as config.model takes it
+        cfg, model = cfg.replace(model=model), None
+    _check_callables(model=model, optimizer=optimizer, loss=loss)
     if cfg.resume:
         cfg = resumed(cfg)
     if model is not None:
@@ -267,6 +270,9 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
               "skip_bad_images": cfg.skip_bad_images and dataset == "imagefolder"}
     # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come
     # from someone else
+    if dataset == "imagefolder" and data_dir is None:
+        raise UserError(f"name the image folder to test on: paratrain eval --data-dir DIR (Python: evaluate(run, "
+                        f"DIR)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never followed")
     cfg = C.validate(cfg.replace(dataset=dataset, data_dir=data_dir, overwrite=False, **folder,
                                  download=C.TrainConfig.download if download is None else download))
     device = runplan.device_map(devices.resolve(accelerator, "1", None))[0]  # a bad --accelerator fails before any data

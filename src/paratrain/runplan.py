@@ -63,16 +63,23 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     torchrun = launch.under_torchrun()
     if hardware is None:
         hardware = _hardware(cfg, torchrun)
-    cfg, hardware, layout = strategy.plan(cfg, hardware, torchrun)
+    if devices is None:  # under torchrun: this node's workers, by local rank
+        devices = device_map(dataclasses.replace(hardware, workers=launch.local_workers()) if torchrun else hardware)
+    cfg, planned, layout = strategy.plan(cfg, hardware, torchrun)
+    if "replicas" in layout:  # devices driven from one process (the tower), named by their place in the map
+        layout = {**layout, "replicas": [devices[i] for i in layout["replicas"]]}
+    devices = tuple(d if planned.accelerator == "gpu" else "cpu" for d in devices[:planned.workers])
     if resume is None and cfg.resume:
         resume = _resume(cfg)
+    if is_import_path(cfg.model):  # a typo in the path fails before the data is decoded, not after
+        from .models.imported import resolve
+
+        resolve(cfg.model)
     data = load_data()
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg, more = strategy.prepare(cfg, data, parts)
     cfg, parts = _check_own(cfg, data, parts, resume)
-    if devices is None:  # under torchrun: this node's workers, by local rank
-        devices = device_map(dataclasses.replace(hardware, workers=launch.local_workers()) if torchrun else hardware)
-    return RunPlan(cfg, hardware, devices, data, resume, parts, {**layout, **more})
+    return RunPlan(cfg, planned, devices, data, resume, parts, {**layout, **more})
 
 
 def _hardware(cfg: C.TrainConfig, torchrun: bool) -> Plan:

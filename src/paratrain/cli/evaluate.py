@@ -9,7 +9,8 @@ from .. import config as C
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
-    p.add_argument("--checkpoint", required=True, help="a .pt file or a run directory")
+    p.add_argument("run_dir", metavar="RUN", nargs="?", help="a run directory or a .pt file (or --checkpoint)")
+    p.add_argument("--checkpoint", help="a .pt file or a run directory")
     p.add_argument("--dataset", choices=C.DATASETS[:-1], help="default: the checkpoint's dataset")
     p.add_argument("--data-dir", help="the dataset's folder (default: ./data/<dataset>; never the checkpoint's)")
     p.add_argument("--no-download", dest="download", action="store_false", default=None,
@@ -20,9 +21,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import api
+    from ..errors import UserError
 
-    result = api.evaluate(args.checkpoint, dataset=args.dataset, data_dir=args.data_dir, download=args.download,
-                          accelerator=args.accelerator)
+    if (args.run_dir is None) == (args.checkpoint is None):
+        raise UserError("name one checkpoint: paratrain eval RUN_DIR (or --checkpoint RUN_DIR_OR_PT)")
+    result = api.evaluate(args.run_dir or args.checkpoint, dataset=args.dataset, data_dir=args.data_dir,
+                          download=args.download, accelerator=args.accelerator)
     print(f"test_accuracy {result['test_accuracy']:.4f}  test_loss {result['test_loss']:.4f}  "
           f"({result['test_examples']} {result['dataset']} test images, {result['model']}"
           f"{' EMA' if result['ema'] else ''} weights, step {result['step']})")

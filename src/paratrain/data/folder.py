@@ -526,7 +526,8 @@ def _open_dataset_cache(cache: Path, n: int, image_size: int | None) -> dict | N
 def _item(dataset: Any, i: int) -> tuple[Any, int]:
     try:
         image, label = dataset[i]
-        value = label.item() if isinstance(label, torch.Tensor | np.generic) and np.size(label) == 1 else label
+        one = label.numel() == 1 if isinstance(label, torch.Tensor) else np.size(label) == 1
+        value = label.item() if isinstance(label, torch.Tensor | np.generic | np.ndarray) and one else label
         if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
             raise ValueError(f"the label {label!r} is not a class index")
         return _as_pil(image), int(value)
@@ -564,6 +565,9 @@ def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | Non
             raise UserError("your dataset has a negative label; labels must be class indices 0..K-1")
         names = getattr(dataset, "classes", None)
         k = int(labels.max()) + 1
+        if len(np.unique(labels)) < 2:
+            raise UserError(f"every item of your dataset has the label {int(labels[0])}; a classifier needs at "
+                            "least two classes")
         classes = [str(c) for c in names] if isinstance(names, list | tuple) and len(names) >= k else \
             [str(c) for c in range(k)]
         np.save(tmp / "labels.npy", labels)

@@ -35,7 +35,7 @@ def resolve(name: str) -> Callable[..., Any]:
         raise UserError(f"--model {name}: {head} has no '{tail}'" +
                         (f"; it defines: {', '.join(found[:8])}" if found else ""))
     if not callable(factory):
-        raise UserError(f"--model {name}: '{tail}' is a {type(factory).__name__}, not a class or function that "
+        raise UserError(f"--model {name}: '{tail}' is {_a(type(factory).__name__)}, not a class or function that "
                         "builds the network")
     return factory
 
@@ -96,3 +96,7 @@ def call_factory(factory: Callable[..., Any], channels: int, image_size: int, nu
         # num_classes but not the data's channels or size
         return factory(num_classes=num_classes)
     return factory(**named)
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"

@@ -25,7 +25,6 @@ class TowerStrategy(Strategy):
         """One process whose device is the parameter device; its replicas are the plan's devices (GPUs,
         or copies on the CPU), in the layout."""
         from .. import devices
-        from ..runplan import device_map
 
         cfg, plan, layout = super().plan(cfg, plan, under_torchrun)
         if under_torchrun:
@@ -34,7 +33,7 @@ class TowerStrategy(Strategy):
         one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
         # config.yaml records the resolved devices, which a resumed run then asks for again
         return (cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers)), one,
-                {**layout, "replicas": list(device_map(plan))})
+                {**layout, "replicas": list(range(plan.workers))})  # places in the run's device map
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
