@@ -76,7 +76,7 @@ def test_search_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
     path = _space_file(tmp_path)
     for args, message in ((("--sampler", "annealing"), "unknown --sampler 'annealing'"),
                           (("--strategy", "genetic"), "the search's sampler is --sampler genetic"),
-                          (("--strategy", "ddp"), "--strategy is not a search option"),
+                          (("--strategy", "rings"), "unknown --strategy 'rings'; each trial's parallelism is one of"),
                           (("--lr", "0.1"), "--lr is a searched parameter"),
                           (("--parallel", "64"), "exceed the"),
                           (("--population", "0"), "--population must be at least 1"),
@@ -407,3 +407,119 @@ def test_messages_name_what_differs_and_the_likely_key() -> None:
     new = {"sampler": "random", "space": {"width": [8, 16]}, "base": {"steps": 6, "seed": 0}}
     assert _differences(old, new) == "steps 5 there, 6 here"
     assert _differences({**old, "sampler": "tpe"}, old) == "sampler tpe there, random here"
+
+
+# ---- a password in the storage URL stays secret ----
+
+def _files_hold(folder: Path, secret: str) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def test_a_storage_password_is_masked_in_every_spelling() -> None:
+    from paratrain.search.urls import masked, scrubbed
+
+    url = "postgresql://alice:s3cret%40PW@db.example:5432/search"
+    assert masked(url) == "postgresql://alice:***@db.example:5432/search"
+    assert scrubbed(f"FATAL: password s3cret@PW refused for {url}", url) == \
+        "FATAL: password *** refused for postgresql://alice:***@db.example:5432/search"
+    assert masked("sqlite:////tmp/study.db") == "sqlite:////tmp/study.db"
+
+
+@pytest.mark.integration
+def test_a_storage_password_is_in_no_output_and_no_file(tmp_path: Path, postgres: str) -> None:
+    secret = "s3cretPW"
+    refused = run_cli("search", "--space", _space_file(tmp_path), "--sampler", "grid", "--out", str(tmp_path / "a"),
+                      "--storage", f"postgresql://alice:{secret}@127.0.0.1:{_free_port()}/db", "--steps", "5")
+    assert refused.returncode == 2 and "cannot open the search storage postgresql://alice:***@" in refused.stderr
+    # the server trusts every local connection, so a password in the URL connects too
+    with_password = postgres.replace("postgres@", f"postgres:{secret}@", 1)
+    env = {**os.environ, "PARATRAIN_STORAGE": with_password}  # from the environment, not the command line
+    ran = subprocess.run([sys.executable, "-m", "paratrain", "search", "--space", _space_file(tmp_path), "--sampler",
+                          "grid", "--out", str(tmp_path / "b"), "--study", "secret", "--parallel", "1",
+                          "--trials", "2", "--steps", "5"], capture_output=True, text=True, env=env, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "in postgresql://postgres:***@127.0.0.1" in ran.stdout  # the start line names the storage, masked
+    for output in (refused.stdout, refused.stderr, ran.stdout, ran.stderr):
+        assert secret not in output
+    assert _files_hold(tmp_path, secret) == []  # no file of either search: study.db, yaml, csv, logs
+
+
+# ---- every kind of parallelism in a trial ----
+
+def test_trials_of_two_gpus_each_take_disjoint_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With an inventory of 4 GPUs (faked), two trials of 2 GPUs at once get cuda:0,1 and cuda:2,3."""
+    import argparse
+
+    import torch
+
+    from paratrain import config, launch, runplan
+    from paratrain.search import command, runner
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    args = argparse.Namespace(parallel=None, devices_per_trial=2)
+    accelerator, gpus, parallel, threads = command._pool_size(args, config.TrainConfig())
+    assert (accelerator, gpus, parallel) == ("gpu", 4, 2)
+    slots = command.device_plan(accelerator, parallel, 2, threads)["slots"]
+    assert slots == [["cuda:0", "cuda:1"], ["cuda:2", "cuda:3"]]
+    planned = []
+    monkeypatch.setattr(runplan, "make", lambda cfg, load, *, hardware, devices: planned.append(devices) or devices)
+    monkeypatch.setattr(launch, "run", lambda plan: {"devices": plan})
+    cfg = config.TrainConfig(out=str(tmp_path))
+    for index in (0, 1):  # what the pool's two processes run
+        runner.train_one(cfg, None, index, threads, accelerator, 2)
+    assert [list(d) for d in planned] == slots
+
+
+def test_a_fixed_pipeline_is_checked_against_the_devices_of_a_trial(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    from paratrain.cli import main
+
+    path = _space_file(tmp_path, "fixed: {model: mlp, dataset: digits, strategy: pipeline, stages: 2}\n"
+                                 "params:\n  lr: [0.01, 0.003]\n")
+    code = main(["search", "--space", path, "--out", str(tmp_path / "o"), "--devices-per-trial", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--stages 2 needs --devices 2, not 3" in err, err
+    code = main(["search", "--space", _space_file(tmp_path), "--out", str(tmp_path / "o"), "--strategy", "rings"])
+    assert code == 2 and "unknown --strategy 'rings'" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("strategy", "flags"), [("pipeline", []), ("hybrid", ["--devices-per-trial", "4"])])
+def test_pipeline_and_hybrid_trials_equal_the_same_run_alone(tmp_path: Path, strategy: str, flags: list[str]) -> None:
+    import torch
+
+    from paratrain import checkpoint
+
+    path = _space_file(tmp_path, f"fixed: {{model: mlp, dataset: digits, strategy: {strategy}, stages: 2}}\n"
+                                 "params:\n  lr: [0.01, 0.003]\n")
+    proc = run_cli("search", "--space", path, "--sampler", "grid", "--out", str(tmp_path / "s"), "--parallel", "1",
+                   "--steps", "10", "--batch-size", "32", "--microbatches", "2", "--oversubscribe", *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(_complete(tmp_path / "s")) == 2  # a pipeline space trains (it once divided by zero)
+    alone = run_cli("train", "--config", str(tmp_path / "s" / "best.yaml"), "--out", str(tmp_path / "alone"),
+                    "--devices", "4" if strategy == "hybrid" else "2", "--oversubscribe", "--quiet")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    best = next(r for r in _complete(tmp_path / "s") if float(r["lr"]) == float(
+        __import__("yaml").safe_load((tmp_path / "s" / "best.yaml").read_text())["lr"]))
+    trial = checkpoint.load(tmp_path / "s" / "trials" / f"{int(best['number']):04d}")["model"]
+    mine = checkpoint.load(tmp_path / "alone")["model"]
+    assert max(float((trial[k] - mine[k]).abs().max()) for k in mine) == 0.0
+    assert torch.is_tensor(next(iter(mine.values())))
+
+
+@pytest.mark.integration
+def test_a_nan_trial_on_two_workers_fails_alone_and_is_not_trained_again(tmp_path: Path) -> None:
+    path = _space_file(tmp_path, "fixed: {model: mlp, dataset: digits, optimizer: sgd}\n"
+                                 "params:\n  lr: [1.0e+8, 0.01]\n")
+    args = ("search", "--space", path, "--sampler", "grid", "--devices-per-trial", "2", "--parallel", "1",
+            "--out", str(tmp_path / "s"), "--steps", "20")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    with open(tmp_path / "s" / "trials.csv") as f:
+        rows = {r["lr"]: r for r in csv.DictReader(f)}
+    assert rows["100000000.0"]["state"] == "FAIL" and "the loss became nan" in rows["100000000.0"]["error"]
+    assert rows["0.01"]["state"] == "COMPLETE"
+    again = run_cli(*args)  # the same search again: both points are done, the failed one with its reason
+    assert again.returncode == 0 and "2 trials (2 already done)" in again.stdout, again.stderr[-3000:]
+    with open(tmp_path / "s" / "trials.csv") as f:
+        assert [r["worker"] for r in csv.DictReader(f)] == [r["worker"] for r in rows.values()]  # none trained again

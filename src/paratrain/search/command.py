@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -10,8 +11,10 @@ from typing import Any
 from .. import config as C
 from ..errors import UserError
 from ..rundir import check_writable
+from .urls import masked
 
-# `paratrain train` options that a search sets itself (or that mean something else here)
+# `paratrain train` options that a search sets itself (or that mean something else here); --strategy is
+# defined by the search itself, to tell a parallelism from a sampler
 NOT_TRAIN_FLAGS = {"strategy", "out", "resume", "overwrite", "devices", "threads_per_worker", "quiet", "tensorboard",
                    "seed"}
 
@@ -21,17 +24,19 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--space", required=True, help="a space YAML file, or mlp-mnist / cnn-mnist")
     p.add_argument("--sampler", default="genetic", help=f"{', '.join(runner.SAMPLERS)} (default: genetic)")
-    p.add_argument("--strategy", help=argparse.SUPPRESS)  # train's parallelism; caught in run() with a hint
+    p.add_argument("--strategy", help="each trial's parallelism, as in `paratrain train`: ddp, tower, pipeline, "
+                                      "hybrid (default: ddp; a space may fix or search it)")
     p.add_argument("--population", type=int, default=20, help="genetic: networks per generation (default: 20)")
     p.add_argument("--generations", type=int, default=10, help="genetic: generations (default: 10)")
     p.add_argument("--mutation-prob", type=float, help="genetic: probability of mutating each parameter")
     p.add_argument("--crossover-prob", type=float, default=0.9, help="genetic: crossover probability (0.9)")
     p.add_argument("--trials", type=int, help="trials to run (tpe/random: default 20; grid: at most this many)")
     p.add_argument("--parallel", type=int, help="trials at once (default: one per GPU, or 2 on CPUs with 2+ cores)")
-    p.add_argument("--devices-per-trial", type=int, default=1, help="data-parallel workers per trial (default: 1)")
+    p.add_argument("--devices-per-trial", type=int, help="devices (GPUs, or CPU worker processes) per trial "
+                                                         "(default: 1; a pipeline's --stages)")
     p.add_argument("--epochs-per-trial", type=int, help="training epochs of each trial (the same as --epochs)")
-    p.add_argument("--storage", help="Optuna storage URL (default: a SQLite file in --out); postgresql://... "
-                                     "lets workers on several machines share the study")
+    p.add_argument("--storage", help="Optuna storage URL (default: $PARATRAIN_STORAGE, else a SQLite file in "
+                                     "--out); postgresql://... lets workers on several machines share the study")
     p.add_argument("--study", default="search", help="study name in the storage (default: search)")
     p.add_argument("--worker", action="store_true", help="join a study another `paratrain search` started")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and of every trial's training")
@@ -39,13 +44,16 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]) -> None:
-    """--sampler picks how trials are chosen; --strategy (train's parallelism) once meant that here."""
-    if strategy is not None:
+    """--sampler picks how trials are chosen; --strategy is each trial's parallelism (it once meant the
+    sampler here)."""
+    from ..strategies import REGISTRY
+
+    NAMES = tuple(REGISTRY)  # noqa: N806
+    if strategy is not None and strategy not in NAMES:
         if strategy in samplers:
-            raise UserError(f"the search's sampler is --sampler {strategy}; --strategy is the parallelism of "
-                            "`paratrain train`")
-        raise UserError(f"--strategy is not a search option (trials are data-parallel with --devices-per-trial); "
-                        f"the sampler is --sampler {{{','.join(samplers)}}}")
+            raise UserError(f"the search's sampler is --sampler {strategy}; --strategy is each trial's parallelism "
+                            f"({', '.join(NAMES)})")
+        raise UserError(f"unknown --strategy '{strategy}'; each trial's parallelism is one of: {', '.join(NAMES)}")
     if sampler not in samplers:
         raise UserError(f"unknown --sampler '{sampler}'; choose one of: {', '.join(samplers)}")
 
@@ -54,15 +62,18 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     from . import report, runner, space
 
     sp = space.load(args.space)
-    base, cfg = _base_config(args, train_values, sp)
     _check_sampler(args.sampler, args.strategy, runner.SAMPLERS)
+    if args.strategy is not None:
+        train_values = {**train_values, "strategy": args.strategy}
+    base, cfg = _base_config(args, train_values, sp)
     _check_numbers(args)
+    args.devices_per_trial = _devices_per_trial(args.devices_per_trial, cfg, sp)
     accelerator, gpus, parallel, threads = _pool_size(args, cfg)
     out = check_writable(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = runner.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
-                               args.storage or f"sqlite:///{out.resolve() / 'study.db'}", args.study, str(out),
+                               _storage_url(args, out), args.study, str(out),
                                args.seed, args.worker)
     budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
     from ..data import load_for
@@ -80,7 +91,10 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         print(f"search: the space has {budget} distinct points; each is trained once, so {budget} trials, not "
               f"{settings.wanted()}")
     print(f"search: {args.sampler}, {budget} trials ({finished} already done), {parallel} at once x "
-          f"{threads} thread(s){' on GPUs' if gpus else ''}; study '{args.study}' in {settings.storage}", flush=True)
+          f"{threads} thread(s){' on GPUs' if gpus else ''}; study '{args.study}' in {masked(settings.storage)}",
+          flush=True)
+    devices = device_plan(accelerator, parallel, args.devices_per_trial, threads)
+    print(f"search: devices: {devices['described']}", flush=True)
     start = time.perf_counter()
     _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
     wall = time.perf_counter() - start
@@ -89,7 +103,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     if args.worker:
         print(f"search worker: done after {wall:.0f} s")
         return 0
-    result = report.write(study, base, out, wall)
+    result = report.write(study, base, out, wall, devices)
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
@@ -99,6 +113,12 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
           f"its test accuracy {result['best_test_accuracy']:.4f}; {result['complete']} trials in {wall:.0f} s"
           f"{redrawn}; best.yaml, trials.csv, leaderboard.md, summary.yaml, fitness.png, importance.png in {out}")
     return 0
+
+
+def _storage_url(args: argparse.Namespace, out: Any) -> str:
+    """--storage, else $PARATRAIN_STORAGE (a URL with a password need not be in the command line, which
+    every user of the machine sees through `ps`), else a SQLite file in --out."""
+    return args.storage or os.environ.get("PARATRAIN_STORAGE") or f"sqlite:///{out.resolve() / 'study.db'}"
 
 
 def _base_config(args: argparse.Namespace, train_values: dict[str, Any], sp: Any) -> tuple[dict[str, Any], Any]:
@@ -115,6 +135,33 @@ def _base_config(args: argparse.Namespace, train_values: dict[str, Any], sp: Any
     if cfg.val_size == 0:
         raise UserError("a search needs a validation set (its fitness); drop --val-size 0")
     return base, cfg
+
+
+def device_plan(accelerator: str, parallel: int, per_trial: int, threads: int) -> dict[str, Any]:
+    """Which devices each of the pool's processes gives its trials (disjoint GPU sets), for the start line
+    and summary.yaml."""
+    from ..devices import Plan
+    from ..runplan import device_map
+
+    slots = [list(device_map(Plan(accelerator, per_trial, threads, ""), i * per_trial)) for i in range(parallel)]
+    if accelerator == "gpu":
+        described = "; ".join(f"trials of process {i}: {','.join(d)}" for i, d in enumerate(slots))
+    else:
+        described = f"{parallel} trial(s) at once, each on {per_trial} CPU worker(s) x {threads} thread(s)"
+    return {"accelerator": accelerator, "trials_at_once": parallel, "devices_per_trial": per_trial,
+            "threads_per_worker": threads, "slots": slots, "described": described}
+
+
+def _devices_per_trial(given: int | None, cfg: Any, sp: Any) -> int:
+    """--devices-per-trial, or a pipeline's stages; checked against a fixed strategy once, here, instead of
+    failing every trial alike."""
+    from .. import strategies
+
+    searched = {p.name for p in sp.params}
+    devices = given or (cfg.stages if cfg.strategy == "pipeline" and "stages" not in searched else 1)
+    if not searched & {"strategy", "stages"}:
+        strategies.get(cfg.strategy).copies(cfg, devices)  # a UserError that names the flag to change
+    return devices
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -141,9 +188,10 @@ def _pool_size(args: argparse.Namespace, cfg: Any) -> tuple[str, int, int, int]:
         raise UserError(f"{parallel} trials x {args.devices_per_trial} GPUs exceed the {gpus} GPUs here; "
                         "lower --parallel or --devices-per-trial")
     workers = 1 if gpus else args.devices_per_trial  # CPU processes per trial
-    if not gpus and parallel * workers > cores:
+    if not gpus and parallel * workers > cores and not cfg.oversubscribe:
         raise UserError(f"{parallel} trials x {workers} workers exceed the {cores} cores here (they would "
-                        f"oversubscribe them); use --parallel {max(1, cores // workers)}")
+                        f"oversubscribe them); use --parallel {max(1, cores // workers)} (or --oversubscribe, "
+                        "slow but it runs, for tests)")
     return "gpu" if gpus else "cpu", gpus, parallel, max(1, cores // (parallel * workers))
 
 

@@ -36,7 +36,8 @@ def leaderboard(trials: list[dict[str, Any]], top: int = 10) -> str:
     return "\n".join(lines)
 
 
-def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None) -> dict[str, Any]:
+def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
+          devices: dict[str, Any] | None = None) -> dict[str, Any]:
     trials = rows(study)
     done = [r for r in trials if r["state"] == "COMPLETE"]
     if not done:
@@ -61,7 +62,8 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None) -> 
                "best_trial": best["number"], "best_val_accuracy": best["value"], "best_params": best["params"],
                "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s, "importance": importances,
                # proposals that repeated a trained point and were drawn again instead of trained
-               "redrawn": sum(t.user_attrs.get("duplicate_of") is not None for t in study.get_trials(deepcopy=False))}
+               "redrawn": sum(t.user_attrs.get("duplicate_of") is not None for t in study.get_trials(deepcopy=False)),
+               "devices": {k: v for k, v in (devices or {}).items() if k != "described"} or None}
     (out / "summary.yaml").write_text(yaml.safe_dump(summary, sort_keys=False))
     return {**summary, "leaderboard": board}
 
@@ -103,11 +105,15 @@ def _plot_importance(study: Any, path: Path) -> dict[str, float] | None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import warnings
+
     import matplotlib.pyplot as plt
     import optuna
 
     try:
-        importances = optuna.importance.get_param_importances(study)
+        with warnings.catch_warnings():  # "too few trials": then the importances are equal, and plotted so
+            warnings.simplefilter("ignore", UserWarning)
+            importances = optuna.importance.get_param_importances(study)
     except (RuntimeError, ValueError):  # too few finished trials, or a parameter that never varied
         return None
     if not importances:

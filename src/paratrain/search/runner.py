@@ -23,6 +23,7 @@ from .. import config as C
 from ..errors import UserError
 from ..interrupt import Stopped
 from .space import Space
+from .urls import masked, scrubbed
 
 SAMPLERS = ("grid", "genetic", "tpe", "random")  # Optuna samplers; not a parallelism (--strategy of train)
 HEARTBEAT_S, GRACE_S = 5, 20  # a trial whose worker is silent this long is failed and queued again
@@ -105,8 +106,9 @@ def storage(url: str, create_tables: bool = True) -> Any:
             if type(e).__name__ == "IntegrityError" and attempt + 1 < TABLE_RACE_TRIES:
                 time.sleep(0.2 + random.random())
                 continue
-            raise UserError(f"cannot open the search storage {url} ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0]})") from None
+            first = (str(e).splitlines() or [""])[0]
+            raise UserError(f"cannot open the search storage {masked(url)} ({type(e).__name__}: "
+                            f"{scrubbed(first, url)})") from None
     if sqlite:
         _serialise(store.engine)
     return store
@@ -143,7 +145,7 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
                 pass
             time.sleep(1)
         else:
-            raise UserError(f"no study '{s.study}' in {s.storage}; start the search without --worker first")
+            raise UserError(f"no study '{s.study}' in {masked(s.storage)}; start the search without --worker first")
         study = optuna.load_study(study_name=s.study, storage=store, sampler=make_sampler(s, index))
     else:
         store = storage(s.storage)
@@ -164,10 +166,12 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
                 break
             time.sleep(1)
         else:
-            raise UserError(f"the study '{s.study}' in {s.storage} was never set up; start it again without --worker")
+            raise UserError(f"the study '{s.study}' in {masked(s.storage)} was never set up; start it again "
+                            "without --worker")
     elif saved is not None and not s.worker and saved != what:
-        raise UserError(f"the study '{s.study}' in {s.storage} was made by another search ({_differences(saved, what)}"
-                        "); use another --out or --study, or the same options to carry that search on")
+        raise UserError(f"the study '{s.study}' in {masked(s.storage)} was made by another search "
+                        f"({_differences(saved, what)}); use another --out or --study, or the same options to carry "
+                        "that search on")
     return study
 
 
