@@ -21,7 +21,6 @@ def _cfg(**kw: object) -> config.TrainConfig:
     return config.validate(config.TrainConfig(**kw))
 
 
-
 def fit(cfg: config.TrainConfig, data: object, resume: dict | None = None, parts: object = None) -> dict | None:
     """One worker in this process, planned as every run is (runplan.make)."""
     plan = runplan.make(cfg, lambda: data, parts, hardware=Plan("cpu", 1, 1, "gloo"), resume=resume)

@@ -434,7 +434,7 @@ def test_a_dataset_cache_named_by_a_key_is_shared_by_runs(tmp_path: Path, monkey
     cfg = dict(model=f"{EXAMPLE}:build", batch_size=8, optimizer="sgd", lr=0.01, image_size=32,
                cache_dir=str(tmp_path / "caches"), **QUICK)
     paratrain.fit(None, Shapes(30), paratrain.TrainConfig(steps=1, out=str(tmp_path / "a"), **cfg), cache_key="shapes")
-    assert (tmp_path / "caches" / "datasets" / "shapes" / "images.npy").is_file()
+    assert (tmp_path / "caches" / "datasets" / "shapes" / "32" / "images.npy").is_file()  # a folder per size
     assert not (tmp_path / "a" / "data-cache").exists()
     monkeypatch.setattr(folder, "_build_from_dataset", lambda *a, **k: pytest.fail("decoded again"))
     second = paratrain.fit(None, Shapes(30), paratrain.TrainConfig(steps=1, out=str(tmp_path / "b"), **cfg),
@@ -478,7 +478,7 @@ def test_a_build_in_progress_is_waited_for_aloud(tmp_path: Path, capsys: pytest.
     with folder._locked(target):
         t = threading.Thread(target=second)
         t.start()
-        t.join(1.0)
+        t.join(1.5)  # past the second after which a wait is said aloud
         assert not waited.is_set()  # blocked behind the build
     t.join(5.0)
     assert waited.is_set()
@@ -557,3 +557,36 @@ def test_what_a_new_user_tried(shapes: Path, tmp_path: Path, monkeypatch: pytest
               f"run trained on {shapes}")
     assert _main(["eval", str(tmp_path / "f"), "--data-dir", str(shapes)]) == 0
     assert "test_accuracy" in capsys.readouterr().out
+
+
+def test_a_dataset_cache_is_its_own_datasets_and_of_its_size(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    first = folder.from_dataset(Shapes(30), tmp_path / "c", 16, None, None, reuse=True, quiet=True)
+    first_image = first.test[0][0:1]  # read now: the next call rebuilds the cache under it
+    other = torch.utils.data.TensorDataset(torch.rand(30, 3, 16, 16), torch.arange(30) % 3)  # same length
+    second = folder.from_dataset(other, tmp_path / "c", 16, None, None, reuse=True, quiet=True)
+    assert first.split == second.split == "index-hash"
+    assert not torch.equal(first_image, second.test[0][0:1])  # rebuilt: not the first Dataset's images
+    assert folder.dataset_cache("k", str(tmp_path), 32) != folder.dataset_cache("k", str(tmp_path), 64)
+    with pytest.raises(UserError, match="cache_key 'a b' must be a plain name"):
+        folder.dataset_cache("a b", None, None)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(UserError, match="cannot write the dataset's cache in .*a-file.*; set cache_dir"):
+        paratrain.fit(None, Shapes(30), paratrain.TrainConfig(steps=1, out=str(tmp_path / "r"), image_size=16,
+                                                              cache_dir=str(blocked), **QUICK), cache_key="k")
+
+
+def test_a_folder_run_of_the_earlier_split_is_not_resumed(shapes: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from paratrain import checkpoint
+
+    run = tmp_path / "r"
+    assert _main(["train", "--model", f"{EXAMPLE}:build", "--dataset", "imagefolder", "--data-dir", str(shapes),
+                  "--steps", "2", "--devices", "1", "--batch-size", "16", "--quiet", "--no-tensorboard", "--out",
+                  str(run)]) == 0
+    state = checkpoint.load(run)
+    assert state["data"]["split"] == "name-hash"
+    del state["data"]["split"]  # as a run of the earlier (position-seeded) split saved it
+    torch.save(state, run / "checkpoints" / "last.pt")
+    capsys.readouterr()
+    _one_line(capsys, _main(["train", "--resume", str(run), "--steps", "4"]),
+              "was made before paratrain chose held-out images by a hash of their names")

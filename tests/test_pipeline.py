@@ -160,18 +160,21 @@ def test_pipeline_flag_errors(flags: tuple[str, ...], message: str, capsys: pyte
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-
 class _Blocks(torch.nn.Module):
     """A network that is not an nn.Sequential but applies its children in order."""
 
-    def __init__(self, skip: bool = False) -> None:
+    def __init__(self, skip: bool = False, what: str = "") -> None:
         super().__init__()
-        self.skip = skip
+        self.skip, self.what = skip, what
         self.features = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten())
         self.head = torch.nn.Linear(4 * 6 * 6, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.head(self.features(x))
+        x = x / 255 if self.what == "scaled" else x
+        features = self.features(x)
+        if self.what == "dropout":
+            features = torch.nn.functional.dropout(features, 0.5, training=self.training)
+        out = self.head(features)
         return out + 1 if self.skip else out  # skip: something beside the children, so not a sequence
 
 
@@ -184,6 +187,9 @@ def test_a_module_that_applies_its_children_in_order_is_cut_by_name() -> None:
     assert layers.state_dict().keys() == net.state_dict().keys()  # a checkpoint loads back into the network
     with pytest.raises(UserError, match="or a module whose forward applies its children in order.; 'odd' is not"):
         layers_of(_Blocks(skip=True), "odd", torch.zeros(1, 1, 8, 8))
+    for what in ("scaled", "dropout"):  # zeros would hide the scaling, evaluation mode the dropout
+        with pytest.raises(UserError, match="is not one"):
+            layers_of(_Blocks(what=what), what, torch.zeros(2, 1, 8, 8))
 
 
 @pytest.mark.integration

@@ -523,3 +523,17 @@ def test_a_nan_trial_on_two_workers_fails_alone_and_is_not_trained_again(tmp_pat
     assert again.returncode == 0 and "2 trials (2 already done)" in again.stdout, again.stderr[-3000:]
     with open(tmp_path / "s" / "trials.csv") as f:
         assert [r["worker"] for r in csv.DictReader(f)] == [r["worker"] for r in rows.values()]  # none trained again
+
+
+def test_a_tower_trial_drives_the_gpus_of_its_pool_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Pool process 1 of trials on 2 (faked) GPUs: its tower keeps the parameters on cuda:2 and its replicas
+    on cuda:2 and cuda:3, with the threads of its share of the cores."""
+    from paratrain import config, runplan
+    from paratrain.data import load_dataset
+    from paratrain.devices import Plan
+
+    cfg = config.validate(config.TrainConfig(strategy="tower", out=str(tmp_path), devices="2", steps=1))
+    data = load_dataset("digits")
+    plan = runplan.make(cfg, lambda: data, hardware=Plan("gpu", 2, 1, "nccl"), devices=("cuda:2", "cuda:3"))
+    assert plan.devices == ("cuda:2",) and plan.layout["replicas"] == ["cuda:2", "cuda:3"]
+    assert plan.hardware.workers == 1 and plan.hardware.threads_per_worker == 2

@@ -151,7 +151,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None) 
         from .data import folder
 
         if cache_key is not None:
-            where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir), True
+            where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir, cfg.image_size), True
         else:  # torchrun's ranks (fresh or not) share what the first one built
             where, reuse = Path(cfg.out) / "data-cache", bool(cfg.resume) or launch.under_torchrun()
         return folder.from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse,

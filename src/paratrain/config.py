@@ -419,4 +419,4 @@ def in_python_words(message: str) -> str:
         name = m.group(1).replace("-", "_")
         return name if name in FIELDS else m.group(0)
 
-    return re.sub(r"--([a-z][a-z0-9-]*)", field, message)
+    return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", field, message)

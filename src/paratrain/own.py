@@ -130,7 +130,7 @@ def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: A
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UserError(f"your network returned {got} for {len(x)} images; it must return N x K logits, K at "
                         f"least the {data.num_classes} classes of the data")
-    if scores and out.shape[1] > data.num_classes and not cfg.quiet:  # it trains; but was it meant?
+    if scores and out.shape[1] > data.num_classes and not cfg.quiet and _first_rank():  # it trains; meant?
         print(f"paratrain: note: your network gives {out.shape[1]} scores per image and the data has "
               f"{data.num_classes} classes; the other {out.shape[1] - data.num_classes} never match a label (a "
               "factory that takes num_classes is given the data's)", flush=True)
@@ -175,3 +175,10 @@ def settings_that_ran(optimizer: dict[str, Any]) -> dict[str, Any]:
     if found.get("lr") == 0:
         del found["lr"]
     return found
+
+
+def _first_rank() -> bool:
+    """Whether this process speaks for the run (torchrun starts every rank through the same checks)."""
+    from .launch import torchrun_ranks, under_torchrun
+
+    return not under_torchrun() or torchrun_ranks()[0] == 0

@@ -5,8 +5,8 @@ command line and `paratrain.fit` through `api.train`, a search trial, a test) an
                           checkpoint carried on from, the data, the strategy's layout (a pipeline's cuts, a
                           tower's replica devices), and the checks of a user's own network and of the weights
 
-Workers read their decisions from the plan, never from rewritten configuration fields: the configuration
-in it is the resolved one that config.yaml records, and `layout` is what the strategy alone needs.
+Workers read the strategy's decisions from the plan's `layout`; the configuration in it is the resolved one
+that config.yaml records (a pipeline's cuts in `split`, say), never how a worker learns a decision.
 """
 
 from __future__ import annotations
@@ -101,6 +101,12 @@ def _resume(cfg: C.TrainConfig) -> dict[str, Any]:
                else f"without a factory of yours (paratrain.fit(model=None, ...)), it trains the registry's {saved}"
                if cfg.model == "custom" else f"with --model {saved}")
         raise UserError(f"{why}; resume {how}")
+    from .data.folder import SPLIT_SCHEME
+
+    held_out_here = cfg.dataset == "imagefolder" or (Path(cfg.resume) / "data-cache").is_dir()  # a Dataset's
+    if held_out_here and resume.get("data", {}).get("split") not in (SPLIT_SCHEME, "index-hash"):
+        raise UserError(f"the run in {cfg.resume} was made before paratrain chose held-out images by a hash of "
+                        "their names; carried on, it would train on its old test images: start a new run")
     if resume["config"].get("dataset") not in (cfg.dataset, None):
         raise UserError(f"the run in {cfg.resume} trained on {resume['config']['dataset']}; carrying it on with "
                         f"{cfg.dataset} would mix two datasets in one run: drop --dataset, or start a new run")

@@ -14,6 +14,7 @@ never replaces a good cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -40,6 +41,7 @@ CACHE_VERSION = 1  # of the files below: a cache of another version is rebuilt
 MAX_DEFAULT_SIZE = 224
 PARALLEL_FROM = 5_000  # images: below this a folder is decoded in this process
 SPLIT_SEED = 0  # the held-out split does not move with --seed: test accuracies of two runs compare
+SPLIT_SCHEME = "name-hash"  # how the held-out sets are chosen; runs of an earlier scheme are not resumed
 SPLITS = ("train", "val", "test")
 
 
@@ -127,11 +129,15 @@ def user_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paratrain"
 
 
-def dataset_cache(key: str, cache_dir: str | None) -> Path:
-    """Where a Dataset's cache named `key` lives: under --cache-dir, else the user's cache folder."""
-    if not key or key in (".", "..") or "/" in key or "\\" in key:
-        raise UserError(f"cache_key {key!r} must be a plain name (letters, digits, - or _), not a path")
-    return (Path(cache_dir).expanduser() if cache_dir else user_cache()) / "datasets" / key
+def dataset_cache(key: str, cache_dir: str | None, image_size: int | None) -> Path:
+    """Where a Dataset's cache named `key` at `image_size` lives: under --cache-dir, else the user's cache
+    folder (each size apart, so that runs of two sizes do not rebuild one cache under each other)."""
+    import re
+
+    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", key):
+        raise UserError(f"cache_key {key!r} must be a plain name (letters, digits, -, _ or .), not a path")
+    base = Path(cache_dir).expanduser() if cache_dir else user_cache()
+    return base / "datasets" / key / (str(image_size) if image_size else "auto")
 
 
 def open_cache(folder: Path, stamps: list[list]) -> dict | None:
@@ -332,8 +338,9 @@ def _bar(total: int, quiet: bool):  # noqa: ANN202
 
 def _held_out(keys: list[str], val_size: int, test_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A seeded split of examples named by `keys` (file paths, item numbers) into train, val and test
-    positions (each sorted). Each example's place follows a hash of its name, not its position: an image
-    added to a folder joins one split and moves at most one other, so a test set stays (nearly) the same."""
+    positions (each sorted). Each example's place follows a hash of its name, not its position: with the
+    held-out sizes fixed, an image added to a folder takes a place in at most one held-out set, and at most
+    one image leaves each (the test set stays nearly the same)."""
     def place(i: int) -> bytes:
         return hashlib.sha1(f"{SPLIT_SEED}|{keys[i]}".encode()).digest()
 
@@ -426,7 +433,6 @@ def _locked(folder: Path, quiet: bool = True) -> Iterator[None]:
     """An exclusive lock on `folder`'s lock file (flock: released if the process dies); says so when it
     waits for another process (unless `quiet`)."""
     import errno
-    import fcntl
 
     # Read-only is enough for flock: a cache folder the user may only read (already built) still opens.
     try:
@@ -436,13 +442,7 @@ def _locked(folder: Path, quiet: bool = True) -> Iterator[None]:
     try:
         if fd >= 0:
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    if not quiet:
-                        print(f"paratrain: waiting for another process that builds the image cache {folder}",
-                              file=sys.stderr, flush=True)
-                    fcntl.flock(fd, fcntl.LOCK_EX)
+                _wait_for_lock(fd, folder, quiet)
             except OSError as e:  # a filesystem without locks (NFS mounted nolock, some parallel ones)
                 if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EACCES, errno.EROFS):
                     raise
@@ -450,6 +450,23 @@ def _locked(folder: Path, quiet: bool = True) -> Iterator[None]:
     finally:
         if fd >= 0:
             os.close(fd)  # closing releases the lock
+
+
+def _wait_for_lock(fd: int, folder: Path, quiet: bool) -> None:
+    """flock, saying so once a wait passes a second (a build elsewhere; not the brief turn of a reader)."""
+    import fcntl
+
+    start, said = time.monotonic(), quiet
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if not said and time.monotonic() - start > 1.0:
+                print(f"paratrain: waiting for another process that builds the image cache {folder}",
+                      file=sys.stderr, flush=True)
+                said = True
+            time.sleep(0.05)
 
 
 def _seeded_rows(keys: list[str], val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
@@ -470,7 +487,7 @@ def _splits(folder: Path, manifest: dict, rows: dict[str, np.ndarray], name: str
     side = manifest["shape"][-1]
     mean, std = _statistics(np.load(folder / "sums.npy")[rows["train"]], side * side)
     return Splits(name, pairs["train"], pairs["val"], pairs["test"], mean, std, len(classes),
-                  classes=tuple(classes))
+                  classes=tuple(classes), split=SPLIT_SCHEME)
 
 
 # ---- a map-style Dataset of the user's ----
@@ -503,23 +520,40 @@ def from_dataset(dataset: Any, cache: Path, image_size: int | None, val_size: in
     """A map-style Dataset of (image, label) pairs decoded once into a cache at `cache` (reopened when `reuse`
     and it holds as many images), then split as a folder without split folders is."""
     n = len(dataset)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(cache, quiet):  # torchrun's ranks of one node build it once; the others wait, then open it
-        manifest = _open_dataset_cache(cache, n, image_size) if reuse else None
-        if manifest is None:
-            manifest = _build_from_dataset(dataset, n, cache, image_size, quiet)
-        rows = _seeded_rows([str(i) for i in range(n)], val_size, test_size, "the dataset")
-        return _splits(cache, manifest, rows, "custom", manifest["classes"])
+    if n < 3:
+        raise UserError(f"your dataset has {n} item(s); it needs at least one each to train, validate and test")
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(cache, quiet):  # torchrun's ranks of one node build it once; the others wait, then open it
+            manifest = _open_dataset_cache(cache, n, image_size, _fingerprint(dataset, n)) if reuse else None
+            if manifest is None:
+                manifest = _build_from_dataset(dataset, n, cache, image_size, quiet)
+            rows = _seeded_rows([str(i) for i in range(n)], val_size, test_size, "the dataset")
+            return dataclasses.replace(_splits(cache, manifest, rows, "custom", manifest["classes"]),
+                                       split="index-hash")
+    except OSError as e:
+        raise UserError(f"cannot write the dataset's cache in {cache.parent} ({e.strerror or e}); set cache_dir "
+                        "to a folder you can write") from None
 
 
-def _open_dataset_cache(cache: Path, n: int, image_size: int | None) -> dict | None:
+def _fingerprint(dataset: Any, n: int) -> str:
+    """A cheap mark of a Dataset's content (its first and last items), so that a cache of another Dataset of
+    the same length is not taken for its own."""
+    marks = []
+    for i in (0, n - 1):
+        image, label = _item(dataset, i)
+        marks.append(image.tobytes() + str((image.size, image.mode, label)).encode())
+    return hashlib.sha1(b"|".join(marks)).hexdigest()
+
+
+def _open_dataset_cache(cache: Path, n: int, image_size: int | None, fingerprint: str) -> dict | None:
     try:
         manifest = json.loads((cache / "manifest.json").read_text())
         images = np.load(cache / "images.npy", mmap_mode="r")
     except (OSError, ValueError):
         return None
     ok = manifest.get("version") == CACHE_VERSION and manifest.get("count") == n == images.shape[0]
-    ok = ok and image_size in (None, images.shape[-1])
+    ok = ok and image_size in (None, images.shape[-1]) and manifest.get("fingerprint") == fingerprint
     return manifest if ok else None
 
 
@@ -538,8 +572,6 @@ def _item(dataset: Any, i: int) -> tuple[Any, int]:
 
 
 def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | None, quiet: bool) -> dict:
-    if n < 3:
-        raise UserError(f"your dataset has {n} item(s); it needs at least one each to train, validate and test")
     sample = [_item(dataset, i)[0] for i in range(min(n, 1000))]  # the size and colours, from the first items
     sides = sorted(min(im.size) for im in sample)
     side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
@@ -572,7 +604,8 @@ def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | Non
             [str(c) for c in range(k)]
         np.save(tmp / "labels.npy", labels)
         np.save(tmp / "sums.npy", sums)
-        manifest = {"version": CACHE_VERSION, "count": n, "classes": classes, "shape": [channels, side, side]}
+        manifest = {"version": CACHE_VERSION, "count": n, "classes": classes, "shape": [channels, side, side],
+                    "fingerprint": _fingerprint(dataset, n)}
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         _put_in_place(tmp, cache)
     except BaseException:

@@ -21,6 +21,7 @@ class Splits:
     std: tuple[float, ...]
     num_classes: int = 10
     classes: tuple[str, ...] | None = None  # the class names, where the data has them (an image folder's)
+    split: str | None = None  # how the held-out sets were chosen, where paratrain chose them (checkpoints keep it)
 
     @property
     def channels(self) -> int:
@@ -36,6 +37,8 @@ class Splits:
                 "mean": list(self.mean), "std": list(self.std)}
         if self.classes is not None:
             info["classes"] = list(self.classes)
+        if self.split is not None:
+            info["split"] = self.split
         return info
 
     @classmethod

@@ -129,7 +129,8 @@ class PipelineStrategy(Strategy):
         """This stage's layers of the whole model's weights (the stage names its layers as the whole does)."""
         from .. import checkpoint
 
-        mine = {k: v for k, v in resume["model"].items() if k.split(".", 1)[0] in self.stage.module._modules}
+        names = dict(self.stage.module.named_children())
+        mine = {k: v for k, v in resume["model"].items() if k.split(".", 1)[0] in names}
         checkpoint.load_weights(self.module, {**resume, "model": mine}, self.cfg.resume, self.cfg.to_dict())
 
     def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:

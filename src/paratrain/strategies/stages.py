@@ -46,11 +46,24 @@ def layers_of(model: nn.Module, name: str, example: torch.Tensor) -> nn.Sequenti
 
 
 def _same_output(model: nn.Module, layers: nn.Sequential, example: torch.Tensor) -> bool:
+    """Whether the children in order compute what the model does: on a seeded random batch of the example's
+    shape (zeros would hide a scaling of the input or a residual around it), in evaluation mode and, on
+    copies under the same random state, in training mode (dropout and other steps only training takes)."""
+    x = torch.randn(example.shape, generator=torch.Generator().manual_seed(0))
     was_training = model.training
-    model.eval()  # no BatchNorm statistics or dropout draws spent on the check
     try:
         with torch.no_grad():
-            return bool(torch.equal(model(example), layers(example)))
+            model.eval()
+            if not torch.equal(model(x), layers(x)):
+                return False
+            whole = copy.deepcopy(model).train()  # copies: BatchNorm statistics of the real one stay untouched
+            cut = nn.Sequential(OrderedDict(whole.named_children()))
+            outputs = []
+            for net in (whole, cut):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(0)
+                    outputs.append(net(x))
+            return bool(torch.equal(*outputs))
     except Exception:  # noqa: BLE001 (a forward that needs more than the children: not a sequence)
         return False
     finally:
@@ -208,7 +221,8 @@ class Pipeline:
         mesh = init_device_mesh(device.type, (R, K), mesh_dim_names=("dp", "pp"))
         self.pp_group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
         lo, hi = stage_bounds(cuts, len(full))[layout.stage]
-        # The whole model, for evaluation only; the stage trains its own layers (named as in the whole).
+        # The whole model, for evaluation only; the stage trains its own layers (named as in the whole). It
+        # holds the initial weights until gather_model fills it: every reader goes through gather_model.
         self.full = copy.deepcopy(full).to(device)
         # named as in the whole model, so that the stages' weights gather into it (and a checkpoint loads back)
         self.module = nn.Sequential(OrderedDict(list(full.named_children())[lo:hi])).to(device)

@@ -30,7 +30,9 @@ class TowerStrategy(Strategy):
         if under_torchrun:
             raise UserError("--strategy tower runs in one process; start it without torchrun")
         on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
-        one = devices.Plan("cpu" if on_cpu else "gpu", 1, devices.usable_cores(), "none")
+        # the cores its workers would have had (a search trial's share of the pool, not every core)
+        threads = min(devices.usable_cores(), plan.threads_per_worker * plan.workers)
+        one = devices.Plan("cpu" if on_cpu else "gpu", 1, threads, "none")
         # config.yaml records the resolved devices, which a resumed run then asks for again
         return (cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers)), one,
                 {**layout, "replicas": list(range(plan.workers))})  # places in the run's device map
