@@ -13,6 +13,7 @@ from paratrain import checkpoint, config, dist, runplan
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
 from paratrain.devices import Plan
+from paratrain.errors import UserError
 from paratrain.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
 from paratrain.train import fit as fit_plan
 
@@ -497,3 +498,55 @@ def test_evaluation_gives_the_mean_loss_and_accuracy_of_the_whole_set() -> None:
         logits = net(prep.eval(x))
     assert loss == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-6)
     assert accuracy == (logits.argmax(1) == y).sum().item() / 50  # exactly: the count of the right ones
+
+
+# ---- early stopping ------------------------------------------------------------------------------------
+
+def test_early_stopping_ends_the_run_after_patience_epochs_without_a_lower_val_loss(tmp_path: Path) -> None:
+    # lr 1e-30: the validation loss never gets lower, so epoch 1 sets the best and epochs 2, 3 run out patience 2
+    flat = _fit(tmp_path, "flat", epochs=30, batch_size=256, optimizer="gd", lr=1e-30, early_stopping=2)
+    assert flat["stopped_early"] and flat["epochs_validated"] == 3
+    learning = _fit(tmp_path, "learning", epochs=3, batch_size=256, optimizer="adam", lr=3e-3, early_stopping=2)
+    assert not learning["stopped_early"] and learning["epochs_validated"] == 3  # the loss fell every epoch
+    with pytest.raises(UserError, match="--early-stopping watches the validation loss"):
+        _cfg(early_stopping=2, val_size=0)
+
+
+def test_a_checkpoint_at_an_epochs_end_is_validated_on_resume(tmp_path: Path) -> None:
+    """Saved at an epoch's last step (before its validation): the resumed run validates that epoch first,
+    so early stopping counts it as the uninterrupted run does."""
+    common = dict(batch_size=256, optimizer="gd", lr=1e-30, early_stopping=2, seed=3)
+    whole = _fit(tmp_path, "whole", epochs=30, **common)
+    data = load_dataset("digits")
+    per_epoch = len(data.train[1]) // 256  # whole global batches (sharding.steps_per_epoch)
+    part = _fit(tmp_path, "part", steps=per_epoch, **common)  # one epoch, saved at its last step
+    assert part["epochs_validated"] == 1
+    state = checkpoint.load(tmp_path / "part")
+    state["validated"], state["early_stopping"] = 0, (math.inf, 0)  # as written before the epoch's validation
+    cfg = _cfg(out=str(tmp_path / "part"), resume=str(tmp_path / "part"), epochs=30, quiet=True, tensorboard=False,
+               **common)
+    resumed = fit(cfg, data, resume=state)
+    assert resumed["stopped_early"] and resumed["epochs_validated"] == whole["epochs_validated"] == 3
+    assert resumed["steps"] == whole["steps"]
+
+
+class StopAt:
+    """A search's pruner as a run sees it: asked after every epoch, it says stop at epoch `epoch`."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch, self.asked = epoch, []
+
+    def __call__(self, epoch: int, value: float) -> bool:
+        self.asked.append((epoch, value))
+        return epoch >= self.epoch
+
+
+def test_a_run_that_its_pruner_stops_ends_after_that_epochs_validation(tmp_path: Path) -> None:
+    cfg = _cfg(out=str(tmp_path / "p"), epochs=5, batch_size=256, quiet=True, tensorboard=False)
+    data = load_dataset("digits")
+    stop = StopAt(2)
+    plan = runplan.make(cfg, lambda: data, hardware=Plan("cpu", 1, 1, "gloo"), report=stop)
+    summary = fit_plan(dist.init(0, 1, "cpu"), plan)
+    assert summary["pruned"] and summary["epochs_validated"] == 2
+    assert summary["steps"] == 2 * (len(data.train[1]) // 256)
+    assert [e for e, _ in stop.asked] == [1, 2] and stop.asked[-1][1] == summary["val_accuracy"]

@@ -257,3 +257,18 @@ def test_pipeline_resume_is_exact(tmp_path: Path, digits: Any, strategy: str, wo
     summary = _run(_cfg(run, "sgd-momentum", **kw), workers, digits, _state(run))
     assert summary["resumed_from_step"] == 10 and summary["strategy"] == strategy
     assert _gap(_state(run), _state(whole)) <= EXACT
+
+
+class _StopAtTwo:
+    def __call__(self, epoch: int, value: float) -> bool:
+        return epoch >= 2
+
+
+@pytest.mark.integration
+def test_a_pruned_run_on_two_workers_stops_every_worker_at_one_step(tmp_path: Path, digits: Any) -> None:
+    """Rank 0 alone hears the pruner; the other worker stops at the same step (else the run would hang in a
+    collective or the summary would miss)."""
+    cfg = _cfg(tmp_path / "p", "sgd-momentum", steps=None, epochs=5, checkpoint_every=0)
+    summary = launch.run(runplan.make(cfg, lambda: digits, hardware=Plan("cpu", 2, 1, "gloo"), report=_StopAtTwo()))
+    per_epoch = len(digits.train[1]) // cfg.batch_size
+    assert summary["pruned"] and summary["epochs_validated"] == 2 and summary["steps"] == 2 * per_epoch

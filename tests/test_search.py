@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import run_cli
 
 from paratrain.errors import UserError
@@ -77,6 +78,7 @@ def test_search_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
     for args, message in ((("--sampler", "annealing"), "unknown --sampler 'annealing'"),
                           (("--strategy", "genetic"), "the search's sampler is --sampler genetic"),
                           (("--strategy", "rings"), "unknown --strategy 'rings'; each trial's parallelism is one of"),
+                          (("--pruner", "asha"), "unknown --pruner 'asha'; choose one of: none, median, hyperband"),
                           (("--lr", "0.1"), "--lr is a searched parameter"),
                           (("--parallel", "64"), "exceed the"),
                           (("--population", "0"), "--population must be at least 1"),
@@ -462,7 +464,7 @@ def test_trials_of_two_gpus_each_take_disjoint_gpus(monkeypatch: pytest.MonkeyPa
     slots = command.device_plan(accelerator, parallel, 2, threads)["slots"]
     assert slots == [["cuda:0", "cuda:1"], ["cuda:2", "cuda:3"]]
     planned = []
-    monkeypatch.setattr(runplan, "make", lambda cfg, load, *, hardware, devices: planned.append(devices) or devices)
+    monkeypatch.setattr(runplan, "make", lambda *a, devices, **_: planned.append(devices) or devices)
     monkeypatch.setattr(launch, "run", lambda plan: {"devices": plan})
     cfg = config.TrainConfig(out=str(tmp_path))
     for index in (0, 1):  # what the pool's two processes run
@@ -499,8 +501,8 @@ def test_pipeline_and_hybrid_trials_equal_the_same_run_alone(tmp_path: Path, str
     alone = run_cli("train", "--config", str(tmp_path / "s" / "best.yaml"), "--out", str(tmp_path / "alone"),
                     "--devices", "4" if strategy == "hybrid" else "2", "--oversubscribe", "--quiet")
     assert alone.returncode == 0, alone.stderr[-3000:]
-    best = next(r for r in _complete(tmp_path / "s") if float(r["lr"]) == float(
-        __import__("yaml").safe_load((tmp_path / "s" / "best.yaml").read_text())["lr"]))
+    best_lr = yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())["lr"]
+    best = next(r for r in _complete(tmp_path / "s") if float(r["lr"]) == float(best_lr))
     trial = checkpoint.load(tmp_path / "s" / "trials" / f"{int(best['number']):04d}")["model"]
     mine = checkpoint.load(tmp_path / "alone")["model"]
     assert max(float((trial[k] - mine[k]).abs().max()) for k in mine) == 0.0
@@ -537,3 +539,66 @@ def test_a_tower_trial_drives_the_gpus_of_its_pool_process(monkeypatch: pytest.M
     plan = runplan.make(cfg, lambda: data, hardware=Plan("gpu", 2, 1, "nccl"), devices=("cuda:2", "cuda:3"))
     assert plan.devices == ("cuda:2",) and plan.layout["replicas"] == ["cuda:2", "cuda:3"]
     assert plan.hardware.workers == 1 and plan.hardware.threads_per_worker == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("per_trial", ["1", "2"])
+def test_pruned_trials_are_marked_keep_their_curve_and_never_win(tmp_path: Path, per_trial: str) -> None:
+    """Ten learning rates, five of them too small to learn: once five trials are done, the median pruner
+    stops those below the median at their first epochs."""
+    lrs = [1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-3, 2e-3, 3e-3, 4e-3, 5e-3]
+    path = _space_file(tmp_path, f"fixed: {{model: mlp, dataset: digits}}\nparams:\n  lr: {lrs}\n")
+    proc = run_cli("search", "--space", path, "--sampler", "grid", "--pruner", "median", "--parallel", "1",
+                   "--devices-per-trial", per_trial, "--epochs", "3", "--batch-size", "64",
+                   "--out", str(tmp_path / "s"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "s" / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    pruned = [r for r in rows if r["state"] == "PRUNED"]
+    assert pruned and all(float(r["lr"]) <= 1e-6 for r in pruned), rows  # the learning ones run on
+    assert all(r["val_accuracy"] for r in pruned)  # the last accuracy of its partial curve
+    best = yaml.safe_load((tmp_path / "s" / "summary.yaml").read_text())
+    assert best["pruned"] == len(pruned) and best["best_trial"] not in {int(r["number"]) for r in pruned}
+    import optuna  # the study stays Optuna's own: its tools read it, curves and all
+
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    trials = {t.number: t for t in study.get_trials()}
+    assert all(trials[int(r["number"])].state.name == "PRUNED" and trials[int(r["number"])].intermediate_values
+               for r in pruned)
+
+
+@pytest.mark.integration
+def test_a_trial_that_kills_its_process_is_tried_once_more_then_failed(tmp_path: Path) -> None:
+    """A one-device trial runs inside its pool process: killed there (as the out-of-memory killer would), the
+    search starts a new process, tries the trial once more, fails it when that dies too, and goes on."""
+    import optuna
+
+    path = _space_file(tmp_path, "fixed: {model: mlp, dataset: digits}\nparams:\n  lr: [0.001, 0.003, 0.01]\n")
+    out = tmp_path / "s"
+    search = subprocess.Popen([sys.executable, "-m", "paratrain", "search", "--space", path, "--sampler", "grid",
+                               "--parallel", "1", "--steps", "1500", "--out", str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: list[tuple[int, float]] = []  # (trial, lr): the first trial seen running, then its second try
+    deadline = time.monotonic() + 300
+    while len(killed) < 2 and time.monotonic() < deadline and search.poll() is None:
+        time.sleep(0.2)
+        try:
+            trials = optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'study.db'}").get_trials()
+        except Exception:  # noqa: BLE001 (not created yet, or busy)
+            continue
+        for t in trials:
+            wanted = not killed or (t.params.get("lr") == killed[0][1] and t.number != killed[0][0])
+            if t.state.name == "RUNNING" and "worker" in t.user_attrs and wanted:
+                os.kill(int(t.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGKILL)
+                killed.append((t.number, t.params["lr"]))
+                break
+    stdout, stderr = search.communicate(timeout=600)
+    assert len(killed) == 2 and search.returncode == 0, stderr[-3000:]
+    assert stderr.count("died (killed by SIGKILL)") == 2
+    with open(out / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    lost = [r for r in rows if float(r["lr"]) == killed[0][1]]
+    assert [r["state"] for r in lost] == ["FAIL", "FAIL"] and "queued again" in lost[0]["error"]
+    assert "died twice" in lost[1]["error"]
+    assert sorted(float(r["lr"]) for r in rows if r["state"] == "COMPLETE") == sorted(
+        {0.001, 0.003, 0.01} - {killed[0][1]})  # the search went on and trained the others

@@ -91,6 +91,8 @@ class TrainConfig:
     epochs: int | None = _f(None, "training epochs (default: per dataset; --steps overrides it)")
     steps: int | None = _f(None, "training steps (optimizer updates); overrides --epochs")
     max_time: float | None = _f(None, "stop training after this many seconds, then evaluate and save")
+    early_stopping: int | None = _f(None, "stop after this many epochs without a lower validation loss, then "
+                                          "evaluate and save (the last weights)")
     optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
     lr: float = _f(2e-3, "learning rate")
     momentum: float = _f(0.9, "SGD/RMSprop momentum")
@@ -366,7 +368,7 @@ def _check_numbers(cfg: TrainConfig) -> None:
     if cfg.steps is not None:
         positive["steps"] = cfg.steps
     positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints, microbatches=cfg.microbatches)
-    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps", "image_size"):
+    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps", "image_size", "early_stopping"):
         if getattr(cfg, name) is not None:
             positive[name] = getattr(cfg, name)
     for name in ("lr_decay_epochs", "max_time", "clip_grad_norm", "collective_timeout"):
@@ -402,6 +404,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--ema must be a decay in (0, 1), such as 0.999; not {cfg.ema}")
     if cfg.overwrite and cfg.resume:
         _bad("--overwrite starts a new run in --out and --resume carries one on; drop one of them")
+    if cfg.early_stopping is not None and cfg.val_size == 0:
+        _bad("--early-stopping watches the validation loss: drop --val-size 0")
     if cfg.eval_ema and cfg.ema is None:
         _bad("--eval-ema needs --ema DECAY")
     if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):

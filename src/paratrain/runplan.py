@@ -34,6 +34,9 @@ class RunPlan:
     resume: dict[str, Any] | None = None  # the checkpoint this run carries on from
     parts: Parts | None = None  # the user's own network, optimizer and loss (None: the configuration's)
     layout: dict[str, Any] = field(default_factory=dict)  # the strategy's own decisions (its `plan`/`prepare`)
+    # after each epoch's validation, rank 0 calls report(epoch, val_accuracy); True stops the run (a search
+    # trial's pruner)
+    report: Callable[[int, float], bool] | None = None
 
     def carried_on(self, resume: dict[str, Any] | None, run: str) -> RunPlan:
         """This plan, carrying on from `resume` (the newest checkpoint of the run in `run`)."""
@@ -51,10 +54,11 @@ def device_map(hardware: Plan, first: int = 0) -> tuple[str, ...]:
 
 def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,
          hardware: Plan | None = None, devices: tuple[str, ...] | None = None,
-         resume: dict[str, Any] | None = None) -> RunPlan:
+         resume: dict[str, Any] | None = None, report: Callable[[int, float], bool] | None = None) -> RunPlan:
     """Plan the run, checking what can be checked before any process starts (UserError otherwise).
     `hardware`/`devices`: processes and devices chosen by the caller (a search trial's share of the pool)
-    instead of from cfg; `resume`: a checkpoint already loaded instead of cfg.resume's last.pt."""
+    instead of from cfg; `resume`: a checkpoint already loaded instead of cfg.resume's last.pt; `report`: see
+    RunPlan.report."""
     from . import launch, strategies
     from .train import run_length
 
@@ -79,7 +83,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     cfg, more = strategy.prepare(cfg, data, parts)
     cfg, parts = _check_own(cfg, data, parts, resume)
-    return RunPlan(cfg, planned, devices, data, resume, parts, {**layout, **more})
+    return RunPlan(cfg, planned, devices, data, resume, parts, {**layout, **more}, report)
 
 
 def _hardware(cfg: C.TrainConfig, torchrun: bool) -> Plan:

@@ -79,7 +79,11 @@ class RunState:
     train_time: float = 0.0
     eval_time: float = 0.0
     val: tuple[float, float] = (math.nan, math.nan)
-    stop: str | None = None  # why the run ended early: "time" (--max-time) or "signal"
+    stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
+    # or "pruned" (a search's pruner)
+    validated: int = 0  # epochs validated (a checkpoint at an epoch's last step comes before its validation)
+    best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
+    since_best: int = 0  # and the epochs validated since it
 
 
 class Trainer:
@@ -94,6 +98,7 @@ class Trainer:
         self.loss = self.parts.loss  # None: cross-entropy
         self.length = run_length(cfg, len(data.train[1]))
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
+        self.report = plan.report
         self.state = self._set_up(data, plan.resume)
         # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
         self.data = data.to(ctx.device)
@@ -133,6 +138,9 @@ class Trainer:
             state.ema.module.load_state_dict(resume["ema_model"])
             state.ema.n_averaged.fill_(resume["ema_n_averaged"])
         state.step = state.first_step = int(resume["step"])
+        # a checkpoint of an earlier version: its epochs count as validated
+        state.validated = int(resume.get("validated", state.step // self.length.per_epoch))
+        state.best_val_loss, state.since_best = resume.get("early_stopping", (math.inf, 0))
 
     # ---- the run ----
 
@@ -142,7 +150,11 @@ class Trainer:
         try:
             self.t_start = self.t_window = time.perf_counter()
             self.strategy.model.train()
+            if state.validated < min(state.step // length.per_epoch, length.epochs):  # saved before its validation
+                self._validate(state.validated, 0.0)
             for epoch in range(state.step // length.per_epoch, length.epochs):
+                if state.stop:  # --early-stopping decided at the validation just made up for
+                    break
                 epoch_time = self._train_epoch(epoch)
                 if state.stop == "signal":
                     self._leave(epoch)
@@ -283,7 +295,8 @@ class Trainer:
         state = self.state
         extras = {"scheduler": state.scheduler.state_dict(), "scaler": state.scaler.state_dict(), "step": state.step,
                   "epoch": epoch, "config": self.cfg.to_dict(),
-                  "data": self.data.shape_info()}  # to rebuild the model without the data
+                  "data": self.data.shape_info(),  # to rebuild the model without the data
+                  "validated": state.validated, "early_stopping": (state.best_val_loss, state.since_best)}
         if self.parts.record:
             extras["parts"] = self.parts.record  # which network, optimizer and loss of the user's ran
         if state.ema is not None:
@@ -312,7 +325,36 @@ class Trainer:
         state.eval_time += time.perf_counter() - t_eval
         self.log.epoch(step=state.step, epoch=epoch + 1, epochs=self.length.epochs, val_accuracy=state.val[0],
                        val_loss=state.val[1], epoch_time_s=epoch_time)
+        state.validated = epoch + 1
+        self._watch_val_loss()
+        self._ask_to_go_on(epoch)
         self.t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
+
+    def _watch_val_loss(self) -> None:
+        """--early-stopping: every worker holds the same validation loss (evaluation reduces it), so every
+        worker decides alike, with no message passed."""
+        state, patience = self.state, self.cfg.early_stopping
+        if patience is None:
+            return
+        if state.val[1] < state.best_val_loss:
+            state.best_val_loss, state.since_best = state.val[1], 0
+        else:  # a NaN validation loss too
+            state.since_best += 1
+        if state.since_best >= patience and state.stop is None:
+            state.stop = "early"
+
+    def _ask_to_go_on(self, epoch: int) -> None:
+        """A search trial: rank 0 reports the validation accuracy and hears whether the pruner stops the
+        trial; every worker learns the answer (one tiny all-reduce) and stops at this same step."""
+        if self.report is None:
+            return
+        verdict = torch.zeros(1, device=self.ctx.device)
+        if self.ctx.is_main and self.report(epoch + 1, self.state.val[0]):
+            verdict.fill_(1)
+        if self.ctx.distributed:
+            torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
+        if verdict.item() and self.state.stop is None:
+            self.state.stop = "pruned"
 
     def _finish(self) -> dict[str, Any] | None:
         """Test, save the last checkpoint, and (rank 0) write the summary."""
@@ -350,6 +392,8 @@ class Trainer:
             "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
             "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,
             "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": state.stop == "time",
+            "stopped_early": state.stop == "early", "pruned": state.stop == "pruned",
+            "epochs_validated": state.validated,
             "final_lr": state.optimizer.param_groups[0]["lr"], "precision": cfg.precision, "seed": cfg.seed,
             "torch_version": torch.__version__, "devices": self.devices or [str(self.ctx.device)] * self.ctx.world_size,
             "run_dir": str(self.run_dir), "pipeline": added["pipeline"], "restarts": self.restarts,

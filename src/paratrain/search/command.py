@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -26,6 +27,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", default="genetic", help=f"{', '.join(runner.SAMPLERS)} (default: genetic)")
     p.add_argument("--strategy", help="each trial's parallelism, as in `paratrain train`: ddp, tower, pipeline, "
                                       "hybrid (default: ddp; a space may fix or search it)")
+    p.add_argument("--pruner", default="none", help=f"{', '.join(runner.PRUNERS)}: stop unpromising trials by "
+                                                   "their validation accuracy after each epoch (default: none)")
     p.add_argument("--population", type=int, default=20, help="genetic: networks per generation (default: 20)")
     p.add_argument("--generations", type=int, default=10, help="genetic: generations (default: 10)")
     p.add_argument("--mutation-prob", type=float, help="genetic: probability of mutating each parameter")
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
 
     sp = space.load(args.space)
     _check_sampler(args.sampler, args.strategy, runner.SAMPLERS)
+    if args.pruner not in runner.PRUNERS:
+        raise UserError(f"unknown --pruner '{args.pruner}'; choose one of: {', '.join(runner.PRUNERS)}")
     if args.strategy is not None:
         train_values = {**train_values, "strategy": args.strategy}
     base, cfg = _base_config(args, train_values, sp)
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     settings = runner.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
                                _storage_url(args, out), args.study, str(out),
-                               args.seed, args.worker)
+                               args.seed, args.worker, args.pruner)
     budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
     from ..data import load_for
 
@@ -197,33 +202,62 @@ def _pool_size(args: argparse.Namespace, cfg: Any) -> tuple[str, int, int, int]:
 
 def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
           budget: int) -> None:
-    """P worker processes run the trials; this one shows the progress (polling the storage) and makes sure
-    none of them outlives the search."""
-    import torch.multiprocessing as mp
+    """P worker processes run the trials; this one shows the progress (polling the storage), starts a new
+    process where one died (its trial is tried once more, then failed: see runner.after_death), and makes
+    sure none of them outlives the search."""
+    import multiprocessing
+    import signal
+
     from tqdm import tqdm
 
+    from ..launch import stop_processes
     from . import runner
 
-    context = mp.start_processes(runner.pool_worker, args=(s, sp, base, threads, accelerator), nprocs=parallel,
-                                 join=False, start_method="spawn")
+    spawn = multiprocessing.get_context("spawn")
+
+    def start(index: int) -> Any:
+        process = spawn.Process(target=runner.pool_worker, args=(index, s, sp, base, threads, accelerator))
+        process.start()
+        return process
+
+    processes = {i: start(i) for i in range(parallel)}
+    deaths = 0
     # a log file gets a line per finished trial instead of a bar redrawn every second
     bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
     try:
-        while not context.join(timeout=1.0, grace_period=5):
+        while processes:
+            multiprocessing.connection.wait([p.sentinel for p in processes.values()], timeout=1.0)
+            for index, process in list(processes.items()):
+                if process.exitcode is None:
+                    continue
+                del processes[index]
+                if process.exitcode == 0:
+                    continue
+                if process.exitcode in (2, 130):  # bad input (said in its line) or Ctrl-C: the search's own end
+                    stop_processes(list(processes.values()), signal.SIGINT)
+                    raise UserError(f"search worker {index} stopped (exit code {process.exitcode}); run the same "
+                                    "command again to resume", code=process.exitcode)
+                deaths += 1
+                how = (f"killed by {signal.Signals(-process.exitcode).name}" if process.exitcode < 0 else
+                       f"exit code {process.exitcode}")
+                what = runner.after_death(study, f"{socket.gethostname()}:{process.pid}", how)
+                if deaths > MAX_DEATHS_PER_PROCESS * parallel:
+                    stop_processes(list(processes.values()), signal.SIGINT)
+                    raise UserError(f"the search's worker processes died {deaths} times (the last: {how}); the "
+                                    "search stopped: see the lines above, then run it again to resume", code=1)
+                print(f"search: worker process {index} died ({how}); {what}; a new one takes its place",
+                      file=sys.stderr, flush=True)
+                processes[index] = start(index)
             _progress(bar, study)
-    except mp.ProcessExitedException as e:
-        raise UserError(f"search worker {e.error_index} stopped ({e.msg}); run the same command again to "
-                        "resume", code=e.exit_code if e.exit_code in (2, 130) else 1) from None
     except KeyboardInterrupt:
-        import signal
-
-        from ..launch import stop_processes
-
-        stop_processes(context.processes, signal.SIGINT)
+        stop_processes(list(processes.values()), signal.SIGINT)
         raise
     finally:
         _progress(bar, study)
         bar.close()
+
+
+MAX_DEATHS_PER_PROCESS = 3  # more deaths than this (per process of the pool) is a fault of the search itself
 
 
 def _progress(bar: Any, study: Any) -> None:

@@ -19,10 +19,14 @@ def rows(study: Any) -> list[dict[str, Any]]:
         if t.user_attrs.get("unused") or t.user_attrs.get("duplicate_of") is not None:  # held no training
             continue
         params = t.user_attrs.get("params", t.params)  # as trained: floats at the space's precision
-        out.append({"number": t.number, "state": t.state.name, "value": t.value, "params": dict(params),
+        curve = t.intermediate_values  # a pruned trial's value: its last validation accuracy (never the best)
+        value = t.value if t.value is not None or not curve else curve[max(curve)]
+        out.append({"number": t.number, "state": t.state.name, "value": value, "params": dict(params),
                     "generation": t.system_attrs.get("NSGAIISampler:generation"),
                     "test_accuracy": t.user_attrs.get("test_accuracy"),
-                    "train_time_s": t.user_attrs.get("train_time_s"), "error": t.user_attrs.get("error"),
+                    "train_time_s": t.user_attrs.get("train_time_s"),
+                    "error": t.user_attrs.get("error") or (f"its process died ({t.user_attrs['process_died']}); "
+                                                           "queued again" if "process_died" in t.user_attrs else None),
                     "worker": t.user_attrs.get("worker")})
     return out
 
@@ -59,6 +63,7 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
     _plot_fitness(trials, out / "fitness.png")
     importances = _plot_importance(study, out / "importance.png")
     summary = {"trials": len(trials), "complete": len(done), "failed": sum(r["state"] == "FAIL" for r in trials),
+               "pruned": sum(r["state"] == "PRUNED" for r in trials),
                "best_trial": best["number"], "best_val_accuracy": best["value"], "best_params": best["params"],
                "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s, "importance": importances,
                # proposals that repeated a trained point and were drawn again instead of trained

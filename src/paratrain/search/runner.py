@@ -26,6 +26,7 @@ from .space import Space
 from .urls import masked, scrubbed
 
 SAMPLERS = ("grid", "genetic", "tpe", "random")  # Optuna samplers; not a parallelism (--strategy of train)
+PRUNERS = ("none", "median", "hyperband")  # Optuna's pruners, fed the validation accuracy after every epoch
 HEARTBEAT_S, GRACE_S = 5, 20  # a trial whose worker is silent this long is failed and queued again
 
 
@@ -44,6 +45,7 @@ class Settings:
     out: str
     seed: int
     worker: bool
+    pruner: str = "none"
 
     def wanted(self) -> int:
         """The trials asked for (grid: at most these many)."""
@@ -80,6 +82,41 @@ def make_sampler(s: Settings, index: int = 0, done: int = 0) -> Any:
 
 
 TABLE_RACE_TRIES = 5
+
+
+def make_pruner(name: str) -> Any:
+    """Optuna's pruner for --pruner: median (stop a trial below the median of the others at the same epoch,
+    after the first 5 trials and 1 epoch), hyperband, or none."""
+    import optuna
+
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+class TrialReport:
+    """A search trial's validation accuracy after every epoch, reported to its Optuna trial by the training's
+    rank 0, which answers whether the pruner stops it. It travels to spawned workers as the storage's URL
+    and the trial's id, and opens the study in the process that calls it first."""
+
+    def __init__(self, url: str, study: str, pruner: str, trial_id: int, trial: Any = None) -> None:
+        self.url, self.study, self.pruner, self.trial_id = url, study, pruner, trial_id
+        self._trial = trial  # the live trial, in the pool process that runs a one-device trial
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_trial": None}
+
+    def __call__(self, epoch: int, value: float) -> bool:
+        import optuna
+
+        if self._trial is None:
+            study = optuna.load_study(study_name=self.study, storage=storage(self.url, create_tables=False),
+                                      pruner=make_pruner(self.pruner))
+            self._trial = optuna.trial.Trial(study, self.trial_id)
+        self._trial.report(value, epoch)
+        return bool(self._trial.should_prune())
 
 
 def storage(url: str, create_tables: bool = True) -> Any:
@@ -134,7 +171,8 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
     import optuna
 
     what = {"sampler": s.sampler, "space": {p.name: list(p.choices) if p.choices else [p.low, p.high, p.log]
-                                                for p in space.params}, "base": base}
+                                                for p in space.params}, "base": base,
+            **({"pruner": s.pruner} if s.pruner != "none" else {})}
     if s.worker:  # join a study that another `paratrain search` made (and wait a minute for it to appear)
         for _ in range(60):
             try:
@@ -146,11 +184,12 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
             time.sleep(1)
         else:
             raise UserError(f"no study '{s.study}' in {masked(s.storage)}; start the search without --worker first")
-        study = optuna.load_study(study_name=s.study, storage=store, sampler=make_sampler(s, index))
+        study = optuna.load_study(study_name=s.study, storage=store, sampler=make_sampler(s, index),
+                                  pruner=make_pruner(s.pruner))
     else:
         store = storage(s.storage)
         study = optuna.create_study(storage=store, sampler=make_sampler(s, index), study_name=s.study,
-                                    direction="maximize", load_if_exists=True)
+                                    direction="maximize", load_if_exists=True, pruner=make_pruner(s.pruner))
     saved = described(study)
     if saved is None and not s.worker:
         if s.sampler == "grid":
@@ -217,6 +256,32 @@ def requeue_abandoned(study: Any) -> int:
     return len(abandoned)
 
 
+def after_death(study: Any, worker: str, how: str) -> str:
+    """The pool process `worker` (host:pid) died, most often killed for memory in the middle of a trial that
+    runs in it: that trial is queued once more; one that already was (it killed its process twice) is
+    failed with the reason, and the search goes on. Returns what was done, in words."""
+    from optuna.trial import TrialState
+
+    said = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state != TrialState.RUNNING or t.user_attrs.get("worker") != worker:
+            continue
+        # attributes first: a finished trial takes no more
+        study._storage.set_trial_user_attr(t._trial_id, "process_died", how)  # trials.csv says so
+        if "died" in t.user_attrs:  # its second life ended the same way
+            study._storage.set_trial_user_attr(t._trial_id, "error", f"its process died twice ({how}; out of "
+                                               "memory?); not tried again")
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            said.append(f"trial {t.number} failed (its process died twice)")
+            continue
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+        kept = {k: v for k, v in t.user_attrs.items() if k not in ("worker", "process_died")}
+        study.enqueue_trial(params, user_attrs={**kept, "retry_of": t.number, "died": how})
+        said.append(f"trial {t.number} is queued again, once")
+    return "; ".join(said) or "it was between trials"
+
+
 def counts(study: Any) -> tuple[int, int, int]:
     """(finished, running, waiting) trials; a failure counts as finished when the training itself failed
     (it would fail again), not when its worker vanished (it is queued again)."""
@@ -224,7 +289,8 @@ def counts(study: Any) -> tuple[int, int, int]:
 
     finished = running = waiting = 0
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and "error" in t.user_attrs):
+        trained = t.state == TrialState.PRUNED and "pruned_at_epoch" in t.user_attrs  # stopped by the pruner
+        if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and "error" in t.user_attrs) or trained:
             finished += 1
         elif t.state == TrialState.RUNNING:
             running += 1
@@ -280,8 +346,9 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         cfg = C.validate(C.from_dict({**base, **params, "out": str(Path(s.out) / "trials" / f"{trial.number:04d}"),
                                       "quiet": True, "tensorboard": False}))
+        report = TrialReport(s.storage, s.study, s.pruner, trial._trial_id, trial) if s.pruner != "none" else None
         try:
-            summary = train_one(cfg, data, index, threads, accelerator, s.devices_per_trial)
+            summary = train_one(cfg, data, index, threads, accelerator, s.devices_per_trial, report)
         except Stopped:  # Ctrl-C or SIGTERM reached a data-parallel trial's workers: the search stops, the trial
             raise  # is left running and queued again on resume
         except UserError as e:  # a NaN loss, an impossible combination: this point fails, the search goes on
@@ -289,6 +356,9 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
             return float("nan")
         for key in ("test_accuracy", "train_time_s", "val_loss", "examples_per_sec"):
             trial.set_user_attr(key, summary[key])
+        if summary.get("pruned"):  # its curve stays in the study; a pruned trial is never the best
+            trial.set_user_attr("pruned_at_epoch", summary["epochs_validated"])
+            raise optuna.TrialPruned()
         return summary["val_accuracy"]
 
     redraws = [0]  # proposals in a row that repeated an earlier trial
@@ -331,7 +401,7 @@ def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) 
 
 
 def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerator: str,
-              devices_per_trial: int) -> dict[str, Any]:
+              devices_per_trial: int, report: Any = None) -> dict[str, Any]:
     """One trial, planned as `paratrain train` plans a run: in this process on one device, or data-parallel
     on devices_per_trial workers. Pool process `index` owns GPUs index*D .. index*D+D-1."""
     from .. import dist, runplan
@@ -342,7 +412,7 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
     hardware = Plan(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
     devices = runplan.device_map(hardware, index * devices_per_trial)
     cfg = cfg.replace(accelerator=accelerator, devices=str(devices_per_trial))
-    plan = runplan.make(cfg, lambda: data, hardware=hardware, devices=devices)
+    plan = runplan.make(cfg, lambda: data, hardware=hardware, devices=devices, report=report)
     if devices_per_trial > 1:
         return run(plan)
     return fit(dist.init(0, 1, devices[0]), plan)
