@@ -32,8 +32,15 @@ def _space_file(tmp_path: Path, text: str = SPACE) -> str:
 
 
 def _complete(out: Path) -> list[dict]:
+    """The completed trainings (a proposal that reused a finished trial's value is no training)."""
     with open(out / "trials.csv") as f:
-        return [r for r in csv.DictReader(f) if r["state"] == "COMPLETE"]
+        rows = list(csv.DictReader(f))
+    by_number = {r["number"]: r for r in rows}
+    for r in rows:  # a reused value is the earlier trial's, for the same parameters
+        if r.get("reused"):
+            earlier = by_number[r["reused"].removeprefix("trial ")]
+            assert (r["val_accuracy"], r["lr"]) == (earlier["val_accuracy"], earlier["lr"]), (r, earlier)
+    return [r for r in rows if r["state"] == "COMPLETE" and not r.get("reused")]
 
 
 def test_bundled_spaces_parse() -> None:
@@ -122,8 +129,9 @@ def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path
                    "--generations", "2", "--parallel", "2", "--steps", "3", "--out", str(out), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = _complete(out)
-    assert len(done) == 8
-    assert {r["generation"] for r in done} == {"0", "1"}
+    assert len(done) == 8  # 4 x 2 distinct networks trained; a member equal to a trained one reused its value,
+    generations = sorted(int(r["generation"]) for r in done)  # so later generations may hold the last ones
+    assert generations[:4] == [0, 0, 0, 0] and generations[4] >= 1
     assert len({r["worker"] for r in done}) == 2  # two trial processes shared the work
     assert "search: best validation accuracy" in proc.stdout
 
@@ -602,3 +610,28 @@ def test_a_trial_that_kills_its_process_is_tried_once_more_then_failed(tmp_path:
     assert "died twice" in lost[1]["error"]
     assert sorted(float(r["lr"]) for r in rows if r["state"] == "COMPLETE") == sorted(
         {0.001, 0.003, 0.01} - {killed[0][1]})  # the search went on and trained the others
+
+
+def test_a_proposal_of_a_finished_point_reuses_its_value_and_is_no_training(tmp_path: Path) -> None:
+    import optuna
+
+    from paratrain.search import report, runner
+
+    study = optuna.create_study(direction="maximize")
+    first = study.ask({"lr": optuna.distributions.CategoricalDistribution([0.1, 0.2])})
+    first.set_user_attr("params", {"lr": 0.1})
+    first.set_user_attr("train_time_s", 1.0)
+    study.tell(first, 0.75)
+    running = study.ask({"lr": optuna.distributions.CategoricalDistribution([0.1, 0.2])})
+    assert runner.finished_value(study, first.number) == 0.75 and runner.finished_value(study, running.number) is None
+    again = study.ask({"lr": optuna.distributions.CategoricalDistribution([0.1, 0.2])})
+    for key, value in (("duplicate_of", first.number), ("reused", first.number), ("params", {"lr": 0.1})):
+        again.set_user_attr(key, value)
+    study.tell(again, 0.75)  # what the objective returns for it
+    assert runner.counts(study)[0] == 1  # one training finished: the reused one takes no place in the budget
+    summary = report.write(study, {}, tmp_path, 1.0)
+    assert summary["reused"] == 1 and summary["complete"] == 1 and summary["best_trial"] == first.number
+    with open(tmp_path / "trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["state"], r["reused"]) for r in rows] == [("COMPLETE", ""), ("RUNNING", ""),
+                                                         ("COMPLETE", f"trial {first.number}")]

@@ -16,8 +16,9 @@ def rows(study: Any) -> list[dict[str, Any]]:
     """Every trial that was a real point of the search, in order."""
     out = []
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("unused") or t.user_attrs.get("duplicate_of") is not None:  # held no training
-            continue
+        reused = t.user_attrs.get("reused")  # a proposal equal to a finished trial: its value, no training
+        if t.user_attrs.get("unused") or (t.user_attrs.get("duplicate_of") is not None and reused is None):
+            continue  # held no training
         params = t.user_attrs.get("params", t.params)  # as trained: floats at the space's precision
         curve = t.intermediate_values  # a pruned trial's value: its last validation accuracy (never the best)
         value = t.value if t.value is not None or not curve else curve[max(curve)]
@@ -27,12 +28,13 @@ def rows(study: Any) -> list[dict[str, Any]]:
                     "train_time_s": t.user_attrs.get("train_time_s"),
                     "error": t.user_attrs.get("error") or (f"its process died ({t.user_attrs['process_died']}); "
                                                            "queued again" if "process_died" in t.user_attrs else None),
-                    "worker": t.user_attrs.get("worker")})
+                    "worker": t.user_attrs.get("worker"), "reused": reused})
     return out
 
 
 def leaderboard(trials: list[dict[str, Any]], top: int = 10) -> str:
-    done = sorted((r for r in trials if r["state"] == "COMPLETE"), key=lambda r: -r["value"])[:top]
+    done = sorted((r for r in trials if r["state"] == "COMPLETE" and r["reused"] is None),
+                  key=lambda r: -r["value"])[:top]
     lines = ["| rank | trial | val accuracy | train time (s) | parameters |", "|---|---|---|---|---|"]
     for i, r in enumerate(done, 1):
         params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items())
@@ -43,7 +45,7 @@ def leaderboard(trials: list[dict[str, Any]], top: int = 10) -> str:
 def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
           devices: dict[str, Any] | None = None) -> dict[str, Any]:
     trials = rows(study)
-    done = [r for r in trials if r["state"] == "COMPLETE"]
+    done = [r for r in trials if r["state"] == "COMPLETE" and r["reused"] is None]  # trainings
     if not done:
         return {"trials": len(trials), "best": None}
     best = max(done, key=lambda r: r["value"])
@@ -54,20 +56,24 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
     names = sorted({k for r in trials for k in r["params"]})
     with open(out / "trials.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["number", "state", "val_accuracy", "generation", "train_time_s", *names, "error", "worker"])
+        w.writerow(["number", "state", "val_accuracy", "generation", "train_time_s", *names, "error", "worker",
+                    "reused"])
         for r in trials:
             w.writerow([r["number"], r["state"], r["value"], r["generation"], r["train_time_s"],
-                        *(r["params"].get(n) for n in names), r["error"], r["worker"]])
+                        *(r["params"].get(n) for n in names), r["error"], r["worker"],
+                        "" if r["reused"] is None else f"trial {r['reused']}"])
     board = leaderboard(trials)
     (out / "leaderboard.md").write_text(board + "\n")
     _plot_fitness(trials, out / "fitness.png")
     importances = _plot_importance(study, out / "importance.png")
     summary = {"trials": len(trials), "complete": len(done), "failed": sum(r["state"] == "FAIL" for r in trials),
+               "reused": sum(r["reused"] is not None for r in trials),
                "pruned": sum(r["state"] == "PRUNED" for r in trials),
                "best_trial": best["number"], "best_val_accuracy": best["value"], "best_params": best["params"],
                "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s, "importance": importances,
                # proposals that repeated a trained point and were drawn again instead of trained
-               "redrawn": sum(t.user_attrs.get("duplicate_of") is not None for t in study.get_trials(deepcopy=False)),
+               "redrawn": sum(t.user_attrs.get("duplicate_of") is not None and t.user_attrs.get("reused") is None
+                              for t in study.get_trials(deepcopy=False)),
                "devices": {k: v for k, v in (devices or {}).items() if k != "described"} or None}
     (out / "summary.yaml").write_text(yaml.safe_dump(summary, sort_keys=False))
     return {**summary, "leaderboard": board}

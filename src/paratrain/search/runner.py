@@ -289,6 +289,8 @@ def counts(study: Any) -> tuple[int, int, int]:
 
     finished = running = waiting = 0
     for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("duplicate_of") is not None:  # reused or redrawn: no training, no place in the budget
+            continue
         trained = t.state == TrialState.PRUNED and "pruned_at_epoch" in t.user_attrs  # stopped by the pruner
         if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and "error" in t.user_attrs) or trained:
             finished += 1
@@ -339,7 +341,12 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
             earlier = duplicate_of(study, trial.number, space, params)
             if earlier is not None:
                 trial.set_user_attr("duplicate_of", earlier)
-                raise optuna.TrialPruned()
+                value = finished_value(study, earlier)
+                if value is not None:  # training is deterministic for a seed: the sampler gets the value
+                    trial.set_user_attr("params", params)  # without a second training
+                    trial.set_user_attr("reused", earlier)
+                    return value
+                raise optuna.TrialPruned()  # still training, or failed, or pruned: drawn again
             trial.set_user_attr("distinct", True)
         redraws[0] = 0
         trial.set_user_attr("params", params)  # as trained (floats at the space's precision)
@@ -377,6 +384,15 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
 
 
 MAX_REDRAWS = 100
+
+
+def finished_value(study: Any, number: int) -> float | None:
+    """Trial `number`'s value where it completed (a proposal equal to it reuses it), else None."""
+    from optuna.trial import TrialState
+
+    earlier = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id,
+                                                                                              number))
+    return earlier.value if earlier.state == TrialState.COMPLETE else None
 
 
 def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) -> int | None:
