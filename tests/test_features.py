@@ -10,6 +10,7 @@ import torch
 from conftest import max_abs_diff, run_cli, train, weights
 
 from paratrain import checkpoint, config, dist, runplan
+from paratrain import fit as paratrain_fit
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
 from paratrain.devices import Plan
@@ -550,3 +551,20 @@ def test_a_run_that_its_pruner_stops_ends_after_that_epochs_validation(tmp_path:
     assert summary["pruned"] and summary["epochs_validated"] == 2
     assert summary["steps"] == 2 * (len(data.train[1]) // 256)
     assert [e for e, _ in stop.asked] == [1, 2] and stop.asked[-1][1] == summary["val_accuracy"]
+
+
+def test_early_stopping_counts_whole_epochs_and_an_early_stopped_run_stays_stopped(tmp_path: Path) -> None:
+    # a --max-time stop after the first update: that epoch's validation is no evidence of a stall
+    cut = _fit(tmp_path, "cut", epochs=30, batch_size=256, max_time=1e-9, early_stopping=1)
+    assert cut["stopped_by_time"] and cut["epochs_validated"] == 0 and not cut["stopped_early"]
+    common = dict(batch_size=256, optimizer="gd", lr=1e-30, early_stopping=2)
+    flat = _fit(tmp_path, "flat", epochs=30, **common)
+    cfg = _cfg(out=str(tmp_path / "flat"), resume=str(tmp_path / "flat"), epochs=30, quiet=True, tensorboard=False,
+               **common)
+    again = fit(cfg, load_dataset("digits"), resume=checkpoint.load(tmp_path / "flat"))
+    assert again["stopped_early"] and again["steps"] == flat["steps"]  # resumed, it trains no further
+    data = load_dataset("digits")
+    no_val = {"train": data.train, "val": (data.val[0][:0], data.val[1][:0]), "test": data.test}
+    with pytest.raises(UserError, match="early stopping and a search's pruner watch the validation set"):
+        paratrain_fit(None, no_val, _cfg(out=str(tmp_path / "nv"), steps=2, early_stopping=2, quiet=True,
+                                         tensorboard=False, devices="1"))

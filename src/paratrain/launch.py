@@ -83,6 +83,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """Linux: this worker is killed when the process that spawned it dies (a search's pool process killed for
+    memory must not leave its trial's workers running on GPUs a new trial is given)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
 def on_loopback() -> None:
     """Keep this spawned worker's connections on the loopback interface: gloo (and NCCL's bootstrap) would
     otherwise listen on the address the hostname resolves to, which may be reachable from other machines.
@@ -135,6 +144,7 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
     """Entry point of a spawned worker: a UserError goes to the launcher (which raises it, so a Python
     caller gets the exception and the command line its one line) and becomes the exit code; a collective
     that timed out names the workers whose heartbeat stopped."""
+    _die_with_parent()
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
     on_loopback()

@@ -81,6 +81,9 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         resolve(cfg.model)
     data = load_data()
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
+    if (cfg.early_stopping is not None or report is not None) and not len(data.val[1]):
+        raise UserError("early stopping and a search's pruner watch the validation set, and this data has none: "
+                        "give it validation images")
     cfg, more = strategy.prepare(cfg, data, parts)
     cfg, parts = _check_own(cfg, data, parts, resume)
     return RunPlan(cfg, planned, devices, data, resume, parts, {**layout, **more}, report)

@@ -141,6 +141,8 @@ class Trainer:
         # a checkpoint of an earlier version: its epochs count as validated
         state.validated = int(resume.get("validated", state.step // self.length.per_epoch))
         state.best_val_loss, state.since_best = resume.get("early_stopping", (math.inf, 0))
+        if self.cfg.early_stopping is not None and state.since_best >= self.cfg.early_stopping:
+            state.stop = "early"  # it had stopped early: resumed (or restarted), it trains no further
 
     # ---- the run ----
 
@@ -325,9 +327,12 @@ class Trainer:
         state.eval_time += time.perf_counter() - t_eval
         self.log.epoch(step=state.step, epoch=epoch + 1, epochs=self.length.epochs, val_accuracy=state.val[0],
                        val_loss=state.val[1], epoch_time_s=epoch_time)
-        state.validated = epoch + 1
-        self._watch_val_loss()
-        self._ask_to_go_on(epoch)
+        # a whole epoch's validation counts (a --max-time or signal stop in mid-epoch is validated again,
+        # whole, when the run is resumed)
+        if state.step >= min((epoch + 1) * self.length.per_epoch, self.length.total_steps):
+            state.validated = epoch + 1
+            self._watch_val_loss()
+            self._ask_to_go_on(epoch)
         self.t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
 
     def _watch_val_loss(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -206,6 +207,7 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
     process where one died (its trial is tried once more, then failed: see runner.after_death), and makes
     sure none of them outlives the search."""
     import multiprocessing
+    import multiprocessing.connection
     import signal
 
     from tqdm import tqdm
@@ -221,19 +223,21 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
         return process
 
     processes = {i: start(i) for i in range(parallel)}
-    deaths = 0
+    deaths, finished = 0, runner.counts(study)[0]  # deaths since a trial last finished
     # a log file gets a line per finished trial instead of a bar redrawn every second
     bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
     try:
         while processes:
             multiprocessing.connection.wait([p.sentinel for p in processes.values()], timeout=1.0)
+            if (now := runner.counts(study)[0]) > finished:  # the search moves on: its processes are sound
+                deaths, finished = 0, now
             for index, process in list(processes.items()):
                 if process.exitcode is None:
                     continue
                 del processes[index]
                 if process.exitcode == 0:
                     continue
-                if process.exitcode in (2, 130):  # bad input (said in its line) or Ctrl-C: the search's own end
+                if process.exitcode in (2, 130, 143):  # bad input (said in its line), Ctrl-C, SIGTERM: the end
                     stop_processes(list(processes.values()), signal.SIGINT)
                     raise UserError(f"search worker {index} stopped (exit code {process.exitcode}); run the same "
                                     "command again to resume", code=process.exitcode)
@@ -243,21 +247,24 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
                 what = runner.after_death(study, f"{socket.gethostname()}:{process.pid}", how)
                 if deaths > MAX_DEATHS_PER_PROCESS * parallel:
                     stop_processes(list(processes.values()), signal.SIGINT)
-                    raise UserError(f"the search's worker processes died {deaths} times (the last: {how}); the "
-                                    "search stopped: see the lines above, then run it again to resume", code=1)
+                    raise UserError(f"the search's worker processes died {deaths} times with no trial finished "
+                                    f"between (the last: {how}); the search stopped: see the lines above, then "
+                                    "run it again to resume", code=1)
                 print(f"search: worker process {index} died ({how}); {what}; a new one takes its place",
                       file=sys.stderr, flush=True)
                 processes[index] = start(index)
             _progress(bar, study)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or the storage failing under the progress poll: no process outlives us
         stop_processes(list(processes.values()), signal.SIGINT)
         raise
     finally:
-        _progress(bar, study)
+        with contextlib.suppress(Exception):  # the storage may be what failed
+            _progress(bar, study)
         bar.close()
 
 
-MAX_DEATHS_PER_PROCESS = 3  # more deaths than this (per process of the pool) is a fault of the search itself
+# more deaths than this (per process of the pool) with no trial finished between: a fault of the search itself
+MAX_DEATHS_PER_PROCESS = 3
 
 
 def _progress(bar: Any, study: Any) -> None:

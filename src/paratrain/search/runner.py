@@ -111,12 +111,17 @@ class TrialReport:
     def __call__(self, epoch: int, value: float) -> bool:
         import optuna
 
-        if self._trial is None:
-            study = optuna.load_study(study_name=self.study, storage=storage(self.url, create_tables=False),
-                                      pruner=make_pruner(self.pruner))
-            self._trial = optuna.trial.Trial(study, self.trial_id)
-        self._trial.report(value, epoch)
-        return bool(self._trial.should_prune())
+        try:
+            if self._trial is None:
+                study = optuna.load_study(study_name=self.study, storage=storage(self.url, create_tables=False),
+                                          pruner=make_pruner(self.pruner))
+                self._trial = optuna.trial.Trial(study, self.trial_id)
+            self._trial.report(value, epoch)
+            return bool(self._trial.should_prune())
+        except Exception as e:  # noqa: BLE001 (the storage busy or gone): the trial trains on, unpruned
+            print(f"paratrain: warning: could not report epoch {epoch} to the search's pruner ({type(e).__name__}: "
+                  f"{scrubbed(str(e), self.url)[:200]}); the trial goes on", file=sys.stderr, flush=True)
+            return False
 
 
 def storage(url: str, create_tables: bool = True) -> Any:
@@ -260,26 +265,37 @@ def after_death(study: Any, worker: str, how: str) -> str:
     """The pool process `worker` (host:pid) died, most often killed for memory in the middle of a trial that
     runs in it: that trial is queued once more; one that already was (it killed its process twice) is
     failed with the reason, and the search goes on. Returns what was done, in words."""
+    import optuna
     from optuna.trial import TrialState
 
-    said = []
+    said: list[str] = []
     for t in study.get_trials(deepcopy=False):
         if t.state != TrialState.RUNNING or t.user_attrs.get("worker") != worker:
             continue
-        # attributes first: a finished trial takes no more
-        study._storage.set_trial_user_attr(t._trial_id, "process_died", how)  # trials.csv says so
-        if "died" in t.user_attrs:  # its second life ended the same way
-            study._storage.set_trial_user_attr(t._trial_id, "error", f"its process died twice ({how}; out of "
-                                               "memory?); not tried again")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            said.append(f"trial {t.number} failed (its process died twice)")
+        try:
+            _bury(study, t, how, said)
+        except optuna.exceptions.UpdateFinishedTrialError:  # the stale-heartbeat callback got there first
             continue
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        params = {**t.system_attrs.get("fixed_params", {}), **t.params}
-        kept = {k: v for k, v in t.user_attrs.items() if k not in ("worker", "process_died")}
-        study.enqueue_trial(params, user_attrs={**kept, "retry_of": t.number, "died": how})
-        said.append(f"trial {t.number} is queued again, once")
     return "; ".join(said) or "it was between trials"
+
+
+def _bury(study: Any, t: Any, how: str, said: list[str]) -> None:
+    """after_death for one trial of the dead process."""
+    from optuna.trial import TrialState
+
+    # attributes first: a finished trial takes no more
+    study._storage.set_trial_user_attr(t._trial_id, "process_died", how)  # trials.csv says so
+    if "died" in t.user_attrs:  # its second life ended the same way
+        study._storage.set_trial_user_attr(t._trial_id, "error", f"its process died twice ({how}; out of "
+                                           "memory?); not tried again")
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        said.append(f"trial {t.number} failed (its process died twice)")
+        return
+    study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    params = {**t.system_attrs.get("fixed_params", {}), **t.params}
+    kept = {k: v for k, v in t.user_attrs.items() if k not in ("worker", "process_died")}
+    study.enqueue_trial(params, user_attrs={**kept, "retry_of": t.number, "died": how})
+    said.append(f"trial {t.number} is queued again, once")
 
 
 def counts(study: Any) -> tuple[int, int, int]:
@@ -360,6 +376,12 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
             raise  # is left running and queued again on resume
         except UserError as e:  # a NaN loss, an impossible combination: this point fails, the search goes on
             trial.set_user_attr("error", str(e))
+            return float("nan")
+        except Exception as e:  # noqa: BLE001 (a CUDA out-of-memory error, a bug of a network): this point fails
+            import traceback
+
+            traceback.print_exc()
+            trial.set_user_attr("error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
             return float("nan")
         for key in ("test_accuracy", "train_time_s", "val_loss", "examples_per_sec"):
             trial.set_user_attr(key, summary[key])
