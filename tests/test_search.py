@@ -131,7 +131,9 @@ def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path
     done = _complete(out)
     assert len(done) == 8  # 4 x 2 distinct networks trained; a member equal to a trained one reused its value,
     generations = sorted(int(r["generation"]) for r in done)  # so later generations may hold the last ones
-    assert generations[:4] == [0, 0, 0, 0] and generations[4] >= 1
+    # generation 0 takes the trials started before 4 of them finished (with 2 at once, up to 5; fewer
+    # trainings where a member reused a value): 8 trainings reach a later generation
+    assert generations[0] == 0 and generations.count(0) <= 5 and generations[-1] >= 1, generations
     assert len({r["worker"] for r in done}) == 2  # two trial processes shared the work
     assert "search: best validation accuracy" in proc.stdout
 
