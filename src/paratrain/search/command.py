@@ -147,9 +147,9 @@ def device_plan(accelerator: str, parallel: int, per_trial: int, threads: int) -
     """Which devices each of the pool's processes gives its trials (disjoint GPU sets), for the start line
     and summary.yaml."""
     from ..devices import Plan
-    from ..runplan import device_map
+    from .runner import trial_devices
 
-    slots = [list(device_map(Plan(accelerator, per_trial, threads, ""), i * per_trial)) for i in range(parallel)]
+    slots = [list(trial_devices(Plan(accelerator, per_trial, threads, ""), i)) for i in range(parallel)]
     if accelerator == "gpu":
         described = "; ".join(f"trials of process {i}: {','.join(d)}" for i, d in enumerate(slots))
     else:

@@ -438,6 +438,14 @@ def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) 
     return None
 
 
+def trial_devices(hardware: Any, index: int) -> tuple[str, ...]:
+    """The devices of the trials that pool process `index` runs: GPUs index*D .. index*D+D-1 (disjoint from
+    the other processes'), or the CPU."""
+    from ..runplan import device_map
+
+    return device_map(hardware, index * hardware.workers)
+
+
 def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerator: str,
               devices_per_trial: int, report: Any = None) -> dict[str, Any]:
     """One trial, planned as `paratrain train` plans a run: in this process on one device, or data-parallel
@@ -448,7 +456,7 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
     from ..train import fit
 
     hardware = Plan(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
-    devices = runplan.device_map(hardware, index * devices_per_trial)
+    devices = trial_devices(hardware, index)
     cfg = cfg.replace(accelerator=accelerator, devices=str(devices_per_trial))
     plan = runplan.make(cfg, lambda: data, hardware=hardware, devices=devices, report=report)
     if devices_per_trial > 1:
