@@ -90,7 +90,8 @@ def test_search_flag_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
                           (("--parallel", "64"), "exceed the"),
                           (("--population", "0"), "--population must be at least 1"),
                           (("--epochs-per-trial", "0"), "--epochs must be at least 1"),
-                          (("--epochs-per-trial", "2", "--epochs", "3"), "not both")):
+                          (("--epochs-per-trial", "2", "--epochs", "3"), "not both"),
+                          (("--time-budget", "0"), "--time-budget must be a number of seconds above 0")):
         code = main(["search", "--space", path, "--out", str(tmp_path / "o"), *args])
         err = capsys.readouterr().err
         assert code == 2 and message in err, err
@@ -419,6 +420,38 @@ def test_messages_name_what_differs_and_the_likely_key() -> None:
     new = {"sampler": "random", "space": {"width": [8, 16]}, "base": {"steps": 6, "seed": 0}}
     assert _differences(old, new) == "steps 5 there, 6 here"
     assert _differences({**old, "sampler": "tpe"}, old) == "sampler tpe there, random here"
+    assert _differences({**old, "pruner": "median"}, old) == "pruner median there, none here"
+
+
+def test_a_worker_that_would_prune_otherwise_is_refused(tmp_path: Path) -> None:
+    from paratrain.search.runner import Settings, open_study
+
+    sp = space.parse({"fixed": {"model": "mlp", "dataset": "synthetic"}, "params": {"width": [8, 16]}})
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    base = {"model": "mlp", "dataset": "synthetic", "seed": 0}
+    open_study(Settings("random", 4, 2, None, 0.9, 2, 1, 1, url, "s", str(tmp_path), 0, False, "median"), sp, base)
+    joined = open_study(Settings("random", 4, 2, None, 0.9, 2, 1, 1, url, "s", str(tmp_path), 0, True, "median"),
+                        sp, {**base, "data_dir": "elsewhere"})  # a data folder of its own machine is no difference
+    assert joined.user_attrs["budget"] == 2
+    with pytest.raises(UserError, match="prunes with --pruner median; give the same --pruner to this worker"):
+        open_study(Settings("random", 4, 2, None, 0.9, 2, 1, 1, url, "s", str(tmp_path), 0, True, "none"), sp, base)
+
+
+def test_no_trial_starts_after_the_time_budget(tmp_path: Path) -> None:
+    """--time-budget: the pool's processes start no trial once the deadline in the study has passed."""
+    from paratrain.search.runner import Settings, counts, open_study, worker
+
+    sp = space.parse({"fixed": {"model": "mlp", "dataset": "synthetic"}, "params": {"width": [8, 16, 32]}})
+    base = {"model": "mlp", "dataset": "synthetic", "seed": 0, "steps": 1}
+    s = Settings("random", 4, 2, None, 0.9, 3, 1, 1, f"sqlite:///{tmp_path / 'study.db'}", "s", str(tmp_path), 0,
+                 False)
+    study = open_study(s, sp, base)
+    study.set_user_attr("deadline", time.time() - 1)
+    worker(0, s, sp, base, 1, "cpu")
+    assert counts(study) == (0, 0, 0)
+    study.set_user_attr("deadline", time.time() + 3600)
+    worker(0, s, sp, base, 1, "cpu")
+    assert counts(study)[0] == 3
 
 
 # ---- a password in the storage URL stays secret ----

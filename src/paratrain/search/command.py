@@ -43,6 +43,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                                      "--out); postgresql://... lets workers on several machines share the study")
     p.add_argument("--study", default="search", help="study name in the storage (default: search)")
     p.add_argument("--worker", action="store_true", help="join a study another `paratrain search` started")
+    p.add_argument("--time-budget", type=float, help="seconds: start no trial after this much of the search's "
+                                                     "wall time (the running ones finish); run it again to go on")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and of every trial's training")
     p.add_argument("--out", required=True, help="output folder")
 
@@ -88,6 +90,8 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     study = runner.open_study(settings, sp, base)
     if not args.worker and study.user_attrs.get("exhausted"):  # a resumed search tries again, with new seeds
         study.set_user_attr("exhausted", None)
+    if not args.worker:  # a time budget counts from this start; a search run again without one has none
+        study.set_user_attr("deadline", time.time() + args.time_budget if args.time_budget else None)
     if not args.worker and settings.storage.startswith("sqlite"):
         requeued = runner.requeue_abandoned(study)
         if requeued:
@@ -104,12 +108,16 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     start = time.perf_counter()
     _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
     wall = time.perf_counter() - start
+    done = runner.counts(study)[0]
+    if args.time_budget and not args.worker and done < budget:
+        print(f"search: the time budget of {args.time_budget:.0f} s is spent, {done} of {budget} trials done; run "
+              "the same command again (with a new --time-budget, or none) to go on")
     if study.user_attrs.get("exhausted"):
         print(f"search: ended early: {study.user_attrs['exhausted']}; the space has no new points left to try")
     if args.worker:
         print(f"search worker: done after {wall:.0f} s")
         return 0
-    result = report.write(study, base, out, wall, devices)
+    result = report.write(study, base, out, wall, devices, args.time_budget)
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
@@ -175,6 +183,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if args.time_budget is not None and args.time_budget <= 0:
+        raise UserError(f"--time-budget must be a number of seconds above 0, not {args.time_budget}")
     for name in ("mutation_prob", "crossover_prob"):
         value = getattr(args, name)
         if value is not None and not 0 <= value <= 1:

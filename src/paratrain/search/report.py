@@ -43,7 +43,7 @@ def leaderboard(trials: list[dict[str, Any]], top: int = 10) -> str:
 
 
 def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
-          devices: dict[str, Any] | None = None) -> dict[str, Any]:
+          devices: dict[str, Any] | None = None, time_budget_s: float | None = None) -> dict[str, Any]:
     trials = rows(study)
     done = [r for r in trials if r["state"] == "COMPLETE" and r["reused"] is None]  # trainings
     if not done:
@@ -70,7 +70,8 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
                "reused": sum(r["reused"] is not None for r in trials),
                "pruned": sum(r["state"] == "PRUNED" for r in trials),
                "best_trial": best["number"], "best_val_accuracy": best["value"], "best_params": best["params"],
-               "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s, "importance": importances,
+               "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s,
+               "time_budget_s": time_budget_s, "importance": importances,
                # proposals that repeated a trained point and were drawn again instead of trained
                "redrawn": sum(t.user_attrs.get("duplicate_of") is not None and t.user_attrs.get("reused") is None
                               for t in study.get_trials(deepcopy=False)),

@@ -212,6 +212,11 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
         else:
             raise UserError(f"the study '{s.study}' in {masked(s.storage)} was never set up; start it again "
                             "without --worker")
+        # its data folder may be elsewhere on this machine, but its trials must be pruned as the others are
+        joined = described(study) or {}
+        if joined.get("pruner", "none") != s.pruner:
+            raise UserError(f"the study '{s.study}' prunes with --pruner {joined.get('pruner', 'none')}; give the "
+                            "same --pruner to this worker")
     elif saved is not None and not s.worker and saved != what:
         raise UserError(f"the study '{s.study}' in {masked(s.storage)} was made by another search "
                         f"({_differences(saved, what)}); use another --out or --study, or the same options to carry "
@@ -224,6 +229,8 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> str:
     found = []
     if saved.get("sampler") != now["sampler"]:
         found.append(f"sampler {saved.get('sampler')} there, {now['sampler']} here")
+    if saved.get("pruner", "none") != now.get("pruner", "none"):
+        found.append(f"pruner {saved.get('pruner', 'none')} there, {now.get('pruner', 'none')} here")
     if saved.get("space") != now["space"]:
         found.append("another space")
     old, new = saved.get("base", {}), now["base"]
@@ -395,7 +402,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
         finished, running, waiting = counts(study)
         if (grid and not waiting) or (not grid and not waiting and finished + running >= budget):
             return
-        if study.user_attrs.get("exhausted"):
+        if study.user_attrs.get("exhausted") or past_deadline(study):
             return
         if redraws[0] >= MAX_REDRAWS:
             study.set_user_attr("exhausted", f"the sampler proposed only points already trained, {MAX_REDRAWS} "
@@ -406,6 +413,13 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
 
 
 MAX_REDRAWS = 100
+
+
+def past_deadline(study: Any) -> bool:
+    """--time-budget: no trial starts after the deadline that the search's first process recorded in the
+    study (a --worker on another machine keeps it too); trials running then finish."""
+    deadline = study.user_attrs.get("deadline")
+    return deadline is not None and time.time() >= deadline
 
 
 def finished_value(study: Any, number: int) -> float | None:
