@@ -50,6 +50,9 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
         return {"trials": len(trials), "best": None}
     best = max(done, key=lambda r: r["value"])
     config = {k: v for k, v in {**base, **best["params"]}.items() if k not in RUN_ONLY}
+    per_trial = (devices or {}).get("devices_per_trial", 1)
+    if per_trial > 1:  # a pipeline or a data-parallel trial: `train --config best.yaml` runs it on as many
+        config["devices"] = per_trial
     (out / "best.yaml").write_text(f"# paratrain search: trial {best['number']}, validation accuracy "
                                    f"{best['value']:.4f}; use with `paratrain train --config best.yaml`\n"
                                    + yaml.safe_dump(config, sort_keys=False))
