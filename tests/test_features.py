@@ -511,6 +511,24 @@ def test_early_stopping_ends_the_run_after_patience_epochs_without_a_lower_val_l
     assert not learning["stopped_early"] and learning["epochs_validated"] == 3  # the loss fell every epoch
     with pytest.raises(UserError, match="--early-stopping watches the validation loss"):
         _cfg(early_stopping=2, val_size=0)
+    with pytest.raises(UserError, match="--early-stopping must be at least 1, not 0"):
+        _cfg(early_stopping=0)
+
+
+@pytest.mark.integration
+def test_early_stopping_on_two_workers_stops_as_one_and_a_resumed_run_keeps_its_count(tmp_path: Path) -> None:
+    """Both workers stop after the epoch one worker stops after (the validation loss they decide on is
+    all-reduced), and a run stopped after 2 epochs (one without a lower loss) and resumed on 2 workers stops
+    after 1 more, not 2: the count of epochs without a lower loss is carried in the checkpoint."""
+    flat = ("--batch-size", "256", "--optimizer", "gd", "--lr", "1e-30", "--early-stopping", "2", "--seed", "3")
+    one = train(tmp_path / "one", *flat, "--epochs", "30", "--devices", "1")
+    two = train(tmp_path / "two", *flat, "--epochs", "30", "--devices", "2")
+    assert one["stopped_early"] and two["stopped_early"] and two["epochs_validated"] == one["epochs_validated"] == 3
+    assert two["steps"] == one["steps"]
+    part = train(tmp_path / "part", *flat, "--epochs", "2", "--devices", "2")
+    assert part["epochs_validated"] == 2 and not part["stopped_early"]
+    resumed = train(tmp_path / "part", "--resume", str(tmp_path / "part"), "--epochs", "30")
+    assert resumed["stopped_early"] and resumed["epochs_validated"] == 3 and resumed["steps"] == two["steps"]
 
 
 def test_a_checkpoint_at_an_epochs_end_is_validated_on_resume(tmp_path: Path) -> None:

@@ -423,6 +423,16 @@ def test_messages_name_what_differs_and_the_likely_key() -> None:
     assert _differences({**old, "pruner": "median"}, old) == "pruner median there, none here"
 
 
+def test_the_last_line_says_how_the_trainings_ended() -> None:
+    from paratrain.search.command import _trainings
+
+    result = {"complete": 23, "pruned": 177, "failed": 0, "reused": 43, "redrawn": 44}
+    assert _trainings(result) == ("200 trainings (23 to the end, 177 pruned; 43 proposals reused a finished trial's "
+                                  "value; 44 repeated a training one and were drawn again)")
+    assert _trainings({**result, "failed": 2, "reused": 0, "redrawn": 0}) == \
+        "202 trainings (23 to the end, 177 pruned, 2 failed)"
+
+
 def test_a_worker_that_would_prune_otherwise_is_refused(tmp_path: Path) -> None:
     from paratrain.search.runner import Settings, open_study
 

@@ -121,12 +121,20 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
-    redrawn = f" ({result['redrawn']} proposals that repeated a trained point were drawn again)" \
-        if result["redrawn"] else ""
     print(f"search: best validation accuracy {result['best_val_accuracy']:.4f} (trial {result['best_trial']}); "
-          f"its test accuracy {result['best_test_accuracy']:.4f}; {result['complete']} trials in {wall:.0f} s"
-          f"{redrawn}; best.yaml, trials.csv, leaderboard.md, summary.yaml, fitness.png, importance.png in {out}")
+          f"its test accuracy {result['best_test_accuracy']:.4f}; {_trainings(result)} in {wall:.0f} s; best.yaml, "
+          f"trials.csv, leaderboard.md, summary.yaml, fitness.png, importance.png in {out}")
     return 0
+
+
+def _trainings(result: dict[str, Any]) -> str:
+    """What the budget bought: trainings, and how they ended (a pruned trial is a training cut short)."""
+    parts = [f"{result['complete']} to the end", f"{result['pruned']} pruned"]
+    parts += [f"{result['failed']} failed"] if result["failed"] else []
+    more = [f"{result['reused']} proposals reused a finished trial's value"] if result["reused"] else []
+    more += [f"{result['redrawn']} repeated a training one and were drawn again"] if result["redrawn"] else []
+    trained = result["complete"] + result["pruned"] + result["failed"]
+    return f"{trained} trainings ({', '.join(parts)}{'; ' if more else ''}{'; '.join(more)})"
 
 
 def _storage_url(args: argparse.Namespace, out: Any) -> str:
