@@ -74,8 +74,10 @@ def make_sampler(s: Settings, index: int = 0, done: int = 0) -> Any:
 
     seed = sampler_seed(s, index, done)
     if s.sampler == "genetic":
-        return optuna.samplers.NSGAIISampler(population_size=s.population, mutation_prob=s.mutation_prob,
-                                             crossover_prob=s.crossover_prob, seed=seed)
+        from .genetic import PrunedCountingNSGAII
+
+        return PrunedCountingNSGAII(population_size=s.population, mutation_prob=s.mutation_prob,
+                                    crossover_prob=s.crossover_prob, seed=seed)
     if s.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     return optuna.samplers.RandomSampler(seed=seed)  # random; grid: every point is queued up front (open_study)
