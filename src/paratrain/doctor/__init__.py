@@ -82,11 +82,15 @@ def sweep_here(accelerator: str, workers: int, threads: int, timeout_s: float) -
     deadline = started + 60 + SWEEP_BUDGET_S + 2 * timeout_s  # start-up, the sweep, a call that times out
     found: dict[int, tuple[str, Any]] = {}
     try:
-        while len(found) < workers:
+        while len(found) < workers and time.monotonic() < deadline:
             try:
-                rank, status, value = results.get(timeout=max(0.1, deadline - time.monotonic()))
+                rank, status, value = results.get(timeout=1.0)
             except queues.Empty:
-                break
+                for rank, p in enumerate(processes):  # a worker that died without a word (killed, crashed)
+                    if rank not in found and p.exitcode not in (None, 0):
+                        found[rank] = ("error", f"its process ended with exit code {p.exitcode}")
+                        deadline = min(deadline, time.monotonic() + 5)
+                continue
             found[rank] = (status, value)
             if status == "error":  # the others fail too, or wait on the one that failed: a little grace
                 deadline = min(deadline, time.monotonic() + 5)

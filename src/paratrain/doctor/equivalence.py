@@ -47,8 +47,8 @@ def check(accelerator: str, n: int, threads: int) -> list[dict[str, Any]]:
             used = 2 if strategy == "pipeline" else n
             result: dict[str, Any] = {"strategy": strategy, "devices": used, "steps": STEPS}
             try:
-                many = _train(Path(tmp) / strategy, accelerator, strategy, n, max(1, threads // used)
-                              if strategy != "tower" else threads, data)
+                # the tower is planned as N workers, then runs as one process with their threads
+                many = _train(Path(tmp) / strategy, accelerator, strategy, n, max(1, threads // used), data)
                 result["max_abs_diff"] = max(float((one[k] - many[k]).abs().max()) for k in one)
                 result["ok"] = result["max_abs_diff"] <= BOUND
             except (UserError, RuntimeError) as e:  # a strategy that failed here is the check's finding
