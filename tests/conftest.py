@@ -152,3 +152,29 @@ def veth_namespaces(subnet: str) -> Iterator[tuple[list[str], list[str]]]:
     finally:  # removing a namespace removes its end of the veth pair, and so the pair
         for ns in names:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+class FakeGPUs:
+    """An inventory of `count` GPUs as torch.cuda reports it (count, names, memory, capability, peer
+    access), for the planning paths that must be right before the first GPU is lent; nothing runs on them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+
+    def __call__(self, count: int, name: str = "NVIDIA H100 80GB HBM3", memory_gib: int = 80) -> None:
+        from types import SimpleNamespace
+
+        props = SimpleNamespace(name=name, total_memory=memory_gib * 2**30, major=9, minor=0)
+        patch = self.monkeypatch
+        patch.setattr(torch.cuda, "device_count", lambda: count)
+        patch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        patch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+        patch.setattr(torch.cuda, "mem_get_info", lambda i=0: (memory_gib * 2**30 - 2**30, memory_gib * 2**30))
+        patch.setattr(torch.cuda, "can_device_access_peer", lambda i, j: True)
+        patch.setattr(torch.cuda, "set_device", lambda device: None)
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> FakeGPUs:
+    """fake_gpus(N): torch.cuda reports N GPUs (see FakeGPUs)."""
+    return FakeGPUs(monkeypatch)

@@ -64,8 +64,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0) -> list[subprocess.Popen]:
-    """One torchrun agent per node, node 0 hosting the rendezvous; node i writes into out/node{i}."""
+def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0,
+           command: tuple[str, ...] | None = None) -> list[subprocess.Popen]:
+    """One torchrun agent per node, node 0 hosting the rendezvous; node i writes into out/node{i}. The
+    command is a training of TRAIN and `extra`, or `command` (paratrain's arguments)."""
     port = _free_port()  # free here; in the namespaces every port is free
     job = uuid.uuid4().hex[:8]
     agents = []
@@ -78,8 +80,8 @@ def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0) -> list
         cmd = [*node.prefix, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
                "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{nodes[0].address}:{port}", "--rdzv-id", job,
                "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", node.address, "--max-restarts",
-               str(restarts), "--monitor-interval", "0.5", "-m", "paratrain", "train", *TRAIN, *extra,
-               "--out", str(out / f"node{i}")]
+               str(restarts), "--monitor-interval", "0.5", "-m", "paratrain",
+               *(command or ("train", *TRAIN, *extra)), "--out", str(out / f"node{i}")]
         agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True))
     return agents
@@ -171,3 +173,19 @@ def test_killed_worker_on_one_node_restarts_to_the_same_weights(nodes: list[Node
     assert max_abs_diff(state["model"], whole["model"]) <= 1e-6
     momentum = [{str(k): v["momentum_buffer"] for k, v in s["optimizer"]["state"].items()} for s in (state, whole)]
     assert max_abs_diff(*momentum) <= 1e-6
+
+
+def test_the_doctor_on_two_nodes_reports_each_and_the_link_between_them(nodes: list[Node], tmp_path: Path) -> None:
+    """`paratrain doctor` under torchrun: rank 0 reports both nodes' inventories and an all-reduce sweep whose
+    bytes crossed the veth pair."""
+    before = [_sent(node) for node in nodes]
+    logs = _finish(_start(nodes, tmp_path, command=("doctor", "--timeout", "30")))
+    sent = [_sent(node) - b for node, b in zip(nodes, before, strict=True)]
+    written = [d for d in (tmp_path / "node0", tmp_path / "node1") if (d / "doctor.json").is_file()]
+    assert len(written) == 1  # rank 0 speaks for the group
+    report = json.loads((written[0] / "doctor.json").read_text())
+    assert report["passed"] and sorted(n["node"] for n in report["nodes"]) == [0, 1]
+    rows = report["collectives"]["rows"]
+    assert all(r["wrong"] == 0 for r in rows) and rows[-1]["bytes"] >= 2**20
+    assert min(sent) > rows[-1]["bytes"] // 2, sent  # the sweep's largest message crossed between the nodes
+    assert "across 2 node(s)" in "".join(logs) and "doctor: every check passed" in "".join(logs)

@@ -172,14 +172,26 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
 
 
 def plan_curve(rows: list, path: Path, link: str) -> None:
+    """Throughput and scaling efficiency against the device count, the axis labelled with the counts (1, 2,
+    4, ... 1024), not as powers of ten."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax, eff) = plt.subplots(1, 2, figsize=(11, 4.5))
     ns = [plain["devices"] for plain, _ in rows]
     ax.plot(ns, [p["examples_per_sec"] for p, _ in rows], marker="o", label="no overlap")
     ax.plot(ns, [o["examples_per_sec"] for _, o in rows], marker="s", label="all-reduce overlapped")
     ax.plot(ns, [rows[0][0]["examples_per_sec"] * n for n in ns], "--", color="gray", label="ideal (linear)")
-    ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="examples / second",
-           title=f"Predicted data-parallel throughput ({link})")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.set(yscale="log", ylabel="examples / second", title=f"Predicted data-parallel throughput ({link})")
+    eff.plot(ns, [100 * p["efficiency"] for p, _ in rows], marker="o", label="no overlap")
+    eff.plot(ns, [100 * o["efficiency"] for _, o in rows], marker="s", label="all-reduce overlapped")
+    eff.set(ylabel="scaling efficiency (%)", ylim=(0, 105), title="Scaling efficiency (throughput / (N x one))")
+    for a in (ax, eff):
+        a.set_xscale("log", base=2)
+        a.xaxis.set_major_locator(FixedLocator(ns))
+        a.xaxis.set_minor_locator(NullLocator())
+        a.set_xticks(ns, [str(n) for n in ns], fontsize=7)
+        a.set_xlabel("devices")
+        a.grid(alpha=0.3, which="both")
+        a.legend(fontsize=8)
     _save(fig, path)

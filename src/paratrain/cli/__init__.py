@@ -8,11 +8,11 @@ import sys
 
 from ..errors import UserError, one_line
 from ..interrupt import Stopped
-from . import bench, devices, evaluate, plan, recipes, report, search, train
+from . import bench, devices, doctor, evaluate, plan, recipes, report, search, train
 from .parser import Parser
 from .train import resolve_config
 
-COMMANDS = (devices, recipes, train, bench, search, report, plan, evaluate)  # in the order --help lists them
+COMMANDS = (devices, doctor, recipes, train, bench, search, report, plan, evaluate)  # in the order --help lists them
 
 
 def build_parser() -> argparse.ArgumentParser:

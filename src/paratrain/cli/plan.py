@@ -15,8 +15,8 @@ from .parser import at_least_one
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="predict scaling to 1..1024 devices from a bench (ring all-reduce model)")
     p.add_argument("--results", required=True, help="a bench report folder (or its results.json)")
-    p.add_argument("--link", default="measured", help="pcie4, nvlink4, ib-ndr, ethernet-25g, or measured "
-                   "(2 local gloo processes; default)")
+    p.add_argument("--link", default="measured", help="pcie4, nvlink4, ib-ndr, ethernet-25g, measured "
+                   "(2 local gloo processes; default), or a link.json of `paratrain doctor --out DIR`")
     p.add_argument("--bandwidth-gbs", type=float, help="explicit all-reduce bandwidth, GB/s")
     p.add_argument("--latency-us", type=float, help="explicit per-message latency, microseconds")
     p.add_argument("--per-device-batch", type=int, help="weak scaling with this batch per device "
@@ -41,7 +41,12 @@ def _link(args: argparse.Namespace, plan: Any) -> tuple[str, float, float]:
         return "measured (2 local gloo processes)", *plan.measure_link()
     if args.link in plan.LINKS:
         return args.link, *plan.LINKS[args.link]
-    raise UserError(f"unknown --link '{args.link}'; choose measured, {', '.join(plan.LINKS)}")
+    if args.link.endswith(".json") or Path(args.link).is_file():  # what `paratrain doctor --out DIR` measured
+        from ..doctor import read_link
+
+        return read_link(args.link)
+    raise UserError(f"unknown --link '{args.link}'; choose measured, {', '.join(plan.LINKS)}, or a link.json that "
+                    "`paratrain doctor --out DIR` wrote")
 
 
 def _predictions(args: argparse.Namespace, plan: Any, w: Any, b: int, bw: float, lat: float) -> list[tuple]:

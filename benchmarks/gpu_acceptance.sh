@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GPU acceptance: on a machine with GPUs, the GPU tests, `paratrain doctor`, a bench over cpu / gpu:1 /
+# gpu:N / tower-gpu:N, and the fastest CIFAR-10 recipe there is (time-capped), into one report.
+#
+#   benchmarks/gpu_acceptance.sh [OUT]          (default OUT: gpu-acceptance; the report is OUT/report.md)
+#   DATA=../shared/data RECIPE=cifar10-tutorial MAX_TIME=600 benchmarks/gpu_acceptance.sh
+#
+# DATA is a folder holding cifar-10-batches-bin/ (without it the bench uses synthetic data and the recipe is
+# left out, said in the report). On a host without a CUDA GPU it refuses in one line (exit 2).
+set -uo pipefail
+OUT=${1:-gpu-acceptance}
+PY=${PYTHON:-python}
+GPUS=$($PY -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+if [ "$GPUS" -lt 1 ]; then
+    echo "gpu_acceptance: no CUDA GPU is visible here (torch.cuda.is_available() is False); run it on a machine with GPUs" >&2
+    exit 2
+fi
+mkdir -p "$OUT"
+REPORT="$OUT/report.md"
+RECIPE=${RECIPE:-cifar10-tutorial}
+MAX_TIME=${MAX_TIME:-600}
+status=0
+section() { printf '\n## %s\n\n```\n' "$1" >>"$REPORT"; }
+run() {  # the command, its output into the report, its exit status remembered
+    echo "\$ $*" >>"$REPORT"
+    "$@" >>"$REPORT" 2>&1 || { echo "(exit status $?)" >>"$REPORT"; status=1; }
+    printf '```\n' >>"$REPORT"
+}
+echo "# GPU acceptance, $(date -u +%Y-%m-%dT%H:%MZ), $(hostname), $GPUS GPU(s)" >"$REPORT"
+section "GPU tests"
+run $PY -m pytest -q -m gpu tests -p no:cacheprovider
+section "paratrain doctor"
+run $PY -m paratrain doctor --out "$OUT/doctor"
+CONFIGS="cpu:1t,gpu:1"
+[ "$GPUS" -gt 1 ] && CONFIGS="$CONFIGS,gpu:$GPUS,tower-gpu:$GPUS"
+if [ -n "${DATA:-}" ] && [ -d "$DATA/cifar-10-batches-bin" ]; then
+    BENCH_DATA=(--model cifar10-net --dataset cifar10 --data-dir "$DATA/cifar-10-batches-bin")
+else
+    BENCH_DATA=(--dataset synthetic)
+fi
+section "paratrain bench ($CONFIGS)"
+run $PY -m paratrain bench "${BENCH_DATA[@]}" --configs "$CONFIGS" --steps 300 --repeats 3 --out "$OUT/bench"
+section "recipe $RECIPE for at most $MAX_TIME s"
+if [ -n "${DATA:-}" ] && [ -d "$DATA/cifar-10-batches-bin" ]; then
+    run $PY -m paratrain train --recipe "$RECIPE" --data-dir "$DATA/cifar-10-batches-bin" --max-time "$MAX_TIME" \
+        --no-tensorboard --overwrite --out "$OUT/recipe"
+else
+    echo "left out: give DATA=FOLDER holding cifar-10-batches-bin/" >>"$REPORT"
+    printf '```\n' >>"$REPORT"
+fi
+echo "gpu_acceptance: report in $REPORT (exit status $status)"
+exit $status

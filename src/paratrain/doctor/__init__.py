@@ -1,0 +1,255 @@
+"""`paratrain doctor`: does multi-device training work here, and how fast are the links?
+
+    inventory     versions, GPUs, peer access, cores, what --devices auto picks (every node under torchrun)
+    collectives   an all-reduce sweep over message sizes on the workers a run would start (nccl-tests'
+                  figures and its check of every element), broadcast and barrier; the fitted link for
+                  `paratrain plan --link FILE`
+    equivalence   10 steps on 1 device and on N, per strategy, compared weight by weight
+
+Each check ends ok, slow (a warning) or failed, with what to do; a hung collective fails after a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue as queues
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+
+SWEEP_BUDGET_S = 10.0  # the all-reduce sweep stops at the first size past this time
+LINK_FILE = "link.json"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok", "slow", "failed"
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f": {self.fix}" if self.fix and self.status != "ok" else ""
+        return f"{self.status:<7}{self.name}: {self.detail}{fix}"
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def max_message_bytes(accelerator: str, workers: int) -> int:
+    """The largest message of the sweep: 256 MiB, or less where memory is short (a buffer per worker, and
+    the collective's own copies)."""
+    import torch
+
+    from ..devices import _memory_gib
+    from .collectives import SIZES
+
+    if accelerator == "gpu":
+        free = min(torch.cuda.mem_get_info(i)[0] for i in range(workers))
+    else:
+        free = (_memory_gib() or 4) * 2**30 / workers
+    return int(min(SIZES[-1], free / 4))
+
+
+def sweep_here(accelerator: str, workers: int, threads: int, timeout_s: float) -> tuple[dict | None, str | None]:
+    """The sweep on `workers` spawned processes of this machine: (rank 0's result, None) or (None, why)."""
+    from ..devices import Plan
+    from ..launch import free_port, stop_processes
+    from ..runplan import device_map
+    from .collectives import spawned
+
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    devices = list(device_map(Plan(accelerator, workers, threads, "")))
+    port = free_port()
+    processes = [spawn.Process(target=spawned, args=(rank, workers, port, devices, SWEEP_BUDGET_S, timeout_s,
+                                                      max_message_bytes(accelerator, workers), threads, results),
+                               daemon=True) for rank in range(workers)]
+    for p in processes:
+        p.start()
+    started = time.monotonic()
+    deadline = started + 60 + SWEEP_BUDGET_S + 2 * timeout_s  # start-up, the sweep, a call that times out
+    found: dict[int, tuple[str, Any]] = {}
+    try:
+        while len(found) < workers and time.monotonic() < deadline:
+            try:
+                rank, status, value = results.get(timeout=1.0)
+            except queues.Empty:
+                for rank, p in enumerate(processes):  # a worker that died without a word (killed, crashed)
+                    if rank not in found and p.exitcode not in (None, 0):
+                        found[rank] = ("error", f"its process ended with exit code {p.exitcode}")
+                        deadline = min(deadline, time.monotonic() + 5)
+                continue
+            found[rank] = (status, value)
+            if status == "error":  # the others fail too, or wait on the one that failed: a little grace
+                deadline = min(deadline, time.monotonic() + 5)
+    finally:
+        stop_processes([p for p in processes if p.is_alive()], signal.SIGKILL)
+    errors = [f"worker {r}: {v}" for r, (s, v) in sorted(found.items()) if s == "error"]
+    if errors:
+        return None, "; ".join(errors[:2])
+    if len(found) < workers:
+        missing = sorted(set(range(workers)) - set(found))
+        return None, (f"worker(s) {', '.join(map(str, missing))} gave no result within "
+                      f"{time.monotonic() - started:.0f} s (a hung collective)")
+    return found[0][1], None
+
+
+def collective_checks(result: dict | None, error: str | None, backend: str, workers: int,
+                      gpu_link: dict | None) -> list[Check]:
+    where = f"{workers} {backend} workers"
+    fix = ("set NCCL_P2P_DISABLE=1 and run again; if that passes, the GPUs' direct link is at fault"
+           if backend == "nccl" else "see the error; on several machines, set GLOO_SOCKET_IFNAME to the interface "
+           "that joins them")
+    if error is not None:
+        between = f"between GPU 0 and {workers - 1}" if backend == "nccl" else f"between the {where}"
+        return [Check("all-reduce", "failed", f"{backend.upper() if backend == 'nccl' else backend} all-reduce "
+                      f"failed {between}: {error}", fix)]
+    assert result is not None
+    rows = result["rows"]
+    wrong = [r for r in rows if r["wrong"]]
+    if wrong:
+        return [Check("all-reduce", "failed", f"{sum(r['wrong'] for r in wrong)} wrong elements on {where} (first "
+                      f"at {_size(wrong[0]['bytes'])})", fix)]
+    big = rows[-1]
+    at = next((r for r in rows if r["bytes"] == 64 * 2**20), big)
+    fitted = result["fit"]
+    detail = (f"{_size(rows[0]['bytes'])} .. {_size(big['bytes'])} on {where}, every element right; bus bandwidth "
+              f"{at['busbw'] / 1e9:.2f} GB/s at {_size(at['bytes'])}")
+    if fitted:
+        detail += f"; fitted {fitted['bandwidth'] / 1e9:.2f} GB/s, {fitted['latency'] * 1e6:.1f} us a message"
+    checks = [Check("all-reduce", "ok", detail)]
+    if gpu_link and big["busbw"] < gpu_link["peak_busbw"] / 2:
+        checks[0] = Check("all-reduce", "slow", detail + f", below half of {gpu_link['kind']}'s "
+                          f"{gpu_link['peak_busbw'] / 1e9:.0f} GB/s", "check `nvidia-smi topo -m` and that "
+                          "NCCL_P2P_DISABLE is not set")
+    checks.append(Check("broadcast, barrier", "ok", f"broadcast of {_size(result['broadcast_bytes'])} "
+                        f"{result['broadcast_s'] * 1e3:.2f} ms, barrier {result['barrier_s'] * 1e6:.0f} us"))
+    return checks
+
+
+def equivalence_checks(results: list[dict[str, Any]]) -> list[Check]:
+    from .equivalence import BOUND
+
+    checks = []
+    for r in results:
+        name = f"1 vs {r['devices']} devices, {r['strategy']}"
+        if "error" in r:
+            checks.append(Check(name, "failed", r["error"], "run the same with `paratrain train --strategy "
+                                f"{r['strategy']} --devices {r['devices']}` to see it whole"))
+        else:
+            checks.append(Check(name, "ok" if r["ok"] else "failed", f"largest weight difference "
+                                f"{r['max_abs_diff']:.1e} after {r['steps']} steps (bound {BOUND:g})",
+                                "training on several devices does not equal one here: report it with the "
+                                "output of `paratrain doctor --json`"))
+    return checks
+
+
+def examine(devices: str = "auto", timeout_s: float = 60.0, train: bool = True) -> dict[str, Any]:
+    """Every check on this machine, with the workers `--devices` would start; a dict for --json."""
+    from .. import devices as D
+    from .equivalence import check
+    from .inventory import inventory
+
+    info = inventory()
+    plan = D.resolve("auto", devices, None)
+    report: dict[str, Any] = {"nodes": [info], "devices": asdict(plan), "collectives": None, "equivalence": []}
+    checks: list[Check] = []
+    if plan.workers < 2:
+        checks.append(Check("devices", "ok", f"one {plan.accelerator} device: no collective or 1-vs-N check to run "
+                            "(give --devices 2 or more on a machine with them)"))
+    else:
+        result, error = sweep_here(plan.accelerator, plan.workers, plan.threads_per_worker, timeout_s)
+        report["collectives"] = result if result is not None else {"error": error}
+        checks += collective_checks(result, error, plan.backend, plan.workers, info["gpu_link"])
+        if train:
+            cores = plan.workers * plan.threads_per_worker if plan.accelerator == "cpu" else plan.threads_per_worker
+            report["equivalence"] = check(plan.accelerator, plan.workers, cores)
+            checks += equivalence_checks(report["equivalence"])
+    report["checks"] = [asdict(c) for c in checks]
+    report["passed"] = all(c.status != "failed" for c in checks)
+    return report
+
+
+def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
+    """Every rank of torchrun's group: each node's inventory, the sweep across the group (across nodes: the
+    link between them). The 1-vs-N training check runs without torchrun, on one node."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from .. import launch
+    from ..dist import init, teardown
+    from ..runplan import device_map
+    from .collectives import sweep
+    from .inventory import inventory
+
+    rank, world, local_rank = launch.torchrun_ranks()
+    plan = launch.torchrun_plan("auto", None)
+    info = inventory()
+    report: dict[str, Any] = {"nodes": [info], "devices": asdict(plan), "collectives": None, "equivalence": [],
+                              "rank": rank}
+    nodes = world // max(1, launch.local_workers())
+    if nodes > 1 and plan.backend == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME") and _loopback_host():
+        checks = [Check("network", "failed", f"gloo picked the loopback interface ({socket.gethostname()} resolves "
+                        "to 127.x), which other nodes cannot reach", "set GLOO_SOCKET_IFNAME to the interface that "
+                        "joins the nodes (`ip -br addr` lists them) and run again")]
+        return {**report, "checks": [asdict(c) for c in checks], "passed": False}
+    devices = device_map(dataclasses.replace(plan, workers=launch.local_workers()))
+    ctx = init(rank, world, devices[local_rank], None, timeout_s)
+    try:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, info)
+        report["nodes"] = list({n["node"]: n for n in gathered}.values())  # one per node
+        try:
+            cap = max_message_bytes(plan.accelerator, launch.local_workers())  # rank 0's cap holds for all
+            result, error = sweep(rank, world, ctx.device, SWEEP_BUDGET_S, cap), None
+        except Exception as e:  # noqa: BLE001 (a collective that failed or timed out)
+            result, error = None, f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    finally:
+        teardown(ctx)
+    report["collectives"] = result if result is not None else {"error": error}
+    where = f"across {len(report['nodes'])} node(s)"
+    checks = collective_checks(result, error, plan.backend, world, info["gpu_link"] if nodes == 1 else None)
+    checks = [dataclasses.replace(c, detail=f"{c.detail} ({where})") for c in checks]
+    return {**report, "checks": [asdict(c) for c in checks], "passed": all(c.status != "failed" for c in checks)}
+
+
+def _loopback_host() -> bool:
+    try:
+        return socket.gethostbyname(socket.gethostname()).startswith("127.")
+    except OSError:
+        return True
+
+
+def write_link(report: dict[str, Any], out: Path) -> Path | None:
+    """The fitted link, for `paratrain plan --link FILE`."""
+    fitted = (report.get("collectives") or {}).get("fit")
+    if not fitted:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LINK_FILE
+    workers = report["devices"]["workers"]
+    path.write_text(json.dumps({"name": f"measured by paratrain doctor on {socket.gethostname()} ({workers} "
+                                        f"{report['devices']['backend']} workers)", **fitted}, indent=2) + "\n")
+    return path
+
+
+def read_link(path: str) -> tuple[str, float, float]:
+    """A link file that `paratrain doctor --out` wrote: (name, bandwidth bytes/s, latency s)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return data["name"], float(data["bandwidth"]), float(data["latency"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"cannot read the link file {path} ({e}); write one with `paratrain doctor --out DIR`") from e

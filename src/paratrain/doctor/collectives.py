@@ -1,0 +1,116 @@
+"""Collectives on the workers a run would start: an all-reduce sweep over message sizes with nccl-tests'
+figures (time, algorithm bandwidth, bus bandwidth, wrong elements), broadcast and barrier times, and the
+latency and bandwidth of the ring model that `paratrain plan` predicts with.
+
+nccl-tests' definitions (doc/PERFORMANCE.md there): algbw = bytes / time; busbw = algbw x 2(N-1)/N for an
+all-reduce, the figure that compares with the hardware's link bandwidth whatever N is.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+SIZES = tuple(4 * 4**k for k in range(14))  # 4 B .. 256 MiB, as float32 elements x 4 bytes
+MIN_REPEATS, MAX_REPEATS, TIME_PER_SIZE_S = 3, 20, 0.25
+# Test-only faults, on the last rank: "wrong-sum" adds 1 to its share of the checked all-reduce; "hang"
+# never joins the first collective (the others must fail after the timeout, never wait for ever).
+FAULT_VARIABLE = "PARATRAIN_DOCTOR_FAULT"
+
+
+def bus_factor(n: int) -> float:
+    return 2 * (n - 1) / n
+
+
+def _timed(op: Any, device: torch.device, repeats: int) -> float:
+    """The median time of `op` (a collective, waited for)."""
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def sweep(rank: int, world_size: int, device: torch.device, budget_s: float, max_bytes: int) -> dict[str, Any]:
+    """The all-reduce sweep, broadcast and barrier, on the group this process is in. Every rank runs it; the
+    sizes stop where the time budget or the memory cap ends them (the same on every rank: rank 0 decides)."""
+    fault = os.environ.get(FAULT_VARIABLE) if rank == world_size - 1 else None
+    if fault == "hang":
+        time.sleep(3600)
+    rows, start = [], time.perf_counter()
+    expected = world_size * (world_size + 1) / 2  # each rank contributes rank + 1
+    for nbytes in SIZES:
+        go = torch.tensor([float(nbytes <= max_bytes and time.perf_counter() - start < budget_s)], device=device)
+        dist.broadcast(go, 0)
+        if not go.item():
+            break
+        buffer = torch.zeros(nbytes // 4, device=device)  # zeros stay zeros however often they are summed
+        dist.all_reduce(buffer)  # a warm-up: the first call of a size sets up its buffers
+        once = _timed(partial(dist.all_reduce, buffer), device, 1)
+        repeats = int(min(MAX_REPEATS, max(MIN_REPEATS, TIME_PER_SIZE_S // max(once, 1e-9))))
+        repeats = int(_agreed(repeats, device))
+        seconds = _timed(partial(dist.all_reduce, buffer), device, repeats)
+        buffer.fill_(rank + 1 + (fault == "wrong-sum"))
+        dist.all_reduce(buffer)
+        wrong = torch.tensor([float((buffer != expected).sum().item())], device=device)
+        dist.all_reduce(wrong)  # nccl-tests counts the wrong elements of every rank
+        algbw = nbytes / seconds
+        rows.append({"bytes": nbytes, "time_s": seconds, "algbw": algbw, "busbw": algbw * bus_factor(world_size),
+                     "wrong": int(wrong.item()), "repeats": repeats})
+    payload = torch.zeros(2**20, device=device)  # 4 MiB
+    dist.broadcast(payload, 0)
+    broadcast_s = _timed(partial(dist.broadcast, payload, 0), device, 10)
+    barrier_s = _timed(dist.barrier, device, 20)
+    return {"rows": rows, "broadcast_bytes": 4 * 2**20, "broadcast_s": broadcast_s, "barrier_s": barrier_s,
+            "fit": fit(rows, world_size)}
+
+
+def _agreed(value: float, device: torch.device) -> float:
+    """Rank 0's value on every rank (the repeats of a size must match, or the group would deadlock)."""
+    t = torch.tensor([float(value)], device=device)
+    dist.broadcast(t, 0)
+    return t.item()
+
+
+def fit(rows: list[dict[str, Any]], n: int) -> dict[str, float] | None:
+    """The ring model's bandwidth and latency (plan.ring_allreduce_s: t = 2(N-1)/N x bytes / bandwidth +
+    2(N-1) x latency): the latency from the small messages (up to 4 KB, where it is all there is), the
+    bandwidth from the slope over the large ones (1 MB and up). One least-squares line over every size let
+    the noise of a few small messages on a busy host set the latency (it gave 0.9 ms on 2 CPU cores)."""
+    small = [r for r in rows if r["bytes"] <= 4096]
+    large = [r for r in rows if r["bytes"] >= 2**20]
+    if n < 2 or not small or len(large) < 2:
+        return None
+    slope, _ = statistics.linear_regression([bus_factor(n) * r["bytes"] for r in large], [r["time_s"] for r in large])
+    if slope <= 0:
+        return None
+    fixed = statistics.median(r["time_s"] - bus_factor(n) * r["bytes"] * slope for r in small)
+    return {"bandwidth": 1.0 / slope, "latency": max(fixed, 0.0) / (2 * (n - 1))}
+
+
+def spawned(rank: int, world_size: int, port: int, devices: list[str], budget_s: float, timeout_s: float,
+            max_bytes: int, threads: int, queue: Any) -> None:
+    """A worker of the sweep started by the doctor on this machine: its result or its error goes to queue."""
+    from .. import launch
+    from ..dist import init, teardown
+
+    torch.set_num_threads(threads)
+    launch.on_loopback()
+    try:
+        ctx = init(rank, world_size, devices[rank], port, timeout_s)
+        try:
+            result = sweep(rank, world_size, ctx.device, budget_s, max_bytes)
+        finally:
+            teardown(ctx)
+        queue.put((rank, "ok", result if rank == 0 else None))
+    except Exception as e:  # noqa: BLE001 (a collective that failed or timed out: the check's result)
+        queue.put((rank, "error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"))

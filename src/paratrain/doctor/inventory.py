@@ -1,0 +1,95 @@
+"""What `paratrain doctor` reports first (what `python -m torch.utils.collect_env` and `accelerate env`
+report): versions, each GPU, which GPU pairs reach each other directly and over what link, the cores, and
+what `--devices auto` picks."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+from typing import Any
+
+import torch
+
+# Bus bandwidth an all-reduce reaches on a link that is working, bytes/s: half of it is "slow". Round
+# figures from NVIDIA's published nccl-tests results; a PCIe link's by its generation (x16, through the host).
+NVLINK_BUSBW = {9: 370e9, 8: 230e9, 7: 130e9}  # by compute capability major: H100, A100, V100
+PCIE_BUSBW = {3: 10e9, 4: 20e9, 5: 40e9}
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": None,
+                                    "nccl": None}
+    if torch.backends.cudnn.is_available():
+        found["cudnn"] = str(torch.backends.cudnn.version())
+    try:
+        nccl = torch.cuda.nccl.version()
+        found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:  # noqa: BLE001 (a build without NCCL)
+        pass
+    return found
+
+
+def peer_pairs(count: int) -> list[list[int]]:
+    """GPU pairs (i, j) where i reads j's memory directly (CUDA peer access)."""
+    return [[i, j] for i in range(count) for j in range(count) if i != j and torch.cuda.can_device_access_peer(i, j)]
+
+
+def _nvidia_smi(*args: str) -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def link(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The link between the GPUs as the hardware names it (NVLink, or the PCIe generation), and the bus
+    bandwidth it should reach; None where there is no pair of GPUs or the driver does not say."""
+    if len(gpus) < 2:
+        return None
+    major = int(gpus[0]["compute_capability"].split(".")[0])
+    topology = _nvidia_smi("topo", "-m") or ""
+    if re.search(r"\bNV\d+\b", topology):
+        return {"kind": "NVLink", "peak_busbw": NVLINK_BUSBW.get(major, min(NVLINK_BUSBW.values()))}
+    generation = (_nvidia_smi("--query-gpu=pcie.link.gen.max", "--format=csv,noheader") or "").split()
+    if generation and generation[0].isdigit() and int(generation[0]) in PCIE_BUSBW:
+        return {"kind": f"PCIe gen {generation[0]}", "peak_busbw": PCIE_BUSBW[int(generation[0])]}
+    return None
+
+
+def inventory() -> dict[str, Any]:
+    from ..devices import describe
+
+    info = describe()
+    info["host"] = socket.gethostname()
+    info["node"] = int(os.environ.get("GROUP_RANK", 0))  # torchrun's node rank (hosts may share a name)
+    info["versions"] = versions()
+    info["cpu"]["threads"] = torch.get_num_threads()
+    info["peer_access"] = peer_pairs(len(info["gpus"]))
+    info["gpu_link"] = link(info["gpus"])
+    return info
+
+
+def described(info: dict[str, Any]) -> list[str]:
+    """The inventory in lines."""
+    v, cpu = info["versions"], info["cpu"]
+    lines = [f"node {info['node']} ({info['host']}): torch {v['torch']}, CUDA {v['cuda'] or '-'}, "
+             f"cuDNN {v['cudnn'] or '-'}, NCCL {v['nccl'] or '-'}",
+             f"  CPU: {cpu['model']}, {cpu['cores']} cores, {cpu['threads']} torch threads, {cpu['memory_gib']} GiB"]
+    for g in info["gpus"]:
+        lines.append(f"  GPU {g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability "
+                     f"{g['compute_capability']}")
+    if not info["gpus"]:
+        lines.append("  GPUs: none visible to CUDA")
+    elif len(info["gpus"]) > 1:
+        pairs = len(info["peer_access"])
+        total = len(info["gpus"]) * (len(info["gpus"]) - 1)
+        through = f", {info['gpu_link']['kind']}" if info["gpu_link"] else ""
+        lines.append(f"  peer access: {pairs} of {total} GPU pairs{through}")
+    lines.append(f"  --devices auto = {info['auto_devices']} {info['auto_accelerator']} worker(s) x "
+                 f"{info['threads_per_worker']} thread(s), backend {info['backend']}")
+    return lines

@@ -1,0 +1,92 @@
+"""Where a run's processes and tensors go on GPUs, checked on a faked inventory (conftest.FakeGPUs) on every
+machine: no GPU has been lent to this project, so these decisions are tested before the first one is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FakeGPUs
+
+from paratrain import config, devices, runplan
+from paratrain.data import load_dataset
+from paratrain.errors import UserError
+
+
+@pytest.mark.parametrize("count", [1, 2, 8])
+def test_devices_auto_takes_every_gpu_with_nccl(fake_gpus: FakeGPUs, count: int) -> None:
+    fake_gpus(count)
+    plan = devices.resolve("auto", "auto", None)
+    assert (plan.accelerator, plan.workers, plan.backend) == ("gpu", count, "nccl")
+    assert plan.workers * plan.threads_per_worker <= max(devices.usable_cores(), count)  # cores shared, not more
+    assert runplan.device_map(plan) == tuple(f"cuda:{i}" for i in range(count))
+
+
+def test_cpus_get_gloo_and_more_gpus_than_exist_is_one_line(fake_gpus: FakeGPUs) -> None:
+    fake_gpus(2)
+    assert devices.resolve("cpu", "1", None).backend == "gloo"
+    with pytest.raises(UserError) as e:
+        devices.resolve("auto", "3", None)
+    assert str(e.value) == "--devices 3 asks for more GPUs than the 2 here; use --devices 2 or fewer"
+    fake_gpus(0)
+    with pytest.raises(UserError, match="no CUDA GPU is visible; use --accelerator cpu"):
+        devices.resolve("gpu", "auto", None)
+
+
+def _plan(**kw: object) -> runplan.RunPlan:
+    cfg = config.validate(config.TrainConfig(model="mlp", dataset="digits", steps=2, **kw))
+    return runplan.make(cfg, lambda: load_dataset("digits"))
+
+
+@pytest.mark.parametrize(("param_device", "process_device"), [("cpu", "cpu"), ("cuda:0", "cuda:0")])
+def test_the_tower_drives_every_gpu_from_one_process(fake_gpus: FakeGPUs, param_device: str,
+                                                     process_device: str) -> None:
+    fake_gpus(4)
+    plan = _plan(strategy="tower", param_device=param_device)
+    assert plan.hardware.workers == 1 and plan.devices == (process_device,)
+    assert plan.layout["replicas"] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert plan.cfg.devices == "4" and plan.cfg.accelerator == "gpu"
+
+
+def test_pipeline_stages_and_hybrid_copies_each_get_their_own_gpu(fake_gpus: FakeGPUs) -> None:
+    fake_gpus(8)
+    pipe = _plan(strategy="pipeline", stages=2, devices="2", batch_size=32)
+    assert pipe.devices == ("cuda:0", "cuda:1") and pipe.hardware.backend == "nccl"
+    hybrid = _plan(strategy="hybrid", stages=2, devices="8", batch_size=32)
+    assert hybrid.devices == tuple(f"cuda:{i}" for i in range(8)) and hybrid.hardware.workers == 8
+    ddp = _plan(devices="auto")
+    assert ddp.devices == tuple(f"cuda:{i}" for i in range(8))
+
+
+def test_a_gpu_worker_joins_nccl_and_a_cpu_worker_gloo(fake_gpus: FakeGPUs, monkeypatch: pytest.MonkeyPatch) -> None:
+    from paratrain import dist
+
+    fake_gpus(2)
+    joined = []
+    monkeypatch.setattr(dist.dist, "init_process_group", lambda backend, **kw: joined.append((backend, kw)))
+    monkeypatch.setattr(dist, "loopback_store", lambda *a: "store")
+    assert dist.init(1, 2, "cuda:1", 29500).backend == "nccl"
+    assert joined[-1][1]["device_id"] == torch.device("cuda:1")  # NCCL binds the worker's own GPU
+    assert dist.init(1, 2, "cpu", 29500).backend == "gloo" and joined[-1][1]["device_id"] is None
+
+
+def test_the_doctors_inventory_lists_the_gpus_and_their_peers(fake_gpus: FakeGPUs) -> None:
+    from paratrain.doctor.inventory import described, inventory
+
+    fake_gpus(2, name="NVIDIA A100-SXM4-80GB")
+    info = inventory()
+    assert [g["name"] for g in info["gpus"]] == ["NVIDIA A100-SXM4-80GB"] * 2
+    assert info["peer_access"] == [[0, 1], [1, 0]] and info["auto_devices"] == 2 and info["backend"] == "nccl"
+    lines = "\n".join(described(info))
+    assert "GPU 1: NVIDIA A100-SXM4-80GB, 80.0 GiB, compute capability 9.0" in lines
+    assert "peer access: 2 of 2 GPU pairs" in lines
+
+
+def test_fp16_mixed_precision_on_the_cpu_trains_with_its_gradient_scaler(tmp_path: object) -> None:
+    """--precision 16-mixed where there is no GPU: float16 autocast on the CPU with a (CPU) gradient scaler,
+    as torch.amp supports it; the loss stays finite and the weights move."""
+    from paratrain import fit
+
+    cfg = config.TrainConfig(model="mlp", dataset="digits", steps=5, precision="16-mixed", quiet=True,
+                             tensorboard=False, devices="1", out=str(tmp_path))
+    summary = fit(None, None, cfg)
+    assert summary["steps"] == 5 and summary["val_loss"] == summary["val_loss"] and summary["val_loss"] < 10
