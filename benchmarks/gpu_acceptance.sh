@@ -11,7 +11,7 @@ set -uo pipefail
 OUT=${1:-gpu-acceptance}
 PY=${PYTHON:-python}
 GPUS=$($PY -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
-if [ "$GPUS" -lt 1 ]; then
+if ! [[ "$GPUS" =~ ^[1-9][0-9]*$ ]]; then
     echo "gpu_acceptance: no CUDA GPU is visible here (torch.cuda.is_available() is False); run it on a machine with GPUs" >&2
     exit 2
 fi

@@ -151,3 +151,15 @@ def test_the_gpu_acceptance_script_refuses_a_host_without_a_gpu(tmp_path: Path) 
         "gpu_acceptance: no CUDA GPU is visible here (torch.cuda.is_available() is False); run it on a machine with "
         "GPUs"]
     assert not (tmp_path / "out").exists()
+
+
+def test_nvlink_is_named_only_where_every_pair_of_gpus_has_it() -> None:
+    from paratrain.doctor.inventory import nvlinked
+
+    full = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\nGPU0\t X \tNV12\tNV12\t0-63\nGPU1\tNV12\t X \tNV12\t0-63\n"
+            "GPU2\tNV12\tNV12\t X \t0-63\n")
+    assert nvlinked(full, 3) and nvlinked(full, 2)
+    bridged = full.replace("GPU2\tNV12\tNV12", "GPU2\tSYS\tNV12")
+    bridged = bridged.replace("GPU0\t X \tNV12\tNV12", "GPU0\t X \tNV12\tSYS")
+    assert nvlinked(bridged, 2) and not nvlinked(bridged, 3)  # a ring over GPU 0..2 crosses the host
+    assert not nvlinked("", 2)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import max_abs_diff, train, weights
+from conftest import max_abs_diff, run_cli, train, weights
 
 pytestmark = pytest.mark.gpu  # sees the GPUs (conftest hides them from every other test)
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
@@ -58,3 +59,13 @@ def test_two_stage_pipeline_on_gpus_equals_one_gpu(tmp_path: Path) -> None:
     summary = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2", "--microbatches", "4")
     assert summary["world_size"] == 2 and summary["strategy"] == "pipeline"
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "pipe")) < 1e-3
+
+
+@needs_2_gpus
+def test_the_doctor_passes_on_two_gpus_with_nccl(tmp_path: Path) -> None:
+    """The NCCL sweep and every 1-vs-2 check on real GPUs (benchmarks/gpu_acceptance.sh runs this)."""
+    proc = run_cli("doctor", "--devices", "2", "--out", str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert report["devices"]["backend"] == "nccl" and all(r["wrong"] == 0 for r in report["collectives"]["rows"])
+    assert [e["strategy"] for e in report["equivalence"]] == ["ddp", "tower", "pipeline"]

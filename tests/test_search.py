@@ -457,7 +457,7 @@ def test_the_last_line_says_how_the_trainings_ended() -> None:
 
     result = {"complete": 23, "pruned": 177, "failed": 0, "reused": 43, "redrawn": 44}
     assert _trainings(result) == ("200 trainings (23 to the end, 177 pruned; 43 proposals reused a finished trial's "
-                                  "value; 44 repeated a training one and were drawn again)")
+                                  "value; 44 repeated a point in training and were drawn again)")
     assert _trainings({**result, "failed": 2, "reused": 0, "redrawn": 0}) == \
         "202 trainings (23 to the end, 177 pruned, 2 failed)"
 

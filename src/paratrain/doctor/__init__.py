@@ -47,39 +47,23 @@ def _size(nbytes: float) -> str:
     return f"{nbytes:g} B"
 
 
-def max_message_bytes(accelerator: str, workers: int) -> int:
-    """The largest message of the sweep: 256 MiB, or less where memory is short (a buffer per worker, and
-    the collective's own copies)."""
-    import torch
-
-    from ..devices import _memory_gib
-    from .collectives import SIZES
-
-    if accelerator == "gpu":
-        free = min(torch.cuda.mem_get_info(i)[0] for i in range(workers))
-    else:
-        free = (_memory_gib() or 4) * 2**30 / workers
-    return int(min(SIZES[-1], free / 4))
-
-
 def sweep_here(accelerator: str, workers: int, threads: int, timeout_s: float) -> tuple[dict | None, str | None]:
     """The sweep on `workers` spawned processes of this machine: (rank 0's result, None) or (None, why)."""
     from ..devices import Plan
     from ..launch import free_port, stop_processes
     from ..runplan import device_map
-    from .collectives import spawned
+    from .collectives import JOIN_TIMEOUT_S, spawned
 
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
     devices = list(device_map(Plan(accelerator, workers, threads, "")))
     port = free_port()
     processes = [spawn.Process(target=spawned, args=(rank, workers, port, devices, SWEEP_BUDGET_S, timeout_s,
-                                                      max_message_bytes(accelerator, workers), threads, results),
-                               daemon=True) for rank in range(workers)]
+                                                      threads, results), daemon=True) for rank in range(workers)]
     for p in processes:
         p.start()
     started = time.monotonic()
-    deadline = started + 60 + SWEEP_BUDGET_S + 2 * timeout_s  # start-up, the sweep, a call that times out
+    deadline = started + JOIN_TIMEOUT_S + SWEEP_BUDGET_S + 2 * timeout_s  # joining, the sweep, a timed-out call
     found: dict[int, tuple[str, Any]] = {}
     try:
         while len(found) < workers and time.monotonic() < deadline:
@@ -192,7 +176,7 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
     from .. import launch
     from ..dist import init, teardown
     from ..runplan import device_map
-    from .collectives import sweep
+    from .collectives import JOIN_TIMEOUT_S, own_cap, prepare_nccl, sweep, timed_group
     from .inventory import inventory
 
     rank, world, local_rank = launch.torchrun_ranks()
@@ -207,14 +191,23 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
                         "joins the nodes (`ip -br addr` lists them) and run again")]
         return {**report, "checks": [asdict(c) for c in checks], "passed": False}
     devices = device_map(dataclasses.replace(plan, workers=launch.local_workers()))
-    ctx = init(rank, world, devices[local_rank], None, timeout_s)
+    prepare_nccl()
+    try:
+        ctx = init(rank, world, devices[local_rank], None, max(timeout_s, JOIN_TIMEOUT_S))
+    except Exception as e:  # noqa: BLE001 (the rendezvous or the backend's set-up failed: the finding)
+        checks = [Check("network", "failed", f"rank {rank} could not join the group: {type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:300]}", "check MASTER_ADDR and that every node reaches it; set "
+                        "GLOO_SOCKET_IFNAME (gloo) or NCCL_SOCKET_IFNAME (NCCL) to the interface that joins the "
+                        "nodes")]
+        return {**report, "checks": [asdict(c) for c in checks], "passed": False}
     try:
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, info)
         report["nodes"] = list({n["node"]: n for n in gathered}.values())  # one per node
         try:
-            cap = max_message_bytes(plan.accelerator, launch.local_workers())  # rank 0's cap holds for all
-            result, error = sweep(rank, world, ctx.device, SWEEP_BUDGET_S, cap), None
+            group = timed_group(timeout_s)
+            result, error = sweep(rank, world, ctx.device, SWEEP_BUDGET_S,
+                                  own_cap(ctx.device, launch.local_workers()), group), None
         except Exception as e:  # noqa: BLE001 (a collective that failed or timed out)
             result, error = None, f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
     finally:

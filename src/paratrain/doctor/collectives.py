@@ -40,44 +40,61 @@ def _timed(op: Any, device: torch.device, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def sweep(rank: int, world_size: int, device: torch.device, budget_s: float, max_bytes: int) -> dict[str, Any]:
-    """The all-reduce sweep, broadcast and barrier, on the group this process is in. Every rank runs it; the
-    sizes stop where the time budget or the memory cap ends them (the same on every rank: rank 0 decides)."""
+def own_cap(device: torch.device, local_workers: int) -> int:
+    """The largest message this worker can hold: 256 MiB, or a quarter of what is free for it (its buffer and
+    the collective's own copies), measured on its own device only (a CUDA context on every GPU from every
+    rank costs memory, and fails where GPUs are in exclusive mode)."""
+    from ..devices import _memory_gib
+
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = (_memory_gib() or 4) * 2**30 / max(1, local_workers)
+    return int(min(SIZES[-1], free / 4))
+
+
+def sweep(rank: int, world_size: int, device: torch.device, budget_s: float, max_bytes: int,
+          group: Any = None) -> dict[str, Any]:
+    """The all-reduce sweep, broadcast and barrier, on `group` (every rank runs it). The sizes stop where the
+    time budget (rank 0's clock) or the smallest worker's memory ends them, the same on every rank."""
     fault = os.environ.get(FAULT_VARIABLE) if rank == world_size - 1 else None
     if fault == "hang":
         time.sleep(3600)
+    cap = torch.tensor([float(max_bytes)], device=device)
+    dist.all_reduce(cap, op=dist.ReduceOp.MIN, group=group)
     rows, start = [], time.perf_counter()
     expected = world_size * (world_size + 1) / 2  # each rank contributes rank + 1
     for nbytes in SIZES:
-        go = torch.tensor([float(nbytes <= max_bytes and time.perf_counter() - start < budget_s)], device=device)
-        dist.broadcast(go, 0)
+        go = torch.tensor([float(nbytes <= cap.item() and time.perf_counter() - start < budget_s)], device=device)
+        dist.broadcast(go, 0, group=group)
         if not go.item():
             break
         buffer = torch.zeros(nbytes // 4, device=device)  # zeros stay zeros however often they are summed
-        dist.all_reduce(buffer)  # a warm-up: the first call of a size sets up its buffers
-        once = _timed(partial(dist.all_reduce, buffer), device, 1)
+        reduce = partial(dist.all_reduce, buffer, group=group)
+        reduce()  # a warm-up: the first call of a size sets up its buffers
+        once = _timed(reduce, device, 1)
         repeats = int(min(MAX_REPEATS, max(MIN_REPEATS, TIME_PER_SIZE_S // max(once, 1e-9))))
-        repeats = int(_agreed(repeats, device))
-        seconds = _timed(partial(dist.all_reduce, buffer), device, repeats)
+        repeats = int(_agreed(repeats, device, group))
+        seconds = _timed(reduce, device, repeats)
         buffer.fill_(rank + 1 + (fault == "wrong-sum"))
-        dist.all_reduce(buffer)
+        reduce()
         wrong = torch.tensor([float((buffer != expected).sum().item())], device=device)
-        dist.all_reduce(wrong)  # nccl-tests counts the wrong elements of every rank
+        dist.all_reduce(wrong, group=group)  # nccl-tests counts the wrong elements of every rank
         algbw = nbytes / seconds
         rows.append({"bytes": nbytes, "time_s": seconds, "algbw": algbw, "busbw": algbw * bus_factor(world_size),
                      "wrong": int(wrong.item()), "repeats": repeats})
     payload = torch.zeros(2**20, device=device)  # 4 MiB
-    dist.broadcast(payload, 0)
-    broadcast_s = _timed(partial(dist.broadcast, payload, 0), device, 10)
-    barrier_s = _timed(dist.barrier, device, 20)
+    dist.broadcast(payload, 0, group=group)
+    broadcast_s = _timed(partial(dist.broadcast, payload, 0, group=group), device, 10)
+    barrier_s = _timed(partial(dist.barrier, group=group), device, 20)
     return {"rows": rows, "broadcast_bytes": 4 * 2**20, "broadcast_s": broadcast_s, "barrier_s": barrier_s,
             "fit": fit(rows, world_size)}
 
 
-def _agreed(value: float, device: torch.device) -> float:
+def _agreed(value: float, device: torch.device, group: Any) -> float:
     """Rank 0's value on every rank (the repeats of a size must match, or the group would deadlock)."""
     t = torch.tensor([float(value)], device=device)
-    dist.broadcast(t, 0)
+    dist.broadcast(t, 0, group=group)
     return t.item()
 
 
@@ -97,18 +114,38 @@ def fit(rows: list[dict[str, Any]], n: int) -> dict[str, float] | None:
     return {"bandwidth": 1.0 / slope, "latency": max(fixed, 0.0) / (2 * (n - 1))}
 
 
+def timed_group(timeout_s: float) -> Any:
+    """A group of every rank whose collectives fail after `timeout_s`: the process group itself is joined
+    with a longer timeout (starting processes and NCCL's set-up on a busy host take longer than a collective
+    should). With NCCL, a timed-out wait raises (blocking wait) instead of the watchdog aborting the process."""
+    import datetime
+
+    return dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
+
+
+JOIN_TIMEOUT_S = 120.0
+
+
+def prepare_nccl() -> None:
+    """Before joining: NCCL's timeouts raise in the waiting call, which the doctor reports as a failed check."""
+    os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+
+
 def spawned(rank: int, world_size: int, port: int, devices: list[str], budget_s: float, timeout_s: float,
-            max_bytes: int, threads: int, queue: Any) -> None:
+            threads: int, queue: Any) -> None:
     """A worker of the sweep started by the doctor on this machine: its result or its error goes to queue."""
     from .. import launch
     from ..dist import init, teardown
 
+    launch._die_with_parent()  # a doctor that is killed takes its workers with it
     torch.set_num_threads(threads)
     launch.on_loopback()
+    prepare_nccl()
     try:
-        ctx = init(rank, world_size, devices[rank], port, timeout_s)
+        ctx = init(rank, world_size, devices[rank], port, max(timeout_s, JOIN_TIMEOUT_S))
         try:
-            result = sweep(rank, world_size, ctx.device, budget_s, max_bytes)
+            group = timed_group(timeout_s)
+            result = sweep(rank, world_size, ctx.device, budget_s, own_cap(ctx.device, world_size), group)
         finally:
             teardown(ctx)
         queue.put((rank, "ok", result if rank == 0 else None))

@@ -42,7 +42,12 @@ def check(accelerator: str, n: int, threads: int) -> list[dict[str, Any]]:
     data = load_dataset("synthetic")
     results = []
     with tempfile.TemporaryDirectory(prefix="paratrain-doctor-") as tmp:
-        one = _train(Path(tmp) / "one", accelerator, "ddp", 1, threads, data)
+        try:
+            one = _train(Path(tmp) / "one", accelerator, "ddp", 1, threads, data)
+        except (UserError, RuntimeError) as e:  # no reference: every comparison fails with its reason
+            why = f"the one-device run failed: {' '.join(str(e).split())[:300]}"
+            return [{"strategy": s, "devices": 2 if s == "pipeline" else n, "steps": STEPS, "error": why, "ok": False}
+                    for s in strategies_for(n)]
         for strategy in strategies_for(n):
             used = 2 if strategy == "pipeline" else n
             result: dict[str, Any] = {"strategy": strategy, "devices": used, "steps": STEPS}

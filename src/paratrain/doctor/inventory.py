@@ -14,8 +14,10 @@ from typing import Any
 import torch
 
 # Bus bandwidth an all-reduce reaches on a link that is working, bytes/s: half of it is "slow". Round
-# figures from NVIDIA's published nccl-tests results; a PCIe link's by its generation (x16, through the host).
-NVLINK_BUSBW = {9: 370e9, 8: 230e9, 7: 130e9}  # by compute capability major: H100, A100, V100
+# figures from NVIDIA's published nccl-tests results, for the GPUs whose NVLink they name (by compute
+# capability: H100, A100, V100; other cards' bridges differ too much to guess); a PCIe link's by its
+# generation (x16, through the host).
+NVLINK_BUSBW = {(9, 0): 370e9, (8, 0): 230e9, (7, 0): 130e9}
 PCIE_BUSBW = {3: 10e9, 4: 20e9, 5: 40e9}
 
 
@@ -46,15 +48,30 @@ def _nvidia_smi(*args: str) -> str | None:
         return None
 
 
+def nvlinked(topology: str, count: int) -> bool:
+    """Whether `nvidia-smi topo -m` joins every pair of the first `count` GPUs by NVLink (NV<k>); a ring
+    over a node where only some pairs are bridged crosses PCIe."""
+    rows = {}
+    for line in topology.splitlines():
+        cells = line.split()
+        if cells and re.fullmatch(r"GPU\d+", cells[0]):
+            rows[int(cells[0][3:])] = cells[1:]
+    if len(rows) < count:
+        return False
+    return all(re.fullmatch(r"NV\d+", rows[i][j]) for i in range(count) for j in range(count)
+               if i != j and j < len(rows[i]))
+
+
 def link(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The link between the GPUs as the hardware names it (NVLink, or the PCIe generation), and the bus
-    bandwidth it should reach; None where there is no pair of GPUs or the driver does not say."""
+    bandwidth it should reach; None where there is no pair of GPUs, or the driver does not say, or the card
+    is not one whose link speed is known."""
     if len(gpus) < 2:
         return None
-    major = int(gpus[0]["compute_capability"].split(".")[0])
-    topology = _nvidia_smi("topo", "-m") or ""
-    if re.search(r"\bNV\d+\b", topology):
-        return {"kind": "NVLink", "peak_busbw": NVLINK_BUSBW.get(major, min(NVLINK_BUSBW.values()))}
+    capability = tuple(int(x) for x in gpus[0]["compute_capability"].split("."))
+    if nvlinked(_nvidia_smi("topo", "-m") or "", len(gpus)):
+        peak = NVLINK_BUSBW.get(capability)
+        return {"kind": "NVLink", "peak_busbw": peak} if peak else None
     generation = (_nvidia_smi("--query-gpu=pcie.link.gen.max", "--format=csv,noheader") or "").split()
     if generation and generation[0].isdigit() and int(generation[0]) in PCIE_BUSBW:
         return {"kind": f"PCIe gen {generation[0]}", "peak_busbw": PCIE_BUSBW[int(generation[0])]}

@@ -132,7 +132,7 @@ def _trainings(result: dict[str, Any]) -> str:
     parts = [f"{result['complete']} to the end", f"{result['pruned']} pruned"]
     parts += [f"{result['failed']} failed"] if result["failed"] else []
     more = [f"{result['reused']} proposals reused a finished trial's value"] if result["reused"] else []
-    more += [f"{result['redrawn']} repeated a training one and were drawn again"] if result["redrawn"] else []
+    more += [f"{result['redrawn']} repeated a point in training and were drawn again"] if result["redrawn"] else []
     trained = result["complete"] + result["pruned"] + result["failed"]
     return f"{trained} trainings ({', '.join(parts)}{'; ' if more else ''}{'; '.join(more)})"
 
