@@ -102,7 +102,9 @@ def test_gloo_on_the_loopback_interface_across_nodes_is_a_failed_check(monkeypat
 def test_doctor_flag_errors(capsys: pytest.CaptureFixture) -> None:
     from paratrain.cli import main
 
-    for args, message in ((["--devices", "two"], "--devices must be auto or a number of devices, not 'two'"),
+    for args, message in ((["--devices", "two"], "--devices must be auto or a number of devices of at least 1, not "
+                                                "'two'"),
+                          (["--devices", "0"], "of at least 1, not '0'"),
                           (["--timeout", "0"], "--timeout must be a number of seconds above 0")):
         assert main(["doctor", *args]) == 2
         err = capsys.readouterr().err

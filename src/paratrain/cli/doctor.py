@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UserError(f"--timeout must be a number of seconds above 0, not {args.timeout}")
     if args.devices != "auto" and not (args.devices.isdigit() and int(args.devices) >= 1):
-        raise UserError(f"--devices must be auto or a number of devices, not '{args.devices}'")
+        raise UserError(f"--devices must be auto or a number of devices of at least 1, not '{args.devices}'")
     if args.out:
         check_writable(args.out)
     group = launch.under_torchrun()
