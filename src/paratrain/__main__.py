@@ -1,7 +1,5 @@
 """`python -m paratrain ...`, which is how torchrun starts it: `torchrun ... -m paratrain train`."""
 
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()

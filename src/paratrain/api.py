@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from .data.transforms import unit_scale
 from .errors import UserError, closest
 from .parts import Parts
 from .predict import Classifier
+from .runlog import write_summary
 from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
 
 DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]] | torch.utils.data.Dataset
@@ -194,8 +196,17 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None) 
 def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None) -> dict[str, Any] | None:
     """Plan the run (devices, batch split: the strategy's rules), check what can be checked before any process
     starts, load the data, write config.yaml, and launch the workers."""
-    from . import launch, runplan
+    from . import clock, launch, runplan
     from .train import run_length
+
+    marks = {"process_start": clock.process_start(), "train_called": time.time()}
+
+    def read_data() -> Splits:
+        started = time.time()
+        try:
+            return load_data()
+        finally:
+            marks["data_s"] = time.time() - started
 
     fresh = not cfg.resume and not launch.under_torchrun()  # torchrun's starts and restarts carry a run on
     if cfg.overwrite and launch.under_torchrun():
@@ -203,7 +214,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
                         "carries on the run in --out: clear the folder before launching, or pass a new --out")
     if fresh:
         check_fresh(cfg.out, cfg.overwrite)
-    plan = runplan.make(cfg, load_data, parts)
+    plan = runplan.make(cfg, read_data, parts)
     cfg, parts, resume = plan.cfg, plan.parts, plan.resume
     length = run_length(cfg, len(plan.data.train[1]))
     is_main = not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0
@@ -230,12 +241,18 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
             print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "
                   f"{hw.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
                   flush=True)
-    summary = launch.run(plan)
+    marks["launched"] = time.time()
+    summary = launch.run(dataclasses.replace(plan, clock=marks))
+    if summary is not None and not launch.under_torchrun():  # the workers have left: how long that took
+        summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
+        write_summary(Path(cfg.out), summary)
     if summary is not None:  # the last line (also with --quiet), from the command line and from Python alike
         rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
         print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
               f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
               f"steps {summary['steps']}  -> {cfg.out}", flush=True)
+        if cfg.time_phases:
+            print(clock.table(summary), flush=True)
     return summary
 
 

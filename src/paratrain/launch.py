@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 import torch.multiprocessing as mp
 
-from . import dist
+from . import dist, prefork
 from .config import TrainConfig
 from .devices import Plan, usable_cores
 from .errors import UserError, one_line
@@ -119,9 +119,11 @@ def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | N
     from .train import fit
 
     cfg = plan.cfg
+    entered = plan.clock.get("worker_entered", time.time())  # in-process: the launch, a moment ago
     tune_malloc()
     _set_threads(plan.hardware.threads_per_worker)
     ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout)
+    plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": entered, "joined": time.time()})
     try:
         if find_checkpoint:
             given = plan.resume is not None
@@ -140,10 +142,14 @@ def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | N
 
 
 def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int, heartbeats: Any,
-            result_queue: Any) -> None:
+            result_queue: Any, environ: dict[str, str]) -> None:
     """Entry point of a spawned worker: a UserError goes to the launcher (which raises it, so a Python
     caller gets the exception and the command line its one line) and becomes the exit code; a collective
-    that timed out names the workers whose heartbeat stopped."""
+    that timed out names the workers whose heartbeat stopped. `environ`: the launcher's environment."""
+    plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": time.time()})
+    for name in set(os.environ) - set(environ):
+        del os.environ[name]
+    os.environ.update(environ)
     _die_with_parent()
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
@@ -281,14 +287,16 @@ MAIN_GUARD_EXIT = 5  # a spawned worker found the user's script calling fit as i
 def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
     cfg = plan.cfg
     port = free_port()
-    smp = mp.get_context("spawn")
+    prefork.warm_up()
+    smp = mp.get_context(prefork.start_method())
     results = smp.SimpleQueue()
     workers = plan.hardware.workers
     heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
     # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
     # its path; loaded and checked once, here.
-    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results),
-                                 nprocs=workers, join=False, start_method="spawn")
+    # The environment as it is now: a forked worker would otherwise see the forkserver's, from its start.
+    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results, dict(os.environ)),
+                                 nprocs=workers, join=False, start_method=prefork.start_method())
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while not context.join(timeout=0.5, grace_period=5):

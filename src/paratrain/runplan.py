@@ -37,6 +37,7 @@ class RunPlan:
     # after each epoch's validation, rank 0 calls report(epoch, val_accuracy); True stops the run (a search
     # trial's pruner)
     report: Callable[[int, float], bool] | None = None
+    clock: dict[str, float] = field(default_factory=dict)  # when the run reached each start-up mark (clock.py)
 
     def carried_on(self, resume: dict[str, Any] | None, run: str) -> RunPlan:
         """This plan, carrying on from `resume` (the newest checkpoint of the run in `run`)."""

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from . import checkpoint, strategies
+from . import checkpoint, clock, strategies
 from .build import make_batch_transforms, make_model, optimizer_parts
 from .config import TrainConfig
 from .data import Splits
@@ -112,6 +112,8 @@ class Trainer:
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
         self.to_means = torch.tensor([self.strategy.shard[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
         self.t_start = self.t_window = 0.0
+        self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
+        self.finish_s: dict[str, float | None] = {}
 
     # ---- set-up ----
 
@@ -178,6 +180,9 @@ class Trainer:
             time_up, asked = self._agree(self._forward_backward(perm, i))
             self._update()
             self._after_update(epoch)
+            if state.steps_run == 1:
+                ctx.synchronize()
+                self.marks["first_step_done"] = time.time()
             if asked:
                 state.stop = "signal"
                 break
@@ -368,8 +373,12 @@ class Trainer:
         test = self._evaluate(self.strategy.whole_model(), self.data.test)
         test_ema = self._evaluate(state.ema.module, self.data.test) if state.ema is not None else None
         state.eval_time += time.perf_counter() - t_eval
+        t_saved = time.perf_counter()
         self._checkpoint(self.length.epochs)
+        t_logs = time.perf_counter()
         self.log.close()
+        self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
+                         "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
         added = self.strategy.summary()  # a collective for some strategies: every worker calls it
         if not self.ctx.is_main:
             return None
@@ -404,6 +413,8 @@ class Trainer:
             "run_dir": str(self.run_dir), "pipeline": added["pipeline"], "restarts": self.restarts,
             "resumed_from_step": state.first_step or None, "parts": self.parts.record or None,
             "classes": list(self.data.classes) if self.data.classes else None,
+            "startup_s": clock.startup(self.marks), "first_step_at_s": clock.first_step_at(self.marks),
+            "finish_s": self.finish_s, "ended_at": time.time(),
         }
 
 

@@ -1,7 +1,5 @@
 """`python -m paratrain.cli ...`, the same as `paratrain ...`."""
 
-import sys
+from . import entry
 
-from . import main
-
-sys.exit(main())
+entry()

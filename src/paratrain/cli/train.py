@@ -37,10 +37,14 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import prefork
+
+    cfg = resolve_config(args)
+    if prefork.worth_warming(cfg.devices) and not args.print_split:
+        prefork.warm_up()  # imports torch for the workers while this process imports it and reads the data
     from .. import api, launch, strategies
     from ..data import load_for
 
-    cfg = resolve_config(args)
     if args.print_split:
         strategy = strategies.get(cfg.strategy)
         if not strategy.pipelined:
