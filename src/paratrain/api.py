@@ -312,7 +312,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     ctx = dist.init(0, 1, device)
     splits = splits.to(ctx.device)
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
-                                 cfg.eval_batch_size, loss)
+                                 cfg.eval_batch_size, loss, cfg.test_flip)  # judged as the run was
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
             "dataset": cfg.dataset, "model": _model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
 

@@ -21,7 +21,7 @@ from .errors import UserError, closest
 from .import_path import absolute, is_import_path
 from .strategies import REGISTRY
 
-MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
+MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
 # imagefolder: a folder of class sub-folders (--data-dir); custom: tensors given to paratrain.fit
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "custom")
 # custom: an optimizer factory given to paratrain.fit
@@ -61,7 +61,8 @@ class TrainConfig:
     depth: int = _f(2, "mlp: number of hidden layers")
     activation: str = _f("relu", "mlp: activation", choices=ACTIVATIONS)
     dropout: float | None = _f(None, "dropout probability (default: the model's own)")
-    filters: int = _f(64, "convnet: filters of the first convolution (the next two have 4x and 8x)")
+    filters: int = _f(64, "convnet: filters of the first convolution (the next two have 4x and 8x); "
+                      "cifar10-fast-net: of its first block (the next two have 4x)")
     kernel: int = _f(5, "convnet: kernel size of the first convolution")
     # where to run
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
@@ -96,6 +97,9 @@ class TrainConfig:
     optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
     lr: float = _f(2e-3, "learning rate")
     momentum: float = _f(0.9, "SGD/RMSprop momentum")
+    beta1: float = _f(0.9, "Adam/Adamax/NAdam: decay of the gradient's running mean")
+    beta2: float = _f(0.999, "Adam/Adamax/NAdam: decay of the squared gradient's running mean")
+    label_smoothing: float = _f(0.0, "training loss: cross-entropy against targets smoothed by this much")
     nesterov: bool = _f(False, "SGD: Nesterov momentum", flag="--nesterov")
     weight_decay: float = _f(0.0, "L2 weight decay")
     clip_grad_norm: float | None = _f(None, "clip the gradients' global L2 norm to this")
@@ -108,6 +112,8 @@ class TrainConfig:
     warmup_steps: int = _f(0, "linear warm-up from 0 to --lr over this many steps")
     ema: float | None = _f(None, "keep an exponential moving average of the weights with this decay")
     eval_ema: bool = _f(False, "evaluate (and report) with the averaged weights", flag="--eval-ema")
+    test_flip: bool = _f(False, "evaluate on each image and its mirror image, averaging the two outputs",
+                         flag="--test-flip")
     precision: str = _f("32", "32, bf16 (autocast) or 16-mixed (fp16 autocast + GradScaler)", choices=PRECISIONS)
     # augmentation of training batches, on the device (validation/test use the centre crop)
     random_crop: bool = _f(False, "random crop to the model's input size", flag="--random-crop")
@@ -386,6 +392,10 @@ def _check_numbers(cfg: TrainConfig) -> None:
                         ("histogram_every", cfg.histogram_every), ("max_restarts", cfg.max_restarts)):
         if value < 0:
             _bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
+    for name in ("beta1", "beta2", "label_smoothing"):  # torch's own ranges: a decay or a share, below 1
+        value = getattr(cfg, name)
+        if not (math.isfinite(value) and 0 <= value < 1):
+            _bad(f"--{name.replace('_', '-')} must be at least 0 and below 1, not {value}")
 
 
 def _check_combinations(cfg: TrainConfig) -> None:

@@ -15,15 +15,16 @@ from .dist import DistContext
 
 
 def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-             batch_size: int, loss: Any = None) -> tuple[float, float]:
+             batch_size: int, loss: Any = None, flip: bool = False) -> tuple[float, float]:
     """Accuracy and mean loss over the whole set: each worker takes a contiguous, unpadded share and
-    the sums are all-reduced, so the figures are exactly those of the full set."""
+    the sums are all-reduced, so the figures are exactly those of the full set. `flip`: the outputs are
+    the mean of the image's and its mirror image's (test-time augmentation, --test-flip)."""
     with torch.no_grad():  # not a decorator: mutation testing (mutmut) leaves decorated functions alone
-        return _evaluate(model, pair, prep, ctx, batch_size, loss)
+        return _evaluate(model, pair, prep, ctx, batch_size, loss, flip)
 
 
 def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-              batch_size: int, loss: Any) -> tuple[float, float]:
+              batch_size: int, loss: Any, flip: bool) -> tuple[float, float]:
     x_all, y_all = pair
     share = eval_range(len(y_all), ctx.rank, ctx.world_size)
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
@@ -31,7 +32,10 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
     model.eval()
     for start in range(share.start, share.stop, batch_size):
         stop = min(start + batch_size, share.stop)
-        logits = model(prep.eval(x_all[start:stop]))
+        x = prep.eval(x_all[start:stop])
+        logits = model(x)
+        if flip:
+            logits = (logits + model(x.flip(3))) / 2
         y = y_all[start:stop]
         if loss is None:
             sums[0] += F.cross_entropy(logits, y, reduction="sum").double()

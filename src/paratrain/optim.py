@@ -27,11 +27,12 @@ def make_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> to
         return torch.optim.Adagrad(params, lr=cfg.lr, weight_decay=wd)
     if cfg.optimizer == "adadelta":
         return torch.optim.Adadelta(params, lr=cfg.lr, weight_decay=wd)
+    betas = (cfg.beta1, cfg.beta2)
     if cfg.optimizer == "adamax":
-        return torch.optim.Adamax(params, lr=cfg.lr, weight_decay=wd)
+        return torch.optim.Adamax(params, lr=cfg.lr, betas=betas, weight_decay=wd)
     if cfg.optimizer == "nadam":
-        return torch.optim.NAdam(params, lr=cfg.lr, weight_decay=wd)
-    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=wd)
+        return torch.optim.NAdam(params, lr=cfg.lr, betas=betas, weight_decay=wd)
+    return torch.optim.Adam(params, lr=cfg.lr, betas=betas, weight_decay=wd)
 
 
 def lr_factor(cfg: TrainConfig, step: int, total_steps: int, steps_per_epoch: int) -> float:

@@ -15,6 +15,7 @@ import math
 import signal
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,13 @@ from .parts import Parts
 from .phases import PhaseTimer
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
+
+
+def training_loss(cfg: TrainConfig) -> Any:
+    """Cross-entropy, against smoothed targets with --label-smoothing (evaluation keeps the plain one)."""
+    if cfg.label_smoothing:
+        return partial(F.cross_entropy, label_smoothing=cfg.label_smoothing)
+    return F.cross_entropy
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -122,7 +130,7 @@ class Trainer:
         # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
         resume = checkpoint.owned(resume) if resume is not None else None
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
-        module = self.strategy.build(make_model(cfg, data, self.parts), data, self.loss or F.cross_entropy)
+        module = self.strategy.build(make_model(cfg, data, self.parts), data, self.loss or training_loss(cfg))
         if resume is not None:  # before the optimizer and the EMA are built over it: they start from these weights
             self.strategy.load(resume)
         state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
@@ -321,7 +329,7 @@ class Trainer:
                       f"{self.ckpt_dir}; continue with --resume {self.run_dir}", signum)
 
     def _evaluate(self, model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
-        return evaluate(model, pair, self.prep, self.ctx, self.cfg.eval_batch_size, self.loss)
+        return evaluate(model, pair, self.prep, self.ctx, self.cfg.eval_batch_size, self.loss, self.cfg.test_flip)
 
     def _validate(self, epoch: int, epoch_time: float) -> None:
         state, t_eval = self.state, time.perf_counter()

@@ -9,10 +9,12 @@ from torch import nn
 
 from ..errors import UserError
 from ..import_path import is_import_path
+from .airnet import AirNet
 from .cifar10_net import Cifar10Net
 from .convnet import ConvNet
 from .lenet5 import LeNet5
 from .mlp import MLP
+from .mnist_fast_net import MnistFastNet
 from .mnist_net import MnistNet
 
 
@@ -31,6 +33,8 @@ REGISTRY: dict[str, ModelSpec] = {
     "convnet": ModelSpec(lambda c, k, o: ConvNet(c, k, o["dropout"], o["filters"], o["kernel"]), 28, 0.25),
     "mnist-net": ModelSpec(lambda c, k, o: MnistNet(c, k, o["dropout"]), 28, 0.5),
     "cifar10-net": ModelSpec(lambda c, k, o: Cifar10Net(c, k), 24, channels=3),
+    "mnist-fast-net": ModelSpec(lambda c, k, o: MnistFastNet(c, k), 28),
+    "cifar10-fast-net": ModelSpec(lambda c, k, o: AirNet(c, k, o["filters"]), 32, channels=3),
     "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
                                          o["dropout"]), None, 0.0),
 }
