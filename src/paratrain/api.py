@@ -28,8 +28,8 @@ from .data.transforms import unit_scale
 from .errors import UserError, closest
 from .parts import Parts
 from .predict import Classifier
-from .runlog import write_summary
 from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
+from .runlog import write_summary
 
 DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]] | torch.utils.data.Dataset
 

@@ -142,10 +142,11 @@ def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | N
 
 
 def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int, heartbeats: Any,
-            result_queue: Any, environ: dict[str, str]) -> None:
+            result_queue: Any, environ: dict[str, str], streams: None = None) -> None:
     """Entry point of a spawned worker: a UserError goes to the launcher (which raises it, so a Python
     caller gets the exception and the command line its one line) and becomes the exit code; a collective
-    that timed out names the workers whose heartbeat stopped. `environ`: the launcher's environment."""
+    that timed out names the workers whose heartbeat stopped. `environ`: the launcher's environment; `streams`:
+    its standard output and error, already adopted as the arguments were unpickled (prefork.Streams)."""
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": time.time()})
     for name in set(os.environ) - set(environ):
         del os.environ[name]
@@ -295,7 +296,8 @@ def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
     # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
     # its path; loaded and checked once, here.
     # The environment as it is now: a forked worker would otherwise see the forkserver's, from its start.
-    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results, dict(os.environ)),
+    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results, dict(os.environ),
+                                                prefork.Streams()),
                                  nprocs=workers, join=False, start_method=prefork.start_method())
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:

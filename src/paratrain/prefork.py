@@ -30,6 +30,25 @@ def warm_up() -> None:
     forkserver.ensure_running()
 
 
+class Streams:
+    """The launcher's standard output and error as they are at the launch, for a worker to write to: a forked
+    worker would otherwise write where the forkserver's pointed when it started (a caller may have
+    redirected them since, as pytest's capture does)."""
+
+    def __reduce__(self) -> tuple:  # pickled as the worker is started: the files travel with it
+        from multiprocessing.reduction import DupFd
+
+        return (_adopt, (DupFd(1), DupFd(2)))
+
+
+def _adopt(out: object, err: object) -> None:
+    """In the worker, as its arguments are unpickled: point its standard output and error at the launcher's."""
+    for handle, fd in ((out, 1), (err, 2)):
+        received = handle.detach()
+        os.dup2(received, fd)
+        os.close(received)
+
+
 def worth_warming(devices: str) -> bool:
     """Whether a run asked for `devices` will start worker processes here: not one worker, nor a machine
     of one core, nor a worker of torchrun's (which starts its own)."""
