@@ -109,6 +109,24 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def training_workers(pid: int) -> list[int]:
+    """The training workers that process `pid` started, in start (pid) order: spawned ones, or forked from its
+    forkserver (paratrain's default, prefork.py); not the forkserver itself nor multiprocessing's resource
+    tracker."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
+    parent = {p: pp for p, pp in (map(int, line.split()) for line in out.splitlines())}
+    mine = set(descendants(pid))
+    forkservers = {p for p in mine if b"forkserver" in _cmdline(p)}
+    return sorted(p for p in mine if b"spawn_main" in _cmdline(p) or parent.get(p) in forkservers)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

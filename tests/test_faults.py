@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, descendants, max_abs_diff, train, weights
+from conftest import alive, descendants, max_abs_diff, train, training_workers, weights
 
 from paratrain import checkpoint
 
@@ -38,16 +38,8 @@ def _wait_for(condition, timeout: float, what: str) -> None:  # noqa: ANN001
 
 
 def _workers(launcher: subprocess.Popen) -> list[int]:
-    """The launcher's spawned training workers (not multiprocessing's resource tracker)."""
-    found = []
-    for pid in descendants(launcher.pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmdline:
-            found.append(pid)
-    return found
+    """The launcher's training workers (not its forkserver nor multiprocessing's resource tracker)."""
+    return training_workers(launcher.pid)
 
 
 def _finish(launcher: subprocess.Popen, timeout: float) -> tuple[int, str]:

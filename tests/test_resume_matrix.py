@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import descendants
+from conftest import training_workers
 
 from paratrain import checkpoint, config, launch, runplan
 from paratrain.data import load_dataset
@@ -81,15 +81,8 @@ def _gap(a: dict, b: dict) -> float:
 
 
 def _workers() -> list[int]:
-    """This process's spawned training workers, by rank (spawn order = pid order here)."""
-    found = []
-    for pid in descendants(os.getpid()):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return sorted(found)
+    """This process's training workers, by rank (start order = pid order here)."""
+    return training_workers(os.getpid())
 
 
 def _step_logged(run: Path) -> int:
