@@ -114,6 +114,8 @@ class TrainConfig:
     eval_ema: bool = _f(False, "evaluate (and report) with the averaged weights", flag="--eval-ema")
     test_flip: bool = _f(False, "evaluate on each image and its mirror image, averaging the two outputs",
                          flag="--test-flip")
+    compile: bool = _f(False, "torch.compile the model (on the CPU inductor needs a C++ compiler)",
+                       flag="--compile")
     precision: str = _f("32", "32, bf16 (autocast) or 16-mixed (fp16 autocast + GradScaler)", choices=PRECISIONS)
     # augmentation of training batches, on the device (validation/test use the centre crop)
     random_crop: bool = _f(False, "random crop to the model's input size", flag="--random-crop")

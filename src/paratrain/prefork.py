@@ -15,7 +15,10 @@ PRELOAD = ["torch", "torch._dynamo", "paratrain.train", "paratrain.launch"]
 
 
 def start_method() -> str:
-    """forkserver where there is one (Linux, macOS); else spawn."""
+    """forkserver where there is one (Linux, macOS); else spawn. PARATRAIN_START_METHOD=spawn asks for spawn
+    (how workers started before; benchmarks/startup.py compares the two)."""
+    if os.environ.get("PARATRAIN_START_METHOD") == "spawn":
+        return "spawn"
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 

@@ -12,6 +12,7 @@ that config.yaml records (a pipeline's cuts in `split`, say), never how a worker
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         from .models.imported import resolve
 
         resolve(cfg.model)
+    if cfg.compile:
+        _check_compiler(planned.accelerator)
     data = load_data()
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     if (cfg.early_stopping is not None or report is not None) and not len(data.val[1]):
@@ -88,6 +91,17 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     cfg, more = strategy.prepare(cfg, data, parts)
     cfg, parts = _check_own(cfg, data, parts, resume)
     return RunPlan(cfg, planned, devices, data, resume, parts, {**layout, **more}, report)
+
+
+def _check_compiler(accelerator: str) -> None:
+    """torch.compile's CPU code generator (inductor) builds C++: without a compiler every worker would fail
+    at its first step, in a long traceback."""
+    import shutil
+
+    if accelerator == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++")
+                                        if c):
+        raise UserError("--compile on the CPU needs a C++ compiler, and none was found (g++, clang++, c++ or $CXX): "
+                        "install one (apt install g++; xcode-select --install) or leave out --compile")
 
 
 def _hardware(cfg: C.TrainConfig, torchrun: bool) -> Plan:

@@ -137,6 +137,8 @@ class Trainer:
                                                   self.length.per_epoch, self.ctx.device))
         if resume is not None:
             self._restore(state, resume)
+        if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
+            module.compile()
         self.strategy.wrap()
         return state
 

@@ -1,8 +1,9 @@
 """A small BatchNorm network in the style of today's CIFAR-10 speed records (Keller Jordan's airbench94).
 
-    a 2x2 convolution (airbench fixes it to whiten the image patches; here it is learned), then three
-    groups of conv3x3 -> max-pool 2 -> BatchNorm -> GELU -> conv3x3 -> BatchNorm -> GELU, widths
-    (w, 4w, 4w) (w = 64 is airbench94's), a 3x3 max-pool to 1x1, and a linear head scaled by 1/9.
+    a 2x2 convolution, BatchNorm and GELU (airbench's baseline; its record fixes the convolution to whiten
+    the image patches, here it is learned); three groups of conv3x3 -> max-pool 2 -> BatchNorm -> GELU ->
+    conv3x3 -> BatchNorm -> GELU, of widths (w, 4w, 4w) (w = 64 is airbench94's); a 3x3 max-pool to 1x1;
+    a linear head scaled by 1/9.
 
 It is an nn.Sequential of its blocks, so the pipeline strategy can cut it between them.
 """
@@ -39,7 +40,7 @@ class AirNet(nn.Sequential):
         whiten = 2 * in_channels * 2 * 2  # airbench: the patches' eigenvectors and their negatives
         widths = (width, 4 * width, 4 * width)
         super().__init__(
-            nn.Sequential(nn.Conv2d(in_channels, whiten, 2), nn.GELU()),  # 32 -> 31
+            nn.Sequential(nn.Conv2d(in_channels, whiten, 2, bias=False), nn.BatchNorm2d(whiten), nn.GELU()),  # -> 31
             conv_group(whiten, widths[0]),  # -> 15
             conv_group(widths[0], widths[1]),  # -> 7
             conv_group(widths[1], widths[2]),  # -> 3

@@ -33,7 +33,8 @@ class PipelineStrategy(Strategy):
         # What a pipeline does not do (yet): each needs the whole model's gradients or weights per step.
         for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
                          (cfg.precision != "32", "--precision " + cfg.precision),
-                         (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases")):
+                         (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases"),
+                         (cfg.compile, "--compile")):
             if on:
                 raise UserError(f"{flag} is not available with --strategy {cfg.strategy}; leave it out or use "
                                 "--strategy ddp")
