@@ -21,7 +21,8 @@ from .errors import UserError, closest
 from .import_path import absolute, is_import_path
 from .strategies import REGISTRY
 
-MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "custom")  # custom: paratrain.fit(model=...)
+# custom: paratrain.fit(model=...)
+MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "custom")
 # imagefolder: a folder of class sub-folders (--data-dir); custom: tensors given to paratrain.fit
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "custom")
 # custom: an optimizer factory given to paratrain.fit
