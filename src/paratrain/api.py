@@ -263,7 +263,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     one device. `data` defaults to the run's own dataset (a run on tensors of your own needs them again);
     a run of a user's network needs its factory (`model`)."""
     from . import checkpoint, devices, dist, runplan
-    from .build import make_batch_transforms
+    from .build import make_batch_transforms, memory_format
     from .evaluation import evaluate as evaluate_on
 
     _check_callables(model=model, loss=loss)
@@ -309,6 +309,8 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
         splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
     net = _restore(cfg, splits, state, run, model, use_ema)
+    if memory_format(cfg) == torch.channels_last:  # as it trained
+        net.to(memory_format=torch.channels_last)
     ctx = dist.init(0, 1, device)
     splits = splits.to(ctx.device)
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,

@@ -115,6 +115,9 @@ class TrainConfig:
     eval_ema: bool = _f(False, "evaluate (and report) with the averaged weights", flag="--eval-ema")
     test_flip: bool = _f(False, "evaluate on each image and its mirror image, averaging the two outputs",
                          flag="--test-flip")
+    memory_format: str = _f("auto", "layout of the weights and batches: channels_last (fastest for CPU convolutions), "
+                            "contiguous, or auto (channels_last for the registry's convolutional networks under "
+                            "ddp)", choices=("auto", "channels_last", "contiguous"))
     compile: bool = _f(False, "torch.compile the model (on the CPU inductor needs a C++ compiler)",
                        flag="--compile")
     precision: str = _f("32", "32, bf16 (autocast) or 16-mixed (fp16 autocast + GradScaler)", choices=PRECISIONS)

@@ -25,7 +25,7 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from . import checkpoint, clock, strategies
-from .build import make_batch_transforms, make_model, optimizer_parts
+from .build import make_batch_transforms, make_model, memory_format, optimizer_parts
 from .config import TrainConfig
 from .data import Splits
 from .data.sharding import epoch_permutation, global_batch, steps_per_epoch, worker_part
@@ -133,6 +133,8 @@ class Trainer:
         module = self.strategy.build(make_model(cfg, data, self.parts), data, self.loss or training_loss(cfg))
         if resume is not None:  # before the optimizer and the EMA are built over it: they start from these weights
             self.strategy.load(resume)
+        if memory_format(cfg) == torch.channels_last:  # before DDP lays out its buckets and the EMA copies it
+            module.to(memory_format=torch.channels_last)
         state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
                                                   self.length.per_epoch, self.ctx.device))
         if resume is not None:

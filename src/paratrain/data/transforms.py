@@ -59,14 +59,15 @@ class BatchPipeline:
     """uint8 N x C x H x W -> float, sized to the model, (augmented,) normalised per channel."""
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], size: int, device: torch.device,
-                 augment: Augment | None = None) -> None:
+                 augment: Augment | None = None, memory_format: torch.memory_format = torch.contiguous_format) -> None:
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(std, device=device).view(1, -1, 1, 1)
         self.size = size
         self.augment = augment or Augment()
+        self.memory_format = memory_format  # the layout the model's convolutions take (build.memory_format)
 
     def _normalise(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) * self.inv_std
+        return ((x - self.mean) * self.inv_std).contiguous(memory_format=self.memory_format)
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
         return self._normalise(unit_scale(fit_to_size(x, self.size)))

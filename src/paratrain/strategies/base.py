@@ -52,8 +52,10 @@ class Strategy:
         """Raise UserError for options this strategy cannot take (config.validate calls it)."""
         if cfg.stages is not None:
             raise UserError(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
-        if cfg.compile and cfg.strategy != "ddp":
-            raise UserError(f"--compile is available with --strategy ddp, not {cfg.strategy}; leave it out")
+        for on, flag in ((cfg.compile, "--compile"), (cfg.memory_format == "channels_last", "--memory-format "
+                                                        "channels_last")):
+            if on and cfg.strategy != "ddp":
+                raise UserError(f"{flag} is available with --strategy ddp, not {cfg.strategy}; leave it out")
 
     @classmethod
     def defaults(cls, cfg: TrainConfig) -> TrainConfig:

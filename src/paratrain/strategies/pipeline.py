@@ -34,7 +34,8 @@ class PipelineStrategy(Strategy):
         for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
                          (cfg.precision != "32", "--precision " + cfg.precision),
                          (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases"),
-                         (cfg.compile, "--compile")):
+                         (cfg.compile, "--compile"),
+                         (cfg.memory_format == "channels_last", "--memory-format channels_last")):
             if on:
                 raise UserError(f"{flag} is not available with --strategy {cfg.strategy}; leave it out or use "
                                 "--strategy ddp")
