@@ -97,8 +97,8 @@ def cifar10_fast(run: Path, devices: str, **kw: object) -> dict:
 
 
 def test_cifar10_fast_trains_a_few_steps_and_its_summary_is_what_evaluate_finds(tmp_path: Path) -> None:
-    summary = cifar10_fast(tmp_path / "run", "1", random_crop=True, hflip=True)
-    assert summary["evaluated_with"] == "ema" and summary["steps"] == 12
+    summary = cifar10_fast(tmp_path / "run", "1", random_crop=True, hflip=True, eval_ema=True)
+    assert summary["evaluated_with"] == "ema" and summary["steps"] == 12 and summary["test_accuracy_raw"] is not None
     again = paratrain.evaluate(tmp_path / "run")  # with the EMA weights and the test flips, as the run judged
     assert again["ema"] and again["test_accuracy"] == summary["test_accuracy"]
     assert again["test_loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
