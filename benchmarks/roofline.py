@@ -6,8 +6,10 @@
 2. Each model's FLOPs per training example (forward + backward), counted by torch.utils.flop_counter.
 3. Examples/sec of each configuration on synthetic data shaped like the model's dataset, each measured in a
    fresh process, one after another, interleaved over --repeats (medians):
-     plain-loop      one process, all cores as threads, the data as in-memory tensors (benchmarks/throughput.py)
-     paratrain N     `paratrain train --devices N` (its default path, --compile where asked)
+     plain-loop      one process, all cores as threads, the data as in-memory tensors (benchmarks/throughput.py):
+                     the loop as users write it (the reference), and with channels-last weights and batches
+     paratrain N     `paratrain train --devices N` (its default path, --compile where asked): the rate of the
+                     run's second half, from its log
    and the fraction of the peak that each reaches (examples/sec x FLOPs per example / peak).
 4. A per-operator profile of one training step of each model (torch.profiler, self CPU time, forward and
    backward operators apart): where a step's time goes.
@@ -70,8 +72,9 @@ def flops_per_example(name: str, batch: int = 64) -> float:
     return counter.get_total_flops() / batch
 
 
-def plain_loop(name: str, steps: int) -> float:
-    """What one process does with PyTorch alone: random batches of in-memory tensors, Adam, all cores."""
+def plain_loop(name: str, steps: int, channels_last: bool = False) -> float:
+    """What one process does with PyTorch alone: random batches of in-memory tensors, Adam, all cores
+    (`channels_last`: weights and batches in that layout, as paratrain's default path has them)."""
     import torch
     import torch.nn.functional as F
 
@@ -82,6 +85,8 @@ def plain_loop(name: str, steps: int) -> float:
     channels, side, batch, _ = MODELS[name]
     x_all, y_all = torch.randn(8192, channels, side, side), torch.randint(0, 10, (8192,))
     model = _model(name)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    model.to(memory_format=layout)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     t0 = 0.0
@@ -89,7 +94,7 @@ def plain_loop(name: str, steps: int) -> float:
         if step == WARMUP:
             t0 = time.perf_counter()
         idx = torch.randint(0, len(y_all), (batch,), generator=g)
-        loss = F.cross_entropy(model(x_all[idx]), y_all[idx])
+        loss = F.cross_entropy(model(x_all[idx].contiguous(memory_format=layout)), y_all[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -101,13 +106,15 @@ def paratrain_run(name: str, steps: int, devices: int, compiled: bool) -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--out", out, "--model", name, "--dataset",
                dataset, "--devices", str(devices), "--steps", str(steps), "--batch-size", str(batch),
-               "--log-every", "1000000", "--no-tensorboard", *(["--compile"] if compiled else [])]
+               "--log-every", str(steps // 2), "--no-tensorboard", *(["--compile"] if compiled else [])]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        # examples_per_sec counts every step; a compiled run's first steps compile, so time from the log instead
-        return json.loads((Path(out) / "summary.json").read_text())["examples_per_sec"]
+        # the second half's rate, from the log: a compiled run compiles in its first steps (and every run
+        # allocates its buffers there), which the summary's examples_per_sec would count
+        records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+        return [r for r in records if "examples_per_sec" in r][-1]["examples_per_sec"]
 
 
-def profile(name: str, top: int = 8) -> str:
+def profile(name: str, channels_last: bool, top: int = 8) -> str:
     """Self CPU time per operator over a few training steps, the forward's and the backward's apart."""
     import torch
     import torch.nn.functional as F
@@ -116,9 +123,11 @@ def profile(name: str, top: int = 8) -> str:
 
     torch.set_num_threads(os.cpu_count() or 1)
     channels, side, batch, _ = MODELS[name]
-    model = _model(name)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    model = _model(name).to(memory_format=layout)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x, y = torch.randn(batch, channels, side, side), torch.randint(0, 10, (batch,))
+    x = torch.randn(batch, channels, side, side).contiguous(memory_format=layout)
+    y = torch.randint(0, 10, (batch,))
 
     def step() -> None:
         loss = F.cross_entropy(model(x), y)
@@ -137,7 +146,8 @@ def profile(name: str, top: int = 8) -> str:
     events = [e for e in events if e.key.startswith("aten::")]
     total = sum(e.self_cpu_time_total for e in events)
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    lines = [f"{name}, batch {batch}: self CPU time per step {total / 5 / 1000:.1f} ms",
+    lines = [f"{name}, batch {batch}, {'channels-last' if channels_last else 'default layout'}: self CPU time per "
+             f"step {total / 5 / 1000:.1f} ms",
              f"  {'operator':<44}{'phase':>10}{'ms/step':>10}{'share':>8}"]
     for e in events[:top]:
         phase = "backward" if "backward" in e.key else "optimizer" if "_foreach" in e.key else "forward"
@@ -164,7 +174,9 @@ def main() -> None:
     if args.row:
         kind, *rest = args.row
         value = {"peak": lambda: peak_gflops(int(rest[0])), "flops": lambda: flops_per_example(rest[0]),
-                 "plain": lambda: plain_loop(rest[0], args.steps), "profile": lambda: profile(rest[0])}[kind]()
+                 "plain": lambda: plain_loop(rest[0], args.steps),
+                 "plain-cl": lambda: plain_loop(rest[0], args.steps, channels_last=True),
+                 "profile": lambda: profile(rest[0], rest[1] == "cl")}[kind]()
         print(json.dumps(value))
         return
     models = args.models.split(",")
@@ -178,6 +190,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for m in models:
             rows.setdefault((m, "plain-loop"), []).append(_isolated("plain", m))
+            rows.setdefault((m, "plain-loop channels-last"), []).append(_isolated("plain-cl", m))
             for n in map(int, args.devices.split(",")):
                 for compiled in (False, True) if args.compile else (False,):
                     label = f"paratrain {n}" + (" --compile" if compiled else "")
@@ -192,7 +205,8 @@ def main() -> None:
               f"{rate / base:>8.2f}x")
     if not args.no_profile:
         for m in models:
-            print(_isolated("profile", m))
+            for layout in ("default", "cl"):
+                print(_isolated("profile", m, layout))
 
 
 if __name__ == "__main__":

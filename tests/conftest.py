@@ -123,7 +123,8 @@ def training_workers(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
     parent = {p: pp for p, pp in (map(int, line.split()) for line in out.splitlines())}
     mine = set(descendants(pid))
-    forkservers = {p for p in mine if b"forkserver" in _cmdline(p)}
+    # its forkserver is its child; the workers forked from it carry the same command line, one level down
+    forkservers = {p for p in mine if parent.get(p) == pid and b"forkserver" in _cmdline(p)}
     return sorted(p for p in mine if b"spawn_main" in _cmdline(p) or parent.get(p) in forkservers)
 
 

@@ -40,6 +40,29 @@ def test_the_new_options_are_checked_in_one_line() -> None:
         config.validate(config.TrainConfig(compile=True, strategy="tower"))
     with pytest.raises(UserError, match="--compile is not available with --strategy pipeline"):
         config.validate(config.TrainConfig(compile=True, strategy="pipeline", stages=2))
+    with pytest.raises(UserError, match="--memory-format channels_last is not available with --strategy pipeline"):
+        config.validate(config.TrainConfig(memory_format="channels_last", strategy="pipeline", stages=2))
+    with pytest.raises(UserError, match="--memory-format channels_last is available with --strategy ddp"):
+        config.validate(config.TrainConfig(memory_format="channels_last", strategy="tower"))
+
+
+def test_channels_last_is_the_registry_convolutional_networks_under_ddp_and_asked_for_elsewhere() -> None:
+    from paratrain.build import memory_format
+
+    cfg = config.TrainConfig()
+    assert memory_format(cfg) == torch.channels_last  # lenet5, ddp
+    assert memory_format(cfg.replace(model="mlp")) == torch.contiguous_format
+    assert memory_format(cfg.replace(model="custom")) == torch.contiguous_format  # a user's network may .view()
+    assert memory_format(cfg.replace(strategy="pipeline", stages=2)) == torch.contiguous_format
+    assert memory_format(cfg.replace(model="custom", memory_format="channels_last")) == torch.channels_last
+    assert memory_format(cfg.replace(memory_format="contiguous")) == torch.contiguous_format
+
+
+def test_epochs_given_over_a_recipe_of_steps_train_epochs() -> None:
+    recipe = config.from_dict(recipes.load("mnist-fast"))
+    assert recipe.steps == 351
+    assert config.overlay(recipe, {"epochs": 3}).steps is None
+    assert config.overlay(recipe, {"epochs": 3, "steps": 10}).steps == 10
 
 
 def test_adams_betas_reach_the_optimizer() -> None:
@@ -81,7 +104,7 @@ def test_compile_without_a_cpp_compiler_says_to_install_one(tmp_path: Path, monk
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(UserError, match="--compile on the CPU needs a C\\+\\+ compiler.*install one"):
-        paratrain.fit(data="digits", config=paratrain.TrainConfig(compile=True, devices="1", steps=1,
+        paratrain.fit(data="digits", config=paratrain.TrainConfig(compile=True, devices="1", steps=1, accelerator="cpu",
                                                                   out=str(tmp_path / "run")))
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -102,6 +125,16 @@ def test_cifar10_fast_trains_a_few_steps_and_its_summary_is_what_evaluate_finds(
     again = paratrain.evaluate(tmp_path / "run")  # with the EMA weights and the test flips, as the run judged
     assert again["ema"] and again["test_accuracy"] == summary["test_accuracy"]
     assert again["test_loss"] == pytest.approx(summary["test_loss"], rel=1e-6)
+    classifier = paratrain.load_classifier(tmp_path / "run")
+    assert classifier.flip  # predicts as the run was judged
+    assert classifier.transform(torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).is_contiguous()  # the usual layout
+    assert classifier.predict(torch.zeros(2, 3, 32, 32, dtype=torch.uint8)).shape == (2,)
+
+
+def test_a_loss_of_yours_and_label_smoothing_are_refused_together(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="label_smoothing smooths the built-in cross-entropy, and loss= replaces it"):
+        paratrain.fit(data="digits", loss=F.cross_entropy, config=paratrain.TrainConfig(
+            label_smoothing=0.1, devices="1", steps=1, out=str(tmp_path / "run")))
 
 
 @pytest.mark.integration

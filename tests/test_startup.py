@@ -4,14 +4,20 @@ workers start from: as fresh as a spawned worker (the launcher's environment and
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import main_code, run_cli
+from conftest import alive, descendants, main_code, run_cli, training_workers
 
 import paratrain
-from paratrain import clock, prefork
+from paratrain import checkpoint, clock, prefork
 
 STARTUP = {"imports", "data", "plan", "spawn", "join", "build", "first_step"}
 
@@ -64,6 +70,74 @@ def test_the_main_job_on_two_workers_reports_every_phase_and_ends_without_a_warn
     assert all(summary["startup_s"][p] is not None for p in STARTUP)
     assert summary["finish_s"]["shutdown"] is not None and summary["startup_s"]["spawn"] > 0
     assert "the first step started" in proc.stdout
+    assert "step 20/20" in proc.stdout  # rank 0's line: a forked worker writes to the launcher's output
+
+
+@pytest.mark.integration
+def test_spawned_workers_as_before_write_their_lines(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--steps", "10", "--log-every", "5",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PARATRAIN_START_METHOD": "spawn"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step 10/10" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def _start(run: Path, **popen: object) -> subprocess.Popen:
+    launcher = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--devices", "2", "--epochs", "1000",
+                                 "--log-every", "5", "--checkpoint-every", "5", "--out", str(run)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").stat().st_size):
+        time.sleep(0.2)
+    assert len(training_workers(launcher.pid)) == 2, "training never started"
+    return launcher
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.mark.integration
+def test_a_launcher_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_path: Path) -> None:
+    launcher = _start(tmp_path / "run")
+    others = descendants(launcher.pid)  # the forkserver, the workers, the resource tracker
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    assert _gone_within(others, 10) == []
+
+
+@pytest.mark.integration
+def test_sigterm_to_the_whole_process_group_saves_at_the_step(tmp_path: Path) -> None:
+    """timeout, systemd and schedulers signal every process of the group, the forkserver included."""
+    launcher = _start(tmp_path / "run", start_new_session=True)
+    everyone = [launcher.pid, *descendants(launcher.pid)]
+    os.killpg(launcher.pid, signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode == 143, stderr
+    stopped = re.search(r"stopped by SIGTERM at step (\d+)", stderr)
+    assert stopped, stderr
+    assert checkpoint.load(tmp_path / "run")["step"] == int(stopped.group(1))  # saved at the stop step
+    assert _gone_within(everyone, 10) == []
+
+
+def deep(channels: int, image_size: int, num_classes: int) -> object:
+    """A network of 100 parameter tensors: with Adam's state, more than 256 tensors in its checkpoint."""
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(channels * image_size**2, 16),
+                         *(nn.Linear(16, 16) for _ in range(48)), nn.Linear(16, num_classes))
+
+
+@pytest.mark.integration
+def test_a_deep_network_with_adams_state_resumes_on_two_workers(tmp_path: Path) -> None:
+    """The forkserver passes at most 256 file descriptors with a worker's arguments: the checkpoint goes packed."""
+    cfg = dict(devices="2", batch_size=32, tensorboard=False, quiet=True, optimizer="adam")
+    paratrain.fit(deep, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "run"), **cfg))
+    summary = paratrain.fit(deep, "digits", paratrain.TrainConfig(steps=4, resume=str(tmp_path / "run"), **cfg))
+    assert summary["resumed_from_step"] == 2 and summary["steps"] == 4
 
 
 def needs_the_variable(channels: int, image_size: int, num_classes: int) -> object:
@@ -72,6 +146,8 @@ def needs_the_variable(channels: int, image_size: int, num_classes: int) -> obje
 
     if os.environ.get("PARATRAIN_TEST_SET_AFTER_THE_FORKSERVER") != "yes":
         raise RuntimeError("the worker did not get the launcher's environment")
+    if multiprocessing.parent_process() is not None:  # in a worker (the launcher tries the factory too)
+        print(f"a worker built its network: {os.getpid()}", flush=True)
     return nn.Sequential(nn.Flatten(), nn.Linear(channels * image_size**2, num_classes))
 
 
@@ -83,4 +159,5 @@ def test_workers_see_the_environment_of_the_launch_not_of_the_forkservers_start(
     summary = paratrain.fit(needs_the_variable, "digits", paratrain.TrainConfig(
         devices="2", steps=2, batch_size=32, out=str(tmp_path / "run"), tensorboard=False))
     assert summary["world_size"] == 2
-    assert "test_accuracy" in capfd.readouterr().out  # the launcher's streams as pytest captures them now
+    # written by the workers to the launcher's standard output as pytest captures it now
+    assert capfd.readouterr().out.count("a worker built its network") == 2

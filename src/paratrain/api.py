@@ -102,6 +102,9 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         raise UserError(C.in_python_words(str(e)), e.code) from None
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
+    if loss is not None and cfg.label_smoothing:
+        raise UserError("config.label_smoothing smooths the built-in cross-entropy, and loss= replaces it: smooth "
+                        "the targets in your loss, or leave label_smoothing at 0")
     if cache_key is not None and not isinstance(data, torch.utils.data.Dataset):
         raise UserError("cache_key names the cache of a torch Dataset given as data; a folder's cache is found by "
                         "its path (and config.cache_dir), a dataset name's needs none")
@@ -371,8 +374,9 @@ def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = Non
         raise UserError(f"checkpoint {run} predates the record of its data's normalisation; evaluate it with "
                         "paratrain.evaluate(run, data, model=...)")
     pipeline = make_batch_transforms(cfg, splits, torch.device("cpu"))
+    pipeline.memory_format = torch.contiguous_format  # transform() hands users batches in the usual layout
     names = list(splits.classes) if splits.classes else CLASS_NAMES.get(cfg.dataset)
-    return Classifier(net, pipeline, splits.channels, splits.image_size, names)
+    return Classifier(net, pipeline, splits.channels, splits.image_size, names, flip=cfg.test_flip)
 
 
 def _loaded(run: str | Path, state: dict, model: Callable[[], nn.Module] | None,

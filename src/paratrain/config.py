@@ -253,10 +253,13 @@ def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainC
 
 def overlay(base: TrainConfig, values: dict[str, Any]) -> TrainConfig:
     """`values` on top of `base` (a resumed run's or a recipe's configuration), as flags go on top: a global
-    batch drops the base's per-worker one, and another strategy drops the base's stages, split and devices."""
+    batch drops the base's per-worker one, epochs drop the base's steps, and another strategy drops the
+    base's stages, split and devices."""
     values = dict(values)
     if "batch_size" in values and "batch_per_worker" not in values:
         values["batch_per_worker"] = None  # an explicit global batch overrides a per-worker one
+    if "epochs" in values and "steps" not in values:
+        values["steps"] = None  # (--steps would win over them: mnist-fast's 351 steps over --epochs 3)
     if values.get("strategy", base.strategy) != base.strategy:  # e.g. resuming a pipeline run with DDP
         values.setdefault("stages", None)
         values.setdefault("split", "auto")

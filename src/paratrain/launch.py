@@ -1,6 +1,7 @@
 """Start the workers: spawn them on this machine, or join the group torchrun made.
 
-This is the only module that reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...).
+This module reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...); prefork.py, which must not
+import torch, reads whether torchrun started this process and PARATRAIN_START_METHOD.
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """Linux: this worker is killed when the process that spawned it dies (a search's pool process killed for
+    """Linux: this worker is killed when the process that started it dies: the forkserver, which ends when the
+    launcher does (prefork.detach), or the launcher that spawned it (a search's pool process killed for
     memory must not leave its trial's workers running on GPUs a new trial is given)."""
     try:
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -147,7 +149,10 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
     caller gets the exception and the command line its one line) and becomes the exit code; a collective
     that timed out names the workers whose heartbeat stopped. `environ`: the launcher's environment; `streams`:
     its standard output and error, already adopted as the arguments were unpickled (prefork.Streams)."""
+    prefork.detach()
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": time.time()})
+    if isinstance(plan.resume, prefork.Packed):
+        plan = dataclasses.replace(plan, resume=plan.resume.unpack())
     for name in set(os.environ) - set(environ):
         del os.environ[name]
     os.environ.update(environ)
@@ -287,6 +292,7 @@ MAIN_GUARD_EXIT = 5  # a spawned worker found the user's script calling fit as i
 
 def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
     cfg = plan.cfg
+    plan = dataclasses.replace(plan, clock={**plan.clock, "launched": time.time()})  # this attempt's (restarts)
     port = free_port()
     prefork.warm_up()
     smp = mp.get_context(prefork.start_method())
@@ -296,8 +302,10 @@ def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
     # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
     # its path; loaded and checked once, here.
     # The environment as it is now: a forked worker would otherwise see the forkserver's, from its start.
+    if plan.resume is not None and prefork.start_method() == "forkserver":
+        plan = dataclasses.replace(plan, resume=prefork.Packed(plan.resume))
     context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results, dict(os.environ),
-                                                prefork.Streams()),
+                                                prefork.streams()),
                                  nprocs=workers, join=False, start_method=prefork.start_method())
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:

@@ -32,8 +32,9 @@ class Classifier:
     """A trained network (on the CPU, in eval mode) and the transform of its training data."""
 
     def __init__(self, model: nn.Module, pipeline: BatchPipeline, channels: int, image_size: int,
-                 classes: tuple[str, ...] | None = None) -> None:
+                 classes: tuple[str, ...] | None = None, flip: bool = False) -> None:
         self.model = model.eval()
+        self.flip = flip  # the run was judged on each image and its mirror image (--test-flip): so is predict
         self.pipeline = pipeline
         self.channels = channels  # what the training images were: the model's input before the transform
         self.image_size = image_size
@@ -52,7 +53,10 @@ class Classifier:
     @torch.no_grad()
     def predict(self, images: Any, probabilities: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The class index of each image (a tensor of N), and with `probabilities` also the N x K softmax."""
-        logits = self.model(self.transform(images)).float()
+        x = self.transform(images)
+        logits = self.model(x).float()
+        if self.flip:
+            logits = (logits + self.model(x.flip(3)).float()) / 2
         labels = logits.argmax(1)
         return (labels, logits.softmax(1)) if probabilities else labels
 

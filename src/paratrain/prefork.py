@@ -4,22 +4,31 @@ A spawned worker spends ~1.5 s importing torch, and its first optimizer step ~1.
 torch._dynamo (torch.optim's step imports it whether or not anything is compiled). A forkserver that has
 them loaded forks workers that start in a moment; each is as fresh as a spawned one (it imports the user's
 main script again, as spawn does). This module imports no torch, so the command line can start it first.
+
+What a forked worker must undo to be as a spawned one (launch._worker calls `detach`): it holds the
+launcher's end of the forkserver's lifeline (so a killed launcher would leave the forkserver, and through
+it the workers, alive), SIGTERM ignored (the forkserver ignores it: see _in_forkserver.py), and the
+environment and standard streams of the forkserver's start rather than of the launch (handed over with
+the worker's arguments: `environ` and `Streams`). Linux only: elsewhere workers are spawned, as
+multiprocessing's own defaults there advise (macOS's system frameworks are not fork-safe).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import sys
 
-PRELOAD = ["torch", "torch._dynamo", "paratrain.train", "paratrain.launch"]
+PRELOAD = ["paratrain._in_forkserver", "torch", "torch._dynamo", "paratrain.train", "paratrain.launch"]
 
 
 def start_method() -> str:
-    """forkserver where there is one (Linux, macOS); else spawn. PARATRAIN_START_METHOD=spawn asks for spawn
-    (how workers started before; benchmarks/startup.py compares the two)."""
-    if os.environ.get("PARATRAIN_START_METHOD") == "spawn":
+    """forkserver on Linux; else spawn. PARATRAIN_START_METHOD=spawn asks for spawn (how workers started
+    before; benchmarks/startup.py compares the two)."""
+    if os.environ.get("PARATRAIN_START_METHOD") == "spawn" or not sys.platform.startswith("linux"):
         return "spawn"
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    return "forkserver"
 
 
 def warm_up() -> None:
@@ -31,6 +40,47 @@ def warm_up() -> None:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     forkserver.ensure_running()
+
+
+def streams() -> Streams | None:
+    """The launcher's standard streams for a forked worker (a spawned one has them already)."""
+    return Streams() if start_method() == "forkserver" else None
+
+
+def detach() -> None:
+    """In a worker forked from the forkserver, first thing: let go of the launcher's end of the forkserver's
+    lifeline, which the forkserver hands every child (it exits when every end is closed, so a launcher
+    killed with SIGKILL ends it, and PR_SET_PDEATHSIG then ends the workers); and take SIGTERM back,
+    which the forkserver ignores. A no-op in a spawned worker."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # multiprocessing's own record of the lifeline in this process
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class Packed:
+    """A checkpoint handed to forked workers as one serialized buffer. The forkserver passes at most 256 file
+    descriptors with a worker's arguments, and each tensor in shared memory is one (a network resumed with
+    Adam's state has 4 per parameter). Unpacked, each worker owns its copy."""
+
+    def __init__(self, state: dict) -> None:
+        import io
+
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        self.data = buffer.getvalue()
+
+    def unpack(self) -> dict:
+        import io
+
+        import torch
+
+        return torch.load(io.BytesIO(self.data), weights_only=False)  # this run's launcher wrote it, in memory
 
 
 class Streams:
@@ -48,16 +98,17 @@ def _adopt(out: object, err: object) -> None:
     """In the worker, as its arguments are unpickled: point its standard output and error at the launcher's."""
     for handle, fd in ((out, 1), (err, 2)):
         received = handle.detach()
-        os.dup2(received, fd)
-        os.close(received)
+        if received != fd:
+            os.dup2(received, fd)
+            os.close(received)
 
 
-def worth_warming(devices: str) -> bool:
+def worth_warming(devices: str, strategy: str = "ddp") -> bool:
     """Whether a run asked for `devices` will start worker processes here: not one worker, nor a machine
-    of one core, nor a worker of torchrun's (which starts its own)."""
+    of one core, nor the tower (one process), nor a worker of torchrun's (which starts its own)."""
     torchrun = all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return not torchrun and devices != "1" and (devices != "auto" or cores > 1)
+    return not torchrun and strategy != "tower" and devices != "1" and (devices != "auto" or cores > 1)

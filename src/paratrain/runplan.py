@@ -97,11 +97,17 @@ def _check_compiler(accelerator: str) -> None:
     """torch.compile's CPU code generator (inductor) builds C++: without a compiler every worker would fail
     at its first step, in a long traceback."""
     import shutil
+    import sysconfig
 
-    if accelerator == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++")
-                                        if c):
+    if accelerator != "cpu":
+        return
+    if not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c):
         raise UserError("--compile on the CPU needs a C++ compiler, and none was found (g++, clang++, c++ or $CXX): "
                         "install one (apt install g++; xcode-select --install) or leave out --compile")
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not headers.is_file():
+        raise UserError(f"--compile on the CPU builds against Python's headers, and {headers} is missing: install "
+                        "them (apt install python3-dev) or leave out --compile")
 
 
 def _hardware(cfg: C.TrainConfig, torchrun: bool) -> Plan:

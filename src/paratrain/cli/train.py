@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import prefork
 
     cfg = resolve_config(args)
-    if prefork.worth_warming(cfg.devices) and not args.print_split:
+    if prefork.worth_warming(cfg.devices, cfg.strategy) and not args.print_split:
         prefork.warm_up()  # imports torch for the workers while this process imports it and reads the data
     from .. import api, launch, strategies
     from ..data import load_for
