@@ -64,12 +64,12 @@ def main() -> None:
             rows.setdefault("baseline", []).append(train_row(args.flags, {}, args.baseline))
     keys = ("wall", "first_step_at", *PHASES, "train", *FINISH)
     print(f"paratrain train {' '.join(args.flags) or '(the README main job)'}; medians of {args.repeats}, seconds")
-    print(f"{'':<13}" + "".join(f"{k:>11}" for k in keys))
+    print(f"{'':<13}" + "".join(f"{k:>14}" for k in keys))
     for name, runs in rows.items():
         cells = []
         for k in keys:
             values = [r[k] for r in runs if r.get(k) is not None]
-            cells.append(f"{statistics.median(values):>11.2f}" if values else f"{'-':>11}")
+            cells.append(f"{statistics.median(values):>14.2f}" if values else f"{'-':>14}")
         print(f"{name:<13}" + "".join(cells))
 
 
