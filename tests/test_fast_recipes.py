@@ -148,3 +148,20 @@ def test_cifar10_fast_on_two_workers_equals_one_device(tmp_path: Path) -> None:
     gap = max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two"))
     assert gap < 1e-4  # BatchNorm synced over both shares
     assert any("running_var" in k for k in weights(tmp_path / "two"))
+
+
+@pytest.mark.slow
+def test_compiled_lenet5_on_two_workers_equals_one_device_and_says_nothing_on_the_way(
+        tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """--compile (inductor builds C++ on the CPU: about half a minute per process here)."""
+    def run(name: str, devices: str, compiled: bool) -> Path:
+        paratrain.fit(data="digits", config=paratrain.TrainConfig(
+            devices=devices, steps=6, batch_size=64, threads_per_worker=1, optimizer="sgd", lr=0.01,
+            compile=compiled, quiet=True, tensorboard=False, out=str(tmp_path / name)))
+        return tmp_path / name
+
+    one, two, plain = run("one", "1", True), run("two", "2", True), run("plain", "1", False)
+    assert max_abs_diff(weights(one), weights(two)) < 1e-5
+    assert max_abs_diff(weights(one), weights(plain)) < 1e-4  # compiled kernels sum in another order
+    err = capfd.readouterr().err
+    assert "leaked" not in err and "CUDA runtime" not in err, err

@@ -46,6 +46,18 @@ def training_loss(cfg: TrainConfig) -> Any:
     return F.cross_entropy
 
 
+def _quiet_compiler() -> None:
+    """torch.compile in a worker: code generation in this process (inductor's pool of compile processes would
+    put more processes than cores beside the workers, and leaves a semaphore behind at a worker's exit), and
+    without the warning that a CPU machine has no CUDA runtime (which no CPU run needs)."""
+    import logging
+
+    import torch._inductor.config as inductor
+
+    inductor.compile_threads = 1
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
 def step_seed(seed: int, step: int, rank: int) -> int:
     """The seed of one worker's randomness (dropout, augmentation) at one step: a pure function, so a
     resumed run draws exactly what an uninterrupted one would, and workers draw differently."""
@@ -140,6 +152,7 @@ class Trainer:
         if resume is not None:
             self._restore(state, resume)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
+            _quiet_compiler()
             module.compile()
         self.strategy.wrap()
         return state
