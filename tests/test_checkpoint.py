@@ -150,3 +150,76 @@ def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pyte
     assert checkpoint.newest_in_group(one, {"step": 3}, None, 2) == ({"step": 3}, 2)
     with pytest.raises(UserError, match="unreadable"):
         checkpoint.newest_in_group(one, None, "unreadable", 0)
+
+
+def _save(folder: Path, step: int, keep: int = 2) -> None:
+    state = {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step, "epoch": 0,
+             "config": {"model": "x"}}
+    checkpoint.save_step(state, folder, step, keep=keep)
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:  # in place: last.pt and its step file are one file (a hard link)
+        f.truncate(100)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    for step in (10, 20):
+        _save(tmp_path / "checkpoints", step)
+    _truncate(tmp_path / "checkpoints" / "last.pt")  # and with it step-00000020.pt
+    assert checkpoint.load(tmp_path)["step"] == 10  # a run directory: the newest that loads
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and "skipped step-00000020.pt" in line and "using step-00000010.pt, step 10" in line
+    assert "unreadable" in line
+    assert checkpoint.newest_loadable(tmp_path / "checkpoints")["step"] == 10
+    assert checkpoint.newest_loadable(tmp_path / "none") is None
+
+
+def test_the_newest_step_file_wins_over_an_older_last_pt(tmp_path: Path) -> None:
+    """A kill between writing step-N.pt and linking last.pt to it: step N is complete (written atomically)."""
+    _save(tmp_path, 10)
+    _save(tmp_path, 20)
+    (tmp_path / "last.pt").unlink()
+    import os
+
+    os.link(tmp_path / "step-00000010.pt", tmp_path / "last.pt")
+    assert checkpoint.newest_loadable(tmp_path)["step"] == 20
+
+
+def test_when_no_checkpoint_loads_the_error_says_so_in_one_line(tmp_path: Path) -> None:
+    from paratrain.errors import UserError
+
+    for step in (10, 20):
+        _save(tmp_path / "checkpoints", step)
+    for path in (tmp_path / "checkpoints").glob("step-*.pt"):
+        _truncate(path)
+    with pytest.raises(UserError, match=r"no checkpoint in .*checkpoints loads: checkpoint .*step-00000020.pt is "
+                                        r"unreadable.*\(and 1 other checkpoint\(s\) there\)"):
+        checkpoint.load(tmp_path)
+
+
+def test_two_step_checkpoints_are_kept_by_default() -> None:
+    from paratrain.config import TrainConfig
+
+    assert TrainConfig().keep_checkpoints == 2
+
+
+@pytest.mark.integration
+def test_a_run_whose_newest_checkpoint_is_damaged_is_evaluated_and_resumed_on_two_workers_from_the_one_before(
+        tmp_path: Path) -> None:
+    import json
+
+    from conftest import run_cli, train
+
+    run = tmp_path / "run"
+    train(run, "--devices", "2", "--steps", "20", "--checkpoint-every", "5", "--optimizer", "sgd", "--lr", "0.01")
+    _truncate(run / "checkpoints" / "last.pt")  # and step-00000020.pt with it
+    evaluated = run_cli("eval", str(run))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "skipped step-00000020.pt" in evaluated.stderr and "using step-00000015.pt" in evaluated.stderr
+    resumed = run_cli("train", "--quiet", "--resume", str(run), "--steps", "25")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "skipped step-00000020.pt" in resumed.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 15 and summary["steps"] == 25

@@ -165,3 +165,9 @@ def test_compiled_lenet5_on_two_workers_equals_one_device_and_says_nothing_on_th
     assert max_abs_diff(weights(one), weights(plain)) < 1e-4  # compiled kernels sum in another order
     err = capfd.readouterr().err
     assert "leaked" not in err and "CUDA runtime" not in err, err
+
+
+def test_a_warm_up_as_long_as_the_run_gets_a_note(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    paratrain.fit(data="digits", config=paratrain.TrainConfig(devices="1", steps=3, warmup_steps=5,
+                                                              tensorboard=False, out=str(tmp_path / "run")))
+    assert "--warmup-steps 5 is as long as the run's 3 steps" in capsys.readouterr().out

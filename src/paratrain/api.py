@@ -239,6 +239,10 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
                       "again; pass --steps N (steps=N) with more steps to train it further", flush=True)
             elif resume is not None:
                 print(f"paratrain: resuming {cfg.out} from its checkpoint of step {resume['step']}", flush=True)
+            if cfg.warmup_steps >= length.total_steps:  # a recipe's warm-up kept over fewer --epochs, say
+                print(f"paratrain: note: --warmup-steps {cfg.warmup_steps} is as long as the run's "
+                      f"{length.total_steps} steps, so the learning rate never reaches --lr {cfg.lr:g}; lower "
+                      "--warmup-steps", flush=True)
             name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
             hw = plan.hardware
             print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -57,10 +58,55 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
     return step_path
 
 
+def newest_loadable(folder: str | Path) -> dict[str, Any] | None:
+    """The checkpoint of the highest step in `folder` (a run's checkpoints/) that loads; None where it holds
+    none. One line on stderr names the newer ones that did not load, and why; a UserError when none loads.
+
+    last.pt is a hard link to the newest step file, so damage to one is damage to both: the step files
+    kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on."""
+    folder = Path(folder)
+    skipped: list[tuple[Path, str]] = []
+    for path in _newest_first(folder):
+        try:
+            state = load(path)
+        except UserError as e:
+            skipped.append((path, str(e)))
+            continue
+        if skipped:
+            names = ", ".join(p.name for p, _ in skipped)
+            print(f"paratrain: skipped {names} in {folder} ({skipped[0][1]}); using {path.name}, step "
+                  f"{state['step']}", file=sys.stderr, flush=True)
+        return state
+    if skipped:
+        more = f" (and {len(skipped) - 1} other checkpoint(s) there)" if len(skipped) > 1 else ""
+        raise UserError(f"no checkpoint in {folder} loads: {skipped[0][1]}{more}")
+    return None
+
+
+def _newest_first(folder: Path) -> list[Path]:
+    """The step files by step, newest first (their names are zero-padded), then last.pt where it is another
+    file (a copy, on a filesystem without hard links); each file once."""
+    seen: set[tuple[int, int]] = set()
+    found = []
+    for path in [*sorted(folder.glob("step-*.pt"), reverse=True), folder / "last.pt"]:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            found.append(path)
+    return found
+
+
 def load(path: str | Path) -> dict[str, Any]:
-    """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused."""
+    """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused. A run
+    directory: the newest of its checkpoints that loads (newest_loadable)."""
     path = Path(path)
     if path.is_dir():  # a run directory
+        state = newest_loadable(path / "checkpoints")
+        if state is not None:
+            return state
         path = path / "checkpoints" / "last.pt"
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")

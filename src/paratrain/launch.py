@@ -272,10 +272,10 @@ def _offer(cfg: TrainConfig, resume: dict[str, Any] | None) -> tuple[dict[str, A
 
 
 def _last_checkpoint(cfg: TrainConfig) -> dict[str, Any] | None:
-    from .checkpoint import load
+    """The newest checkpoint of the run in --out that loads (None where it has none)."""
+    from .checkpoint import newest_loadable
 
-    last = Path(cfg.out) / "checkpoints" / "last.pt"
-    return load(last) if last.is_file() else None
+    return newest_loadable(Path(cfg.out) / "checkpoints")
 
 
 class WorkerFailed(Exception):

@@ -122,7 +122,7 @@ def _resume(cfg: C.TrainConfig) -> dict[str, Any]:
     """The checkpoint of the run in cfg.resume, checked against this configuration."""
     from . import checkpoint
 
-    resume = checkpoint.load(Path(cfg.resume) / "checkpoints" / "last.pt")
+    resume = checkpoint.load(Path(cfg.resume))  # the newest of its checkpoints that loads
     if why := checkpoint.model_mismatch(resume, cfg.model, cfg.resume):
         saved = resume["config"].get("model")
         how = ("in Python: paratrain.fit(model=make_net, config=TrainConfig(resume=...))" if saved == "custom"
