@@ -31,8 +31,6 @@ from pathlib import Path
 # model -> (channels, input side, batch, the dataset paratrain trains it on here)
 MODELS = {"lenet5": (1, 32, 512, "synthetic"), "mnist-fast-net": (1, 28, 512, "synthetic"),
           "cifar10-net": (3, 24, 128, "synthetic"), "cifar10-fast-net": (3, 32, 512, "synthetic")}
-WARMUP = 10
-
 
 def peak_gflops(threads: int, n: int = 2048, repeats: int = 5) -> float:
     import torch
@@ -76,7 +74,7 @@ def plain_loop(name: str, steps: int, channels_last: bool = False) -> float:
     """What one process does with PyTorch alone: random batches of in-memory tensors, Adam, all cores
     (`channels_last`: weights and batches in that layout, as paratrain's default path has them)."""
     import torch
-    import torch.nn.functional as F
+    from throughput import timed_steps  # the plain loop of benchmarks/throughput.py
 
     from paratrain.launch import tune_malloc
 
@@ -84,21 +82,9 @@ def plain_loop(name: str, steps: int, channels_last: bool = False) -> float:
     torch.set_num_threads(os.cpu_count() or 1)
     channels, side, batch, _ = MODELS[name]
     x_all, y_all = torch.randn(8192, channels, side, side), torch.randint(0, 10, (8192,))
-    model = _model(name)
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    model.to(memory_format=layout)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    t0 = 0.0
-    for step in range(WARMUP + steps):
-        if step == WARMUP:
-            t0 = time.perf_counter()
-        idx = torch.randint(0, len(y_all), (batch,), generator=g)
-        loss = F.cross_entropy(model(x_all[idx].contiguous(memory_format=layout)), y_all[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return steps * batch / (time.perf_counter() - t0)
+    model = _model(name).to(memory_format=layout)
+    return timed_steps(model, x_all, y_all, batch, steps, lambda x: x.contiguous(memory_format=layout))
 
 
 def paratrain_run(name: str, steps: int, devices: int, compiled: bool) -> float:

@@ -55,6 +55,8 @@ def test_the_forkserver_is_warmed_only_where_workers_will_start(monkeypatch: pyt
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     assert not prefork.worth_warming("2")  # torchrun started this worker
     monkeypatch.setenv("PARATRAIN_START_METHOD", "spawn")
     assert prefork.start_method() == "spawn"

@@ -12,7 +12,7 @@ from torch import nn
 from .config import TrainConfig
 from .data import Splits
 from .data.transforms import Augment, BatchPipeline
-from .models import build_model, input_size
+from .models import build_model, convolutional, input_size
 from .models.imported import call_factory
 from .optim import make_ema, make_optimizer, make_scheduler
 from .parts import Parts
@@ -28,11 +28,6 @@ def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None
                        filters=cfg.filters, kernel=cfg.kernel)
 
 
-# The registry's convolutional networks: their layers take any layout (a user's network may .view() its
-# activations, which a channels-last tensor refuses).
-CONVOLUTIONAL = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net")
-
-
 def memory_format(cfg: TrainConfig) -> torch.memory_format:
     """The layout of the model's weights and input batches. Channels-last (N x H x W x C in memory) is what
     oneDNN's CPU convolutions are fastest on: one training step on one thread was 1.2x (LeNet-5), 1.6x
@@ -40,7 +35,7 @@ def memory_format(cfg: TrainConfig) -> torch.memory_format:
     the registry's convolutional networks under ddp (a pipeline sends activations between processes, which
     wants the default layout)."""
     if cfg.memory_format == "auto":
-        wanted = cfg.model in CONVOLUTIONAL and cfg.strategy == "ddp"
+        wanted = convolutional(cfg.model) and cfg.strategy == "ddp"
     else:
         wanted = cfg.memory_format == "channels_last"
     return torch.channels_last if wanted else torch.contiguous_format

@@ -1,7 +1,8 @@
 """Start the workers: spawn them on this machine, or join the group torchrun made.
 
 This module reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...); prefork.py, which must not
-import torch, reads whether torchrun started this process and PARATRAIN_START_METHOD.
+import torch, says whether torchrun started this process (`under_torchrun`, used here too) and reads
+PARATRAIN_START_METHOD.
 """
 
 from __future__ import annotations
@@ -29,11 +30,7 @@ from .interrupt import Stopped, StopRequest
 if TYPE_CHECKING:
     from .runplan import RunPlan
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def under_torchrun() -> bool:
-    return all(v in os.environ for v in TORCHRUN_VARS)
+under_torchrun = prefork.under_torchrun
 
 
 def torchrun_ranks() -> tuple[int, int, int]:
@@ -295,18 +292,20 @@ def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
     plan = dataclasses.replace(plan, clock={**plan.clock, "launched": time.time()})  # this attempt's (restarts)
     port = free_port()
     prefork.warm_up()
-    smp = mp.get_context(prefork.start_method())
+    method = prefork.start_method()
+    smp = mp.get_context(method)
     results = smp.SimpleQueue()
     workers = plan.hardware.workers
     heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
     # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
     # its path; loaded and checked once, here.
-    # The environment as it is now: a forked worker would otherwise see the forkserver's, from its start.
-    if plan.resume is not None and prefork.start_method() == "forkserver":
+    if plan.resume is not None and method == "forkserver":
         plan = dataclasses.replace(plan, resume=prefork.Packed(plan.resume))
+    # The environment and standard streams as they are now: a forked worker would otherwise have the
+    # forkserver's, from its start.
     context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results, dict(os.environ),
                                                 prefork.streams()),
-                                 nprocs=workers, join=False, start_method=prefork.start_method())
+                                 nprocs=workers, join=False, start_method=method)
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         while not context.join(timeout=0.5, grace_period=5):

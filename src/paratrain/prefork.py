@@ -20,6 +20,15 @@ import os
 import signal
 import sys
 
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """torchrun started this process (here, not in launch.py, which imports torch: the command line asks
+    before it does)."""
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
 PRELOAD = ["paratrain._in_forkserver", "torch", "torch._dynamo", "paratrain.train", "paratrain.launch"]
 
 
@@ -106,9 +115,8 @@ def _adopt(out: object, err: object) -> None:
 def worth_warming(devices: str, strategy: str = "ddp") -> bool:
     """Whether a run asked for `devices` will start worker processes here: not one worker, nor a machine
     of one core, nor the tower (one process), nor a worker of torchrun's (which starts its own)."""
-    torchrun = all(v in os.environ for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return not torchrun and strategy != "tower" and devices != "1" and (devices != "auto" or cores > 1)
+    return not under_torchrun() and strategy != "tower" and devices != "1" and (devices != "auto" or cores > 1)

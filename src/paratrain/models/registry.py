@@ -26,6 +26,9 @@ class ModelSpec:
     input_size: int | None
     default_dropout: float | None = None
     channels: int = 1  # of the images the model was drawn for (shapes the synthetic dataset)
+    # its layers take any memory layout (build.memory_format's channels-last); a user's network may .view() its
+    # activations, which a channels-last tensor refuses
+    convolutional: bool = True
 
 
 REGISTRY: dict[str, ModelSpec] = {
@@ -36,10 +39,10 @@ REGISTRY: dict[str, ModelSpec] = {
     "mnist-fast-net": ModelSpec(lambda c, k, o: MnistFastNet(c, k), 28),
     "cifar10-fast-net": ModelSpec(lambda c, k, o: AirNet(c, k, o["filters"]), 32, channels=3),
     "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
-                                         o["dropout"]), None, 0.0),
+                                         o["dropout"]), None, 0.0, convolutional=False),
 }
 # A network of the user's own, given to paratrain.fit as a factory: no builder here, any input size.
-CUSTOM = ModelSpec(None, None)
+CUSTOM = ModelSpec(None, None, convolutional=False)
 
 
 def _spec(name: str) -> ModelSpec:
@@ -53,6 +56,11 @@ def _spec(name: str) -> ModelSpec:
 def native_channels(name: str) -> int:
     """Colour channels of the dataset the model was drawn for: 3 for the CIFAR-10 net, else 1."""
     return _spec(name).channels
+
+
+def convolutional(name: str) -> bool:
+    """A registry network of convolutions, whose layers take any memory layout."""
+    return _spec(name).convolutional
 
 
 def input_size(name: str, data_size: int) -> int:
