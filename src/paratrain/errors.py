@@ -25,3 +25,30 @@ def one_line(message: object) -> str:
     to MAX_MESSAGE characters."""
     line = " ".join(str(message).split())
     return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE] + " [... cut]"
+
+
+class WriteFailed(UserError):
+    """A file of the run directory could not be written: a full disk, a quota, a folder made read-only or
+    removed. Not the user's input and not mended by a restart (the disk would be as full): exit 1. The
+    training loop adds what was kept and how to go on (`then`)."""
+
+    def __init__(self, path: object, cause: OSError, then: str = "") -> None:
+        import errno
+
+        self.path, self.cause = path, cause
+        name = errno.errorcode.get(cause.errno or 0)
+        super().__init__(f"cannot write {path}: {cause.strerror or cause}" + (f" ({name})" if name else "")
+                         + (f"; {then}" if then else "; free space (or pass another --out) and run again"), code=1)
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind `error`: itself, or one it was raised from or while handling (torch.save reports a
+    failed write as a RuntimeError, "unexpected pos ...", raised while handling the OSError)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
