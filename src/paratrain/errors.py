@@ -38,17 +38,28 @@ class WriteFailed(UserError):
         self.path, self.cause = path, cause
         name = errno.errorcode.get(cause.errno or 0)
         super().__init__(f"cannot write {path}: {cause.strerror or cause}" + (f" ({name})" if name else "")
-                         + (f"; {then}" if then else "; free space (or pass another --out) and run again"), code=1)
+                         + f"; {then or self.remedy() + ' (or pass another --out) and run again'}", code=1)
+
+    def remedy(self) -> str:
+        """What the user does about the cause, in a few words."""
+        import errno
+
+        if self.cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "free space"
+        if self.cause.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "put the run folder back"
+        return "make the run folder writable again"
 
 
 def os_error_in(error: BaseException) -> OSError | None:
-    """The OSError behind `error`: itself, or one it was raised from or while handling (torch.save reports a
-    failed write as a RuntimeError, "unexpected pos ...", raised while handling the OSError)."""
+    """The OSError behind `error`: itself, one it was raised from, or one a RuntimeError was raised while
+    handling (torch.save reports a failed write so: "[enforce fail at inline_container.cc] unexpected pos").
+    Other errors raised while handling an OSError are not write failures."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         if isinstance(current, OSError):
             return current
         seen.add(id(current))
-        current = current.__cause__ or current.__context__
+        current = current.__cause__ or (current.__context__ if isinstance(current, RuntimeError) else None)
     return None

@@ -333,11 +333,11 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig) -> dict[str,
         # What is known for sure comes first: a worker that said why it stopped (bad input, a NaN, a full disk),
         # then one the out-of-memory killer killed. The worker join() names may only have failed after them,
         # in a collective they had left.
-        if (said := _report_in(results) or _out_of_memory(context.processes, watch, steps)) is not None:
+        if (said := _report_in(results) or _out_of_memory(context.processes, e.error_index, watch, steps)):
             raise said from None
         if isinstance(e, mp.ProcessRaisedException):  # a bug or a crash, not bad input: show its traceback
             raise _crashed(e) from None
-        if e.exit_code in (2, 3, 130, 143):  # a worker's UserError: it sent its message
+        if e.exit_code in (1, 2, 3, 130, 143):  # a worker's UserError (1: a failed write): its message was lost
             raise _unreported(e.exit_code, cfg) from None
         if e.exit_code == MAIN_GUARD_EXIT:
             raise UserError("the workers import your script again (processes are spawned), and it calls paratrain.fit "
@@ -365,15 +365,16 @@ def _crashed(e: mp.ProcessRaisedException) -> WorkerFailed:
                         in_user_code=bool(where))
 
 
-def _out_of_memory(processes: list, watch: Any, steps: Any) -> UserError | None:
+def _out_of_memory(processes: list, first: int, watch: Any, steps: Any) -> UserError | None:
     """A worker the out-of-memory killer killed (oom.py), in one line; not restarted: it would be killed again
-    at the same step. None where no worker died so, or where it cannot be known."""
-    for rank, p in enumerate(processes):
+    at the same step. None where no worker died so, or where it cannot be known. The worker that died first
+    is asked first: join() kills the others with SIGKILL too, and they may share the victim's cgroup."""
+    for rank in sorted(range(len(processes)), key=lambda r: r != first):
+        p = processes[rank]
         if p.exitcode == -signal.SIGKILL and (cgroup := watch.killed(p.pid)) is not None:
-            return UserError(f"worker {rank} was killed by the out-of-memory killer during step {steps[rank] + 1} "
-                             f"(its memory cgroup {cgroup} counts the kill); lower --batch-size (and raise "
-                             "--accumulate by the same factor to keep the update's size), or give the workers more "
-                             "memory", code=1)
+            return UserError(f"worker {rank} was killed by the out-of-memory killer after step {steps[rank]} (its "
+                             f"memory cgroup {cgroup} counts the kill); lower --batch-size (and raise --accumulate "
+                             "by the same factor to keep the update's size), or give the workers more memory", code=1)
     return None
 
 

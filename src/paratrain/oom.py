@@ -28,7 +28,7 @@ def _mounts() -> dict[str, tuple[Path, str]]:
         parts, (fstype, *_, options) = fields.split(), tail.split() or ["", ""]
         if len(parts) < 5:
             continue
-        root, point = parts[3], parts[4]
+        root, point = parts[3], parts[4].replace("\\040", " ")  # mountinfo escapes a space in a path
         if fstype == "cgroup2":
             found.setdefault("v2", (Path(point), root))
         elif fstype == "cgroup" and "memory" in options.split(","):
@@ -49,7 +49,8 @@ def memory_cgroups(pid: int) -> list[Path]:
         if key is None or key not in mounts:
             continue
         point, root = mounts[key]
-        inside = os.path.relpath(path, root) if path.startswith(root) else path.lstrip("/")
+        inside = os.path.relpath(path, root) if path == root or path.startswith(root.rstrip("/") + "/") \
+            else path.lstrip("/")
         folders.append(point / inside if inside != "." else point)
     return folders
 
@@ -75,11 +76,14 @@ class OomWatch:
         self.noted: dict[int, tuple[Path, int]] = {}
 
     def note(self, pids: list[int]) -> None:
+        """Note where each of `pids` is now. The count is the first one seen in that cgroup: a worker the
+        killer has just hit may take a while to exit, and its kill must not become the baseline."""
         for pid in pids:
             for folder in memory_cgroups(pid):
                 count = oom_kills(folder)
                 if count is not None:
-                    self.noted[pid] = (folder, count)
+                    if self.noted.get(pid, (None, 0))[0] != folder:
+                        self.noted[pid] = (folder, count)
                     break
 
     def killed(self, pid: int) -> Path | None:

@@ -184,7 +184,7 @@ class Trainer:
         try:
             return self._run()
         except WriteFailed as e:  # a full disk, say: one line that says what was kept and how to go on
-            raise WriteFailed(e.path, e.cause, self._kept()) from None
+            raise WriteFailed(e.path, e.cause, self._kept(e.remedy())) from None
 
     def _run(self) -> dict[str, Any] | None:
         state, length = self.state, self.length
@@ -208,14 +208,14 @@ class Trainer:
                 self.log.close()
             raise
 
-    def _kept(self) -> str:
+    def _kept(self, remedy: str) -> str:
         """After a failed write: the newest checkpoint on disk (each is written whole or not at all), and how
-        to go on."""
+        to go on (`remedy`: what to do about the cause, WriteFailed.remedy)."""
         steps = sorted(self.ckpt_dir.glob("step-*.pt"))
         if not steps:
-            return "no checkpoint was kept (none had been written); free space (or pass another --out) and run again"
+            return f"no checkpoint was kept (none had been written); {remedy} (or pass another --out) and run again"
         return (f"the last good checkpoint is {steps[-1].name} (step {int(steps[-1].stem[5:])}) in {self.ckpt_dir}; "
-                f"free space and continue with --resume {self.run_dir}")
+                f"{remedy} and continue with --resume {self.run_dir}")
 
     def _train_epoch(self, epoch: int) -> float:
         """The epoch's steps (from a resumed step on); its training time."""
@@ -281,6 +281,7 @@ class Trainer:
         time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
         asked = self.stop_request is not None and self.stop_request.signum != 0
         flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
+        ctx.synchronize()  # on a GPU: the step's own work is done, so what follows is waiting for the others
         t_sync = time.perf_counter()
         mean_loss, time_flag, signal_flag = (ctx.all_reduce_sum(torch.stack([step_loss / cfg.accumulate, *flag]))
                                              / self.to_means).tolist()
@@ -324,6 +325,7 @@ class Trainer:
 
     def _log_step(self, epoch: int) -> None:
         """The training loss and accuracy since the last log line, over all workers (a collective)."""
+        self.ctx.synchronize()
         t_sync = time.perf_counter()
         loss_sum, correct, count = self.ctx.all_reduce_sum(self.window).tolist()
         now = time.perf_counter()

@@ -31,7 +31,7 @@ def _buffer_sync_flag() -> str:
 class _LastBucket:
     """When this worker's last bucket of gradients was ready to be all-reduced (its own backward done)."""
 
-    ready = 0.0
+    ready: float | None = None
 
 
 def _timed_allreduce(last: _LastBucket, bucket: Any) -> Any:
@@ -81,8 +81,9 @@ class DataParallel(Strategy):
         no_sync = self.model.no_sync() if self.ctx.distributed and not sync else contextlib.nullcontext()
         with no_sync:
             result = super().forward_backward(x, y, sync, backward)
-        if sync and hasattr(self, "last_bucket"):  # the backward waited from there for the others' gradients
-            self.sync_wait += time.perf_counter() - self.last_bucket.ready
+        if sync and hasattr(self, "last_bucket") and self.last_bucket.ready is not None:
+            self.sync_wait += time.perf_counter() - self.last_bucket.ready  # the backward waited for the others
+            self.last_bucket.ready = None
         return result
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
