@@ -395,7 +395,8 @@ def _unreported(code: int, cfg: TrainConfig) -> UserError:
         return Stopped(f"stopped by {signal.Signals(code - 128).name}; a worker that did not stop within "
                        f"{STOP_WAIT_S} s was killed, so the last checkpoint in {cfg.out} may be older than the last "
                        f"step; continue with --resume {cfg.out}", code - 128)
-    return UserError("a worker stopped on bad input without saying why; see the lines above", code=code)
+    what = "stopped" if code == 1 else "stopped on bad input"
+    return UserError(f"a worker {what} without saying why (exit {code}); see the lines above", code=code)
 
 
 class _Terminated(Exception):

@@ -70,26 +70,26 @@ def oom_kills(folder: Path) -> int | None:
 
 
 class OomWatch:
-    """Each live worker's memory cgroup and its OOM-kill count, noted while the launcher waits."""
+    """The memory cgroups each live worker was seen in, with each one's OOM-kill count when first seen there."""
 
     def __init__(self) -> None:
-        self.noted: dict[int, tuple[Path, int]] = {}
+        self.noted: dict[int, dict[Path, int]] = {}
 
     def note(self, pids: list[int]) -> None:
-        """Note where each of `pids` is now. The count is the first one seen in that cgroup: a worker the
-        killer has just hit may take a while to exit, and its kill must not become the baseline."""
+        """Note where each of `pids` is now. Every cgroup a worker was seen in is kept, with its first count:
+        a worker the killer has just hit may take a while to exit, and meanwhile the kernel shows it in the
+        root cgroup (cgroup v1 moves an exiting task there); its kill must not become the baseline."""
         for pid in pids:
             for folder in memory_cgroups(pid):
                 count = oom_kills(folder)
                 if count is not None:
-                    if self.noted.get(pid, (None, 0))[0] != folder:
-                        self.noted[pid] = (folder, count)
+                    self.noted.setdefault(pid, {}).setdefault(folder, count)
                     break
 
     def killed(self, pid: int) -> Path | None:
-        """The cgroup whose OOM-kill count grew since `pid` was last seen alive in it; None if none did."""
-        if pid not in self.noted:
-            return None
-        folder, before = self.noted[pid]
-        now = oom_kills(folder)
-        return folder if now is not None and now > before else None
+        """A cgroup `pid` was seen in whose OOM-kill count grew since; None if none did (or it was never seen)."""
+        for folder, before in self.noted.get(pid, {}).items():
+            now = oom_kills(folder)
+            if now is not None and now > before:
+                return folder
+        return None

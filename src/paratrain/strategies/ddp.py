@@ -34,7 +34,7 @@ class _LastBucket:
     ready: float | None = None
 
 
-def _timed_allreduce(last: _LastBucket, bucket: Any) -> Any:
+def _timed_allreduce(last, bucket):  # noqa: ANN001, ANN202 (DDP refuses a hook annotated otherwise than with its types)
     """DDP's all-reduce (the mean over the workers), noting when the last bucket was handed to it."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
