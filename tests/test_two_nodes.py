@@ -67,7 +67,7 @@ def _free_port() -> int:
 
 
 def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0,
-           command: tuple[str, ...] | None = None) -> list[subprocess.Popen]:
+           command: tuple[str, ...] | None = None, rdzv: str = "") -> list[subprocess.Popen]:
     """One torchrun agent per node, node 0 hosting the rendezvous; node i writes into out/node{i}. The
     command is a training of TRAIN and `extra`, or `command` (paratrain's arguments)."""
     port = _free_port()  # free here; in the namespaces every port is free
@@ -81,7 +81,7 @@ def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0,
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         cmd = [*node.prefix, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
                "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{nodes[0].address}:{port}", "--rdzv-id", job,
-               "--rdzv-conf", f"is_host={int(i == 0)}", "--local-addr", node.address, "--max-restarts",
+               "--rdzv-conf", f"is_host={int(i == 0)}{rdzv}", "--local-addr", node.address, "--max-restarts",
                str(restarts), "--monitor-interval", "0.5", "-m", "paratrain",
                *(command or ("train", *TRAIN, *extra)), "--out", str(out / f"node{i}")]
         agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -202,11 +202,13 @@ def _everything(agents: list[subprocess.Popen]) -> list[int]:
     return [p for a in agents for p in (a.pid, *descendants(a.pid))]
 
 
-def test_a_network_partition_ends_every_process_within_the_collective_timeout(nodes: list[Node],
-                                                                             tmp_path: Path) -> None:
+def test_a_network_partition_ends_every_worker_within_the_collective_timeout(nodes: list[Node],
+                                                                            tmp_path: Path) -> None:
     """The link between the nodes goes down mid-run and stays down: each worker's collective gives up after
-    --collective-timeout (10 s), says so in one line, and every process of the run (agents and workers) has
-    ended soon after; the last checkpoint on rank 0's node loads."""
+    --collective-timeout (10 s), says so in one line, and every worker process has ended soon after, and so
+    has the agent of the node that hosts the rendezvous; the last checkpoint on rank 0's node loads.
+    torchrun's agent on the node cut off from the rendezvous store keeps asking the store (c10d backend,
+    torch 2.14; still there 45 s after the cut): it is not paratrain's to end, and the README says so."""
     timeout = 10
     agents = _start(nodes, tmp_path, "--steps", "100000", "--collective-timeout", str(timeout))
     try:
@@ -214,10 +216,12 @@ def test_a_network_partition_ends_every_process_within_the_collective_timeout(no
         while max(_logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
             assert time.monotonic() < deadline and all(a.poll() is None for a in agents), "the job did not get going"
             time.sleep(0.01)
-        processes = _everything(agents)
+        workers = [_worker_of(agent) for agent in agents]
+        assert None not in workers
+        processes = [*workers, agents[0].pid, *descendants(agents[0].pid)]
         _link(nodes[1], "down")
         cut = time.monotonic()
-        while any(alive(p) for p in processes) and time.monotonic() - cut < 120:
+        while any(alive(p) for p in processes) and time.monotonic() - cut < 60:
             time.sleep(0.1)
         ended = time.monotonic() - cut
         left = [p for p in processes if alive(p)]
@@ -228,10 +232,10 @@ def test_a_network_partition_ends_every_process_within_the_collective_timeout(no
                 os.killpg(agent.pid, signal.SIGKILL)
     logs = [agent.communicate()[0] for agent in agents]
     assert not left, f"processes left {ended:.0f} s after the cut: {''.join(logs)[-3000:]}"
-    assert ended < timeout + 20, f"the run took {ended:.0f} s to end after the cut: {''.join(logs)[-3000:]}"
-    assert all(agent.returncode != 0 for agent in agents)
+    assert ended < timeout + 10, f"the workers took {ended:.0f} s to end after the cut: {''.join(logs)[-3000:]}"
+    assert agents[0].returncode != 0
     said = [line for log in logs for line in log.splitlines() if "--collective-timeout" in line]
-    assert said and all(f"waited more than --collective-timeout {timeout} s" in line for line in said), logs
+    assert len(said) == 2 and all(f"waited more than --collective-timeout {timeout} s" in line for line in said), logs
     run = next(d for d in (tmp_path / "node0", tmp_path / "node1") if (d / "checkpoints").is_dir())
     assert checkpoint.load(run)["step"] >= 10
 
