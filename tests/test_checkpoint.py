@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from paratrain import checkpoint
+from paratrain.errors import WriteFailed
 
 WRITER = """
 import sys, torch
@@ -62,10 +63,11 @@ def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
 
 def test_without_hard_links_last_pt_is_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A filesystem without hard links (some network and FUSE mounts): last.pt is a full copy of the step."""
+    import errno
     import os
 
     def no_links(*args: object) -> None:
-        raise OSError("hard links are not supported here")
+        raise OSError(errno.EPERM, "Operation not permitted")  # what vfat says
 
     monkeypatch.setattr(os, "link", no_links)
     state = {"model": {"w": torch.arange(3.0)}, "optimizer": {}, "step": 7, "epoch": 0, "config": {}}
@@ -91,9 +93,53 @@ def test_save_makes_folders_writes_beside_the_file_and_cleans_up_a_failed_write(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", broken)
-    with pytest.raises(OSError, match="No space left"):  # the writer's own error, not one from the clean-up
+    # the writer's own error, not one from the clean-up, naming the file and not its temporary name
+    with pytest.raises(WriteFailed, match=r"cannot write \S*/b/d\.pt: No space left on device \(ENOSPC\)"):
         checkpoint.save(state, tmp_path / "a" / "b" / "d.pt")
     assert sorted(p.name for p in target.parent.iterdir()) == ["c.pt"]  # no temporary file left
+
+
+def test_a_full_disk_under_torch_save_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos": the OSError
+    it was raised over is what the user is told, and a failed link of last.pt is not tried again as a copy."""
+    import errno
+    import os
+
+    real_fsync, real_link = os.fsync, os.link
+    monkeypatch.setattr(os, "link", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
+    state = {"model": {"w": torch.ones(2)}, "optimizer": {}, "step": 3, "epoch": 0, "config": {}}
+    with pytest.raises(WriteFailed, match=r"cannot write \S*last\.pt: No space left on device"):
+        checkpoint.save_step(state, tmp_path, 3, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.pt"]  # whole, and no copy begun
+    monkeypatch.setattr(os, "link", real_link)
+
+    real_fdopen = os.fdopen
+
+    class Full:  # the checkpoint's file on a disk that fills up: torch.save's writes fail
+        def __init__(self, f: object) -> None:
+            self.f = f
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.f, name)
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+    with pytest.raises(WriteFailed, match="step-00000004.pt: No space left on device"):
+        checkpoint.save_step({**state, "step": 4}, tmp_path, 4, keep=2)
+    monkeypatch.setattr(os, "fdopen", real_fdopen)
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EDQUOT, "Disk quota exceeded")))
+    with pytest.raises(WriteFailed, match=r"step-00000005.pt: Disk quota exceeded \(EDQUOT\)"):
+        checkpoint.save_step({**state, "step": 5}, tmp_path, 5, keep=2)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.pt"]
 
 
 @pytest.mark.parametrize(("mine", "theirs", "expected_step", "expected_restarts"), [

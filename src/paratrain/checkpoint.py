@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import sys
@@ -13,30 +14,33 @@ from typing import Any
 import torch
 
 from .errors import UserError
+from .rundir import writing
 
 REQUIRED = ("model", "optimizer", "step", "epoch", "config")
 
 
 def save(state: dict[str, Any], path: str | Path) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`: a kill at any
-    moment leaves either the old complete file or the new complete file, never half of one."""
+    moment leaves either the old complete file or the new complete file, never half of one. A write that
+    fails (a full disk) removes its temporary file and raises WriteFailed naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:  # a file object: torch.save's error then carries the OSError
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -> Path:
@@ -47,15 +51,22 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
     save(state, step_path)
     last = folder / "last.pt"
     tmp = folder / ".last.pt.link"
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(step_path, tmp)
-        os.replace(tmp, last)
-    except OSError:  # a filesystem without hard links: write it again
-        save(state, last)
+    with writing(last):
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(step_path, tmp)
+            os.replace(tmp, last)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno not in LINKS_UNSUPPORTED:  # a full or read-only disk: reported, not tried again
+                raise
+            save(state, last)  # a filesystem without hard links: write it again
     for old in sorted(folder.glob("step-*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return step_path
+
+
+LINKS_UNSUPPORTED = (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK)
 
 
 def newest_loadable(folder: str | Path) -> dict[str, Any] | None:

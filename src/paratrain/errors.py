@@ -25,3 +25,41 @@ def one_line(message: object) -> str:
     to MAX_MESSAGE characters."""
     line = " ".join(str(message).split())
     return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE] + " [... cut]"
+
+
+class WriteFailed(UserError):
+    """A file of the run directory could not be written: a full disk, a quota, a folder made read-only or
+    removed. Not the user's input and not mended by a restart (the disk would be as full): exit 1. The
+    training loop adds what was kept and how to go on (`then`)."""
+
+    def __init__(self, path: object, cause: OSError, then: str = "") -> None:
+        import errno
+
+        self.path, self.cause = path, cause
+        name = errno.errorcode.get(cause.errno or 0)
+        super().__init__(f"cannot write {path}: {cause.strerror or cause}" + (f" ({name})" if name else "")
+                         + f"; {then or self.remedy() + ' (or pass another --out) and run again'}", code=1)
+
+    def remedy(self) -> str:
+        """What the user does about the cause, in a few words."""
+        import errno
+
+        if self.cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "free space"
+        if self.cause.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "put the run folder back"
+        return "make the run folder writable again"
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind `error`: itself, one it was raised from, or one a RuntimeError was raised while
+    handling (torch.save reports a failed write so: "[enforce fail at inline_container.cc] unexpected pos").
+    Other errors raised while handling an OSError are not write failures."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or (current.__context__ if isinstance(current, RuntimeError) else None)
+    return None

@@ -15,6 +15,8 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -110,10 +112,11 @@ def _set_threads(n: int) -> None:
 
 
 def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | None, plan: RunPlan,
-                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False) -> dict[str, Any] | None:
+                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False,
+                on_step: Callable[[int], None] | None = None) -> dict[str, Any] | None:
     """This process as one worker: tune it, join the group, train, leave the group.
     `find_checkpoint`: carry on from the newest checkpoint that any worker of the group was given or finds
-    in --out (torchrun, where each node has its own disk)."""
+    in --out (torchrun, where each node has its own disk). `on_step(step)`: after each update."""
     from .checkpoint import newest_in_group
     from .train import fit
 
@@ -135,17 +138,18 @@ def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | N
             else:
                 plan = dataclasses.replace(plan, resume=resume)
         with StopRequest().installed() as stop:
-            return fit(ctx, plan, devices=devices, stop=stop, restarts=restarts)
+            return fit(ctx, plan, devices=devices, stop=stop, restarts=restarts, on_step=on_step)
     finally:
         dist.teardown(ctx)
 
 
-def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int, heartbeats: Any,
+def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int, heartbeats: Any, steps: Any,
             result_queue: Any, environ: dict[str, str], streams: None = None) -> None:
     """Entry point of a spawned worker: a UserError goes to the launcher (which raises it, so a Python
     caller gets the exception and the command line its one line) and becomes the exit code; a collective
-    that timed out names the workers whose heartbeat stopped. `environ`: the launcher's environment; `streams`:
-    its standard output and error, already adopted as the arguments were unpickled (prefork.Streams)."""
+    that timed out names the workers whose heartbeat stopped. `steps`: where each worker's last finished
+    step is kept (shared), for the launcher to say when a worker died. `environ`: the launcher's environment;
+    `streams`: its standard output and error, already adopted as the arguments were unpickled (prefork.Streams)."""
     prefork.detach()
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": time.time()})
     if isinstance(plan.resume, prefork.Packed):
@@ -158,7 +162,8 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
     beat.start()
     on_loopback()
     try:
-        summary = _train_here(rank, world_size, rank, port, plan, describe_devices(plan), restarts)
+        summary = _train_here(rank, world_size, rank, port, plan, describe_devices(plan), restarts,
+                              on_step=partial(steps.__setitem__, rank))
         if summary is not None:
             result_queue.put(summary)
     except UserError as e:  # every worker may meet it (a NaN on one is seen by all); the launcher reads the first
@@ -297,67 +302,101 @@ def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
     results = smp.SimpleQueue()
     workers = plan.hardware.workers
     heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
+    steps = smp.Array("q", [(plan.resume or {}).get("step", 0)] * workers, lock=False)
     # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
     # its path; loaded and checked once, here.
     if plan.resume is not None and method == "forkserver":
         plan = dataclasses.replace(plan, resume=prefork.Packed(plan.resume))
     # The environment and standard streams as they are now: a forked worker would otherwise have the
     # forkserver's, from its start.
-    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, results, dict(os.environ),
+    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, steps, results,
+                                                dict(os.environ),
                                                 prefork.streams()),
                                  nprocs=workers, join=False, start_method=method)
-    old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
+        return _join(context, results, steps, cfg)
+    finally:
+        results.close()  # its pipes now, not at the garbage collector's leisure
+
+
+def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig) -> dict[str, Any]:
+    """Wait for the workers; rank 0's summary, or the exception that says why the run ended."""
+    from .oom import OomWatch
+
+    old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    watch = OomWatch()
+    try:
+        watch.note([p.pid for p in context.processes])
         while not context.join(timeout=0.5, grace_period=5):
-            pass
-    except mp.ProcessExitedException as e:
-        if e.exit_code in (2, 3, 130, 143):  # a worker's UserError: it sent its message
-            raise _reported(results, e.exit_code, cfg) from None
+            watch.note([p.pid for p in context.processes if p.is_alive()])
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        # What is known for sure comes first: a worker that said why it stopped (bad input, a NaN, a full disk),
+        # then one the out-of-memory killer killed. The worker join() names may only have failed after them,
+        # in a collective they had left.
+        if (said := _report_in(results) or _out_of_memory(context.processes, e.error_index, watch, steps)):
+            raise said from None
+        if isinstance(e, mp.ProcessRaisedException):  # a bug or a crash, not bad input: show its traceback
+            raise _crashed(e) from None
+        if e.exit_code in (1, 2, 3, 130, 143):  # a worker's UserError (1: a failed write): its message was lost
+            raise _unreported(e.exit_code, cfg) from None
         if e.exit_code == MAIN_GUARD_EXIT:
             raise UserError("the workers import your script again (processes are spawned), and it calls paratrain.fit "
                             'when imported: put the call under `if __name__ == "__main__":`') from None
         how = "stopped answering" if e.exit_code == TIMEOUT_EXIT else f"died ({e.msg})"
         raise WorkerFailed(f"worker {e.error_index} {how}") from None
-    except mp.ProcessRaisedException as e:  # a bug or a crash, not bad input: show its traceback
-        from .own import user_frame_in_text
-
-        print(str(e), file=sys.stderr, flush=True)
-        last = str(e).strip().splitlines()[-1] if str(e).strip() else "an exception"
-        where = user_frame_in_text(str(e))  # the user's own code on the stack: a bug a restart will not mend
-        raise WorkerFailed(f"worker {e.error_index} failed: {last}" + (f" (at {where})" if where else ""),
-                           in_user_code=bool(where)) from None
     except (KeyboardInterrupt, _Terminated) as e:
         signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
         stop_processes(context.processes, signum)
-        raise _reported(results, 128 + signum, cfg) from None
+        raise _report_in(results) or _unreported(128 + signum, cfg) from None
     finally:
         signal.signal(signal.SIGTERM, old_term)
-    try:
-        if results.empty():
-            raise UserError("the workers finished without a summary; see the lines above", code=1)
-        return results.get()
-    finally:
-        results.close()  # its pipes now, not at the garbage collector's leisure
+    if results.empty():
+        raise UserError("the workers finished without a summary; see the lines above", code=1)
+    return results.get()
 
 
-def _reported(results: Any, code: int, cfg: TrainConfig) -> UserError:
-    """What a worker reported before it left with `code`, as the exception for the caller to raise (a
-    UserError, or Stopped after a signal); where none got to say anything (a frozen worker, killed), what
-    is known."""
-    try:
-        while not results.empty():
-            item = results.get()
-            if isinstance(item, dict) and "error" in item:
-                if item["stopped"]:
-                    return Stopped(item["error"], item["code"] - 128)
-                return UserError(item["error"], code=item["code"])
-    finally:
-        results.close()
+def _crashed(e: mp.ProcessRaisedException) -> WorkerFailed:
+    from .own import user_frame_in_text
+
+    print(str(e), file=sys.stderr, flush=True)
+    last = str(e).strip().splitlines()[-1] if str(e).strip() else "an exception"
+    where = user_frame_in_text(str(e))  # the user's own code on the stack: a bug a restart will not mend
+    return WorkerFailed(f"worker {e.error_index} failed: {last}" + (f" (at {where})" if where else ""),
+                        in_user_code=bool(where))
+
+
+def _out_of_memory(processes: list, first: int, watch: Any, steps: Any) -> UserError | None:
+    """A worker the out-of-memory killer killed (oom.py), in one line; not restarted: it would be killed again
+    at the same step. None where no worker died so, or where it cannot be known. The worker that died first
+    is asked first: join() kills the others with SIGKILL too, and they may share the victim's cgroup."""
+    for rank in sorted(range(len(processes)), key=lambda r: r != first):
+        p = processes[rank]
+        if p.exitcode == -signal.SIGKILL and (cgroup := watch.killed(p.pid)) is not None:
+            return UserError(f"worker {rank} was killed by the out-of-memory killer after step {steps[rank]} (its "
+                             f"memory cgroup {cgroup} counts the kill); lower --batch-size (and raise --accumulate "
+                             "by the same factor to keep the update's size), or give the workers more memory", code=1)
+    return None
+
+
+def _report_in(results: Any) -> UserError | None:
+    """What a worker reported before it left (a UserError, or Stopped after a signal); None where none did."""
+    while not results.empty():
+        item = results.get()
+        if isinstance(item, dict) and "error" in item:
+            if item["stopped"]:
+                return Stopped(item["error"], item["code"] - 128)
+            return UserError(item["error"], code=item["code"])
+    return None
+
+
+def _unreported(code: int, cfg: TrainConfig) -> UserError:
+    """What is known when a worker left with `code` without saying why (a frozen worker, killed)."""
     if code in (130, 143):
         return Stopped(f"stopped by {signal.Signals(code - 128).name}; a worker that did not stop within "
                        f"{STOP_WAIT_S} s was killed, so the last checkpoint in {cfg.out} may be older than the last "
                        f"step; continue with --resume {cfg.out}", code - 128)
-    return UserError("a worker stopped on bad input without saying why; see the lines above", code=code)
+    what = "stopped" if code == 1 else "stopped on bad input"
+    return UserError(f"a worker {what} without saying why (exit {code}); see the lines above", code=code)
 
 
 class _Terminated(Exception):

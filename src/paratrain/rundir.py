@@ -6,9 +6,10 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, WriteFailed, os_error_in
 
 
 def check_writable(path: str | Path, flag: str = "--out") -> Path:
@@ -104,16 +105,32 @@ def clear_run(path: Path) -> None:
             inside.unlink()
 
 
+@contextlib.contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Around a write into the run directory: an OSError (or a library's error raised over one) becomes
+    WriteFailed, naming `path`, the file the user knows, not the temporary file it was being written as."""
+    try:
+        yield
+    except WriteFailed:
+        raise
+    except Exception as e:
+        cause = os_error_in(e)
+        if cause is None:
+            raise
+        raise WriteFailed(path, cause) from None
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write a file of the run directory as a new file renamed over the old name: a link planted there is
-    replaced, never followed, and a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the run's record from the user's group
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replaced, never followed, and a reader never sees half a file (a failed write leaves the old one)."""
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide the run's record from the user's group
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise

@@ -14,7 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .config import TrainConfig
-from .rundir import write_atomic
+from .rundir import write_atomic, writing
 
 
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
@@ -46,14 +46,18 @@ class RunLog:
         # os._exit (launch.end_process) never releases: "resource_tracker: ... 1 leaked semaphore" at the end
         # of every run. Only this process writes the console here, so a thread lock is enough.
         tqdm.set_lock(threading.RLock())
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self._truncate_after(start_step)
-        # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
-        self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "a")
+        self.tb_dir = run_dir / "tb"
+        with writing(self.path):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._truncate_after(start_step)
+            # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
+            self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
+                                  "a")
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imported only where it is used: ~1 s
 
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
+            with writing(self.tb_dir):
+                self.tb = SummaryWriter(str(self.tb_dir), purge_step=start_step + 1 if start_step else None)
         if not cfg.quiet and sys.stderr.isatty():  # a log file gets the plain step and epoch lines only
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                             mininterval=0.5)
@@ -69,8 +73,15 @@ class RunLog:
         write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, fields: dict[str, Any]) -> None:
-        self.file.write(json.dumps(_clean(fields)) + "\n")
-        self.file.flush()
+        with writing(self.path):
+            self.file.write(json.dumps(_clean(fields)) + "\n")
+            self.file.flush()
+
+    def _scalars(self, step: int, values: dict[str, float]) -> None:
+        """TensorBoard's writer writes in a thread of its own and raises a failed write at a later call."""
+        with writing(self.tb_dir):
+            for key, value in values.items():
+                self.tb.add_scalar(key, value, step)
 
     def say(self, line: str) -> None:
         """A console line that does not break the progress bar."""
@@ -88,8 +99,8 @@ class RunLog:
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{fields['loss']:.4g}", acc=f"{fields['train_accuracy']:.4f}", refresh=False)
         if self.tb is not None:
-            for key in ("loss", "train_accuracy", "lr", "examples_per_sec"):
-                self.tb.add_scalar(f"train/{key}", fields[key], step)
+            self._scalars(step, {f"train/{key}": fields[key] for key in ("loss", "train_accuracy", "lr",
+                                                                         "examples_per_sec")})
 
     def epoch(self, *, step: int, epoch: int, epochs: int, **fields: Any) -> None:
         if not self.active:
@@ -98,28 +109,34 @@ class RunLog:
         self.say(f"epoch {epoch}/{epochs}  val_accuracy {fields['val_accuracy']:.4f}  "
                  f"val_loss {fields['val_loss']:.4f}  {fields['epoch_time_s']:.2f}s")
         if self.tb is not None and math.isfinite(fields["val_accuracy"]):
-            self.tb.add_scalar("val/accuracy", fields["val_accuracy"], step)
-            self.tb.add_scalar("val/loss", fields["val_loss"], step)
+            self._scalars(step, {"val/accuracy": fields["val_accuracy"], "val/loss": fields["val_loss"]})
 
     def histograms(self, step: int, model: nn.Module) -> None:
         if self.tb is None:
             return
-        for name, p in model.named_parameters():
-            self.tb.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
-            if p.grad is not None:
-                self.tb.add_histogram(f"gradients/{name}", p.grad.detach().float().cpu(), step)
+        with writing(self.tb_dir):
+            for name, p in model.named_parameters():
+                self.tb.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
+                if p.grad is not None:
+                    self.tb.add_histogram(f"gradients/{name}", p.grad.detach().float().cpu(), step)
 
     def advance(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
 
     def close(self) -> None:
-        if self.active and not self.file.closed:
-            if self.bar is not None:
-                self.bar.close()
+        """Flush and close (once). A failed flush still closes the files, then raises WriteFailed."""
+        if not self.active or self.file.closed:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        try:
             if self.tb is not None:
-                self.tb.close()
-            self.file.close()
+                with writing(self.tb_dir):
+                    self.tb.close()
+        finally:
+            with writing(self.path):
+                self.file.close()  # closed even when its last flush fails
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

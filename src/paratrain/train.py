@@ -11,9 +11,11 @@ strategy's (strategies/); what a run changes as it goes is in one RunState.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,7 +32,7 @@ from .config import TrainConfig
 from .data import Splits
 from .data.sharding import epoch_permutation, global_batch, steps_per_epoch, worker_part
 from .dist import DistContext
-from .errors import UserError
+from .errors import UserError, WriteFailed
 from .evaluation import evaluate
 from .interrupt import Stopped, StopRequest, signal_name
 from .parts import Parts
@@ -110,9 +112,10 @@ class Trainer:
     """One worker's training run: build it (set-up), then `run()` it once."""
 
     def __init__(self, ctx: DistContext, plan: RunPlan, stop: StopRequest | None = None,
-                 devices: list[str] | None = None, restarts: int = 0) -> None:
+                 devices: list[str] | None = None, restarts: int = 0,
+                 on_step: Callable[[int], None] | None = None) -> None:
         cfg, data = plan.cfg, plan.data
-        self.ctx, self.cfg, self.stop_request = ctx, cfg, stop
+        self.ctx, self.cfg, self.stop_request, self.on_step = ctx, cfg, stop, on_step
         self.devices, self.restarts = devices, restarts
         self.parts = plan.parts or Parts()
         self.loss = self.parts.loss  # None: cross-entropy
@@ -132,6 +135,9 @@ class Trainer:
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
         self.to_means = torch.tensor([self.strategy.shard[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
         self.t_start = self.t_window = 0.0
+        # seconds in the loop's own all-reduces (_agree, _log_step): with the strategy's sync_wait, where this
+        # worker waited for the others (summary.json's sync_wait_s)
+        self.collective_wait = 0.0
         self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
         self.finish_s: dict[str, float | None] = {}
 
@@ -175,6 +181,12 @@ class Trainer:
 
     def run(self) -> dict[str, Any] | None:
         """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere."""
+        try:
+            return self._run()
+        except WriteFailed as e:  # a full disk, say: one line that says what was kept and how to go on
+            raise WriteFailed(e.path, e.cause, self._kept(e.remedy())) from None
+
+    def _run(self) -> dict[str, Any] | None:
         state, length = self.state, self.length
         try:
             self.t_start = self.t_window = time.perf_counter()
@@ -191,8 +203,19 @@ class Trainer:
                 if state.stop:
                     break
             return self._finish()
-        finally:  # also when a NaN loss, a signal or a failed collective ends the run: flush the logs
-            self.log.close()
+        except BaseException:  # a NaN loss, a signal, a failed collective or write: flush the logs, keep the cause
+            with contextlib.suppress(WriteFailed):
+                self.log.close()
+            raise
+
+    def _kept(self, remedy: str) -> str:
+        """After a failed write: the newest checkpoint on disk (each is written whole or not at all), and how
+        to go on (`remedy`: what to do about the cause, WriteFailed.remedy)."""
+        steps = sorted(self.ckpt_dir.glob("step-*.pt"))
+        if not steps:
+            return f"no checkpoint was kept (none had been written); {remedy} (or pass another --out) and run again"
+        return (f"the last good checkpoint is {steps[-1].name} (step {int(steps[-1].stem[5:])}) in {self.ckpt_dir}; "
+                f"{remedy} and continue with --resume {self.run_dir}")
 
     def _train_epoch(self, epoch: int) -> float:
         """The epoch's steps (from a resumed step on); its training time."""
@@ -258,8 +281,11 @@ class Trainer:
         time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
         asked = self.stop_request is not None and self.stop_request.signum != 0
         flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
+        ctx.synchronize()  # on a GPU: the step's own work is done, so what follows is waiting for the others
+        t_sync = time.perf_counter()
         mean_loss, time_flag, signal_flag = (ctx.all_reduce_sum(torch.stack([step_loss / cfg.accumulate, *flag]))
                                              / self.to_means).tolist()
+        self.collective_wait += time.perf_counter() - t_sync
         if not math.isfinite(mean_loss):
             raise UserError(f"the loss became {mean_loss} at step {self.state.step + 1}; stopped before updating. "
                             f"Lower --lr; the last good checkpoint is kept in {self.ckpt_dir}", code=3)
@@ -281,6 +307,8 @@ class Trainer:
         self.timer.steps += 1
         state.step += 1
         state.steps_run += 1
+        if self.on_step is not None:  # the launcher's record of where each worker is (launch._worker)
+            self.on_step(state.step)
 
     def _after_update(self, epoch: int) -> None:
         state, cfg = self.state, self.cfg
@@ -297,8 +325,11 @@ class Trainer:
 
     def _log_step(self, epoch: int) -> None:
         """The training loss and accuracy since the last log line, over all workers (a collective)."""
+        self.ctx.synchronize()
+        t_sync = time.perf_counter()
         loss_sum, correct, count = self.ctx.all_reduce_sum(self.window).tolist()
         now = time.perf_counter()
+        self.collective_wait += now - t_sync
         elapsed, per_update = now - self.t_window, self.cfg.batch_size * self.cfg.accumulate
         self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / count, train_accuracy=correct / count,
                       examples_per_sec=count / elapsed, lr=self.state.optimizer.param_groups[0]["lr"],
@@ -317,10 +348,10 @@ class Trainer:
     def _checkpoint(self, epoch: int) -> None:
         """Save the run's state (a collective: the strategy decides who writes what)."""
         state = self.state
-        state.saved_step = state.step
         self._agree_buffers()
         self.strategy.save(state.optimizer, lambda: self._extras(epoch), self.ckpt_dir, state.step,
                            self.cfg.keep_checkpoints)
+        state.saved_step = state.step
 
     def _extras(self, epoch: int) -> dict[str, Any]:
         """What a checkpoint holds besides the model and the optimizer state."""
@@ -405,11 +436,29 @@ class Trainer:
         self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
                          "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
         added = self.strategy.summary()  # a collective for some strategies: every worker calls it
+        waits = self._sync_waits()
         if not self.ctx.is_main:
             return None
         summary = self._summary(test, test_ema, added)
+        summary.update(waits)
+        if summary["straggler"] is not None:
+            self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
+                         f"{max(summary['sync_wait_s']):.1f} s for it in the all-reduce, of {state.train_time:.1f} "
+                         "s of training (summary.json: sync_wait_s)")
         write_summary(self.run_dir, summary)
         return summary
+
+    def _sync_waits(self) -> dict[str, Any]:
+        """Each worker's seconds blocked in the step's synchronising all-reduces, gathered (a collective); the
+        straggler: the worker that waited least, where the others waited notably longer (more than 1 s and
+        10% of the training time)."""
+        waits = torch.zeros(self.ctx.world_size, dtype=torch.float64, device=self.ctx.device)
+        waits[self.ctx.rank] = self.strategy.sync_wait + self.collective_wait
+        waits = self.ctx.all_reduce_sum(waits).tolist()
+        spread = max(waits) - min(waits)
+        straggler = waits.index(min(waits)) if len(waits) > 1 and spread > max(1.0, 0.1 * self.state.train_time) \
+            else None
+        return {"sync_wait_s": [round(w, 3) for w in waits], "straggler": straggler}
 
     def _summary(self, test: tuple[float, float], test_ema: tuple[float, float] | None,
                  added: dict[str, Any]) -> dict[str, Any]:
@@ -444,9 +493,9 @@ class Trainer:
 
 
 def fit(ctx: DistContext, plan: RunPlan, devices: list[str] | None = None, stop: StopRequest | None = None,
-        restarts: int = 0) -> dict[str, Any] | None:
+        restarts: int = 0, on_step: Callable[[int], None] | None = None) -> dict[str, Any] | None:
     """Train, evaluate, write the run directory: this worker's part of the plan (runplan.make). Returns the
     summary on rank 0, None elsewhere. `stop` records SIGINT/SIGTERM: the workers then stop together, save,
     and raise Stopped. `restarts`: how many times the launcher restarted this run after a worker died (for
-    the summary)."""
-    return Trainer(ctx, plan, stop=stop, devices=devices, restarts=restarts).run()
+    the summary). `on_step(step)` is called after each update (launch keeps where each worker is)."""
+    return Trainer(ctx, plan, stop=stop, devices=devices, restarts=restarts, on_step=on_step).run()

@@ -92,6 +92,9 @@ class Strategy:
         self.module: Any = None  # what this worker trains (set by build)
         self.model: Any = None  # what it calls: the module, or its wrapper (set by build, wrap)
         self.loss: Any = None
+        # seconds this worker spent waiting in the gradients' all-reduce after its own were ready (where a
+        # strategy can tell): a straggler waits least, the others wait for it
+        self.sync_wait = 0.0
 
     @property
     def shard(self) -> tuple[int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,21 @@ def _buffer_sync_flag() -> str:
 
     params = inspect.signature(DistributedDataParallel.__init__).parameters
     return "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+
+
+class _LastBucket:
+    """When this worker's last bucket of gradients was ready to be all-reduced (its own backward done)."""
+
+    ready: float | None = None
+
+
+def _timed_allreduce(last, bucket):  # noqa: ANN001, ANN202 (DDP refuses a hook annotated otherwise than with its types)
+    """DDP's all-reduce (the mean over the workers), noting when the last bucket was handed to it."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    if bucket.is_last():
+        last.ready = time.perf_counter()
+    return allreduce_hook(None, bucket)
 
 
 class DataParallel(Strategy):
@@ -55,13 +71,20 @@ class DataParallel(Strategy):
         # would only cost time. (Under --batchnorm local DDP gives every worker rank 0's before each forward.)
         self.model = DistributedDataParallel(self.module, device_ids=device_ids, gradient_as_bucket_view=True,
                                              **{_buffer_sync_flag(): not self.synced_bn})
+        if self.ctx.device.type == "cpu":  # on a GPU the host does not wait in the backward: nothing to time
+            self.last_bucket = _LastBucket()
+            self.model.register_comm_hook(self.last_bucket, _timed_allreduce)
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         # DDP all-reduces in the backward pass; no_sync leaves the gradients to accumulate locally
         no_sync = self.model.no_sync() if self.ctx.distributed and not sync else contextlib.nullcontext()
         with no_sync:
-            return super().forward_backward(x, y, sync, backward)
+            result = super().forward_backward(x, y, sync, backward)
+        if sync and hasattr(self, "last_bucket") and self.last_bucket.ready is not None:
+            self.sync_wait += time.perf_counter() - self.last_bucket.ready  # the backward waited for the others
+            self.last_bucket.ready = None
+        return result
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         timer.allreduce_gradients(self.module)  # --time-phases: the all-reduce DDP was told to skip
