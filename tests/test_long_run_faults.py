@@ -1,9 +1,9 @@
 """The faults a long run meets on 2 workers: a full disk, a worker the out-of-memory killer kills, a straggler.
 
-Each test asserts the exit code, the one line, that no process is left 10 s after the launcher ended, and
-the weights or the checkpoint that must survive. The full disk is a small tmpfs and the memory limit a
-memory cgroup: both need root (and cgroups), and the tests skip with the reason elsewhere. The network
-partition between two nodes is in test_two_nodes.py.
+Each test asserts the exit code, the one line (or the summary), that no process is left 10 s after the
+launcher ended, and, where a checkpoint was written, the weights or the checkpoint that must survive. The
+full disk is a small tmpfs and the memory limit a memory cgroup: both need root (and cgroups), and the tests
+skip with the reason elsewhere. The network partition between two nodes is in test_two_nodes.py.
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ def _wait_for(condition, launcher: subprocess.Popen, what: str, timeout: float =
     deadline = time.monotonic() + timeout
     while not condition():
         assert launcher.poll() is None, f"the run ended before {what}: {launcher.communicate()[0][-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() > deadline:
+            os.killpg(launcher.pid, signal.SIGKILL)  # no run of 100,000 steps left behind
+            raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.002)
 
 
@@ -215,7 +217,8 @@ def test_a_worker_killed_by_the_out_of_memory_killer_is_named_with_its_step_and_
         victim = training_workers(launcher.pid)[1]
         (folder / "cgroup.procs").write_text(str(victim))
         time.sleep(1.5)  # the launcher notes each worker's cgroup every 0.5 s
-        while True:  # 16 MiB above what it holds now (it grows meanwhile: a limit below it is refused)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # 16 MiB above what it holds now (it grows: a limit below is refused)
             try:
                 (folder / limit).write_text(str(int((folder / usage).read_text()) + 16 * 2**20))
                 break
@@ -266,7 +269,7 @@ def test_a_straggler_changes_no_weight_and_the_summary_names_it(tmp_path: Path) 
     summary = json.loads((run / "summary.json").read_text())
     waited = summary["sync_wait_s"]
     # 6 s stopped. A stop that lands while worker 1 itself is in the all-reduce counts as its wait too (it
-    # was in the all-reduce for about half the run here, 2 workers on 2 busy cores): measured 1.5 s of 3 s.
+    # was in the all-reduce for about half the run here, 2 workers on 2 busy cores): measured 2.5 s.
     assert waited[0] - waited[1] >= 1.5, waited
     assert summary["straggler"] == 1
     train(tmp_path / "calm", *args)

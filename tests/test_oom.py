@@ -43,7 +43,8 @@ def test_a_kill_counts_only_when_the_count_grew_since_the_worker_was_first_seen_
     watch = oom.OomWatch()
     watch.note([1, 2])
     (a / "memory.oom_control").write_text("oom_kill 1\n")  # the killer hits worker 1 ...
-    where[1] = root  # ... which, exiting, is shown in the root cgroup
+    watch.note([1])  # ... which is still seen alive in its cgroup (v2) ...
+    where[1] = root  # ... and, exiting, in the root cgroup (v1)
     watch.note([1, 2])
     watch.note([1])
     assert watch.killed(1) == a

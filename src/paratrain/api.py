@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -25,7 +26,7 @@ from torch import nn
 from . import config as C
 from .data import Splits, load_for
 from .data.transforms import unit_scale
-from .errors import UserError, closest
+from .errors import UserError, WriteFailed, closest
 from .parts import Parts
 from .predict import Classifier
 from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
@@ -252,7 +253,11 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     summary = launch.run(dataclasses.replace(plan, clock=marks))
     if summary is not None and not launch.under_torchrun():  # the workers have left: how long that took
         summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
-        write_summary(Path(cfg.out), summary)
+        try:
+            write_summary(Path(cfg.out), summary)
+        except WriteFailed as e:  # the run is done and saved: only this last figure is not on disk
+            print(f"paratrain: warning: {e.path} keeps the summary without the shutdown time ({e.cause.strerror})",
+                  file=sys.stderr, flush=True)
     if summary is not None:  # the last line (also with --quiet), from the command line and from Python alike
         rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
         print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "

@@ -17,6 +17,9 @@ from .errors import UserError
 from .rundir import writing
 
 REQUIRED = ("model", "optimizer", "step", "epoch", "config")
+# a link that fails for these would fail as a copy too; any other cause (EPERM on vfat, ENOSYS or EOPNOTSUPP on
+# FUSE and network mounts) means the file system has no hard links: last.pt is then written as a copy
+WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOENT)
 
 
 def save(state: dict[str, Any], path: str | Path) -> None:
@@ -58,15 +61,12 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
             os.replace(tmp, last)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            if e.errno not in LINKS_UNSUPPORTED:  # a full or read-only disk: reported, not tried again
+            if e.errno in WRITE_FAILURES:  # a full or read-only disk: reported, not tried again as a copy
                 raise
             save(state, last)  # a filesystem without hard links: write it again
     for old in sorted(folder.glob("step-*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return step_path
-
-
-LINKS_UNSUPPORTED = (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK)
 
 
 def newest_loadable(folder: str | Path) -> dict[str, Any] | None:

@@ -37,7 +37,8 @@ def _mounts() -> dict[str, tuple[Path, str]]:
 
 
 def memory_cgroups(pid: int) -> list[Path]:
-    """The folders of the cgroups that may account `pid`'s memory (v2, then v1's memory hierarchy)."""
+    """The folders of the cgroups that may account `pid`'s memory (v2's and v1's memory hierarchy, in the
+    order /proc lists them)."""
     try:
         lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:

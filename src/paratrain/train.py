@@ -281,7 +281,9 @@ class Trainer:
         time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
         asked = self.stop_request is not None and self.stop_request.signum != 0
         flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
-        ctx.synchronize()  # on a GPU: the step's own work is done, so what follows is waiting for the others
+        # On a GPU the host waits here for the whole step, NCCL's gradient all-reduce included: the wait for a
+        # slow worker is not seen from the host, and only this small all-reduce is timed (README).
+        ctx.synchronize()
         t_sync = time.perf_counter()
         mean_loss, time_flag, signal_flag = (ctx.all_reduce_sum(torch.stack([step_loss / cfg.accumulate, *flag]))
                                              / self.to_means).tolist()
@@ -442,9 +444,10 @@ class Trainer:
         summary = self._summary(test, test_ema, added)
         summary.update(waits)
         if summary["straggler"] is not None:
+            spread = max(summary["sync_wait_s"]) - min(summary["sync_wait_s"])
             self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
-                         f"{max(summary['sync_wait_s']):.1f} s for it in the all-reduce, of {state.train_time:.1f} "
-                         "s of training (summary.json: sync_wait_s)")
+                         f"{spread:.1f} s longer than it in the all-reduce, of {state.train_time:.1f} s of training "
+                         "(summary.json: sync_wait_s)")
         write_summary(self.run_dir, summary)
         return summary
 
