@@ -250,8 +250,8 @@ def test_a_worker_killed_by_the_out_of_memory_killer_is_named_with_its_step_and_
 
 def test_a_straggler_changes_no_weight_and_the_summary_names_it(tmp_path: Path) -> None:
     """Worker 1 is stopped for 0.5 s twelve times mid-run (SIGSTOP/SIGCONT, as a busy or throttled machine
-    would): the weights equal an undisturbed run's, and summary.json says that worker 0 waited seconds more
-    than worker 1 in the synchronising all-reduces, and that worker 1 held it back."""
+    would): the weights equal an undisturbed run's, and summary.json says that worker 0 waited seconds for
+    worker 1 at the steps' synchronisation, and that worker 1 held it back."""
     args = (*TRAIN, "--steps", "1000", "--log-every", "10", "--checkpoint-every", "200")
     run = tmp_path / "straggler"
     launcher = _launch(run, *args)
@@ -268,9 +268,8 @@ def test_a_straggler_changes_no_weight_and_the_summary_names_it(tmp_path: Path) 
     assert launcher.returncode == 0, output[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     waited = summary["sync_wait_s"]
-    # 6 s stopped. A stop that lands while worker 1 itself is in the all-reduce counts as its wait too (it
-    # was in the all-reduce for about half the run here, 2 workers on 2 busy cores): measured 2.5 s.
-    assert waited[0] - waited[1] >= 1.5, waited
+    # 6 s stopped; a stop that lands while worker 1 is in a collective counts for no one: measured [3.7, 0.27]
+    assert waited[0] - waited[1] >= 2.0, waited
     assert summary["straggler"] == 1
     train(tmp_path / "calm", *args)
     assert max_abs_diff(weights(run), weights(tmp_path / "calm")) == 0.0

@@ -135,9 +135,10 @@ class Trainer:
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
         self.to_means = torch.tensor([self.strategy.shard[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
         self.t_start = self.t_window = 0.0
-        # seconds in the loop's own all-reduces (_agree, _log_step): with the strategy's sync_wait, where this
-        # worker waited for the others (summary.json's sync_wait_s)
-        self.collective_wait = 0.0
+        # straggler accounting (summary.json's sync_wait_s): this worker's own busy time since the last _agree
+        # (its forward-backward until its gradients were ready, and its update), and every worker's waits
+        self.busy = 0.0
+        self.waits = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
         self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
         self.finish_s: dict[str, float | None] = {}
 
@@ -248,6 +249,7 @@ class Trainer:
         """Forward and backward over the step's micro-batches (--accumulate); the summed mean losses."""
         cfg, acc = self.cfg, self.cfg.accumulate
         self.generator.manual_seed(step_seed(cfg.seed, self.state.step, self.ctx.rank))
+        t_start = time.perf_counter()
         step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         which, of = self.strategy.shard
         for k in range(acc):
@@ -263,6 +265,7 @@ class Trainer:
             self.window[0] += loss.detach().double() * len(y)
             self.window[1] += (logits.detach().argmax(1) == y).sum()
             self.window[2] += len(y)
+        self.busy += (self.strategy.gradients_ready_at() or time.perf_counter()) - t_start
         return step_loss
 
     def _fetch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,13 +284,15 @@ class Trainer:
         time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
         asked = self.stop_request is not None and self.stop_request.signum != 0
         flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
-        # On a GPU the host waits here for the whole step, NCCL's gradient all-reduce included: the wait for a
-        # slow worker is not seen from the host, and only this small all-reduce is timed (README).
-        ctx.synchronize()
-        t_sync = time.perf_counter()
-        mean_loss, time_flag, signal_flag = (ctx.all_reduce_sum(torch.stack([step_loss / cfg.accumulate, *flag]))
-                                             / self.to_means).tolist()
-        self.collective_wait += time.perf_counter() - t_sync
+        # Each worker's busy time rides along (one slot each): a worker waited, this step, for as long as the
+        # busiest worker was busy beyond it. A straggler's stall counts against it, wherever it falls in its
+        # own work; what the communication itself takes counts for no one.
+        busy = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+        busy[ctx.rank] = self.busy
+        self.busy = 0.0
+        summed = ctx.all_reduce_sum(torch.cat([torch.stack([step_loss / cfg.accumulate, *flag]), busy]))
+        self.waits += summed[3:].max() - summed[3:]
+        mean_loss, time_flag, signal_flag = (summed[:3] / self.to_means).tolist()
         if not math.isfinite(mean_loss):
             raise UserError(f"the loss became {mean_loss} at step {self.state.step + 1}; stopped before updating. "
                             f"Lower --lr; the last good checkpoint is kept in {self.ckpt_dir}", code=3)
@@ -297,6 +302,7 @@ class Trainer:
         """Reduce what the strategy left unreduced, then one optimizer step (and the EMA's)."""
         state, cfg = self.state, self.cfg
         self.strategy.reduce_gradients(self.timer)
+        t_start = time.perf_counter()
         with self.timer.phase("optimizer"):
             if cfg.clip_grad_norm:
                 state.scaler.unscale_(state.optimizer)
@@ -306,6 +312,7 @@ class Trainer:
             state.scheduler.step()
             if state.ema is not None:
                 state.ema.update_parameters(state.model)
+        self.busy += time.perf_counter() - t_start  # told to the others at the next step's _agree
         self.timer.steps += 1
         state.step += 1
         state.steps_run += 1
@@ -327,11 +334,8 @@ class Trainer:
 
     def _log_step(self, epoch: int) -> None:
         """The training loss and accuracy since the last log line, over all workers (a collective)."""
-        self.ctx.synchronize()
-        t_sync = time.perf_counter()
         loss_sum, correct, count = self.ctx.all_reduce_sum(self.window).tolist()
         now = time.perf_counter()
-        self.collective_wait += now - t_sync
         elapsed, per_update = now - self.t_window, self.cfg.batch_size * self.cfg.accumulate
         self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / count, train_accuracy=correct / count,
                       examples_per_sec=count / elapsed, lr=self.state.optimizer.param_groups[0]["lr"],
@@ -438,29 +442,27 @@ class Trainer:
         self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
                          "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
         added = self.strategy.summary()  # a collective for some strategies: every worker calls it
-        waits = self._sync_waits()
+        waits = self._sync_waits()  # every worker holds every worker's waits: no collective
         if not self.ctx.is_main:
             return None
         summary = self._summary(test, test_ema, added)
         summary.update(waits)
         if summary["straggler"] is not None:
-            spread = max(summary["sync_wait_s"]) - min(summary["sync_wait_s"])
             self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
-                         f"{spread:.1f} s longer than it in the all-reduce, of {state.train_time:.1f} s of training "
-                         "(summary.json: sync_wait_s)")
+                         f"{max(summary['sync_wait_s']):.1f} s for it at the steps' all-reduce, of "
+                         f"{state.train_time:.1f} s of training (summary.json: sync_wait_s)")
         write_summary(self.run_dir, summary)
         return summary
 
     def _sync_waits(self) -> dict[str, Any]:
-        """Each worker's seconds blocked in the step's synchronising all-reduces, gathered (a collective); the
-        straggler: the worker that waited least, where the others waited notably longer (more than 1 s and
-        10% of the training time)."""
-        waits = torch.zeros(self.ctx.world_size, dtype=torch.float64, device=self.ctx.device)
-        waits[self.ctx.rank] = self.strategy.sync_wait + self.collective_wait
-        waits = self.ctx.all_reduce_sum(waits).tolist()
-        spread = max(waits) - min(waits)
-        straggler = waits.index(min(waits)) if len(waits) > 1 and spread > max(1.0, 0.1 * self.state.train_time) \
-            else None
+        """Each worker's seconds spent waiting for the busiest worker at the steps' synchronisation, and the
+        straggler: the worker that waited least, where another waited more than 1 s and 10% of the training
+        time. Measured where a worker's own part of a step can be timed apart from its waiting: data parallel
+        on the CPU (None elsewhere: on a GPU the host does not see the wait inside NCCL's all-reduce)."""
+        if self.ctx.device.type != "cpu" or self.cfg.strategy != "ddp":
+            return {"sync_wait_s": None, "straggler": None}
+        waits = self.waits.tolist()
+        straggler = waits.index(min(waits)) if max(waits) > max(1.0, 0.1 * self.state.train_time) else None
         return {"sync_wait_s": [round(w, 3) for w in waits], "straggler": straggler}
 
     def _summary(self, test: tuple[float, float], test_ema: tuple[float, float] | None,

@@ -92,9 +92,11 @@ class Strategy:
         self.module: Any = None  # what this worker trains (set by build)
         self.model: Any = None  # what it calls: the module, or its wrapper (set by build, wrap)
         self.loss: Any = None
-        # seconds this worker spent waiting in the gradients' all-reduce after its own were ready (where a
-        # strategy can tell): a straggler waits least, the others wait for it
-        self.sync_wait = 0.0
+
+    def gradients_ready_at(self) -> float | None:
+        """When (time.perf_counter) this worker's own gradients of the step were ready, before it waited for
+        the others' (where the strategy can tell: data parallel on the CPU); None elsewhere."""
+        return None
 
     @property
     def shard(self) -> tuple[int, int]:

@@ -80,11 +80,14 @@ class DataParallel(Strategy):
         # DDP all-reduces in the backward pass; no_sync leaves the gradients to accumulate locally
         no_sync = self.model.no_sync() if self.ctx.distributed and not sync else contextlib.nullcontext()
         with no_sync:
-            result = super().forward_backward(x, y, sync, backward)
-        if sync and hasattr(self, "last_bucket") and self.last_bucket.ready is not None:
-            self.sync_wait += time.perf_counter() - self.last_bucket.ready  # the backward waited for the others
-            self.last_bucket.ready = None
-        return result
+            return super().forward_backward(x, y, sync, backward)
+
+    def gradients_ready_at(self) -> float | None:
+        last = getattr(self, "last_bucket", None)  # the hook is only where DDP runs on the CPU
+        if last is None:
+            return None
+        ready, last.ready = last.ready, None
+        return ready
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         timer.allreduce_gradients(self.module)  # --time-phases: the all-reduce DDP was told to skip
