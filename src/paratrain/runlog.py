@@ -21,19 +21,26 @@ def _clean(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
 
 
-def _step_of(line: str) -> int | None:
-    """The step of a metrics.jsonl record; None for a line that is not one (a torn last line, say)."""
+def _kept(line: str, step: int, validated: int) -> bool:
+    """Whether a metrics.jsonl record comes from before the checkpoint of `step`, which had validated
+    `validated` epochs: a step record up to that step, an epoch record of a validated epoch. Not a line that
+    is not a record (a torn last line, say)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError:
-        return None
-    return record.get("step", 0) if isinstance(record, dict) else None
+        return False
+    if not isinstance(record, dict) or record.get("step", 0) > step:
+        return False
+    # a checkpoint at an epoch's last step is written before that epoch's validation, which the resumed run
+    # makes again: its old line goes
+    return "epoch_time_s" not in record or record.get("epoch", 0) <= validated
 
 
 class RunLog:
     """Every method is a no-op off rank 0, so the loop can call them unconditionally."""
 
-    def __init__(self, run_dir: Path, active: bool, cfg: TrainConfig, total_steps: int, start_step: int) -> None:
+    def __init__(self, run_dir: Path, active: bool, cfg: TrainConfig, total_steps: int, start_step: int,
+                 validated: int = 0) -> None:
         self.active = active
         self.quiet = cfg.quiet
         self.total_steps = total_steps
@@ -49,7 +56,7 @@ class RunLog:
         self.tb_dir = run_dir / "tb"
         with writing(self.path):
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._truncate_after(start_step)
+            self._truncate_after(start_step, validated)
             # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
             self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
                                   "a")
@@ -62,14 +69,15 @@ class RunLog:
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                             mininterval=0.5)
 
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop the records a killed run wrote after its last checkpoint."""
+    def _truncate_after(self, step: int, validated: int) -> None:
+        """On resume, drop the records a killed run wrote after its last checkpoint (of `step`, `validated`
+        epochs validated)."""
         try:  # O_NOFOLLOW: a link in its place is refused (rundir.check_owned says so before launch)
             with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
                 lines = f.read().splitlines()
         except FileNotFoundError:
             return
-        kept = [line for line, at in ((line, _step_of(line)) for line in lines) if at is not None and at <= step]
+        kept = [line for line in lines if _kept(line, step, validated)]
         write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, fields: dict[str, Any]) -> None:

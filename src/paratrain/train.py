@@ -128,7 +128,8 @@ class Trainer:
         self.prep = make_batch_transforms(cfg, self.data, ctx.device)
         self.run_dir = Path(cfg.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step)
+        self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
+                          self.state.validated)
         self.timer = PhaseTimer(ctx, cfg.time_phases)
         self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
         self.window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
