@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .errors import UserError
-from .rundir import writing
+from .rundir import step_checkpoints, writing
 
 REQUIRED = ("model", "optimizer", "step", "epoch", "config")
 # a link that fails for these would fail as a copy too; any other cause (EPERM on vfat, ENOSYS or EOPNOTSUPP on
@@ -64,7 +64,7 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
             if e.errno in WRITE_FAILURES:  # a full or read-only disk: reported, not tried again as a copy
                 raise
             save(state, last)  # a filesystem without hard links: write it again
-    for old in sorted(folder.glob("step-*.pt"))[:-keep]:
+    for _, old in step_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
     return step_path
 
@@ -95,11 +95,11 @@ def newest_loadable(folder: str | Path) -> dict[str, Any] | None:
 
 
 def _newest_first(folder: Path) -> list[Path]:
-    """The step files by step, newest first (their names are zero-padded), then last.pt where it is another
-    file (a copy, on a filesystem without hard links); each file once."""
+    """The step files by step, newest first, then last.pt where it is another file (a copy, on a filesystem
+    without hard links); each file once."""
     seen: set[tuple[int, int]] = set()
     found = []
-    for path in [*sorted(folder.glob("step-*.pt"), reverse=True), folder / "last.pt"]:
+    for path in [*(p for _, p in reversed(step_checkpoints(folder))), folder / "last.pt"]:
         try:
             st = path.stat()
         except OSError:

@@ -65,6 +65,14 @@ def check_owned(path: Path, flag: str = "--out") -> None:
 RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb")
 
 
+def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """The step checkpoints (`step-NNNNNNNN.pt`) in a run's checkpoints folder, by step, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(p.stem[5:]), p) for p in folder.glob("step-*.pt") if p.stem[5:].isdigit()]
+    return sorted(found, key=lambda found: found[0])
+
+
 def held_run(path: Path) -> str | None:
     """What run `path` holds, in words; None when it holds nothing of value: no summary, checkpoint, logged
     step or event file (a run that stopped before its first step leaves only config.yaml and parts.yaml)."""
@@ -75,10 +83,9 @@ def held_run(path: Path) -> str | None:
     if not ((path / "summary.json").exists() or has_files(path / "checkpoints") or has_files(path / "tb")
             or (metrics.is_file() and metrics.stat().st_size > 0) or metrics.is_symlink()):
         return None
-    steps = [int(p.stem[5:]) for p in (path / "checkpoints").glob("step-*.pt") if p.stem[5:].isdigit()] \
-        if (path / "checkpoints").is_dir() else []
+    steps = step_checkpoints(path / "checkpoints")
     done = "a finished" if (path / "summary.json").exists() else "an unfinished"
-    return f"{done} run" + (f", checkpoints up to step {max(steps)}" if steps else "")
+    return f"{done} run" + (f", checkpoints up to step {steps[-1][0]}" if steps else "")
 
 
 def check_fresh(path: str | Path, overwrite: bool) -> None:

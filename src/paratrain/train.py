@@ -37,6 +37,7 @@ from .evaluation import evaluate
 from .interrupt import Stopped, StopRequest, signal_name
 from .parts import Parts
 from .phases import PhaseTimer
+from .rundir import step_checkpoints
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
 
@@ -213,11 +214,12 @@ class Trainer:
     def _kept(self, remedy: str) -> str:
         """After a failed write: the newest checkpoint on disk (each is written whole or not at all), and how
         to go on (`remedy`: what to do about the cause, WriteFailed.remedy)."""
-        steps = sorted(self.ckpt_dir.glob("step-*.pt"))
+        steps = step_checkpoints(self.ckpt_dir)
         if not steps:
             return f"no checkpoint was kept (none had been written); {remedy} (or pass another --out) and run again"
-        return (f"the last good checkpoint is {steps[-1].name} (step {int(steps[-1].stem[5:])}) in {self.ckpt_dir}; "
-                f"{remedy} and continue with --resume {self.run_dir}")
+        step, path = steps[-1]
+        return (f"the last good checkpoint is {path.name} (step {step}) in {self.ckpt_dir}; {remedy} and continue "
+                f"with --resume {self.run_dir}")
 
     def _train_epoch(self, epoch: int) -> float:
         """The epoch's steps (from a resumed step on); its training time."""
