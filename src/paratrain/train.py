@@ -137,8 +137,10 @@ class Trainer:
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
         self.to_means = torch.tensor([self.strategy.shard[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
         self.t_start = self.t_window = 0.0
-        # straggler accounting (summary.json's sync_wait_s): this worker's own busy time since the last _agree
+        # straggler accounting (summary.json's sync_wait_s), where a worker's own part of a step can be timed
+        # apart from its waiting (data parallel on the CPU): this worker's busy time since the last _agree
         # (its forward-backward until its gradients were ready, and its update), and every worker's waits
+        self.waits_measured = ctx.device.type == "cpu" and cfg.strategy == "ddp"
         self.busy = 0.0
         self.waits = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
         self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
@@ -287,14 +289,18 @@ class Trainer:
         time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
         asked = self.stop_request is not None and self.stop_request.signum != 0
         flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
-        # Each worker's busy time rides along (one slot each): a worker waited, this step, for as long as the
-        # busiest worker was busy beyond it. A straggler's stall counts against it, wherever it falls in its
-        # own work; what the communication itself takes counts for no one.
-        busy = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
-        busy[ctx.rank] = self.busy
+        summed = torch.stack([step_loss / cfg.accumulate, *flag])
+        if self.waits_measured and ctx.distributed:
+            # Each worker's busy time rides along (one slot each): a worker waited, this step, for as long as
+            # the busiest worker was busy beyond it. A straggler's stall counts against it, wherever it falls in
+            # its own work; what the communication itself takes counts for no one.
+            busy = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+            busy[ctx.rank] = self.busy
+            summed = ctx.all_reduce_sum(torch.cat([summed, busy]))
+            self.waits += summed[3:].max() - summed[3:]
+        else:
+            ctx.all_reduce_sum(summed)
         self.busy = 0.0
-        summed = ctx.all_reduce_sum(torch.cat([torch.stack([step_loss / cfg.accumulate, *flag]), busy]))
-        self.waits += summed[3:].max() - summed[3:]
         mean_loss, time_flag, signal_flag = (summed[:3] / self.to_means).tolist()
         if not math.isfinite(mean_loss):
             raise UserError(f"the loss became {mean_loss} at step {self.state.step + 1}; stopped before updating. "
@@ -462,7 +468,7 @@ class Trainer:
         straggler: the worker that waited least, where another waited more than 1 s and 10% of the training
         time. Measured where a worker's own part of a step can be timed apart from its waiting: data parallel
         on the CPU (None elsewhere: on a GPU the host does not see the wait inside NCCL's all-reduce)."""
-        if self.ctx.device.type != "cpu" or self.cfg.strategy != "ddp":
+        if not self.waits_measured:
             return {"sync_wait_s": None, "straggler": None}
         waits = self.waits.tolist()
         straggler = waits.index(min(waits)) if max(waits) > max(1.0, 0.1 * self.state.train_time) else None
