@@ -82,6 +82,15 @@ def train(run_dir: Path, *args: str, timeout: float = 300) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def logged_step(run: Path) -> int:
+    """The highest step a (running) run has written to its metrics.jsonl so far; 0 before any."""
+    try:
+        return max([json.loads(line).get("step", 0) for line in (run / "metrics.jsonl").read_text().splitlines()
+                    if line.endswith("}")] or [0])
+    except (OSError, json.JSONDecodeError):
+        return 0
+
+
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import alive, descendants, max_abs_diff, train, training_workers, weights
+from conftest import alive, descendants, logged_step, max_abs_diff, train, training_workers, weights
 
 from paratrain import checkpoint
 
@@ -35,14 +35,6 @@ def _launch(run: Path, *args: str) -> subprocess.Popen:
     """`paratrain train` in a process group of its own (the test may stop the whole group)."""
     return subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--out", str(run), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def _logged_step(run: Path) -> int:
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return 0
-    return max([json.loads(line).get("step", 0) for line in lines if line.endswith("}")] or [0])
 
 
 def _wait_for(condition, launcher: subprocess.Popen, what: str, timeout: float = 120) -> None:  # noqa: ANN001
@@ -141,7 +133,7 @@ def test_a_run_folder_that_fills_before_the_first_checkpoint_says_none_was_kept(
     One line, exit 1, and it says that no checkpoint was kept."""
     run = small_disk / "run"
     launcher = _launch(run, *TRAIN, "--steps", "400", "--checkpoint-every", "300", "--log-every", "1")
-    _wait_for(lambda: _logged_step(run) >= 5, launcher, "step 5")
+    _wait_for(lambda: logged_step(run) >= 5, launcher, "step 5")
     os.killpg(launcher.pid, signal.SIGSTOP)
     _fill(small_disk)
     os.killpg(launcher.pid, signal.SIGCONT)
@@ -212,7 +204,7 @@ def test_a_worker_killed_by_the_out_of_memory_killer_is_named_with_its_step_and_
     try:
         launcher = _launch(run, *TRAIN, "--model", f"{tmp_path / 'leaky.py'}:build", "--steps", "100000",
                            "--log-every", "1", "--checkpoint-every", "100000", "--max-restarts", "2")
-        _wait_for(lambda: _logged_step(run) >= 5, launcher, "step 5")
+        _wait_for(lambda: logged_step(run) >= 5, launcher, "step 5")
         processes = [launcher.pid, *descendants(launcher.pid)]
         victim = training_workers(launcher.pid)[1]
         (folder / "cgroup.procs").write_text(str(victim))
@@ -255,7 +247,7 @@ def test_a_straggler_changes_no_weight_and_the_summary_names_it(tmp_path: Path) 
     args = (*TRAIN, "--steps", "2000", "--log-every", "10", "--checkpoint-every", "400")
     run = tmp_path / "straggler"
     launcher = _launch(run, *args)
-    _wait_for(lambda: _logged_step(run) >= 20, launcher, "step 20")
+    _wait_for(lambda: logged_step(run) >= 20, launcher, "step 20")
     processes = [launcher.pid, *descendants(launcher.pid)]
     victim = training_workers(launcher.pid)[1]
     for _ in range(30):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive, descendants, max_abs_diff, train, veth_namespaces, weights
+from conftest import alive, descendants, logged_step, max_abs_diff, train, veth_namespaces, weights
 
 from paratrain import checkpoint
 
@@ -142,14 +142,6 @@ def _worker_of(agent: subprocess.Popen) -> int | None:
     return None
 
 
-def _logged_step(run: Path) -> int:
-    try:
-        return max([json.loads(line).get("step", 0) for line in (run / "metrics.jsonl").read_text().splitlines()
-                    if line.endswith("}")] or [0])
-    except (OSError, json.JSONDecodeError):
-        return 0
-
-
 def test_killed_worker_on_one_node_restarts_to_the_same_weights(nodes: list[Node], two_node_run: Path,
                                                                  tmp_path: Path) -> None:
     """kill -9 of a worker mid-run on the node that is not rank 0's, torchrun --max-restarts 1 on both agents:
@@ -157,7 +149,7 @@ def test_killed_worker_on_one_node_restarts_to_the_same_weights(nodes: list[Node
     job's weights and momentum."""
     agents = _start(nodes, tmp_path, restarts=1)
     deadline = time.monotonic() + 180
-    while max(_logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
+    while max(logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
         assert time.monotonic() < deadline and all(a.poll() is None for a in agents), "the job did not get going"
         time.sleep(0.005)
     other = 1 if (tmp_path / "node0" / "metrics.jsonl").exists() else 0  # the node that is not rank 0's
@@ -213,7 +205,7 @@ def test_a_network_partition_ends_every_worker_within_the_collective_timeout(nod
     agents = _start(nodes, tmp_path, "--steps", "100000", "--collective-timeout", str(timeout))
     try:
         deadline = time.monotonic() + 180
-        while max(_logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
+        while max(logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
             assert time.monotonic() < deadline and all(a.poll() is None for a in agents), "the job did not get going"
             time.sleep(0.01)
         workers = [_worker_of(agent) for agent in agents]
@@ -249,7 +241,7 @@ def test_after_a_partition_torchrun_restarts_the_group_to_the_weights_of_the_unc
     agents = _start(nodes, tmp_path, "--collective-timeout", str(timeout), restarts=2)
     try:
         deadline = time.monotonic() + 180
-        while max(_logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
+        while max(logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
             assert time.monotonic() < deadline and all(a.poll() is None for a in agents), "the job did not get going"
             time.sleep(0.005)
         _link(nodes[1], "down")

@@ -1,5 +1,7 @@
 """The one exception type that reaches users as a one-line message instead of a traceback."""
 
+import errno
+
 
 class UserError(Exception):
     """A problem with the user's input (flag, file, data, checkpoint): print one line, exit with `code`."""
@@ -33,8 +35,6 @@ class WriteFailed(UserError):
     training loop adds what was kept and how to go on (`then`)."""
 
     def __init__(self, path: object, cause: OSError, then: str = "") -> None:
-        import errno
-
         self.path, self.cause = path, cause
         name = errno.errorcode.get(cause.errno or 0)
         super().__init__(f"cannot write {path}: {cause.strerror or cause}" + (f" ({name})" if name else "")
@@ -42,8 +42,6 @@ class WriteFailed(UserError):
 
     def remedy(self) -> str:
         """What the user does about the cause, in a few words."""
-        import errno
-
         if self.cause.errno in (errno.ENOSPC, errno.EDQUOT):
             return "free space"
         if self.cause.errno in (errno.ENOENT, errno.ENOTDIR):

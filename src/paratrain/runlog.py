@@ -21,7 +21,7 @@ def _clean(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in fields.items()}
 
 
-def _kept(line: str, step: int, validated: int) -> bool:
+def _before_checkpoint(line: str, step: int, validated: int) -> bool:
     """Whether a metrics.jsonl record comes from before the checkpoint of `step`, which had validated
     `validated` epochs: a step record up to that step, an epoch record of a validated epoch. Not a line that
     is not a record (a torn last line, say)."""
@@ -77,7 +77,7 @@ class RunLog:
                 lines = f.read().splitlines()
         except FileNotFoundError:
             return
-        kept = [line for line in lines if _kept(line, step, validated)]
+        kept = [line for line in lines if _before_checkpoint(line, step, validated)]
         write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def _write(self, fields: dict[str, Any]) -> None:
