@@ -12,9 +12,10 @@ import pytest
 from conftest import run_cli
 
 from paratrain import doctor
-from paratrain.doctor import Check, collective_checks, equivalence_checks, read_link
+from paratrain.doctor import Check, collective_checks, equivalence_checks, partition_check, read_link
 from paratrain.doctor.collectives import bus_factor, fit
 from paratrain.errors import UserError
+from paratrain.partition import agent_wait, fitting, give_up_s
 
 
 def _rows(bandwidth: float, latency: float, n: int = 2) -> list[dict]:
@@ -67,6 +68,32 @@ def test_equivalence_checks_fail_above_the_bound() -> None:
     assert checks[0].line() == "ok     1 vs 2 devices, ddp: largest weight difference 3.0e-08 after 10 steps " \
                                "(bound 0.0001)"
     assert "paratrain train --strategy pipeline --devices 2" in checks[2].line()
+
+
+def test_tcp_gives_up_as_linux_models_it() -> None:
+    """tcp_model_timeout: a retransmission timeout that doubles from 200 ms and stays at 120 s after nine."""
+    assert [round(give_up_s(r), 1) for r in (3, 5, 8, 9, 15)] == [3.0, 12.6, 102.2, 204.6, 924.6]
+
+
+def test_the_partition_check_warns_where_tcp_outlasts_the_collective_timeout() -> None:
+    quick = partition_check([{"node": 0, "tcp_retries2": 8}, {"node": 1, "tcp_retries2": 5}])
+    assert quick.status == "ok" and "ends within 102 s" in quick.line()
+    late = partition_check([{"node": 0, "tcp_retries2": 15}, {"node": 1, "tcp_retries2": 5}])
+    assert late.status == "slow" and "net.ipv4.tcp_retries2 = 15 on node 0 (at least 925 s)" in late.line()
+    assert "node 1" not in late.line() and "sysctl -w net.ipv4.tcp_retries2=9` on each node (at least 205 s" in \
+        late.line()
+    unknown = partition_check([{"node": 0, "tcp_retries2": None}, {"node": 1, "tcp_retries2": None}])
+    assert unknown.status == "ok" and "cannot be read" in unknown.line()
+
+
+def test_the_workers_timeout_line_says_how_long_the_agent_waits_only_where_it_outlasts_it() -> None:
+    assert agent_wait(300, retries=8) == ""
+    said = agent_wait(300, retries=15)
+    assert "(net.ipv4.tcp_retries2 = 15: at least 925 s; `sysctl -w net.ipv4.tcp_retries2=9` on each node makes " \
+           "it 205 s)" in said
+    assert agent_wait(10, retries=5).endswith("= 5: at least 13 s; `sysctl -w net.ipv4.tcp_retries2=4` on each "
+                                              "node makes it 6 s)")
+    assert [fitting(t) for t in (0.1, 10, 300, 2000)] == [1, 4, 9, 15]
 
 
 def test_a_link_file_is_read_back_and_a_bad_one_is_one_line(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from .config import TrainConfig
 from .devices import Plan, usable_cores
 from .errors import UserError, one_line
 from .interrupt import Stopped, StopRequest
+from .partition import agent_wait
 
 if TYPE_CHECKING:
     from .runplan import RunPlan
@@ -234,9 +235,10 @@ def run(plan: RunPlan) -> dict[str, Any] | None:
         except RuntimeError as e:
             if not _timed_out(e):
                 raise
+            wait = agent_wait(cfg.collective_timeout) if world_size > local_workers() else ""
             raise UserError(f"rank {rank}: a collective waited more than --collective-timeout "
                             f"{cfg.collective_timeout:g} s for a worker that stopped answering (torchrun's agent "
-                            "names the one that failed)", code=1) from None
+                            f"names the one that failed){'; ' + wait if wait else ''}", code=1) from None
     if plan.hardware.workers == 1:
         return _train_here(0, 1, 0, None, plan, describe_devices(plan))
     for restarts in range(cfg.max_restarts + 1):

@@ -123,6 +123,27 @@ def collective_checks(result: dict | None, error: str | None, backend: str, work
     return checks
 
 
+def partition_check(nodes: list[dict[str, Any]]) -> Check:
+    """How long torchrun's agent on a node cut off from the rendezvous host outlives its workers (see
+    paratrain.partition), against --collective-timeout's default."""
+    from ..config import TrainConfig
+    from ..partition import fitting, give_up_s
+
+    timeout = TrainConfig.collective_timeout
+    known = [(n["node"], n["tcp_retries2"]) for n in nodes if n.get("tcp_retries2") is not None]
+    late = [(node, r) for node, r in known if give_up_s(r) > timeout]
+    if not late:
+        most = max((give_up_s(r) for _, r in known), default=None)
+        within = f"within {most:.0f} s" if most is not None else "when TCP gives up (its setting cannot be read)"
+        return Check("partition", "ok", f"torchrun's agent on a node cut off from the rendezvous host ends {within}")
+    said = ", ".join(f"{r} on node {node} (at least {give_up_s(r):.0f} s)" for node, r in late)
+    return Check("partition", "slow", f"torchrun's agent on a node cut off from the rendezvous host waits until TCP "
+                 f"gives up, beyond --collective-timeout's default {timeout:g} s: net.ipv4.tcp_retries2 = {said}",
+                 f"run `sysctl -w net.ipv4.tcp_retries2={fitting(timeout)}` on each node (at least "
+                 f"{give_up_s(fitting(timeout)):.0f} s; a lower value also ends other connections sooner on a flaky "
+                 "link)")
+
+
 def equivalence_checks(results: list[dict[str, Any]]) -> list[Check]:
     from .equivalence import BOUND
 
@@ -216,6 +237,8 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
     where = f"across {len(report['nodes'])} node(s)"
     checks = collective_checks(result, error, plan.backend, world, info["gpu_link"] if nodes == 1 else None)
     checks = [dataclasses.replace(c, detail=f"{c.detail} ({where})") for c in checks]
+    if nodes > 1:
+        checks.append(partition_check(report["nodes"]))
     return {**report, "checks": [asdict(c) for c in checks], "passed": all(c.status != "failed" for c in checks)}
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..partition import tcp_retries2
+
 # Bus bandwidth an all-reduce reaches on a link that is working, bytes/s: half of it is "slow". Round
 # figures from NVIDIA's published nccl-tests results, for the GPUs whose NVLink they name (by compute
 # capability: H100, A100, V100; other cards' bridges differ too much to guess); a PCIe link's by its
@@ -88,6 +90,7 @@ def inventory() -> dict[str, Any]:
     info["cpu"]["threads"] = torch.get_num_threads()
     info["peer_access"] = peer_pairs(len(info["gpus"]))
     info["gpu_link"] = link(info["gpus"])
+    info["tcp_retries2"] = tcp_retries2()  # how long a partition keeps torchrun's agent here (partition_check)
     return info
 
 

@@ -1,0 +1,51 @@
+"""How long a node cut off from the others keeps torchrun's agent there waiting.
+
+The agent on a node that does not host the rendezvous asks the rendezvous store over TCP every monitor
+interval. When the link goes, its request goes unanswered, and torch's TCPStore, having timed out, sends a
+cancel and waits for its answer with no time limit of its own: the agent ends only when the kernel gives up on
+the connection, after net.ipv4.tcp_retries2 retransmissions (15 by default: about 15 minutes). The workers end
+after --collective-timeout; this is what `paratrain doctor` and the workers' timeout line tell the user.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RETRIES_FILE = Path("/proc/sys/net/ipv4/tcp_retries2")
+# Linux's model of when TCP gives up (tcp_model_timeout, net/ipv4/tcp_timer.c): the retransmission timeout
+# doubles from its floor of 200 ms up to 120 s. A link with a longer round trip starts higher: a lower bound.
+RTO_MIN_S, RTO_MAX_S = 0.2, 120.0
+DOUBLINGS = 9  # ilog2(RTO_MAX_S / RTO_MIN_S): the retransmission after which the timeout stays at its cap
+
+
+def tcp_retries2() -> int | None:
+    """This network namespace's net.ipv4.tcp_retries2; None where it cannot be read (not Linux)."""
+    try:
+        return int(RETRIES_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def give_up_s(retries: int) -> float:
+    """At least how many seconds TCP keeps retransmitting unanswered data before it ends the connection."""
+    if retries <= DOUBLINGS:
+        return ((2 << retries) - 1) * RTO_MIN_S
+    return ((2 << DOUBLINGS) - 1) * RTO_MIN_S + (retries - DOUBLINGS) * RTO_MAX_S
+
+
+def fitting(timeout_s: float) -> int:
+    """The most retransmissions after which TCP still gives up within `timeout_s` (at least 1): the value
+    to advise, since each one fewer also ends other connections sooner on a flaky link."""
+    return max([r for r in range(1, 16) if give_up_s(r) <= timeout_s], default=1)
+
+
+def agent_wait(timeout_s: float, retries: int | None = None) -> str:
+    """A clause for a multi-node torchrun run whose agents would outlast `timeout_s` after a partition; ''
+    where TCP gives up within it (or the setting cannot be read)."""
+    retries = tcp_retries2() if retries is None else retries
+    if retries is None or give_up_s(retries) <= timeout_s:
+        return ""
+    advised = fitting(timeout_s)
+    return (f"torchrun's agent on a node cut off from the rendezvous host ends only when TCP gives up there "
+            f"(net.ipv4.tcp_retries2 = {retries}: at least {give_up_s(retries):.0f} s; `sysctl -w "
+            f"net.ipv4.tcp_retries2={advised}` on each node makes it {give_up_s(advised):.0f} s)")
