@@ -34,16 +34,16 @@ def give_up_s(retries: int) -> float:
 
 
 def fitting(timeout_s: float) -> int:
-    """The most retransmissions after which TCP still gives up within `timeout_s` (at least 1): the value
-    to advise, since each one fewer also ends other connections sooner on a flaky link."""
-    return max([r for r in range(1, 16) if give_up_s(r) <= timeout_s], default=1)
+    """The fewest retransmissions after which TCP gives up no sooner than `timeout_s` (at most Linux's default,
+    15): the agent then ends soon after its workers have said why, and a brief outage still heals."""
+    return min([r for r in range(1, 16) if give_up_s(r) >= timeout_s], default=15)
 
 
 def agent_wait(timeout_s: float, retries: int | None = None) -> str:
-    """A clause for a multi-node torchrun run whose agents would outlast `timeout_s` after a partition; ''
-    where TCP gives up within it (or the setting cannot be read)."""
+    """A clause for a multi-node torchrun run whose cut-off agent would outlast `timeout_s` by more than the
+    advised setting would; '' where it would not (or the setting cannot be read)."""
     retries = tcp_retries2() if retries is None else retries
-    if retries is None or give_up_s(retries) <= timeout_s:
+    if retries is None or retries <= fitting(timeout_s):
         return ""
     advised = fitting(timeout_s)
     return (f"torchrun's agent on a node cut off from the rendezvous host ends only when TCP gives up there "

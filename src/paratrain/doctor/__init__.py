@@ -130,18 +130,19 @@ def partition_check(nodes: list[dict[str, Any]]) -> Check:
     from ..partition import fitting, give_up_s
 
     timeout = TrainConfig.collective_timeout
+    advised = fitting(timeout)
     known = [(n["node"], n["tcp_retries2"]) for n in nodes if n.get("tcp_retries2") is not None]
-    late = [(node, r) for node, r in known if give_up_s(r) > timeout]
+    late = [(node, r) for node, r in known if r > advised]
     if not late:
         most = max((give_up_s(r) for _, r in known), default=None)
         within = f"within {most:.0f} s" if most is not None else "when TCP gives up (its setting cannot be read)"
         return Check("partition", "ok", f"torchrun's agent on a node cut off from the rendezvous host ends {within}")
     said = ", ".join(f"{r} on node {node} (at least {give_up_s(r):.0f} s)" for node, r in late)
     return Check("partition", "slow", f"torchrun's agent on a node cut off from the rendezvous host waits until TCP "
-                 f"gives up, beyond --collective-timeout's default {timeout:g} s: net.ipv4.tcp_retries2 = {said}",
-                 f"run `sysctl -w net.ipv4.tcp_retries2={fitting(timeout)}` on each node (at least "
-                 f"{give_up_s(fitting(timeout)):.0f} s; a lower value also ends other connections sooner on a flaky "
-                 "link)")
+                 f"gives up, long after --collective-timeout's default {timeout:g} s: net.ipv4.tcp_retries2 = "
+                 f"{said}", f"run `sysctl -w net.ipv4.tcp_retries2={advised}` on each node (at least "
+                 f"{give_up_s(advised):.0f} s, just past the timeout; a lower value also ends other connections "
+                 "sooner on a flaky link)")
 
 
 def equivalence_checks(results: list[dict[str, Any]]) -> list[Check]:
