@@ -221,7 +221,7 @@ def test_a_network_partition_ends_every_process_within_the_collective_timeout(no
     """The link between the nodes goes down mid-run and stays down: each worker's collective gives up after
     --collective-timeout (10 s) and says so in one line, and every process of the job has ended soon after:
     the workers, the agent of the node that hosts the rendezvous, and, with net.ipv4.tcp_retries2 = 5 there as
-    the README and `paratrain doctor` advise for a 10 s timeout, torchrun's agent on the node that was cut off
+    the workers' line advises for a 10 s timeout, torchrun's agent on the node that was cut off
     (it waits for TCP to give up on the rendezvous store: at least 925 s at Linux's default of 15). The
     worker's line on node 0, at that default, says so and what to set; the last checkpoint loads."""
     timeout = 10
