@@ -186,7 +186,7 @@ def test_the_doctor_on_two_nodes_reports_each_and_the_link_between_them(nodes: l
     rows = report["collectives"]["rows"]
     assert all(r["wrong"] == 0 for r in rows) and rows[-1]["bytes"] >= 2**20
     assert min(sent) > rows[-1]["bytes"] // 2, sent  # the sweep's largest message crossed between the nodes
-    assert "across 2 node(s)" in "".join(logs) and "doctor: every check passed" in "".join(logs)
+    assert "across 2 node(s)" in "".join(logs) and "doctor: every check passed, 1 with a warning" in "".join(logs)
     retries = {n["tcp_retries2"]: n["node"] for n in report["nodes"]}  # node ranks follow the rendezvous
     assert sorted(retries) == [5, 15], report["nodes"]
     partition = next(c for c in report["checks"] if c["name"] == "partition")
@@ -207,13 +207,13 @@ def _everything(agents: list[subprocess.Popen]) -> list[int]:
 @contextmanager
 def _tcp_retries(node: Node, retries: int) -> Iterator[None]:
     """net.ipv4.tcp_retries2 in this node's network namespace (each has its own), set back after."""
-    key = "net.ipv4.tcp_retries2"
-    before = subprocess.run([*node.prefix, "sysctl", "-n", key], capture_output=True, text=True, check=True).stdout
-    subprocess.run([*node.prefix, "sysctl", "-q", "-w", f"{key}={retries}"], check=True)
+    path = "/proc/sys/net/ipv4/tcp_retries2"
+    before = subprocess.run([*node.prefix, "cat", path], capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([*node.prefix, "sh", "-c", f"echo {retries} > {path}"], check=True)
     try:
         yield
     finally:
-        subprocess.run([*node.prefix, "sysctl", "-q", "-w", f"{key}={before.strip()}"], check=True)
+        subprocess.run([*node.prefix, "sh", "-c", f"echo {before} > {path}"], check=True)
 
 
 def test_a_network_partition_ends_every_process_within_the_collective_timeout(nodes: list[Node],
@@ -223,7 +223,8 @@ def test_a_network_partition_ends_every_process_within_the_collective_timeout(no
     the workers, the agent of the node that hosts the rendezvous, and, with net.ipv4.tcp_retries2 = 5 there as
     the workers' line advises for a 10 s timeout, torchrun's agent on the node that was cut off
     (it waits for TCP to give up on the rendezvous store: at least 925 s at Linux's default of 15). The
-    worker's line on node 0, at that default, says so and what to set; the last checkpoint loads."""
+    worker's line on node 0, at that default, says what would happen were it cut off and what to set; the last
+    checkpoint loads."""
     timeout = 10
     with _tcp_retries(nodes[1], 5):
         agents = _start(nodes, tmp_path, "--steps", "100000", "--collective-timeout", str(timeout))
@@ -232,8 +233,8 @@ def test_a_network_partition_ends_every_process_within_the_collective_timeout(no
             while max(logged_step(tmp_path / f"node{i}") for i in (0, 1)) < 12:
                 assert time.monotonic() < deadline and all(a.poll() is None for a in agents), "the job did not go"
                 time.sleep(0.01)
+            assert None not in [_worker_of(agent) for agent in agents]
             processes = _everything(agents)
-            assert len(processes) >= 4, processes  # two agents, a worker under each
             _link(nodes[1], "down")
             cut = time.monotonic()
             while any(alive(p) for p in processes) and time.monotonic() - cut < 60:
@@ -251,9 +252,11 @@ def test_a_network_partition_ends_every_process_within_the_collective_timeout(no
     assert agents[0].returncode != 0 and agents[1].returncode != 0
     said = [[line for line in log.splitlines() if "--collective-timeout" in line] for log in logs]
     assert [len(lines) for lines in said] == [1, 1], logs
-    assert all(f"waited more than --collective-timeout {timeout} s" in lines[0] for lines in said), said
-    assert "(net.ipv4.tcp_retries2 = 15: at least 925 s; `sysctl -w net.ipv4.tcp_retries2=5` on each node makes " \
-           "it 13 s)" in said[0][0], said
+    assert all(f"waited more than --collective-timeout {timeout} s for a worker that stopped answering or a node the "
+               "network cut off" in lines[0] for lines in said), said
+    assert "this node's net.ipv4.tcp_retries2 is 15: if it is cut off from the rendezvous host, torchrun's agent " \
+           "here waits at least 925 s for TCP to give up; `sysctl -w net.ipv4.tcp_retries2=5` on each node makes " \
+           "that at least 13 s" in said[0][0], said
     assert "tcp_retries2" not in said[1][0], said  # node 1 has the advised value
     run = next(d for d in (tmp_path / "node0", tmp_path / "node1") if (d / "checkpoints").is_dir())
     assert checkpoint.load(run)["step"] >= 10

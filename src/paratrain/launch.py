@@ -235,10 +235,14 @@ def run(plan: RunPlan) -> dict[str, Any] | None:
         except RuntimeError as e:
             if not _timed_out(e):
                 raise
-            wait = agent_wait(cfg.collective_timeout) if world_size > local_workers() else ""
+            # torchrun's summary names the first rank to exit: after a timeout, one that waited, not the culprit
+            nodes = world_size > local_workers()
+            wait = agent_wait(cfg.collective_timeout) if nodes else ""
             raise UserError(f"rank {rank}: a collective waited more than --collective-timeout "
-                            f"{cfg.collective_timeout:g} s for a worker that stopped answering (torchrun's agent "
-                            f"names the one that failed){'; ' + wait if wait else ''}", code=1) from None
+                            f"{cfg.collective_timeout:g} s for a worker that stopped answering"
+                            f"{' or a node the network cut off' if nodes else ''} (torchrun's report names the "
+                            f"first rank to exit, which may be this one){'; ' + wait if wait else ''}",
+                            code=1) from None
     if plan.hardware.workers == 1:
         return _train_here(0, 1, 0, None, plan, describe_devices(plan))
     for restarts in range(cfg.max_restarts + 1):

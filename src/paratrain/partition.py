@@ -9,6 +9,7 @@ after --collective-timeout; this is what `paratrain doctor` and the workers' tim
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 RETRIES_FILE = Path("/proc/sys/net/ipv4/tcp_retries2")
@@ -34,18 +35,22 @@ def give_up_s(retries: int) -> float:
 
 
 def fitting(timeout_s: float) -> int:
-    """The fewest retransmissions after which TCP gives up no sooner than `timeout_s` (at most Linux's default,
-    15): the agent then ends soon after its workers have said why, and a brief outage still heals."""
-    return min([r for r in range(1, 16) if give_up_s(r) >= timeout_s], default=15)
+    """The fewest retransmissions after which TCP gives up no sooner than `timeout_s`: the agent then ends soon
+    after its workers have said why, and an outage shorter than that still heals."""
+    for retries in range(1, DOUBLINGS + 1):
+        if give_up_s(retries) >= timeout_s:
+            return retries
+    return DOUBLINGS + max(0, math.ceil((timeout_s - give_up_s(DOUBLINGS)) / RTO_MAX_S))
 
 
 def agent_wait(timeout_s: float, retries: int | None = None) -> str:
-    """A clause for a multi-node torchrun run whose cut-off agent would outlast `timeout_s` by more than the
-    advised setting would; '' where it would not (or the setting cannot be read)."""
+    """A clause for a multi-node torchrun worker's timeout line, where this node's setting would keep its
+    agent waiting after a partition longer than the advised one; '' elsewhere (or where it cannot be read).
+    Whether this node is the one cut off is not known here: the clause says what would happen if it were."""
     retries = tcp_retries2() if retries is None else retries
-    if retries is None or retries <= fitting(timeout_s):
-        return ""
     advised = fitting(timeout_s)
-    return (f"torchrun's agent on a node cut off from the rendezvous host ends only when TCP gives up there "
-            f"(net.ipv4.tcp_retries2 = {retries}: at least {give_up_s(retries):.0f} s; `sysctl -w "
-            f"net.ipv4.tcp_retries2={advised}` on each node makes it {give_up_s(advised):.0f} s)")
+    if retries is None or retries <= advised:
+        return ""
+    return (f"this node's net.ipv4.tcp_retries2 is {retries}: if it is cut off from the rendezvous host, torchrun's "
+            f"agent here waits at least {give_up_s(retries):.0f} s for TCP to give up; `sysctl -w "
+            f"net.ipv4.tcp_retries2={advised}` on each node makes that at least {give_up_s(advised):.0f} s")

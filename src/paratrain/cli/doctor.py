@@ -69,4 +69,7 @@ def _print(report: dict, out: str | None) -> None:
     if out and sweep.get("fit"):
         print(f"link: {Path(out) / 'link.json'} (for `paratrain plan --link {Path(out) / 'link.json'}`)")
     failed = sum(c["status"] == "failed" for c in report["checks"])
-    print("doctor: every check passed" if not failed else f"doctor: {failed} of {len(report['checks'])} checks failed")
+    slow = sum(c["status"] == "slow" for c in report["checks"])
+    warned = f", {slow} with a warning" if slow else ""
+    print(f"doctor: every check passed{warned}" if not failed else
+          f"doctor: {failed} of {len(report['checks'])} checks failed{warned}")

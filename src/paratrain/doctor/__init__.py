@@ -135,8 +135,9 @@ def partition_check(nodes: list[dict[str, Any]]) -> Check:
     late = [(node, r) for node, r in known if r > advised]
     if not late:
         most = max((give_up_s(r) for _, r in known), default=None)
-        within = f"within {most:.0f} s" if most is not None else "when TCP gives up (its setting cannot be read)"
-        return Check("partition", "ok", f"torchrun's agent on a node cut off from the rendezvous host ends {within}")
+        after = f", after at least {most:.0f} s" if most is not None else " (its setting cannot be read)"
+        return Check("partition", "ok", f"torchrun's agent on a node cut off from the rendezvous host ends when TCP "
+                     f"gives up{after}")
     said = ", ".join(f"{r} on node {node} (at least {give_up_s(r):.0f} s)" for node, r in late)
     return Check("partition", "slow", f"torchrun's agent on a node cut off from the rendezvous host waits until TCP "
                  f"gives up, long after --collective-timeout's default {timeout:g} s: net.ipv4.tcp_retries2 = "
