@@ -114,9 +114,11 @@ class RunLog:
         if not self.active:
             return
         self._write({"step": step, "epoch": epoch, **fields})
-        self.say(f"epoch {epoch}/{epochs}  val_accuracy {fields['val_accuracy']:.4f}  "
-                 f"val_loss {fields['val_loss']:.4f}  {fields['epoch_time_s']:.2f}s")
-        if self.tb is not None and math.isfinite(fields["val_accuracy"]):
+        validated = math.isfinite(fields["val_accuracy"])  # not with --val-size 0 (no validation set)
+        val = (f"val_accuracy {fields['val_accuracy']:.4f}  val_loss {fields['val_loss']:.4f}" if validated
+               else "no validation set (--val-size 0)")
+        self.say(f"epoch {epoch}/{epochs}  {val}  {fields['epoch_time_s']:.2f}s")
+        if self.tb is not None and validated:
             self._scalars(step, {"val/accuracy": fields["val_accuracy"], "val/loss": fields["val_loss"]})
 
     def histograms(self, step: int, model: nn.Module) -> None:
