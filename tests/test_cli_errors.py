@@ -57,6 +57,13 @@ def _main(argv: list[str]) -> int:
     (["train", "--lr-schedule", "step", "--lr-decay-steps", "10", "--lr-decay-rate", "2"],
      "--lr-decay-rate must be in (0, 1]"),
     (["train", "--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1"),
+    # a flag the run's optimizer or schedule would not read (Adam is the default optimizer)
+    (["train", "--momentum", "0.5"], "--momentum is not read by --optimizer adam, only by --optimizer sgd or rmsprop: "
+                                     "drop it, or choose one of those"),
+    (["train", "--optimizer", "sgd", "--beta1", "0.8"], "--beta1 is not read by --optimizer sgd"),
+    (["train", "--optimizer", "rmsprop", "--nesterov"], "--nesterov is not read by --optimizer rmsprop"),
+    (["train", "--lr-decay-steps", "10"], "--lr-decay-steps is not read by --lr-schedule constant, only by "
+                                          "--lr-schedule exponential or step"),
     (["bench", "--repeats", "0", "--out", "x"], "--repeats must be at least 1"),
     (["plan", "--results", "/nonexistent"], "cannot read bench results"),
     (["fly"], "invalid choice: 'fly'"),

@@ -56,6 +56,8 @@ def test_sigterm_stops_saves_and_resumes(tmp_path: Path) -> None:
     _wait_for(lambda: len(_records(run)) >= 2, 120, "training to start")
     workers = _workers(launcher)
     assert len(workers) == 2
+    # each worker names its rank for ps, top and pgrep (its command line is its forkserver's)
+    assert sorted(Path(f"/proc/{pid}/comm").read_text().strip() for pid in workers) == ["paratrain-w0", "paratrain-w1"]
     start = time.time()
     launcher.send_signal(signal.SIGTERM)
     code, stderr = _finish(launcher, timeout=20)

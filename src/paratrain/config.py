@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -432,6 +433,28 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
     if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
         _bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
+
+
+# Options that only some optimizers or schedules read: given for another, they would change nothing.
+_ADAMS, _DECAYS = ("optimizer", ("adam", "adamax", "nadam")), ("lr_schedule", ("exponential", "step"))
+READ_BY = {"momentum": ("optimizer", ("sgd", "rmsprop")), "nesterov": ("optimizer", ("sgd",)), "beta1": _ADAMS,
+           "beta2": _ADAMS, "lr_decay_rate": _DECAYS, "lr_decay_steps": _DECAYS, "lr_decay_epochs": _DECAYS,
+           "lr_staircase": ("lr_schedule", ("exponential",))}
+
+
+def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
+    """Refuse a flag the command line gave that this run's optimizer or schedule does not read (`--momentum`
+    with Adam): the user meant it to change something. Only flags: a config file may hold every field."""
+    for name in given:
+        if name not in READ_BY:
+            continue
+        owner, readers = READ_BY[name]
+        value = getattr(cfg, owner)
+        if value not in readers and value != "custom":
+            flag, owner_flag = FIELDS[name].metadata.get("flag", "--" + name.replace("_", "-")), \
+                "--" + owner.replace("_", "-")
+            _bad(f"{flag} is not read by {owner_flag} {value}, only by {owner_flag} {' or '.join(readers)}: drop it, "
+                 f"or choose one of those")
 
 
 def in_python_words(message: str) -> str:

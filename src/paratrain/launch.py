@@ -94,6 +94,15 @@ def _die_with_parent() -> None:
         pass
 
 
+def name_process(rank: int) -> None:
+    """Linux: call this process paratrain-wRANK in `ps -o comm`, `top` and `pgrep` (forked workers otherwise
+    show their forkserver's command line, the same for every rank), to tell which one to stop or inspect."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(15, f"paratrain-w{rank}".encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
 def on_loopback() -> None:
     """Keep this spawned worker's connections on the loopback interface: gloo (and NCCL's bootstrap) would
     otherwise listen on the address the hostname resolves to, which may be reachable from other machines.
@@ -159,6 +168,7 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
         del os.environ[name]
     os.environ.update(environ)
     _die_with_parent()
+    name_process(rank)
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
     on_loopback()
@@ -230,6 +240,7 @@ def run(plan: RunPlan) -> dict[str, Any] | None:
         # restart only on the node that failed: so every start looks for a checkpoint in --out and carries
         # on from the newest one any node has (rank 0 writes them, on its own disk).
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        name_process(rank)
         try:
             return _train_here(rank, world_size, local_rank, None, plan, None, restarts, find_checkpoint=True)
         except RuntimeError as e:

@@ -32,8 +32,11 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     values: dict[str, Any] = {}
     if args.config:
         values.update(C.load_yaml(args.config))
-    values.update({name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None})
-    return C.validate(C.with_run_dir(C.overlay(base, values)))
+    flags = {name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None}
+    values.update(flags)
+    cfg = C.validate(C.with_run_dir(C.overlay(base, values)))
+    C.check_read(cfg, flags)
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:
