@@ -64,6 +64,9 @@ def _main(argv: list[str]) -> int:
     (["train", "--optimizer", "rmsprop", "--nesterov"], "--nesterov is not read by --optimizer rmsprop"),
     (["train", "--lr-decay-steps", "10"], "--lr-decay-steps is not read by --lr-schedule constant, only by "
                                           "--lr-schedule exponential or step"),
+    (["train", "--lr-schedule", "step", "--lr-decay-steps", "10", "--lr-decay-epochs", "2"],
+     "--lr-decay-steps or --lr-decay-epochs, not both"),
+    (["train", "--optimizer", "sgd", "--nesterov", "--momentum", "0"], "--nesterov needs --momentum above 0"),
     (["bench", "--repeats", "0", "--out", "x"], "--repeats must be at least 1"),
     (["plan", "--results", "/nonexistent"], "cannot read bench results"),
     (["fly"], "invalid choice: 'fly'"),

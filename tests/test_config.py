@@ -58,6 +58,15 @@ def test_overlay_drops_what_belonged_to_the_old_strategy_and_batch() -> None:
     assert (kept.stages, kept.split, kept.devices, kept.batch_per_worker, kept.steps) == (2, "3", "2", 32, 10)
 
 
+def test_a_decay_period_in_one_unit_drops_the_base_runs_other() -> None:
+    """`--resume RUN --lr-decay-epochs 5` on a run decayed every 100 steps: the steps would win over the epochs."""
+    run = config.TrainConfig(lr_schedule="step", lr_decay_steps=100)
+    assert (config.overlay(run, {"lr_decay_epochs": 5}).lr_decay_steps, config.overlay(run, {}).lr_decay_steps) == (
+        None, 100)
+    by_epochs = config.TrainConfig(lr_schedule="step", lr_decay_epochs=2.0)
+    assert config.overlay(by_epochs, {"lr_decay_steps": 50}).lr_decay_epochs is None
+
+
 @pytest.mark.integration
 def test_configuration_errors_need_no_torch() -> None:
     """config.validate asks each strategy for its checks without importing torch (a one-line error is fast)."""

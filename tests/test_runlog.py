@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from paratrain.config import TrainConfig
 from paratrain.runlog import RunLog
 
@@ -27,16 +29,18 @@ def test_a_resumed_run_drops_the_records_after_its_checkpoint_and_the_validation
     assert [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == records[:3]
 
 
-def test_an_epoch_without_a_validation_set_says_so_not_nan(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    """--val-size 0: the epoch line says there is no validation set, and metrics.jsonl holds nulls."""
+@pytest.mark.parametrize("val_size,said", [(0, "no validation set (--val-size 0)"),
+                                           (None, "no validation set")])  # paratrain.fit given an empty one
+def test_an_epoch_without_a_validation_set_says_so_not_nan(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                           val_size: int | None, said: str) -> None:
+    """The epoch line says there is no validation set, and metrics.jsonl holds nulls."""
     import math
 
-    log = RunLog(tmp_path, True, TrainConfig(tensorboard=False), 40, start_step=0)
+    log = RunLog(tmp_path, True, TrainConfig(tensorboard=False, val_size=val_size), 40, start_step=0)
     log.epoch(step=10, epoch=1, epochs=4, val_accuracy=math.nan, val_loss=math.nan, epoch_time_s=1.5)
     log.epoch(step=20, epoch=2, epochs=4, val_accuracy=0.5, val_loss=0.75, epoch_time_s=1.25)
     log.close()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch")]
-    assert lines == ["epoch 1/4  no validation set (--val-size 0)  1.50s",
-                     "epoch 2/4  val_accuracy 0.5000  val_loss 0.7500  1.25s"]
+    assert lines == [f"epoch 1/4  {said}  1.50s", "epoch 2/4  val_accuracy 0.5000  val_loss 0.7500  1.25s"]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["val_accuracy"] is None and records[1]["val_accuracy"] == 0.5

@@ -262,6 +262,9 @@ def overlay(base: TrainConfig, values: dict[str, Any]) -> TrainConfig:
         values["batch_per_worker"] = None  # an explicit global batch overrides a per-worker one
     if "epochs" in values and "steps" not in values:
         values["steps"] = None  # (--steps would win over them: mnist-fast's 351 steps over --epochs 3)
+    for given, dropped in (("lr_decay_epochs", "lr_decay_steps"), ("lr_decay_steps", "lr_decay_epochs")):
+        if given in values and dropped not in values:  # a decay period in one unit drops the base's other
+            values[dropped] = None
     if values.get("strategy", base.strategy) != base.strategy:  # e.g. resuming a pipeline run with DDP
         values.setdefault("stages", None)
         values.setdefault("split", "auto")
@@ -427,6 +430,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad("--overwrite starts a new run in --out and --resume carries one on; drop one of them")
     if cfg.early_stopping is not None and cfg.val_size == 0:
         _bad("--early-stopping watches the validation loss: drop --val-size 0")
+    if cfg.optimizer == "sgd" and cfg.nesterov and cfg.momentum == 0:  # torch.optim.SGD would raise in the workers
+        _bad("--nesterov needs --momentum above 0")
     if cfg.eval_ema and cfg.ema is None:
         _bad("--eval-ema needs --ema DECAY")
     if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):
@@ -445,6 +450,9 @@ READ_BY = {"momentum": ("optimizer", ("sgd", "rmsprop")), "nesterov": ("optimize
 def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
     """Refuse a flag the command line gave that this run's optimizer or schedule does not read (`--momentum`
     with Adam): the user meant it to change something. Only flags: a config file may hold every field."""
+    given = set(given)
+    if {"lr_decay_steps", "lr_decay_epochs"} <= given:  # the steps would win
+        _bad("give the decay period once: --lr-decay-steps or --lr-decay-epochs, not both")
     for name in given:
         if name not in READ_BY:
             continue

@@ -94,13 +94,19 @@ def _die_with_parent() -> None:
         pass
 
 
-def name_process(rank: int) -> None:
-    """Linux: call this process paratrain-wRANK in `ps -o comm`, `top` and `pgrep` (forked workers otherwise
-    show their forkserver's command line, the same for every rank), to tell which one to stop or inspect."""
+def name_process(name: str) -> str | None:
+    """Linux: call this process `name` (at most 15 bytes) in `ps -o comm`, `top` and `pgrep`, since forked
+    workers show their forkserver's command line, the same for every rank. Returns the name it had."""
     try:
-        ctypes.CDLL("libc.so.6").prctl(15, f"paratrain-w{rank}".encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        before = Path("/proc/self/comm").read_text().strip()
+        ctypes.CDLL("libc.so.6").prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        return before
     except (OSError, AttributeError):  # not Linux
-        pass
+        return None
+
+
+def worker_name(rank: int) -> str:
+    return f"paratrain-w{rank}"
 
 
 def on_loopback() -> None:
@@ -168,7 +174,7 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
         del os.environ[name]
     os.environ.update(environ)
     _die_with_parent()
-    name_process(rank)
+    name_process(worker_name(rank))
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
     on_loopback()
@@ -240,7 +246,7 @@ def run(plan: RunPlan) -> dict[str, Any] | None:
         # restart only on the node that failed: so every start looks for a checkpoint in --out and carries
         # on from the newest one any node has (rank 0 writes them, on its own disk).
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        name_process(rank)
+        before = name_process(worker_name(rank))  # the user's script, when it calls paratrain.fit: renamed back
         try:
             return _train_here(rank, world_size, local_rank, None, plan, None, restarts, find_checkpoint=True)
         except RuntimeError as e:
@@ -254,6 +260,9 @@ def run(plan: RunPlan) -> dict[str, Any] | None:
                             f"{' or a node the network cut off' if nodes else ''} (torchrun's report names the "
                             f"first rank to exit, which may be this one){'; ' + wait if wait else ''}",
                             code=1) from None
+        finally:
+            if before is not None:
+                name_process(before)
     if plan.hardware.workers == 1:
         return _train_here(0, 1, 0, None, plan, describe_devices(plan))
     for restarts in range(cfg.max_restarts + 1):

@@ -43,6 +43,7 @@ class RunLog:
                  validated: int = 0) -> None:
         self.active = active
         self.quiet = cfg.quiet
+        self.no_val_flag = cfg.val_size == 0  # (paratrain.fit may be given an empty validation set instead)
         self.total_steps = total_steps
         self.path = run_dir / "metrics.jsonl"
         self.bar = None
@@ -116,7 +117,7 @@ class RunLog:
         self._write({"step": step, "epoch": epoch, **fields})
         validated = math.isfinite(fields["val_accuracy"])  # not with --val-size 0 (no validation set)
         val = (f"val_accuracy {fields['val_accuracy']:.4f}  val_loss {fields['val_loss']:.4f}" if validated
-               else "no validation set (--val-size 0)")
+               else "no validation set" + (" (--val-size 0)" if self.no_val_flag else ""))
         self.say(f"epoch {epoch}/{epochs}  {val}  {fields['epoch_time_s']:.2f}s")
         if self.tb is not None and validated:
             self._scalars(step, {"val/accuracy": fields["val_accuracy"], "val/loss": fields["val_loss"]})
