@@ -123,6 +123,22 @@ def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_a_grid_search_run_again_with_more_trials_trains_the_new_points(tmp_path: Path) -> None:
+    """--trials 2, then the same command with --trials 5: three more points of the grid are trained, none twice
+    (it stopped at the first two and said "2/5 trials done")."""
+    out = tmp_path / "grid"
+    args = ("search", "--space", _space_file(tmp_path), "--sampler", "grid", "--parallel", "1", "--steps", "2",
+            "--out", str(out))
+    first = run_cli(*args, "--trials", "2", timeout=600)
+    assert first.returncode == 0 and len(_complete(out)) == 2, first.stderr[-3000:]
+    again = run_cli(*args, "--trials", "5", timeout=600)
+    assert again.returncode == 0 and "5 trials (2 already done)" in again.stdout, again.stderr[-3000:]
+    points = [(int(r["width"]), float(r["lr"])) for r in _complete(out)]
+    assert len(points) == len(set(points)) == 5, points
+    assert set(points) <= {(p["width"], p["lr"]) for p in PRODUCT}
+
+
+@pytest.mark.integration
 def test_genetic_two_generations_of_four_with_two_parallel_trials(tmp_path: Path) -> None:
     out = tmp_path / "ga"
     wide = SPACE.replace("[0.001, 0.003, 0.01]", "[0.001, 0.002, 0.003, 0.005, 0.01, 0.02]")  # 12 points for 8

@@ -200,10 +200,7 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
     saved = described(study)
     if saved is None and not s.worker:
         if s.sampler == "grid":
-            points = space.grid()
-            random.Random(s.seed).shuffle(points)  # a budget below the grid takes a fair sample of it
-            for point in points[: s.budget(space)]:
-                study.enqueue_trial(point, user_attrs={"grid_point": True})
+            queue_grid(study, space, s)
         study.set_user_attr("search", what)
         study.set_user_attr("budget", s.budget(space))  # last: a joining worker waits for it
     elif s.worker:
@@ -223,7 +220,29 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
         raise UserError(f"the study '{s.study}' in {masked(s.storage)} was made by another search "
                         f"({_differences(saved, what)}); use another --out or --study, or the same options to carry "
                         "that search on")
+    elif saved is not None and not s.worker:  # the same search again, perhaps with more --trials
+        if s.sampler == "grid":
+            queue_grid(study, space, s)
+        study.set_user_attr("budget", s.budget(space))
     return study
+
+
+def queue_grid(study: Any, space: Space, s: Settings) -> int:
+    """Queue grid points until the study holds the budget's worth: all of them for a new study, and the
+    new ones when a search is run again with more --trials. The grid is shuffled by --seed, so a budget
+    below it takes a fair sample of it; a point the study holds (queued, run or failed) is not queued
+    again. Returns how many were queued."""
+    def key(point: dict[str, Any]) -> tuple:
+        return tuple(sorted(point.items()))
+
+    held = {key(t.params or t.system_attrs.get("fixed_params", {})) for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("grid_point")}
+    points = space.grid()
+    random.Random(s.seed).shuffle(points)
+    new = [p for p in points if key(p) not in held][: max(0, s.budget(space) - len(held))]
+    for point in new:
+        study.enqueue_trial(point, user_attrs={"grid_point": True})
+    return len(new)
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> str:
