@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import max_abs_diff, run_cli, train, weights
+from conftest import main_code, max_abs_diff, run_cli, train, weights
 
 SUMMARY_KEYS = {"model", "dataset", "strategy", "world_size", "global_batch_size", "steps", "epochs",
                 "train_time_s", "examples_per_sec", "test_accuracy", "test_loss", "val_accuracy", "seed",
@@ -120,3 +120,25 @@ def test_logged_rates_leave_out_evaluation(tmp_path: Path) -> None:
     assert any(r["step"] % 15 for r in records if "epoch_time_s" in r)  # an epoch ends inside a window
     rates = [r["examples_per_sec"] for r in records if "loss" in r][1:]  # the first window holds warm-up
     assert max(rates) < 5 * statistics.median(rates), rates  # the bug was 20x; a busy machine varies 3x
+
+
+def test_a_finished_run_resumed_keeps_its_record(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Resumed with its own steps, a finished run is evaluated again and summary.json keeps the training's
+    figures; with fewer steps than it has done, one line says what to do and its files stay as they were."""
+    run = tmp_path / "run"
+    base = ["--devices", "1", "--steps", "6", "--quiet", "--no-tensorboard", "--out", str(run)]
+    assert main_code(["train", *base]) == 0
+    first = json.loads((run / "summary.json").read_text())
+    assert first["train_time_s"] > 0 and first["examples_per_sec"]
+    assert main_code(["train", "--resume", str(run), "--quiet"]) == 0
+    again = json.loads((run / "summary.json").read_text())
+    kept = ("train_time_s", "examples_per_sec", "world_size", "startup_s", "val_accuracy")
+    assert {k: again[k] for k in kept} == {k: first[k] for k in kept}
+    assert again["test_accuracy"] == first["test_accuracy"] and again["ended_at"] > first["ended_at"]
+    files = {name: (run / name).read_bytes() for name in ("config.yaml", "summary.json", "metrics.jsonl")}
+    capsys.readouterr()
+    assert main_code(["train", "--resume", str(run), "--steps", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"paratrain: error: the run in {run} has done 6 steps, more than the 4 asked for; give more steps "
+                   f"(--steps, or --epochs) to train it further, or evaluate it with `paratrain eval {run}`"), err
+    assert {name: (run / name).read_bytes() for name in files} == files

@@ -221,6 +221,10 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     plan = runplan.make(cfg, read_data, parts)
     cfg, parts, resume = plan.cfg, plan.parts, plan.resume
     length = run_length(cfg, len(plan.data.train[1]))
+    if resume is not None and resume["step"] > length.total_steps:  # before config.yaml says otherwise
+        raise UserError(f"the run in {cfg.out} has done {resume['step']} steps, more than the {length.total_steps} "
+                        f"asked for; give more steps (--steps, or --epochs) to train it further, or evaluate it "
+                        f"with `paratrain eval {cfg.out}`")
     is_main = not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0
     if is_main and fresh:  # last: any bad input above leaves the old run as it was
         clear_run(Path(cfg.out))  # --overwrite's run, or the leftovers of one that never took a step

@@ -12,6 +12,7 @@ strategy's (strategies/); what a run changes as it goes is in one RunState.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import signal
 import time
@@ -456,6 +457,8 @@ class Trainer:
             return None
         summary = self._summary(test, test_ema, added)
         summary.update(waits)
+        if state.steps_run == 0:  # a finished run evaluated again: its training's figures are the earlier start's
+            summary.update(_trained_figures(self.run_dir))
         if summary["straggler"] is not None:
             self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
                          f"{max(summary['sync_wait_s']):.1f} s for it at the steps' all-reduce, of "
@@ -504,6 +507,21 @@ class Trainer:
             "startup_s": clock.startup(self.marks), "first_step_at_s": clock.first_step_at(self.marks),
             "finish_s": self.finish_s, "ended_at": time.time(),
         }
+
+
+# What a start that trains no step (a finished run evaluated again) takes from the run's summary.json: the
+# figures of the training, which this start did not measure.
+TRAINED_FIGURES = ("strategy", "world_size", "train_time_s", "step_phases_s", "examples_per_sec", "val_accuracy",
+                   "val_loss", "stopped_by_time", "stopped_early", "pruned", "epochs_validated", "devices", "restarts",
+                   "resumed_from_step", "startup_s", "first_step_at_s", "sync_wait_s", "straggler")
+
+
+def _trained_figures(run_dir: Path) -> dict[str, Any]:
+    try:
+        earlier = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):  # none (killed before its end), or unreadable: this start's figures stand
+        return {}
+    return {k: earlier[k] for k in TRAINED_FIGURES if k in earlier} if isinstance(earlier, dict) else {}
 
 
 def fit(ctx: DistContext, plan: RunPlan, devices: list[str] | None = None, stop: StopRequest | None = None,
