@@ -313,3 +313,19 @@ def test_out_that_cannot_be_written(command: list[str], kind: str, capsys: pytes
     argv = [str(tmp_path / "no-run") if a == "RUN" else a for a in command]
     _one_line_error(capsys, _main([*argv, "--out", out]), "--out")
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_config_files_setting_that_the_run_would_not_read_is_a_warning(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """A file may be another run's config.yaml (every field, the defaults too): a setting of its own that the
+    optimizer does not read is named in a warning; a copy of a default is not; the run goes on."""
+    path = tmp_path / "c.yaml"
+    path.write_text("optimizer: adam\nmomentum: 0.5\nbeta1: 0.9\nsteps: 1\n")
+    args = ["train", "--config", str(path), "--devices", "1", "--quiet", "--no-tensorboard"]
+    assert _main([*args, "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == (f"paratrain: warning: momentum is not read by optimizer adam, only by optimizer sgd or rmsprop, in "
+                   f"{path}; it is ignored"), err
+    path.write_text("optimizer: adam\nmomentum: 0.9\nsteps: 1\n")  # the default's value: any run's config.yaml
+    assert _main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert "warning" not in capsys.readouterr().err

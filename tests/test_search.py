@@ -725,3 +725,23 @@ def test_a_proposal_of_a_finished_point_reuses_its_value_and_is_no_training(tmp_
         rows = list(csv.DictReader(f))
     assert [(r["state"], r["reused"]) for r in rows] == [("COMPLETE", ""), ("RUNNING", ""),
                                                          ("COMPLETE", f"trial {first.number}")]
+
+
+def test_best_yaml_leaves_out_what_the_best_trials_optimizer_does_not_read(tmp_path: Path) -> None:
+    """A space that draws the optimizer and the momentum: the best trial ran Adam, so best.yaml holds no
+    momentum (`paratrain train --config best.yaml` would warn of it); an SGD trial's would keep it."""
+    import optuna
+
+    from paratrain.search import report
+
+    choices = {"optimizer": optuna.distributions.CategoricalDistribution(["adam", "sgd"]),
+               "momentum": optuna.distributions.CategoricalDistribution([0.5, 0.8])}
+    study = optuna.create_study(direction="maximize")
+    for optimizer, value in (("adam", 0.9), ("sgd", 0.7)):
+        trial = study.ask(choices)
+        trial.set_user_attr("params", {"optimizer": optimizer, "momentum": 0.5})
+        trial.set_user_attr("train_time_s", 1.0)
+        study.tell(trial, value)
+    report.write(study, {"model": "mlp", "steps": 3}, tmp_path, 1.0)
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best == {"model": "mlp", "steps": 3, "optimizer": "adam"}

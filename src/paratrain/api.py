@@ -99,6 +99,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
     try:
         cfg = C.validate(C.with_run_dir(cfg))
+        C.check_read(cfg, C.changed(config or C.TrainConfig()))  # what the caller set, as flags are checked
     except UserError as e:  # in the words of the TrainConfig the caller wrote, not of the flags
         raise UserError(C.in_python_words(str(e)), e.code) from None
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:

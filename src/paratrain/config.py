@@ -447,22 +447,35 @@ READ_BY = {"momentum": ("optimizer", ("sgd", "rmsprop")), "nesterov": ("optimize
            "lr_staircase": ("lr_schedule", ("exponential",))}
 
 
-def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
-    """Refuse a flag the command line gave that this run's optimizer or schedule does not read (`--momentum`
-    with Adam): the user meant it to change something. Only flags: a config file may hold every field."""
-    given = set(given)
-    if {"lr_decay_steps", "lr_decay_epochs"} <= given:  # the steps would win
-        _bad("give the decay period once: --lr-decay-steps or --lr-decay-epochs, not both")
-    for name in given:
-        if name not in READ_BY:
-            continue
+def unread(cfg: TrainConfig, given: Iterable[str]) -> dict[str, str]:
+    """Of the options `given`, those that this run's optimizer or schedule does not read (`--momentum` with
+    Adam), each with a clause in flag words that says so: the user meant them to change something."""
+    found = {}
+    for name in sorted(set(given) & set(READ_BY)):
         owner, readers = READ_BY[name]
         value = getattr(cfg, owner)
         if value not in readers and value != "custom":
             flag, owner_flag = FIELDS[name].metadata.get("flag", "--" + name.replace("_", "-")), \
                 "--" + owner.replace("_", "-")
-            _bad(f"{flag} is not read by {owner_flag} {value}, only by {owner_flag} {' or '.join(readers)}: drop it, "
-                 f"or choose one of those")
+            found[name] = f"{flag} is not read by {owner_flag} {value}, only by {owner_flag} {' or '.join(readers)}"
+    return found
+
+
+def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
+    """Refuse options the user gave (flags, or a TrainConfig's fields that differ from the defaults) that the
+    run would not read, and a decay period given in both units (the steps would win)."""
+    given = set(given)
+    if {"lr_decay_steps", "lr_decay_epochs"} <= given:
+        _bad("give the decay period once: --lr-decay-steps or --lr-decay-epochs, not both")
+    found = list(unread(cfg, given).values())
+    if found:
+        _bad(f"{found[0]}: drop it, or choose one of those")
+
+
+def changed(cfg: TrainConfig) -> set[str]:
+    """The fields of `cfg` that differ from the defaults: what a TrainConfig's author set."""
+    default = TrainConfig()
+    return {name for name in FIELDS if getattr(cfg, name) != getattr(default, name)}
 
 
 def in_python_words(message: str) -> str:

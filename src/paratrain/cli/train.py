@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from .. import config as C
@@ -33,9 +34,13 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     if args.config:
         values.update(C.load_yaml(args.config))
     flags = {name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None}
+    keys = C.changed(C.from_dict(values)) - set(flags)  # the file's own settings (not its copies of the defaults)
     values.update(flags)
     cfg = C.validate(C.with_run_dir(C.overlay(base, values)))
     C.check_read(cfg, flags)
+    for unread in C.unread(cfg, keys).values():  # a file may come from elsewhere (another run's config.yaml): a warning
+        print(f"paratrain: warning: {C.in_python_words(unread)}, in {args.config}; it is ignored", file=sys.stderr,
+              flush=True)
     return cfg
 
 

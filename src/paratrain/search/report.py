@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from .. import config as C
+
 RUN_ONLY = ("out", "resume", "quiet", "tensorboard")  # not part of a configuration to reuse
 
 
@@ -50,6 +52,8 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
         return {"trials": len(trials), "best": None}
     best = max(done, key=lambda r: r["value"])
     config = {k: v for k, v in {**base, **best["params"]}.items() if k not in RUN_ONLY}
+    for name in C.unread(C.from_dict(config), config):  # a momentum drawn for a trial that ran Adam, say
+        del config[name]
     per_trial = (devices or {}).get("devices_per_trial", 1)
     if per_trial > 1:  # a pipeline or a data-parallel trial: `train --config best.yaml` runs it on as many
         config["devices"] = per_trial
