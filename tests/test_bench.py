@@ -108,3 +108,23 @@ def test_timed_phases_train_the_same_weights(tmp_path: Path) -> None:
     assert set(timed["step_phases_s"]) == {"data", "compute", "allreduce", "optimizer"}
     assert timed["step_phases_s"]["allreduce"] > 0
     assert max_abs_diff(weights(tmp_path / "plain"), weights(tmp_path / "timed")) < 1e-6
+
+
+def test_a_report_of_runs_draws_one_scaling_curve_per_workload(tmp_path: Path) -> None:
+    """LeNet-5 on 1 and 2 devices and an MLP on 2: the scaling plot joins the LeNet-5 runs only."""
+    import json
+
+    from paratrain import bench, plot
+
+    for name, model, n, rate in (("a", "lenet5", 1, 5000.0), ("b", "lenet5", 2, 8000.0), ("c", "mlp", 2, 1600.0)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({
+            "model": model, "dataset": "digits", "global_batch_size": 64, "strategy": "single" if n == 1 else "ddp",
+            "world_size": n, "train_time_s": 1.0, "eval_time_s": 0.1, "examples_per_sec": rate,
+            "test_accuracy": 0.9}))
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "epoch": 1, "epoch_time_s": 1.0}) + "\n")
+    rows = [bench.result_from_run(tmp_path / name) for name in "abc"]
+    assert [r["family"] for r in rows] == ["ddp: lenet5 on digits, batch 64"] * 2 + ["ddp: mlp on digits, batch 64"]
+    assert "scaling.png" in plot._plots(rows)  # lenet5's two device counts
+    assert "scaling.png" not in plot._plots([rows[0], rows[2]])  # one device count of each workload: no curve

@@ -173,6 +173,8 @@ def result_from_run(run_dir: Path) -> dict:
     summary, epochs = run["summary"], run["epoch_times"]
     total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
     family = "ddp" if summary["strategy"] == "single" else summary["strategy"]  # one device: ddp's first point
+    # a scaling curve joins runs of one workload only: two models at 2 devices are two curves, not a drop
+    family += f": {summary['model']} on {summary['dataset']}, batch {summary['global_batch_size']}"
     return {"name": run_dir.name, "family": family, "devices": summary["world_size"],
             # the run's own figure, as its summary and its last line give it
             "status": "ok", "repeats": 1, "examples_per_sec": _stats([summary["examples_per_sec"]] if
