@@ -165,6 +165,8 @@ def test_resume_with_another_model(capsys: pytest.CaptureFixture, tmp_path: Path
 
 def test_resume_of_a_folder_that_is_no_run(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     _one_line_error(capsys, _main(["train", "--resume", str(tmp_path)]), "no config.yaml there")
+    _one_line_error(capsys, _main(["train", "--resume", str(tmp_path / "nowhere")]),
+                    f"--resume {tmp_path / 'nowhere'}: there is no such folder")
 
 
 @pytest.mark.integration

@@ -276,6 +276,8 @@ def of_run(run: str | Path, given_as: str) -> TrainConfig:
     """The configuration a run was trained with (its config.yaml); `given_as` names how `run` was passed
     (`--resume RUN`, `resume=RUN`), for the error."""
     saved = Path(run) / "config.yaml"
+    if not Path(run).exists():
+        raise UserError(f"{given_as}: there is no such folder; pass the directory of a paratrain run")
     if not saved.is_file():
         raise UserError(f"{given_as}: no config.yaml there; pass the directory of a paratrain run")
     values = load_yaml(saved)
