@@ -107,10 +107,11 @@ def test_stopped_worker_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path: Path) -> None:
     """--resume of a run that has all its steps: evaluate, write the summary, exit 0 (it once crashed)."""
-    train(tmp_path / "run", "--steps", "5", "--devices", "1", "--no-tensorboard")
+    first = train(tmp_path / "run", "--steps", "5", "--devices", "1", "--no-tensorboard")
     before = weights(tmp_path / "run")
     summary = train(tmp_path / "run", "--resume", str(tmp_path / "run"))
-    assert summary["steps"] == 5 and summary["examples_per_sec"] is None
+    # the training's figures are the first start's (this one trained nothing)
+    assert summary["steps"] == 5 and summary["examples_per_sec"] == first["examples_per_sec"]
     assert max_abs_diff(before, weights(tmp_path / "run")) == 0
 
 

@@ -32,6 +32,16 @@ def test_torchrun_group_equals_single_device(tmp_path: Path) -> None:
     assert summary["world_size"] == 2 and summary["strategy"] == "ddp"
     assert summary["test_accuracy"] == one["test_accuracy"]
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "torchrun")) < 3e-6  # measured 3.0e-8
+    # the same command with fewer steps: torchrun's carry-on finds 20 done and refuses, the record kept
+    record = (tmp_path / "torchrun" / "summary.json").read_bytes()
+    fewer = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "torchrun"), *ARGS, "--steps", "10"],
+        capture_output=True, text=True, timeout=300)
+    assert fewer.returncode != 0
+    assert f"paratrain: error: the run in {tmp_path / 'torchrun'} has done 20 steps, more than the 10 asked for" \
+        in fewer.stderr, fewer.stderr[-3000:]
+    assert (tmp_path / "torchrun" / "summary.json").read_bytes() == record
 
 
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:

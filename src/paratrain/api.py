@@ -202,7 +202,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     """Plan the run (devices, batch split: the strategy's rules), check what can be checked before any process
     starts, load the data, write config.yaml, and launch the workers."""
     from . import clock, launch, runplan
-    from .train import run_length
+    from .train import check_not_past, run_length
 
     marks = {"process_start": clock.process_start(), "train_called": time.time()}
 
@@ -222,10 +222,8 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     plan = runplan.make(cfg, read_data, parts)
     cfg, parts, resume = plan.cfg, plan.parts, plan.resume
     length = run_length(cfg, len(plan.data.train[1]))
-    if resume is not None and resume["step"] > length.total_steps:  # before config.yaml says otherwise
-        raise UserError(f"the run in {cfg.out} has done {resume['step']} steps, more than the {length.total_steps} "
-                        f"asked for; give more steps (--steps, or --epochs) to train it further, or evaluate it "
-                        f"with `paratrain eval {cfg.out}`")
+    if resume is not None:  # before config.yaml says otherwise (under torchrun, the workers check what they find)
+        check_not_past(resume["step"], cfg, len(plan.data.train[1]))
     is_main = not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0
     if is_main and fresh:  # last: any bad input above leaves the old run as it was
         clear_run(Path(cfg.out))  # --overwrite's run, or the leftovers of one that never took a step
@@ -264,7 +262,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
             print(f"paratrain: warning: {e.path} keeps the summary without the shutdown time ({e.cause.strerror})",
                   file=sys.stderr, flush=True)
     if summary is not None:  # the last line (also with --quiet), from the command line and from Python alike
-        rate = summary["examples_per_sec"]  # None when a resumed run had no step left to train
+        rate = summary["examples_per_sec"]  # None when no step was timed (a start that trained none, and no record)
         print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
               f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
               f"steps {summary['steps']}  -> {cfg.out}", flush=True)

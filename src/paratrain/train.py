@@ -87,6 +87,16 @@ def run_length(cfg: TrainConfig, n_train: int) -> Length:
     return Length(per_epoch, total, math.ceil(total / per_epoch))
 
 
+def check_not_past(done: int, cfg: TrainConfig, n_train: int) -> None:
+    """Refuse to carry on a run that has done more steps than this start asks for (it would be evaluated
+    again under a configuration that says otherwise)."""
+    total = run_length(cfg, n_train).total_steps
+    if done > total:
+        raise UserError(f"the run in {cfg.out} has done {done} steps, more than the {total} asked for; give more "
+                        f"steps (--steps, or --epochs) to train it further, or evaluate it with `paratrain eval "
+                        f"{cfg.out}`")
+
+
 @dataclass
 class RunState:
     """What a run changes as it goes. A checkpoint restores the model, optimizer, scheduler, scaler, EMA and step."""
@@ -458,7 +468,7 @@ class Trainer:
         summary = self._summary(test, test_ema, added)
         summary.update(waits)
         if state.steps_run == 0:  # a finished run evaluated again: its training's figures are the earlier start's
-            summary.update(_trained_figures(self.run_dir))
+            summary.update(_trained_figures(self.run_dir, state.step))
         if summary["straggler"] is not None:
             self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
                          f"{max(summary['sync_wait_s']):.1f} s for it at the steps' all-reduce, of "
@@ -516,12 +526,16 @@ TRAINED_FIGURES = ("strategy", "world_size", "train_time_s", "step_phases_s", "e
                    "resumed_from_step", "startup_s", "first_step_at_s", "sync_wait_s", "straggler")
 
 
-def _trained_figures(run_dir: Path) -> dict[str, Any]:
+def _trained_figures(run_dir: Path, step: int) -> dict[str, Any]:
+    """The figures of the start that trained up to `step`, from summary.json; none where that file is
+    missing, unreadable or an earlier start's (stopped or killed after its last step, before its summary)."""
     try:
         earlier = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):  # none (killed before its end), or unreadable: this start's figures stand
+    except (OSError, ValueError):
         return {}
-    return {k: earlier[k] for k in TRAINED_FIGURES if k in earlier} if isinstance(earlier, dict) else {}
+    if not isinstance(earlier, dict) or earlier.get("steps") != step:
+        return {}
+    return {k: earlier[k] for k in TRAINED_FIGURES if k in earlier}
 
 
 def fit(ctx: DistContext, plan: RunPlan, devices: list[str] | None = None, stop: StopRequest | None = None,

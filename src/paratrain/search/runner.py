@@ -235,7 +235,8 @@ def queue_grid(study: Any, space: Space, s: Settings) -> int:
     def key(point: dict[str, Any]) -> tuple:
         return tuple(sorted(point.items()))
 
-    held = {key(t.params or t.system_attrs.get("fixed_params", {})) for t in study.get_trials(deepcopy=False)
+    # a trial stopped while drawing holds part of its point in params: its queued point is the whole
+    held = {key({**t.system_attrs.get("fixed_params", {}), **t.params}) for t in study.get_trials(deepcopy=False)
             if t.user_attrs.get("grid_point")}
     points = space.grid()
     random.Random(s.seed).shuffle(points)
@@ -370,14 +371,16 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     data = load_for(cfg0)
     study = open_study(s, space, base, index)
     study.sampler = make_sampler(s, index, len(study.get_trials(deepcopy=False)))  # a resumed search draws anew
-    budget = study.user_attrs["budget"]
     grid = described(study)["sampler"] == "grid"
+
+    def budget() -> int:  # read afresh: the search run again with another --trials moves it under a worker
+        return study.user_attrs["budget"]
 
     def objective(trial: Any) -> float:
         if grid and not trial.user_attrs.get("grid_point"):  # the queue ran dry under us: not a grid point
             trial.set_user_attr("unused", True)
             raise optuna.TrialPruned()
-        if not grid and over_budget(study, trial.number, budget):  # another worker took the last place first
+        if not grid and over_budget(study, trial.number, budget()):  # another worker took the last place first
             trial.set_user_attr("unused", True)
             raise optuna.TrialPruned()
         params = space.suggest(trial)
@@ -421,7 +424,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     redraws = [0]  # proposals in a row that repeated an earlier trial
     while True:
         finished, running, waiting = counts(study)
-        if (grid and not waiting) or (not grid and not waiting and finished + running >= budget):
+        if (grid and not waiting) or (not grid and not waiting and finished + running >= budget()):
             return
         if study.user_attrs.get("exhausted") or past_deadline(study):
             return
