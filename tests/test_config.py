@@ -58,6 +58,15 @@ def test_overlay_drops_what_belonged_to_the_old_strategy_and_batch() -> None:
     assert (kept.stages, kept.split, kept.devices, kept.batch_per_worker, kept.steps) == (2, "3", "2", 32, 10)
 
 
+def test_config_yaml_says_which_of_steps_and_epochs_sets_the_length(tmp_path: Path) -> None:
+    by_steps, by_epochs = config.TrainConfig(steps=300, epochs=10), config.TrainConfig(epochs=10)
+    for cfg in (by_steps, by_epochs):
+        config.save_yaml(cfg, tmp_path / "config.yaml")
+        text = (tmp_path / "config.yaml").read_text()
+        assert text.startswith("# steps is set: it is the run's length, and epochs is not read\n") == (cfg is by_steps)
+        assert config.from_dict(config.load_yaml(tmp_path / "config.yaml")) == cfg
+
+
 def test_a_decay_period_in_one_unit_drops_the_base_runs_other() -> None:
     """`--resume RUN --lr-decay-epochs 5` on a run decayed every 100 steps: the steps would win over the epochs."""
     run = config.TrainConfig(lr_schedule="step", lr_decay_steps=100)

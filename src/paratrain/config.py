@@ -341,7 +341,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
     from .rundir import write_atomic
 
-    write_atomic(Path(path), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    # both are recorded (a resume with --epochs drops the steps: overlay), but only one sets the length
+    note = "# steps is set: it is the run's length, and epochs is not read\n" if cfg.steps is not None else ""
+    write_atomic(Path(path), note + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
