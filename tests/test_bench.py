@@ -128,3 +128,8 @@ def test_a_report_of_runs_draws_one_scaling_curve_per_workload(tmp_path: Path) -
     assert [r["family"] for r in rows] == ["ddp: lenet5 on digits, batch 64"] * 2 + ["ddp: mlp on digits, batch 64"]
     assert "scaling.png" in plot._plots(rows)  # lenet5's two device counts
     assert "scaling.png" not in plot._plots([rows[0], rows[2]])  # one device count of each workload: no curve
+    bench.add_run_speedups(rows)  # against the workload's own 1-device run; the MLP has none
+    assert [(r["speedup"], r["efficiency"]) for r in rows] == [(1.0, 1.0), (1.6, 0.8), (None, None)]
+    text = plot.write_report({"context": bench.context(), "results": rows}, tmp_path, rates="summary").read_text()
+    assert "| b | 2 | 8,000 | 1.60x | 80% |" in text and "| c | 2 | 1,600 | - | - |" in text, text
+    assert "the first 1-device run of the same workload" in text

@@ -131,8 +131,12 @@ def test_a_grid_search_run_again_with_more_trials_trains_the_new_points(tmp_path
             "--out", str(out))
     first = run_cli(*args, "--trials", "2", timeout=600)
     assert first.returncode == 0 and len(_complete(out)) == 2, first.stderr[-3000:]
+    before = yaml.safe_load((out / "summary.yaml").read_text())["wall_time_s"]
     again = run_cli(*args, "--trials", "5", timeout=600)
     assert again.returncode == 0 and "5 trials (2 already done)" in again.stdout, again.stderr[-3000:]
+    # the search's wall time is both starts' (the summary once held the last start's alone)
+    assert yaml.safe_load((out / "summary.yaml").read_text())["wall_time_s"] > before
+    assert " s in this start)" in again.stdout, again.stdout
     points = [(int(r["width"]), float(r["lr"])) for r in _complete(out)]
     assert len(points) == len(set(points)) == 5, points
     assert set(points) <= {(p["width"], p["lr"]) for p in PRODUCT}

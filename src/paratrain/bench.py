@@ -174,7 +174,8 @@ def result_from_run(run_dir: Path) -> dict:
     total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
     family = "ddp" if summary["strategy"] == "single" else summary["strategy"]  # one device: ddp's first point
     # a scaling curve joins runs of one workload only: two models at 2 devices are two curves, not a drop
-    family += f": {summary['model']} on {summary['dataset']}, batch {summary['global_batch_size']}"
+    workload = f"{summary['model']} on {summary['dataset']}, batch {summary['global_batch_size']}"
+    family += f": {workload}"
     return {"name": run_dir.name, "family": family, "devices": summary["world_size"],
             # the run's own figure, as its summary and its last line give it
             "status": "ok", "repeats": 1, "examples_per_sec": _stats([summary["examples_per_sec"]] if
@@ -182,8 +183,23 @@ def result_from_run(run_dir: Path) -> dict:
             "epoch_time_s": _stats(epochs[1:] or epochs), "epoch_times_s": epochs,
             "eval_time_s": _stats([summary.get("eval_time_s") or 0.0]), "total_time_s": _stats([total]),
             "test_accuracy": _stats([summary["test_accuracy"]]), "step_phases_s": summary.get("step_phases_s"),
-            "resumed_from_step": summary.get("resumed_from_step"),
+            "resumed_from_step": summary.get("resumed_from_step"), "workload": workload,
             "speedup": None, "efficiency": None}
+
+
+def add_run_speedups(results: list[dict]) -> None:
+    """`paratrain report`: speed-up against the first 1-device run of the same workload (any strategy), and
+    efficiency = speed-up / devices; none where the workload has no 1-device run."""
+    base: dict[str, float] = {}
+    for r in results:
+        rate = r["examples_per_sec"]["mean"] if r["status"] == "ok" else None
+        if r["devices"] == 1 and rate:
+            base.setdefault(r["workload"], rate)
+    for r in results:
+        rate = r["examples_per_sec"]["mean"] if r["status"] == "ok" else None
+        if rate and r["workload"] in base:
+            r["speedup"] = rate / base[r["workload"]]
+            r["efficiency"] = r["speedup"] / r["devices"]
 
 
 def _setup(config: BenchConfig) -> tuple:

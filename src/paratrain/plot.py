@@ -66,12 +66,12 @@ def scaling(results: list[dict], path: Path) -> None:
     for family, rows in families.items():
         rows.sort(key=lambda r: r["devices"])
         ns = [r["devices"] for r in rows]
-        ax.errorbar(ns, [r["examples_per_sec"]["mean"] for r in rows],
-                    yerr=[r["examples_per_sec"]["std"] for r in rows], marker="o", capsize=3, label=family)
+        line = ax.errorbar(ns, [r["examples_per_sec"]["mean"] for r in rows],
+                           yerr=[r["examples_per_sec"]["std"] for r in rows], marker="o", capsize=3, label=family)
         base = next((r for r in rows if r["devices"] == 1), None)
-        if base is not None and len(ns) > 1:
+        if base is not None and len(ns) > 1:  # in its curve's colour: several curves, several ideals
             ideal = [base["examples_per_sec"]["mean"] * n for n in ns]
-            ax.plot(ns, ideal, linestyle="--", color="gray", label=f"{family} ideal (linear)")
+            ax.plot(ns, ideal, linestyle="--", color=line[0].get_color(), alpha=0.6, label=f"{family} ideal (linear)")
     counts = sorted({r["devices"] for rows in families.values() for r in rows})
     if counts:
         ax.set_xticks(counts)
@@ -154,8 +154,9 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
                  "Examples/s are each run's own figure (its summary: every training step over the training time)")
     notes = [f"{rate_note}; epoch times exclude the first epoch."]
     if any(r.get("speedup") is not None for r in results):
-        notes.append("Speed-up is against the 1-device row of the same kind of device; efficiency is speed-up / "
-                     "devices.")
+        against = ("the 1-device row of the same kind of device" if rates == "windows" else
+                   "the first 1-device run of the same workload (model, dataset and global batch)")
+        notes.append(f"Speed-up is against {against}; efficiency is speed-up / devices.")
     if any(r.get("same_as") for r in results):
         notes.append("A row marked (= X) runs exactly as X does (same processes and threads): it is measured once.")
     if "breakdown.png" in plots:

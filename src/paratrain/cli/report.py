@@ -20,6 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = check_writable(args.out)
     results = [bench.result_from_run(Path(run)) for run in args.runs]
+    bench.add_run_speedups(results)
     out.mkdir(parents=True, exist_ok=True)
     path = plot.write_report({"context": bench.context(), "results": results}, out, title="paratrain runs",
                              rates="summary")

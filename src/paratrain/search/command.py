@@ -107,7 +107,10 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     print(f"search: devices: {devices['described']}", flush=True)
     start = time.perf_counter()
     _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
-    wall = time.perf_counter() - start
+    wall = this_start = time.perf_counter() - start
+    if not args.worker:  # a search run again goes on, and its wall time is every start's together
+        wall += study.user_attrs.get("wall_s") or 0.0
+        study.set_user_attr("wall_s", wall)
     done = runner.counts(study)[0]
     if args.time_budget and not args.worker and done < budget:
         print(f"search: the time budget of {args.time_budget:.0f} s is spent, {done} of {budget} trials done; run "
@@ -115,14 +118,15 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     if study.user_attrs.get("exhausted"):
         print(f"search: ended early: {study.user_attrs['exhausted']}; the space has no new points left to try")
     if args.worker:
-        print(f"search worker: done after {wall:.0f} s")
+        print(f"search worker: done after {this_start:.0f} s")
         return 0
     result = report.write(study, base, out, wall, devices, args.time_budget)
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
     print(f"search: best validation accuracy {result['best_val_accuracy']:.4f} (trial {result['best_trial']}); "
-          f"its test accuracy {result['best_test_accuracy']:.4f}; {_trainings(result)} in {wall:.0f} s; best.yaml, "
+          f"its test accuracy {result['best_test_accuracy']:.4f}; {_trainings(result)} in {wall:.0f} s"
+          f"{f' ({this_start:.0f} s in this start)' if wall > this_start else ''}; best.yaml, "
           f"trials.csv, leaderboard.md, summary.yaml, fitness.png, importance.png in {out}")
     return 0
 
