@@ -102,6 +102,8 @@ def test_a_registry_model_on_ones_own_tensors_loads_back_without_them(tmp_path: 
     # a field set that the run's optimizer would not read, in the words of the TrainConfig (Adam by default)
     (lambda p: paratrain.fit(Tiny, _data(), _cfg(p, momentum=0.5)),
      "momentum is not read by optimizer adam, only by optimizer sgd or rmsprop: drop it, or choose one of those"),
+    (lambda p: paratrain.fit(Tiny, _data(), _cfg(p, momentum=0.5), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1)),
+     "momentum is not read by an optimizer of your own (optimizer=): drop it (your factory sets its own)"),
 ])
 def test_bad_input_is_a_user_error(tmp_path: Path, call: object, message: str) -> None:
     with pytest.raises(paratrain.UserError) as e:

@@ -124,8 +124,10 @@ def test_a_report_of_runs_draws_one_scaling_curve_per_workload(tmp_path: Path) -
             "world_size": n, "train_time_s": 1.0, "eval_time_s": 0.1, "examples_per_sec": rate,
             "test_accuracy": 0.9}))
         (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "epoch": 1, "epoch_time_s": 1.0}) + "\n")
+    (tmp_path / "c" / "config.yaml").write_text("model: mlp\nwidth: 64\ndepth: 2\n")  # depth 2: the default
     rows = [bench.result_from_run(tmp_path / name) for name in "abc"]
-    assert [r["family"] for r in rows] == ["ddp: lenet5 on digits, batch 64"] * 2 + ["ddp: mlp on digits, batch 64"]
+    assert [r["family"] for r in rows] == ["ddp: lenet5 on digits, batch 64"] * 2 + [
+        "ddp: mlp on digits, width 64, batch 64"]
     assert "scaling.png" in plot._plots(rows)  # lenet5's two device counts
     assert "scaling.png" not in plot._plots([rows[0], rows[2]])  # one device count of each workload: no curve
     bench.add_run_speedups(rows)  # against the workload's own 1-device run; the MLP has none

@@ -325,9 +325,26 @@ def test_a_config_files_setting_that_the_run_would_not_read_is_a_warning(tmp_pat
     path.write_text("optimizer: adam\nmomentum: 0.5\nbeta1: 0.9\nsteps: 1\n")
     args = ["train", "--config", str(path), "--devices", "1", "--quiet", "--no-tensorboard"]
     assert _main([*args, "--out", str(tmp_path / "a")]) == 0
-    err = capsys.readouterr().err.strip()
-    assert err == (f"paratrain: warning: momentum is not read by optimizer adam, only by optimizer sgd or rmsprop, in "
-                   f"{path}; it is ignored"), err
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("paratrain:")]
+    assert said == [f"paratrain: warning: momentum is not read by optimizer adam, only by optimizer sgd or rmsprop, "
+                    f"in {path}; it is ignored"], said
     path.write_text("optimizer: adam\nmomentum: 0.9\nsteps: 1\n")  # the default's value: any run's config.yaml
     assert _main([*args, "--out", str(tmp_path / "b")]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_decay_period_flag_wins_over_the_files_other_unit(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The file decays every 10 steps, the flag every 2 epochs: the flag's period is the run's (the steps won
+    before); a file that holds both units is warned of (its steps win)."""
+    from paratrain.cli import build_parser, resolve_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("lr_schedule: step\nlr_decay_steps: 10\n")
+    cfg = resolve_config(build_parser().parse_args(["train", "--config", str(path), "--lr-decay-epochs", "2"]))
+    assert (cfg.lr_decay_steps, cfg.lr_decay_epochs) == (None, 2.0)
+    assert "warning" not in capsys.readouterr().err
+    path.write_text("lr_schedule: step\nlr_decay_steps: 10\nlr_decay_epochs: 2\n")
+    cfg = resolve_config(build_parser().parse_args(["train", "--config", str(path)]))
+    assert cfg.lr_decay_steps == 10
+    assert capsys.readouterr().err.strip() == (f"paratrain: warning: lr_decay_steps and lr_decay_epochs are both set: "
+                                               f"the steps are the decay period, in {path}")

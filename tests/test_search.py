@@ -749,3 +749,10 @@ def test_best_yaml_leaves_out_what_the_best_trials_optimizer_does_not_read(tmp_p
     report.write(study, {"model": "mlp", "steps": 3}, tmp_path, 1.0)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best == {"model": "mlp", "steps": 3, "optimizer": "adam"}
+    trial = study.ask(choices)  # an SGD trial wins: its momentum is read, and stays
+    trial.set_user_attr("params", {"optimizer": "sgd", "momentum": 0.5})
+    trial.set_user_attr("train_time_s", 1.0)
+    study.tell(trial, 0.95)
+    report.write(study, {"model": "mlp", "steps": 3}, tmp_path, 1.0)
+    best = yaml.safe_load((tmp_path / "best.yaml").read_text())
+    assert best == {"model": "mlp", "steps": 3, "optimizer": "sgd", "momentum": 0.5}

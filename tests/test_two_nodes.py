@@ -27,6 +27,7 @@ import torch
 from conftest import alive, descendants, logged_step, max_abs_diff, train, veth_namespaces, weights
 
 from paratrain import checkpoint
+from paratrain.partition import give_up_s
 
 pytestmark = pytest.mark.integration
 
@@ -248,7 +249,8 @@ def test_a_network_partition_ends_every_process_within_the_collective_timeout(no
                     os.killpg(agent.pid, signal.SIGKILL)
     logs = [agent.communicate()[0] for agent in agents]
     assert not left, f"processes left {ended:.0f} s after the cut: {''.join(logs)[-3000:]}"
-    assert ended < timeout + 10, f"the job took {ended:.0f} s to end after the cut: {''.join(logs)[-3000:]}"
+    bound = max(timeout, give_up_s(5)) + 10  # the cut-off agent's TCP gives up after 12.6 s; then its teardown
+    assert ended < bound, f"the job took {ended:.0f} s to end after the cut: {''.join(logs)[-3000:]}"
     assert agents[0].returncode != 0 and agents[1].returncode != 0
     said = [[line for line in log.splitlines() if "--collective-timeout" in line] for log in logs]
     assert [len(lines) for lines in said] == [1, 1], logs

@@ -174,7 +174,7 @@ def result_from_run(run_dir: Path) -> dict:
     total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
     family = "ddp" if summary["strategy"] == "single" else summary["strategy"]  # one device: ddp's first point
     # a scaling curve joins runs of one workload only: two models at 2 devices are two curves, not a drop
-    workload = f"{summary['model']} on {summary['dataset']}, batch {summary['global_batch_size']}"
+    workload = _workload(run_dir, summary)
     family += f": {workload}"
     return {"name": run_dir.name, "family": family, "devices": summary["world_size"],
             # the run's own figure, as its summary and its last line give it
@@ -185,6 +185,26 @@ def result_from_run(run_dir: Path) -> dict:
             "test_accuracy": _stats([summary["test_accuracy"]]), "step_phases_s": summary.get("step_phases_s"),
             "resumed_from_step": summary.get("resumed_from_step"), "workload": workload,
             "speedup": None, "efficiency": None}
+
+
+# The options that change the network a run trains (beside its model's name), named where set away from their
+# default: two MLPs of another width are two workloads.
+SHAPING = ("width", "depth", "activation", "filters", "kernel", "dropout", "image_size")
+
+
+def _workload(run_dir: Path, summary: dict[str, Any]) -> str:
+    """What a run trains, and on which kind of device, in a few words: its model, dataset and global batch,
+    the shaping options it set (from its config.yaml), and gpu where it ran on GPUs."""
+    from .config import FIELDS, load_yaml
+
+    try:
+        saved = load_yaml(run_dir / "config.yaml")
+    except UserError:  # a run without its config.yaml (copied without it): its summary's words alone
+        saved = {}
+    shaped = [f"{k} {saved[k]}" for k in SHAPING if saved.get(k) not in (None, FIELDS[k].default)]
+    on_gpu = str((summary.get("devices") or ["cpu"])[0]).startswith("cuda")
+    return ", ".join([f"{summary['model']} on {summary['dataset']}", *shaped,
+                      f"batch {summary['global_batch_size']}", *(["gpu"] if on_gpu else [])])
 
 
 def add_run_speedups(results: list[dict]) -> None:

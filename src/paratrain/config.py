@@ -457,12 +457,16 @@ def unread(cfg: TrainConfig, given: Iterable[str]) -> dict[str, str]:
     found = {}
     for name in sorted(set(given) & set(READ_BY)):
         owner, readers = READ_BY[name]
-        value = getattr(cfg, owner)
-        if value not in readers and value != "custom":
-            flag, owner_flag = FIELDS[name].metadata.get("flag", "--" + name.replace("_", "-")), \
-                "--" + owner.replace("_", "-")
+        value, flag, owner_flag = getattr(cfg, owner), _flag(name), _flag(owner)
+        if value == "custom":  # an optimizer factory of the user's (paratrain.fit): it takes its own settings
+            found[name] = f"{flag} is not read by an optimizer of your own (optimizer=)"
+        elif value not in readers:
             found[name] = f"{flag} is not read by {owner_flag} {value}, only by {owner_flag} {' or '.join(readers)}"
     return found
+
+
+def _flag(name: str) -> str:
+    return FIELDS[name].metadata.get("flag", "--" + name.replace("_", "-"))
 
 
 def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
@@ -473,7 +477,8 @@ def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
         _bad("give the decay period once: --lr-decay-steps or --lr-decay-epochs, not both")
     found = list(unread(cfg, given).values())
     if found:
-        _bad(f"{found[0]}: drop it, or choose one of those")
+        _bad(f"{found[0]}: drop it" + (" (your factory sets its own)" if "of your own" in found[0] else
+                                       ", or choose one of those"))
 
 
 def changed(cfg: TrainConfig) -> set[str]:

@@ -93,8 +93,8 @@ def check_not_past(done: int, cfg: TrainConfig, n_train: int) -> None:
     total = run_length(cfg, n_train).total_steps
     if done > total:
         raise UserError(f"the run in {cfg.out} has done {done} steps, more than the {total} asked for; give more "
-                        f"steps (--steps, or --epochs) to train it further, or evaluate it with `paratrain eval "
-                        f"{cfg.out}`")
+                        f"steps (--steps or --epochs; steps= or epochs= in Python) to train it further, or evaluate "
+                        f"it with `paratrain eval {cfg.out}` (paratrain.evaluate)")
 
 
 @dataclass

@@ -30,17 +30,27 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
         base = C.of_run(args.resume, f"--resume {args.resume}")
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))
+    from .. import launch
+
     values: dict[str, Any] = {}
     if args.config:
         values.update(C.load_yaml(args.config))
     flags = {name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None}
+    for given, other in (("lr_decay_steps", "lr_decay_epochs"), ("lr_decay_epochs", "lr_decay_steps")):
+        if given in flags and other not in flags:  # the flag's unit wins over the file's other one
+            values.pop(other, None)
     keys = C.changed(C.from_dict(values)) - set(flags)  # the file's own settings (not its copies of the defaults)
     values.update(flags)
     cfg = C.validate(C.with_run_dir(C.overlay(base, values)))
     C.check_read(cfg, flags)
-    for unread in C.unread(cfg, keys).values():  # a file may come from elsewhere (another run's config.yaml): a warning
-        print(f"paratrain: warning: {C.in_python_words(unread)}, in {args.config}; it is ignored", file=sys.stderr,
-              flush=True)
+    said = [*C.unread(cfg, keys).values()]  # a file may come from elsewhere (another run's config.yaml): warnings
+    if {"lr_decay_steps", "lr_decay_epochs"} <= keys:
+        said.append("lr_decay_steps and lr_decay_epochs are both set: the steps are the decay period")
+    if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:  # once, not once per rank
+        for clause in said:
+            print(f"paratrain: warning: {C.in_python_words(clause)}, in {args.config}; it is ignored"
+                  if "not read" in clause else f"paratrain: warning: {clause}, in {args.config}", file=sys.stderr,
+                  flush=True)
     return cfg
 
 

@@ -105,12 +105,14 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
           flush=True)
     devices = device_plan(accelerator, parallel, args.devices_per_trial, threads)
     print(f"search: devices: {devices['described']}", flush=True)
-    start = time.perf_counter()
-    _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
-    wall = this_start = time.perf_counter() - start
-    if not args.worker:  # a search run again goes on, and its wall time is every start's together
-        wall += study.user_attrs.get("wall_s") or 0.0
-        study.set_user_attr("wall_s", wall)
+    start, earlier = time.perf_counter(), study.user_attrs.get("wall_s") or 0.0
+    try:
+        _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
+    finally:  # also when stopped (Ctrl-C, a signal): a search run again goes on, its wall time every start's
+        this_start = time.perf_counter() - start
+        if not args.worker:
+            study.set_user_attr("wall_s", earlier + this_start)
+    wall = earlier + this_start
     done = runner.counts(study)[0]
     if args.time_budget and not args.worker and done < budget:
         print(f"search: the time budget of {args.time_budget:.0f} s is spent, {done} of {budget} trials done; run "

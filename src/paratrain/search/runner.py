@@ -172,9 +172,10 @@ def _serialise(engine: Any) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) -> Any:
+def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0, pool: bool = False) -> Any:
     """Create the study (queueing the grid's points, recording what the search is) or load it, and refuse to
-    mix two different searches in one study."""
+    mix two different searches in one study. `pool`: a process of the search's pool, which only loads it
+    (the search's own process has queued and recorded what there is to do)."""
     import optuna
 
     what = {"sampler": s.sampler, "space": {p.name: list(p.choices) if p.choices else [p.low, p.high, p.log]
@@ -220,7 +221,7 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0) 
         raise UserError(f"the study '{s.study}' in {masked(s.storage)} was made by another search "
                         f"({_differences(saved, what)}); use another --out or --study, or the same options to carry "
                         "that search on")
-    elif saved is not None and not s.worker:  # the same search again, perhaps with more --trials
+    elif saved is not None and not s.worker and not pool:  # the same search again, perhaps with more --trials
         if s.sampler == "grid":
             queue_grid(study, space, s)
         study.set_user_attr("budget", s.budget(space))
@@ -369,7 +370,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     tune_malloc()
     cfg0 = C.validate(C.from_dict(base))
     data = load_for(cfg0)
-    study = open_study(s, space, base, index)
+    study = open_study(s, space, base, index, pool=True)
     study.sampler = make_sampler(s, index, len(study.get_trials(deepcopy=False)))  # a resumed search draws anew
     grid = described(study)["sampler"] == "grid"
 
