@@ -140,5 +140,6 @@ def test_a_finished_run_resumed_keeps_its_record(tmp_path: Path, capsys: pytest.
     assert main_code(["train", "--resume", str(run), "--steps", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"paratrain: error: the run in {run} has done 6 steps, more than the 4 asked for; give more steps "
-                   f"(--steps, or --epochs) to train it further, or evaluate it with `paratrain eval {run}`"), err
+                   f"(--steps or --epochs; steps= or epochs= in Python) to train it further, or evaluate it with "
+                   f"`paratrain eval {run}` (paratrain.evaluate)"), err
     assert {name: (run / name).read_bytes() for name in files} == files
