@@ -335,13 +335,14 @@ def test_a_config_files_setting_that_the_run_would_not_read_is_a_warning(tmp_pat
 
 def test_a_decay_period_flag_wins_over_the_files_other_unit(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The file decays every 10 steps, the flag every 2 epochs: the flag's period is the run's (the steps won
-    before); a file that holds both units is warned of (its steps win)."""
+    before), as --epochs wins over the file's steps; a file that holds both units is warned of (its steps win)."""
     from paratrain.cli import build_parser, resolve_config
 
     path = tmp_path / "c.yaml"
-    path.write_text("lr_schedule: step\nlr_decay_steps: 10\n")
-    cfg = resolve_config(build_parser().parse_args(["train", "--config", str(path), "--lr-decay-epochs", "2"]))
-    assert (cfg.lr_decay_steps, cfg.lr_decay_epochs) == (None, 2.0)
+    path.write_text("lr_schedule: step\nlr_decay_steps: 10\nsteps: 50\n")
+    cfg = resolve_config(build_parser().parse_args(["train", "--config", str(path), "--lr-decay-epochs", "2",
+                                                    "--epochs", "3"]))
+    assert (cfg.lr_decay_steps, cfg.lr_decay_epochs, cfg.steps, cfg.epochs) == (None, 2.0, None, 3)
     assert "warning" not in capsys.readouterr().err
     path.write_text("lr_schedule: step\nlr_decay_steps: 10\nlr_decay_epochs: 2\n")
     cfg = resolve_config(build_parser().parse_args(["train", "--config", str(path)]))

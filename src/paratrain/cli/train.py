@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from .. import config as C
 from ..errors import UserError
@@ -21,8 +20,9 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
-    """dataclass defaults <- the resumed run's config or a recipe <- --config YAML <- flags."""
-    from .. import recipes
+    """dataclass defaults <- the resumed run's config or a recipe <- --config YAML <- flags, each layer put on
+    the one below by config.overlay (a length or decay period in one unit drops the lower layer's other)."""
+    from .. import launch, recipes
 
     base = C.TrainConfig()
     if args.resume:
@@ -30,27 +30,19 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
         base = C.of_run(args.resume, f"--resume {args.resume}")
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))
-    from .. import launch
-
-    values: dict[str, Any] = {}
-    if args.config:
-        values.update(C.load_yaml(args.config))
+    values = C.load_yaml(args.config) if args.config else {}
     flags = {name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None}
-    for given, other in (("lr_decay_steps", "lr_decay_epochs"), ("lr_decay_epochs", "lr_decay_steps")):
-        if given in flags and other not in flags:  # the flag's unit wins over the file's other one
-            values.pop(other, None)
     keys = C.changed(C.from_dict(values)) - set(flags)  # the file's own settings (not its copies of the defaults)
-    values.update(flags)
-    cfg = C.validate(C.with_run_dir(C.overlay(base, values)))
+    cfg = C.validate(C.with_run_dir(C.overlay(C.overlay(base, values), flags)))
     C.check_read(cfg, flags)
-    said = [*C.unread(cfg, keys).values()]  # a file may come from elsewhere (another run's config.yaml): warnings
+    # a file may come from elsewhere (another run's config.yaml): what it sets in vain is a warning
+    said = [f"{C.in_python_words(clause)}, in {args.config}; it is ignored" for clause in C.unread(cfg, keys).values()]
     if {"lr_decay_steps", "lr_decay_epochs"} <= keys:
-        said.append("lr_decay_steps and lr_decay_epochs are both set: the steps are the decay period")
+        said.append(f"lr_decay_steps and lr_decay_epochs are both set: the steps are the decay period, in "
+                    f"{args.config}")
     if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:  # once, not once per rank
-        for clause in said:
-            print(f"paratrain: warning: {C.in_python_words(clause)}, in {args.config}; it is ignored"
-                  if "not read" in clause else f"paratrain: warning: {clause}, in {args.config}", file=sys.stderr,
-                  flush=True)
+        for line in said:
+            print(f"paratrain: warning: {line}", file=sys.stderr, flush=True)
     return cfg
 
 
