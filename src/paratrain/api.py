@@ -223,7 +223,7 @@ def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     cfg, parts, resume = plan.cfg, plan.parts, plan.resume
     length = run_length(cfg, len(plan.data.train[1]))
     if resume is not None:  # before config.yaml says otherwise (under torchrun, the workers check what they find)
-        check_not_past(resume["step"], cfg, len(plan.data.train[1]))
+        check_not_past(resume["step"], length.total_steps, cfg.out)
     is_main = not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0
     if is_main and fresh:  # last: any bad input above leaves the old run as it was
         clear_run(Path(cfg.out))  # --overwrite's run, or the leftovers of one that never took a step

@@ -475,10 +475,9 @@ def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
     given = set(given)
     if {"lr_decay_steps", "lr_decay_epochs"} <= given:
         _bad("give the decay period once: --lr-decay-steps or --lr-decay-epochs, not both")
-    found = list(unread(cfg, given).values())
-    if found:
-        _bad(f"{found[0]}: drop it" + (" (your factory sets its own)" if "of your own" in found[0] else
-                                       ", or choose one of those"))
+    for name, clause in unread(cfg, given).items():
+        own = getattr(cfg, READ_BY[name][0]) == "custom"
+        _bad(f"{clause}: drop it" + (" (your factory sets its own)" if own else ", or choose one of those"))
 
 
 def changed(cfg: TrainConfig) -> set[str]:

@@ -134,7 +134,7 @@ def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | N
     `find_checkpoint`: carry on from the newest checkpoint that any worker of the group was given or finds
     in --out (torchrun, where each node has its own disk). `on_step(step)`: after each update."""
     from .checkpoint import newest_in_group
-    from .train import check_not_past, fit
+    from .train import check_not_past, fit, run_length
 
     cfg = plan.cfg
     entered = plan.clock.get("worker_entered", time.time())  # in-process: the launch, a moment ago
@@ -154,7 +154,7 @@ def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | N
             else:
                 plan = dataclasses.replace(plan, resume=resume)
             if resume is not None:  # every worker holds the same checkpoint step: all refuse alike
-                check_not_past(resume["step"], cfg, len(plan.data.train[1]))
+                check_not_past(resume["step"], run_length(cfg, len(plan.data.train[1])).total_steps, cfg.out)
         with StopRequest().installed() as stop:
             return fit(ctx, plan, devices=devices, stop=stop, restarts=restarts, on_step=on_step)
     finally:

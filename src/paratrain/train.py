@@ -87,14 +87,13 @@ def run_length(cfg: TrainConfig, n_train: int) -> Length:
     return Length(per_epoch, total, math.ceil(total / per_epoch))
 
 
-def check_not_past(done: int, cfg: TrainConfig, n_train: int) -> None:
-    """Refuse to carry on a run that has done more steps than this start asks for (it would be evaluated
-    again under a configuration that says otherwise)."""
-    total = run_length(cfg, n_train).total_steps
+def check_not_past(done: int, total: int, run_dir: str) -> None:
+    """Refuse to carry on a run that has done more steps than the `total` this start asks for (it would be
+    evaluated again under a configuration that says otherwise)."""
     if done > total:
-        raise UserError(f"the run in {cfg.out} has done {done} steps, more than the {total} asked for; give more "
+        raise UserError(f"the run in {run_dir} has done {done} steps, more than the {total} asked for; give more "
                         f"steps (--steps or --epochs; steps= or epochs= in Python) to train it further, or evaluate "
-                        f"it with `paratrain eval {cfg.out}` (paratrain.evaluate)")
+                        f"it with `paratrain eval {run_dir}` (paratrain.evaluate)")
 
 
 @dataclass

@@ -228,11 +228,11 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0, 
     return study
 
 
-def queue_grid(study: Any, space: Space, s: Settings) -> int:
+def queue_grid(study: Any, space: Space, s: Settings) -> None:
     """Queue grid points until the study holds the budget's worth: all of them for a new study, and the
     new ones when a search is run again with more --trials. The grid is shuffled by --seed, so a budget
     below it takes a fair sample of it; a point the study holds (queued, run or failed) is not queued
-    again. Returns how many were queued."""
+    again."""
     def key(point: dict[str, Any]) -> tuple:
         return tuple(sorted(point.items()))
 
@@ -244,7 +244,6 @@ def queue_grid(study: Any, space: Space, s: Settings) -> int:
     new = [p for p in points if key(p) not in held][: max(0, s.budget(space) - len(held))]
     for point in new:
         study.enqueue_trial(point, user_attrs={"grid_point": True})
-    return len(new)
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> str:
