@@ -146,14 +146,14 @@ def test_a_full_disk_under_torch_save_is_named_as_such(tmp_path: Path, monkeypat
     ((10, 0, None), (20, 1, None), 20, 1),  # the other node has the newer checkpoint and counted a restart
     ((20, 2, None), (10, 0, None), 20, 2),
     ((-1, 0, None), (-1, 3, None), None, 3),  # nobody has one: a fresh start, with the group's restart count
-    ((15, 0, None), (15, 0, None), 15, 0),  # a tie: rank 0's, so every rank agrees on one
+    ((15, 0, None), (15, 0, None), 15, 0),  # the same step on both disks: each keeps its own, nothing is sent
     ((10, 2, None), (20, 0, None), 20, 2),  # the newest checkpoint, not the node that restarted most
 ])
 def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
         monkeypatch: pytest.MonkeyPatch, mine: tuple, theirs: tuple, expected_step: int | None,
         expected_restarts: int) -> None:
-    """newest_in_group's choice, as rank 0 of 2 (the other rank's offer comes through a stand-in for the
-    collectives; tests/test_faults.py runs it for real under torchrun)."""
+    """agree's choice, as rank 0 of 2 (the other rank's offer comes through stand-ins for the collectives;
+    tests/test_faults.py runs it for real under torchrun): only a rank that lacks the newest step is sent it."""
     import torch.distributed as dist
 
     from paratrain.dist import DistContext
@@ -162,24 +162,29 @@ def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
         assert offer == mine
         offers[:] = [mine, theirs]
 
-    sent = []
+    sent, received = [], []
 
-    def broadcast(box: list, src: int) -> None:
-        sent.append(src)
-        if src != 0:
-            box[0] = {"step": theirs[0], "from": "rank 1"}
+    def send(box: list, dst: int) -> None:
+        sent.append((box[0]["from"], dst))
+
+    def recv(box: list, src: int) -> None:
+        received.append(src)
+        box[0] = {"step": theirs[0], "from": "rank 1"}
 
     monkeypatch.setattr(dist, "all_gather_object", gather)
-    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(dist, "send_object_list", send)
+    monkeypatch.setattr(dist, "recv_object_list", recv)
     ctx = DistContext(0, 2, torch.device("cpu"), "gloo")
     local = None if mine[0] < 0 else {"step": mine[0], "from": "rank 0"}
-    chosen, restarts = checkpoint.newest_in_group(ctx, local, None, mine[1])
+    chosen, restarts = checkpoint.agree(ctx, local, None, mine[1])
     assert restarts == expected_restarts
     assert (chosen["step"] if chosen else None) == expected_step
-    if chosen is not None:
-        assert chosen["from"] == ("rank 1" if theirs[0] > mine[0] else "rank 0") and len(sent) == 1
+    if expected_step is None or mine[0] == theirs[0]:
+        assert sent == received == []  # nothing to send: nobody has one, or both read the same step
+    elif theirs[0] > mine[0]:
+        assert chosen["from"] == "rank 1" and received == [1] and sent == []
     else:
-        assert sent == []  # nothing to send
+        assert chosen["from"] == "rank 0" and sent == [("rank 0", 1)] and received == []
 
 
 def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -191,11 +196,11 @@ def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pyte
     monkeypatch.setattr(dist, "all_gather_object",
                         lambda offers, offer: offers.__setitem__(slice(None), [offer, (-1, 0, "it is of model mlp")]))
     with pytest.raises(UserError, match="rank 1: it is of model mlp"):
-        checkpoint.newest_in_group(DistContext(0, 2, torch.device("cpu"), "gloo"), None, None, 0)
+        checkpoint.agree(DistContext(0, 2, torch.device("cpu"), "gloo"), None, None, 0)
     one = DistContext(0, 1, torch.device("cpu"), None)  # a single worker: its own checkpoint, or its problem
-    assert checkpoint.newest_in_group(one, {"step": 3}, None, 2) == ({"step": 3}, 2)
+    assert checkpoint.agree(one, {"step": 3}, None, 2) == ({"step": 3}, 2)
     with pytest.raises(UserError, match="unreadable"):
-        checkpoint.newest_in_group(one, None, "unreadable", 0)
+        checkpoint.agree(one, None, "unreadable", 0)
 
 
 def _save(folder: Path, step: int, keep: int = 2) -> None:

@@ -78,13 +78,14 @@ def test_a_decay_period_in_one_unit_drops_the_base_runs_other() -> None:
 
 @pytest.mark.integration
 def test_configuration_errors_need_no_torch() -> None:
-    """config.validate asks each strategy for its checks without importing torch (a one-line error is fast)."""
+    """strategies.checked asks each strategy for its checks without importing torch (a one-line error is fast)."""
     import subprocess
     import sys
 
     code = ("import sys, paratrain.config as C\n"
+            "from paratrain.strategies import checked\n"
             "for s in ('ddp', 'tower', 'pipeline', 'hybrid'):\n"
-            "    try: C.validate(C.TrainConfig(strategy=s, stages=1))\n"
+            "    try: checked(C.validate(C.TrainConfig(strategy=s, stages=1)))\n"
             "    except C.UserError as e: print(e)\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")

@@ -15,7 +15,7 @@ from paratrain import doctor
 from paratrain.doctor import Check, collective_checks, equivalence_checks, partition_check, read_link
 from paratrain.doctor.collectives import bus_factor, fit
 from paratrain.errors import UserError
-from paratrain.partition import agent_wait, fitting, give_up_s
+from paratrain.tcp_timeout import agent_wait, fitting, give_up_s
 
 
 def _rows(bandwidth: float, latency: float, n: int = 2) -> list[dict]:

@@ -18,6 +18,7 @@ from paratrain.dist import DistContext
 from paratrain.errors import UserError
 from paratrain.evaluation import evaluate
 from paratrain.models import build_model
+from paratrain.strategies import checked
 
 OPTIONS = dict(width=512, depth=2, activation="relu", dropout=None, filters=8, kernel=5)
 
@@ -37,13 +38,13 @@ def test_the_new_options_are_checked_in_one_line() -> None:
         with pytest.raises(UserError, match=f"{flag} must be at least 0 and below 1"):
             config.validate(config.TrainConfig(**values))
     with pytest.raises(UserError, match="--compile is available with --strategy ddp"):
-        config.validate(config.TrainConfig(compile=True, strategy="tower"))
+        checked(config.validate(config.TrainConfig(compile=True, strategy="tower")))
     with pytest.raises(UserError, match="--compile is not available with --strategy pipeline"):
-        config.validate(config.TrainConfig(compile=True, strategy="pipeline", stages=2))
+        checked(config.validate(config.TrainConfig(compile=True, strategy="pipeline", stages=2)))
     with pytest.raises(UserError, match="--memory-format channels_last is not available with --strategy pipeline"):
-        config.validate(config.TrainConfig(memory_format="channels_last", strategy="pipeline", stages=2))
+        checked(config.validate(config.TrainConfig(memory_format="channels_last", strategy="pipeline", stages=2)))
     with pytest.raises(UserError, match="--memory-format channels_last is available with --strategy ddp"):
-        config.validate(config.TrainConfig(memory_format="channels_last", strategy="tower"))
+        checked(config.validate(config.TrainConfig(memory_format="channels_last", strategy="tower")))
 
 
 def test_channels_last_is_the_registry_convolutional_networks_under_ddp_and_asked_for_elsewhere() -> None:

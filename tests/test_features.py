@@ -13,20 +13,21 @@ from paratrain import checkpoint, config, dist, runplan
 from paratrain import fit as paratrain_fit
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
-from paratrain.devices import Plan
+from paratrain.devices import Hardware
 from paratrain.errors import UserError
 from paratrain.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
-from paratrain.train import fit as fit_plan
+from paratrain.worker import work
 
 
 def _cfg(**kw: object) -> config.TrainConfig:
     return config.validate(config.TrainConfig(**kw))
 
 
-def fit(cfg: config.TrainConfig, data: object, resume: dict | None = None, parts: object = None) -> dict | None:
-    """One worker in this process, planned as every run is (runplan.make)."""
-    plan = runplan.make(cfg, lambda: data, parts, hardware=Plan("cpu", 1, 1, "gloo"), resume=resume)
-    return fit_plan(dist.init(0, 1, "cpu"), plan)
+def fit(cfg: config.TrainConfig, data: object, parts: object = None) -> dict | None:
+    """One worker in this process, planned as every run is (runplan.make); it carries on from the newest
+    checkpoint in cfg.out, as every worker does."""
+    plan = runplan.make(cfg, lambda: data, parts, hardware=Hardware("cpu", 1, 1, "gloo"))
+    return work(0, 1, 0, None, plan, None)
 
 
 def _fit(tmp_path: Path, name: str, **kw: object) -> dict:
@@ -319,7 +320,7 @@ def test_resume_restores_schedule_ema_augmentation_and_dropout(tmp_path: Path) -
     assert part["step"] == 1
     cfg = _cfg(out=str(tmp_path / "part"), resume=str(tmp_path / "part"), quiet=True, tensorboard=False,
                steps=30, **features)
-    fit(cfg, load_dataset("digits"), resume=part)
+    fit(cfg, load_dataset("digits"))
     whole, resumed = checkpoint.load(tmp_path / "whole"), checkpoint.load(tmp_path / "part")
     assert resumed["step"] == 30
     assert max_abs_diff(whole["model"], resumed["model"]) < 1e-6  # measured 0.0
@@ -360,10 +361,10 @@ def test_a_nan_stop_names_the_step_it_happened_at(tmp_path: Path) -> None:
 
     cfg = _cfg(out=str(tmp_path / "nan"), quiet=True, tensorboard=False, steps=20, checkpoint_every=1)
     data = load_dataset("digits")
-    plan = runplan.make(cfg, lambda: data, Parts(loss=loss), hardware=Plan("cpu", 1, 1, "gloo"))
+    plan = runplan.make(cfg, lambda: data, Parts(loss=loss), hardware=Hardware("cpu", 1, 1, "gloo"))
     calls.clear()  # the plan tried the loss once
     with pytest.raises(UserError, match="the loss became nan at step 7; stopped before updating") as e:
-        fit_plan(dist.init(0, 1, "cpu"), plan)
+        work(0, 1, 0, None, plan, None)
     assert e.value.code == 3 and checkpoint.load(tmp_path / "nan")["step"] == 6  # the last good one
 
 
@@ -542,9 +543,10 @@ def test_a_checkpoint_at_an_epochs_end_is_validated_on_resume(tmp_path: Path) ->
     assert part["epochs_validated"] == 1
     state = checkpoint.load(tmp_path / "part")
     state["validated"], state["early_stopping"] = 0, (math.inf, 0)  # as written before the epoch's validation
+    checkpoint.save_step(state, tmp_path / "part" / "checkpoints", state["step"], 2)
     cfg = _cfg(out=str(tmp_path / "part"), resume=str(tmp_path / "part"), epochs=30, quiet=True, tensorboard=False,
                **common)
-    resumed = fit(cfg, data, resume=state)
+    resumed = fit(cfg, data)
     assert resumed["stopped_early"] and resumed["epochs_validated"] == whole["epochs_validated"] == 3
     assert resumed["steps"] == whole["steps"]
 
@@ -564,8 +566,8 @@ def test_a_run_that_its_pruner_stops_ends_after_that_epochs_validation(tmp_path:
     cfg = _cfg(out=str(tmp_path / "p"), epochs=5, batch_size=256, quiet=True, tensorboard=False)
     data = load_dataset("digits")
     stop = StopAt(2)
-    plan = runplan.make(cfg, lambda: data, hardware=Plan("cpu", 1, 1, "gloo"), report=stop)
-    summary = fit_plan(dist.init(0, 1, "cpu"), plan)
+    plan = runplan.make(cfg, lambda: data, hardware=Hardware("cpu", 1, 1, "gloo"), report=stop)
+    summary = work(0, 1, 0, None, plan, None)
     assert summary["pruned"] and summary["epochs_validated"] == 2
     assert summary["steps"] == 2 * (len(data.train[1]) // 256)
     assert [e for e, _ in stop.asked] == [1, 2] and stop.asked[-1][1] == summary["val_accuracy"]
@@ -579,7 +581,7 @@ def test_early_stopping_counts_whole_epochs_and_an_early_stopped_run_stays_stopp
     flat = _fit(tmp_path, "flat", epochs=30, **common)
     cfg = _cfg(out=str(tmp_path / "flat"), resume=str(tmp_path / "flat"), epochs=30, quiet=True, tensorboard=False,
                **common)
-    again = fit(cfg, load_dataset("digits"), resume=checkpoint.load(tmp_path / "flat"))
+    again = fit(cfg, load_dataset("digits"))
     assert again["stopped_early"] and again["steps"] == flat["steps"]  # resumed, it trains no further
     data = load_dataset("digits")
     no_val = {"train": data.train, "val": (data.val[0][:0], data.val[1][:0]), "test": data.test}

@@ -556,7 +556,7 @@ def test_trials_of_two_gpus_each_take_disjoint_gpus(monkeypatch: pytest.MonkeyPa
 
     import torch
 
-    from paratrain import config, launch, runplan
+    from paratrain import config, session
     from paratrain.search import command, runner
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
@@ -566,8 +566,7 @@ def test_trials_of_two_gpus_each_take_disjoint_gpus(monkeypatch: pytest.MonkeyPa
     slots = command.device_plan(accelerator, parallel, 2, threads)["slots"]
     assert slots == [["cuda:0", "cuda:1"], ["cuda:2", "cuda:3"]]
     planned = []
-    monkeypatch.setattr(runplan, "make", lambda *a, devices, **_: planned.append(devices) or devices)
-    monkeypatch.setattr(launch, "run", lambda plan: {"devices": plan})
+    monkeypatch.setattr(session, "run", lambda *a, devices, **_: planned.append(devices) or {})  # the trial's run
     cfg = config.TrainConfig(out=str(tmp_path))
     for index in (0, 1):  # what the pool's two processes run
         runner.train_one(cfg, None, index, threads, accelerator, 2)
@@ -634,11 +633,11 @@ def test_a_tower_trial_drives_the_gpus_of_its_pool_process(monkeypatch: pytest.M
     on cuda:2 and cuda:3, with the threads of its share of the cores."""
     from paratrain import config, runplan
     from paratrain.data import load_dataset
-    from paratrain.devices import Plan
+    from paratrain.devices import Hardware
 
     cfg = config.validate(config.TrainConfig(strategy="tower", out=str(tmp_path), devices="2", steps=1))
     data = load_dataset("digits")
-    plan = runplan.make(cfg, lambda: data, hardware=Plan("gpu", 2, 1, "nccl"), devices=("cuda:2", "cuda:3"))
+    plan = runplan.make(cfg, lambda: data, hardware=Hardware("gpu", 2, 1, "nccl"), devices=("cuda:2", "cuda:3"))
     assert plan.devices == ("cuda:2",) and plan.layout["replicas"] == ["cuda:2", "cuda:3"]
     assert plan.hardware.workers == 1 and plan.hardware.threads_per_worker == 2
 

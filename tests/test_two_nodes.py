@@ -27,7 +27,7 @@ import torch
 from conftest import alive, descendants, logged_step, max_abs_diff, train, veth_namespaces, weights
 
 from paratrain import checkpoint
-from paratrain.partition import give_up_s
+from paratrain.tcp_timeout import give_up_s
 
 pytestmark = pytest.mark.integration
 

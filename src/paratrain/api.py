@@ -13,26 +13,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
 from . import config as C
-from .data import Splits, load_for
-from .data.transforms import unit_scale
-from .errors import UserError, WriteFailed, closest
+from .data import Splits
+from .env import detect
+from .errors import UserError
+from .inputs import DataLike, as_splits, is_folder, load_for
 from .parts import Parts
 from .predict import Classifier
-from .rundir import check_fresh, check_owned, check_writable, clear_run, write_atomic
-from .runlog import write_summary
-
-DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tensor]] | torch.utils.data.Dataset
+from .rundir import check_writable
+from .strategies import checked
 
 
 def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = None,
@@ -66,7 +62,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     """
     import multiprocessing
 
-    from . import launch
+    from . import launch, session
 
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # This is a spawned worker importing the user's script, which calls fit at import (no __main__ guard):
@@ -90,7 +86,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif cfg.optimizer == "custom":
         raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
                         "paratrain.fit(..., optimizer=make_optimizer)")
-    if _is_folder(data):
+    if is_folder(data):
         data = str(data)  # a folder of class sub-folders
         cfg = cfg.replace(dataset="imagefolder", data_dir=data)
     elif isinstance(data, str):
@@ -98,11 +94,12 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
         cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
     try:
-        cfg = C.validate(C.with_run_dir(cfg))
+        cfg = checked(C.validate(C.with_run_dir(cfg)))
         C.check_read(cfg, C.changed(config or C.TrainConfig()))  # what the caller set, as flags are checked
     except UserError as e:  # in the words of the TrainConfig the caller wrote, not of the flags
         raise UserError(C.in_python_words(str(e)), e.code) from None
-    if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
+    env = detect()
+    if env.is_main:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     if loss is not None and cfg.label_smoothing:
         raise UserError("config.label_smoothing smooths the built-in cross-entropy, and loss= replaces it: smooth "
@@ -110,14 +107,8 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     if cache_key is not None and not isinstance(data, torch.utils.data.Dataset):
         raise UserError("cache_key names the cache of a torch Dataset given as data; a folder's cache is found by "
                         "its path (and config.cache_dir), a dataset name's needs none")
-    return train(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key),
-                 Parts(model, optimizer, loss))
-
-
-def _is_folder(data: Any) -> bool:
-    """`data` names an image folder (a path), not a dataset."""
-    return isinstance(data, os.PathLike) or (isinstance(data, str) and data not in C.DATASETS and
-                                             ("/" in data or os.sep in data or Path(data).is_dir()))
+    return session.run(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key, env.in_group),
+                       Parts(model, optimizer, loss), env=env)
 
 
 def _check_callables(**given: Any) -> None:
@@ -147,144 +138,20 @@ def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     return C.overlay(C.of_run(cfg.resume, f"resume={cfg.resume}"), changed)
 
 
-def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None) -> Splits:
-    """The training, validation and test sets as a `Splits` (normalised with the training set's statistics)."""
-    if isinstance(data, Splits):
-        return data
-    if isinstance(data, str):
-        return load_for(cfg if cfg.dataset == "imagefolder" else cfg.replace(dataset=data))
-    if isinstance(data, torch.utils.data.Dataset):  # decoded once into a cache: the run's, or one the user names
-        from . import launch
-        from .data import folder
-
-        if cache_key is not None:
-            where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir, cfg.image_size), True
-        else:  # torchrun's ranks (fresh or not) share what the first one built
-            where, reuse = Path(cfg.out) / "data-cache", bool(cfg.resume) or launch.under_torchrun()
-        return folder.from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse,
-                                   quiet=cfg.quiet)
-    if not isinstance(data, dict):
-        raise UserError(f"data must be a dataset name, an image folder's path, a torch Dataset of (image, label) "
-                        f"pairs, a Splits, or a dict with 'train', 'val' and 'test' (images, labels) pairs; not a "
-                        f"{type(data).__name__}")
-    missing = [k for k in ("train", "val", "test") if k not in data]
-    if missing:
-        extra = [str(k) for k in data if k not in ("train", "val", "test")]
-        meant = next(((k, m) for k in extra if (m := closest(k, missing))), None)
-        hint = f" (is '{meant[0]}' meant to be '{meant[1]}'?)" if meant else ""
-        raise UserError(f"data has no {', '.join(repr(k) for k in missing)}{hint}; give a dict with 'train', 'val' "
-                        "and 'test' (images, labels) pairs (a validation set may hold zero images)")
-    for name in ("train", "val", "test"):
-        pair = data[name]
-        if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
-            raise UserError(f"data['{name}'] must be an (images, labels) pair of tensors")
-    x = data["train"][0]
-    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[2] != x.shape[3] or not len(x):
-        raise UserError("data['train'] images must be a non-empty tensor of square images N x C x H x H; got "
-                        f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    pairs = {}
-    for name in ("train", "val", "test"):
-        images, labels = data[name]
-        if images.dim() != 4 or images.shape[1:] != x.shape[1:] or labels.dim() != 1 or len(images) != len(labels):
-            raise UserError(f"data['{name}']: images must be N x C x H x W like the training images, with one "
-                            f"label each; got {tuple(images.shape)} and labels of shape {tuple(labels.shape)}")
-        if labels.is_floating_point() or labels.is_complex() or (len(labels) and int(labels.min()) < 0):
-            raise UserError(f"data['{name}']: labels must be integers 0..K-1 (class indices)")
-        pairs[name] = (images, labels.long())
-    unit = unit_scale(x).double()  # float64: statistics that do not depend on the thread count's sum order
-    mean, std = unit.mean(dim=(0, 2, 3)), unit.std(dim=(0, 2, 3))
-    classes = max(int(p[1].max()) for p in pairs.values() if len(p[1])) + 1
-    return Splits("custom", pairs["train"], pairs["val"], pairs["test"], tuple(mean.tolist()), tuple(std.tolist()),
-                  classes)
-
-
-def train(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None) -> dict[str, Any] | None:
-    """Plan the run (devices, batch split: the strategy's rules), check what can be checked before any process
-    starts, load the data, write config.yaml, and launch the workers."""
-    from . import clock, launch, runplan
-    from .train import check_not_past, run_length
-
-    marks = {"process_start": clock.process_start(), "train_called": time.time()}
-
-    def read_data() -> Splits:
-        started = time.time()
-        try:
-            return load_data()
-        finally:
-            marks["data_s"] = time.time() - started
-
-    fresh = not cfg.resume and not launch.under_torchrun()  # torchrun's starts and restarts carry a run on
-    if cfg.overwrite and launch.under_torchrun():
-        raise UserError("--overwrite clears a run before a fresh start, and every torchrun start (and restart) "
-                        "carries on the run in --out: clear the folder before launching, or pass a new --out")
-    if fresh:
-        check_fresh(cfg.out, cfg.overwrite)
-    plan = runplan.make(cfg, read_data, parts)
-    cfg, parts, resume = plan.cfg, plan.parts, plan.resume
-    length = run_length(cfg, len(plan.data.train[1]))
-    if resume is not None:  # before config.yaml says otherwise (under torchrun, the workers check what they find)
-        check_not_past(resume["step"], length.total_steps, cfg.out)
-    is_main = not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0
-    if is_main and fresh:  # last: any bad input above leaves the old run as it was
-        clear_run(Path(cfg.out))  # --overwrite's run, or the leftovers of one that never took a step
-    # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again
-    cfg = cfg.replace(overwrite=False)
-    plan = dataclasses.replace(plan, cfg=cfg)
-    if is_main:
-        Path(cfg.out).mkdir(parents=True, exist_ok=True)
-        check_owned(Path(cfg.out))  # again: another user could have made it since check_writable
-        C.save_yaml(cfg, Path(cfg.out) / "config.yaml")
-        if parts is not None and parts.record:  # what config.yaml names "custom"
-            write_atomic(Path(cfg.out) / "parts.yaml", "# the network, optimizer and loss of your own that ran\n"
-                         + yaml.safe_dump(parts.record, sort_keys=False))
-        if not cfg.quiet:
-            if resume is not None and resume["step"] >= length.total_steps:
-                print(f"paratrain: the run in {cfg.out} has done all its {resume['step']} steps: it is evaluated "
-                      "again; pass --steps N (steps=N) with more steps to train it further", flush=True)
-            elif resume is not None:
-                print(f"paratrain: resuming {cfg.out} from its checkpoint of step {resume['step']}", flush=True)
-            if cfg.warmup_steps >= length.total_steps:  # a recipe's warm-up kept over fewer --epochs, say
-                print(f"paratrain: note: --warmup-steps {cfg.warmup_steps} is as long as the run's "
-                      f"{length.total_steps} steps, so the learning rate never reaches --lr {cfg.lr:g}; lower "
-                      "--warmup-steps", flush=True)
-            name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
-            hw = plan.hardware
-            print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "
-                  f"{hw.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}",
-                  flush=True)
-    marks["launched"] = time.time()
-    summary = launch.run(dataclasses.replace(plan, clock=marks))
-    if summary is not None and not launch.under_torchrun():  # the workers have left: how long that took
-        summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
-        try:
-            write_summary(Path(cfg.out), summary)
-        except WriteFailed as e:  # the run is done and saved: only this last figure is not on disk
-            print(f"paratrain: warning: {e.path} keeps the summary without the shutdown time ({e.cause.strerror})",
-                  file=sys.stderr, flush=True)
-    if summary is not None:  # the last line (also with --quiet), from the command line and from Python alike
-        rate = summary["examples_per_sec"]  # None when no step was timed (a start that trained none, and no record)
-        print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
-              f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
-              f"steps {summary['steps']}  -> {cfg.out}", flush=True)
-        if cfg.time_phases:
-            print(clock.table(summary), flush=True)
-    return summary
-
-
 def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[], nn.Module] | None = None,
              loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, dataset: str | None = None,
              data_dir: str | None = None, download: bool | None = None, accelerator: str = "auto") -> dict[str, Any]:
     """Test accuracy and mean loss (cross-entropy, or `loss`) of a run's last checkpoint (or a .pt file) on
     one device. `data` defaults to the run's own dataset (a run on tensors of your own needs them again);
     a run of a user's network needs its factory (`model`)."""
-    from . import checkpoint, devices, dist, runplan
+    from . import checkpoint, devices, dist
     from .build import make_batch_transforms, memory_format
     from .evaluation import evaluate as evaluate_on
 
     _check_callables(model=model, loss=loss)
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
-    if _is_folder(data):
+    if is_folder(data):
         dataset, data_dir, data = "imagefolder", str(data), None
     elif isinstance(data, str):
         dataset = data
@@ -307,7 +174,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
                         f"DIR)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never followed")
     cfg = C.validate(cfg.replace(dataset=dataset, data_dir=data_dir, overwrite=False, **folder,
                                  download=C.TrainConfig.download if download is None else download))
-    device = runplan.device_map(devices.resolve(accelerator, "1", None))[0]  # a bad --accelerator fails before any data
+    device = devices.device_map(devices.resolve(accelerator, "1", None))[0]  # a bad --accelerator fails before any data
     if isinstance(data, torch.utils.data.Dataset):  # decoded into a cache of its own, not into the run
         import tempfile
 
@@ -350,7 +217,7 @@ def _check_shapes(run: str | Path, state: dict, splits: Splits) -> None:
 
 def _model_name(cfg: C.TrainConfig, state: dict, model: Callable[[], nn.Module] | None) -> str:
     """The model as the run's summary names it: the registry's name, or the class of the user's network."""
-    from .own import name_of
+    from .userframes import name_of
 
     if cfg.model != "custom":
         return cfg.model

@@ -121,11 +121,21 @@ def load(path: str | Path) -> dict[str, Any]:
         path = path / "checkpoints" / "last.pt"
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else is damaged or foreign
+    with open(path, "rb") as f:  # opened once: the check of its kind and the load read the same file
+        state = _load_open(f, path)
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
+        raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
+                        f"{', '.join(k for k in REQUIRED if not isinstance(state, dict) or k not in state)})")
+    return state
+
+
+def _load_open(f: Any, path: Path) -> Any:
+    if not zipfile.is_zipfile(f):  # torch.save writes a zip archive; anything else is damaged or foreign
         raise UserError(f"checkpoint {path} is unreadable: it is not a torch checkpoint (damaged, or another "
                         "kind of file); use another one")
+    f.seek(0)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"checkpoint {path} was refused: it holds more than weights ({first[:160]}); "
@@ -134,38 +144,20 @@ def load(path: str | Path) -> dict[str, Any]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"checkpoint {path} is unreadable ({first[:160]}); it is truncated or not a "
                         "torch checkpoint: use another one") from None
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
-        raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
-                        f"{', '.join(k for k in REQUIRED if not isinstance(state, dict) or k not in state)})")
-    return state
 
 
-def owned(state: Any) -> Any:
-    """A copy of a checkpoint (nested dicts, lists, tuples of tensors) whose tensors belong to this process.
+def agree(ctx: Any, local: dict[str, Any] | None, error: str | None,
+          restarts: int) -> tuple[dict[str, Any] | None, int]:
+    """The group's one checkpoint to carry on from: the newest any worker found, and the most restarts any of
+    them counts (collective: every worker calls it, also one with an `error`).
 
-    A checkpoint handed to spawned workers lies in shared memory: every worker sees the same buffers.
-    `Optimizer.load_state_dict` keeps a tensor that already has the right device and dtype instead of
-    copying it, so without this copy every worker updated one momentum or Adam moment buffer in place,
-    N times a step (resumed and restarted runs on N > 1 workers trained another model)."""
-    if isinstance(state, torch.Tensor):
-        return state.clone()
-    if isinstance(state, dict):
-        return {k: owned(v) for k, v in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(owned(v) for v in state)
-    return state
-
-
-def newest_in_group(ctx: Any, local: dict[str, Any] | None, error: str | None,
-                    restarts: int) -> tuple[dict[str, Any] | None, int]:
-    """The newest of the checkpoints the workers offer (found on their own disks), for all of them, and the
-    most restarts any of them counts (collective: every worker calls it, also one with an `error`).
-
-    Rank 0 writes the checkpoints, on its node only, and after a torchrun restart rank 0 may be on
-    another node: so every worker offers what it has, and the one with the most steps sends it to all.
-    torchrun counts restarts per node (a node whose workers were healthy restarts them without counting),
-    so the restart count is the group's largest. A worker's `error` (an unreadable checkpoint, one of
-    another model) stops every worker with that message. The checkpoint is None where nobody has one."""
+    Each worker offers the step of the checkpoint it read from its own disk. Rank 0 writes the checkpoints,
+    on its node only, and after a torchrun restart rank 0 may be on another node; so a worker that found an
+    older one, or none, receives the newest from a worker that holds it, point to point. A worker that found
+    the same step keeps what it read: on one machine (one disk) nothing is sent. torchrun counts restarts
+    per node (a node whose workers were healthy restarts them without counting), so the restart count is the
+    group's largest. A worker's `error` (an unreadable checkpoint, one of another model) stops every worker
+    with that message. The checkpoint is None where nobody has one."""
     import torch.distributed as dist
 
     if not ctx.distributed:
@@ -177,13 +169,20 @@ def newest_in_group(ctx: Any, local: dict[str, Any] | None, error: str | None,
     for rank, (_, _, problem) in enumerate(offers):
         if problem:
             raise UserError(f"rank {rank}: {problem}")
-    newest = max(range(ctx.world_size), key=lambda r: (offers[r][0], -r))
+    newest = max(step for step, _, _ in offers)
     restarts = max(r for _, r, _ in offers)
-    if offers[newest][0] < 0:
+    if newest < 0:
         return None, restarts
-    box = [local if ctx.rank == newest else None]
-    dist.broadcast_object_list(box, src=newest)
-    return box[0], restarts
+    holder = min(r for r in range(ctx.world_size) if offers[r][0] == newest)
+    lacking = [r for r in range(ctx.world_size) if offers[r][0] != newest]
+    if ctx.rank == holder:
+        for rank in lacking:
+            dist.send_object_list([local], dst=rank)
+    elif ctx.rank in lacking:
+        box: list[Any] = [None]
+        dist.recv_object_list(box, src=holder)
+        local = box[0]
+    return local, restarts
 
 
 def model_mismatch(state: dict[str, Any], model: str, where: str | Path) -> str | None:

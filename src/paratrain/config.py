@@ -20,7 +20,6 @@ import yaml
 
 from .errors import UserError, closest
 from .import_path import absolute, is_import_path
-from .strategies import REGISTRY
 
 # custom: paratrain.fit(model=...)
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "custom")
@@ -33,6 +32,8 @@ PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 BATCHNORM = ("sync", "local")
+# the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
+STRATEGIES = ("ddp", "tower", "pipeline", "hybrid")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -70,7 +71,7 @@ class TrainConfig:
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
     strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
                        "pipeline: the layers cut into --stages, a process each; hybrid: data x pipeline",
-                       choices=tuple(REGISTRY))
+                       choices=STRATEGIES)
     param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
                            choices=("auto", "cpu", "cuda:0"))
     devices: str = _f("auto", "workers (processes): auto or a number")
@@ -348,8 +349,6 @@ def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Fill the per-dataset defaults, then reject impossible values with a message that says what to do."""
-    from .strategies import get
-
     if cfg.dataset in DATASET_DEFAULTS:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
     if is_import_path(cfg.model):  # config.yaml names the same file from any folder
@@ -359,8 +358,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_choices(cfg)
     _check_numbers(cfg)
     _check_combinations(cfg)
-    get(cfg.strategy).check(cfg)  # what the strategy cannot take
-    return cfg
+    return cfg  # what a strategy cannot take is its own to refuse (strategies.checked)
 
 
 def _bad(msg: str) -> None:

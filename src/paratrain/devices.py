@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .env import Environment
 from .errors import UserError
 
 # Past a handful of CPU workers, gloo's all-reduce and a dataset copy per process cost more than
@@ -64,7 +65,7 @@ def describe() -> dict:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Hardware:
     accelerator: str  # "cpu" or "gpu"
     workers: int
     threads_per_worker: int
@@ -77,7 +78,7 @@ class Plan:
 MAX_OVERSUBSCRIPTION = 4  # --oversubscribe: CPU workers a core, at most
 
 
-def resolve(accelerator: str, devices: str, threads_per_worker: int | None, oversubscribe: bool = False) -> Plan:
+def resolve(accelerator: str, devices: str, threads_per_worker: int | None, oversubscribe: bool = False) -> Hardware:
     """Turn --accelerator/--devices/--threads-per-worker into a concrete plan, or a UserError.
     `oversubscribe` lets CPU workers outnumber the cores (one thread each): slow, but it runs."""
     n_gpus = torch.cuda.device_count()
@@ -93,14 +94,14 @@ def resolve(accelerator: str, devices: str, threads_per_worker: int | None, over
                             f"use --devices {n_gpus} or fewer")
         # GPU workers need few CPU threads; share the cores without oversubscribing them.
         threads = threads_per_worker or max(1, cores // workers)
-        return Plan("gpu", workers, threads, "nccl")
+        return Hardware("gpu", workers, threads, "nccl")
     workers = min(cores, MAX_AUTO_CPU_WORKERS) if devices == "auto" else int(devices)
     if oversubscribe and workers > cores:
         if workers > MAX_OVERSUBSCRIPTION * cores:  # thousands of processes would hang the machine
             raise UserError(f"--devices {workers} --oversubscribe: at most {MAX_OVERSUBSCRIPTION} workers a core "
                             f"({MAX_OVERSUBSCRIPTION * cores} here); use --devices {MAX_OVERSUBSCRIPTION * cores} "
                             "or fewer")
-        return Plan("cpu", workers, 1, "gloo")
+        return Hardware("cpu", workers, 1, "gloo")
     if workers > cores:
         raise UserError(f"--devices {workers} asks for more CPU workers than the {cores} cores here "
                         f"(it would oversubscribe them); use --devices {cores} or fewer, or --oversubscribe")
@@ -108,4 +109,24 @@ def resolve(accelerator: str, devices: str, threads_per_worker: int | None, over
     if workers * threads > cores:
         raise UserError(f"{workers} workers x {threads} threads exceed the {cores} cores here; "
                         f"lower --threads-per-worker to {max(1, cores // workers)}")
-    return Plan("cpu", workers, threads, "gloo")
+    return Hardware("cpu", workers, threads, "gloo")
+
+
+def for_group(env: Environment, accelerator: str, threads_per_worker: int | None) -> Hardware:
+    """The processes a launcher's group imposes (torchrun's): its world size, and this node's cores shared by
+    its local workers."""
+    n_gpus = torch.cuda.device_count()
+    if accelerator == "auto":
+        accelerator = "gpu" if n_gpus else "cpu"
+    if accelerator == "gpu" and env.local_rank >= n_gpus:
+        raise UserError(f"torchrun started {env.local_world_size} workers on this node but it has {n_gpus} GPU(s); "
+                        f"use --nproc-per-node {n_gpus} or --accelerator cpu")
+    threads = threads_per_worker or max(1, usable_cores() // env.local_world_size)
+    return Hardware(accelerator, env.world_size, threads, "nccl" if accelerator == "gpu" else "gloo")
+
+
+def device_map(hardware: Hardware, first: int = 0) -> tuple[str, ...]:
+    """Each worker's device: a GPU each from `first` on, or the CPU."""
+    if hardware.accelerator == "gpu":
+        return tuple(f"cuda:{first + i}" for i in range(hardware.workers))
+    return ("cpu",) * hardware.workers

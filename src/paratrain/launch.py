@@ -1,168 +1,41 @@
-"""Start the workers: spawn them on this machine, or join the group torchrun made.
-
-This module reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...); prefork.py, which must not
-import torch, says whether torchrun started this process (`under_torchrun`, used here too) and reads
-PARATRAIN_START_METHOD.
+"""Start the workers of a plan: in this process, in N processes started here (forked from prefork.py's
+forkserver, or spawned), or as this process's part of a group that torchrun formed (env.py says which).
+What each worker does is the `target` it is given (worker.work); the launcher's own concerns are the
+processes: their start, heartbeats, signals, restarts after a death, and why a worker died.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
 
-from . import dist, prefork
+from . import prefork
 from .config import TrainConfig
-from .devices import Plan, usable_cores
 from .errors import UserError, one_line
-from .interrupt import Stopped, StopRequest
-from .partition import agent_wait
+from .interrupt import Stopped
+from .oom import OomWatch
+from .proc import die_with_parent, end_process, free_port, name_process, on_loopback, worker_name
+from .rundir import step_checkpoints
+from .runplan import RunPlan
+from .tcp_timeout import agent_wait
+from .userframes import user_frame_in_text
+from .worker import work
 
-if TYPE_CHECKING:
-    from .runplan import RunPlan
-
-under_torchrun = prefork.under_torchrun
-
-
-def torchrun_ranks() -> tuple[int, int, int]:
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-
-
-def local_workers() -> int:
-    """How many workers torchrun started on this node."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", torchrun_ranks()[1]))
-
-
-def torchrun_plan(accelerator: str, threads_per_worker: int | None) -> Plan:
-    """The plan torchrun imposes: its world size, and this node's cores shared by its local workers."""
-    _, world_size, local_rank = torchrun_ranks()
-    on_node = local_workers()
-    n_gpus = torch.cuda.device_count()
-    if accelerator == "auto":
-        accelerator = "gpu" if n_gpus else "cpu"
-    if accelerator == "gpu" and local_rank >= n_gpus:
-        raise UserError(f"torchrun started {on_node} workers on this node but it has {n_gpus} GPU(s); "
-                        f"use --nproc-per-node {n_gpus} or --accelerator cpu")
-    threads = threads_per_worker or max(1, usable_cores() // on_node)
-    return Plan(accelerator, world_size, threads, "nccl" if accelerator == "gpu" else "gloo")
-
-
-def tune_malloc() -> None:
-    """Keep freed activation buffers in the heap instead of returning them to the kernel.
-
-    With glibc's defaults, every large batch-sized buffer is mmap'd and unmapped each step; at batch
-    512 that cost 20-50% of CPU time in page faults on the build machine (DESIGN.md). mallopt does at
-    run time what GLIBC_TUNABLES would do at start-up, so it also works in this very process.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (musl, ...): nothing to tune
-        return
-    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
-    libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's ceiling for this knob on 64-bit
-    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
-    libc.mallopt(M_TOP_PAD, 256 * 2**20)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Linux: this worker is killed when the process that started it dies: the forkserver, which ends when the
-    launcher does (prefork.detach), or the launcher that spawned it (a search's pool process killed for
-    memory must not leave its trial's workers running on GPUs a new trial is given)."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux
-        pass
-
-
-def name_process(name: str) -> str | None:
-    """Linux: call this process `name` (at most 15 bytes) in `ps -o comm`, `top` and `pgrep`, since forked
-    workers show their forkserver's command line, the same for every rank. Returns the name it had."""
-    try:
-        before = Path("/proc/self/comm").read_text().strip()
-        ctypes.CDLL("libc.so.6").prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-        return before
-    except (OSError, AttributeError):  # not Linux
-        return None
-
-
-def worker_name(rank: int) -> str:
-    return f"paratrain-w{rank}"
-
-
-def on_loopback() -> None:
-    """Keep this spawned worker's connections on the loopback interface: gloo (and NCCL's bootstrap) would
-    otherwise listen on the address the hostname resolves to, which may be reachable from other machines.
-    (The rendezvous store listens on 127.0.0.1: dist.loopback_store.) Not under torchrun, whose workers
-    must reach other nodes."""
-    loopback = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]  # Linux, BSD/macOS
-    if loopback:
-        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback[0]
-
-
-def _set_threads(n: int) -> None:
-    torch.set_num_threads(n)
-    try:
-        torch.set_num_interop_threads(1)  # the loop issues one op at a time; spare threads only contend
-    except RuntimeError:  # already set in this process (in-process runs, tests)
-        pass
-
-
-def _train_here(rank: int, world_size: int, local_rank: int, local_port: int | None, plan: RunPlan,
-                devices: list[str] | None, restarts: int = 0, find_checkpoint: bool = False,
-                on_step: Callable[[int], None] | None = None) -> dict[str, Any] | None:
-    """This process as one worker: tune it, join the group, train, leave the group.
-    `find_checkpoint`: carry on from the newest checkpoint that any worker of the group was given or finds
-    in --out (torchrun, where each node has its own disk). `on_step(step)`: after each update."""
-    from .checkpoint import newest_in_group
-    from .train import check_not_past, fit, run_length
-
-    cfg = plan.cfg
-    entered = plan.clock.get("worker_entered", time.time())  # in-process: the launch, a moment ago
-    tune_malloc()
-    _set_threads(plan.hardware.threads_per_worker)
-    ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout)
-    plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": entered, "joined": time.time()})
-    try:
-        if find_checkpoint:
-            given = plan.resume is not None
-            resume, restarts = newest_in_group(ctx, *_offer(cfg, plan.resume), restarts)
-            if resume is not None and not given:
-                plan = plan.carried_on(resume, cfg.out)
-                if ctx.is_main:
-                    print(f"paratrain: carrying on from the checkpoint of step {resume['step']} found in {cfg.out}",
-                          file=sys.stderr, flush=True)
-            else:
-                plan = dataclasses.replace(plan, resume=resume)
-            if resume is not None:  # every worker holds the same checkpoint step: all refuse alike
-                check_not_past(resume["step"], run_length(cfg, len(plan.data.train[1])).total_steps, cfg.out)
-        with StopRequest().installed() as stop:
-            return fit(ctx, plan, devices=devices, stop=stop, restarts=restarts, on_step=on_step)
-    finally:
-        dist.teardown(ctx)
+Target = Callable[..., "dict[str, Any] | None"]
 
 
 def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int, heartbeats: Any, steps: Any,
-            result_queue: Any, environ: dict[str, str], streams: None = None) -> None:
+            result_queue: Any, environ: dict[str, str], streams: None, target: Target) -> None:
     """Entry point of a spawned worker: a UserError goes to the launcher (which raises it, so a Python
     caller gets the exception and the command line its one line) and becomes the exit code; a collective
     that timed out names the workers whose heartbeat stopped. `steps`: where each worker's last finished
@@ -170,19 +43,17 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
     `streams`: its standard output and error, already adopted as the arguments were unpickled (prefork.Streams)."""
     prefork.detach()
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": time.time()})
-    if isinstance(plan.resume, prefork.Packed):
-        plan = dataclasses.replace(plan, resume=plan.resume.unpack())
     for name in set(os.environ) - set(environ):
         del os.environ[name]
     os.environ.update(environ)
-    _die_with_parent()
+    die_with_parent()
     name_process(worker_name(rank))
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()
     on_loopback()
     try:
-        summary = _train_here(rank, world_size, rank, port, plan, describe_devices(plan), restarts,
-                              on_step=partial(steps.__setitem__, rank))
+        summary = target(rank, world_size, rank, port, plan, describe_devices(plan), restarts,
+                         on_step=partial(steps.__setitem__, rank))
         if summary is not None:
             result_queue.put(summary)
     except UserError as e:  # every worker may meet it (a NaN on one is seen by all); the launcher reads the first
@@ -198,21 +69,6 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
               flush=True)
         end_process(TIMEOUT_EXIT)
     end_process(0)
-
-
-def end_process(code: int) -> NoReturn:
-    """Leave a process that was in a process group without Python's finalization.
-
-    A gloo worker thread can still hold the last reference to a tensor of a finished collective when the
-    main thread exits; if it lets go while the interpreter is finalizing, it cannot take the GIL and the
-    process aborts (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489).
-    DDP keeps the process group alive past destroy_process_group, so its threads cannot be joined first.
-    That happened at the end of about 1 run in 8 with 2 workers here. The run's files are closed by then
-    (metrics.jsonl is flushed at every line, the result queue is written at once, and the Trainer closes
-    TensorBoard however the run ends, a timed-out collective included)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def _timed_out(e: RuntimeError) -> bool:
@@ -239,37 +95,36 @@ def describe_devices(plan: RunPlan) -> list[str]:
     return [f"{d} {torch.cuda.get_device_name(d)}" if d.startswith("cuda") else cpu for d in plan.devices]
 
 
-def run(plan: RunPlan) -> dict[str, Any] | None:
-    """Run training on the plan's workers; returns rank 0's summary (None on other torchrun ranks)."""
-    cfg = plan.cfg
-    if under_torchrun():
-        rank, world_size, local_rank = torchrun_ranks()
+def run(plan: RunPlan, target: Target = work) -> dict[str, Any] | None:
+    """Run `target` (worker.work) on the plan's workers; returns rank 0's summary (None on other ranks of a
+    launcher's group). A restart after a dead worker (--max-restarts) calls it again: the workers then carry
+    on from the newest checkpoint in the run folder, as every start does."""
+    cfg, env = plan.cfg, plan.env
+    if env.in_group:
         # torchrun --max-restarts starts the workers again after a failure, on every node, but counts the
-        # restart only on the node that failed: so every start looks for a checkpoint in --out and carries
-        # on from the newest one any node has (rank 0 writes them, on its own disk).
-        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        before = name_process(worker_name(rank))  # the user's script, when it calls paratrain.fit: renamed back
+        # restart only on the node that failed: every start carries on from the newest checkpoint any node
+        # has, and the group takes the highest count (checkpoint.agree).
+        before = name_process(worker_name(env.rank))  # the user's script, when it calls paratrain.fit: renamed back
         try:
-            return _train_here(rank, world_size, local_rank, None, plan, None, restarts, find_checkpoint=True)
+            return target(env.rank, env.world_size, env.local_rank, None, plan, None, env.restarts)
         except RuntimeError as e:
             if not _timed_out(e):
                 raise
             # torchrun's summary names the first rank to exit: after a timeout, one that waited, not the culprit
-            nodes = world_size > local_workers()
-            wait = agent_wait(cfg.collective_timeout) if nodes else ""
-            raise UserError(f"rank {rank}: a collective waited more than --collective-timeout "
+            wait = agent_wait(cfg.collective_timeout) if env.nodes > 1 else ""
+            raise UserError(f"rank {env.rank}: a collective waited more than --collective-timeout "
                             f"{cfg.collective_timeout:g} s for a worker that stopped answering"
-                            f"{' or a node the network cut off' if nodes else ''} (torchrun's report names the "
-                            f"first rank to exit, which may be this one){'; ' + wait if wait else ''}",
+                            f"{' or a node the network cut off' if env.nodes > 1 else ''} (torchrun's report names "
+                            f"the first rank to exit, which may be this one){'; ' + wait if wait else ''}",
                             code=1) from None
         finally:
             if before is not None:
                 name_process(before)
     if plan.hardware.workers == 1:
-        return _train_here(0, 1, 0, None, plan, describe_devices(plan))
+        return target(0, 1, 0, None, plan, describe_devices(plan))
     for restarts in range(cfg.max_restarts + 1):
         try:
-            return _spawn(plan, restarts)
+            return _spawn(plan, target, restarts)
         except WorkerFailed as e:
             # An exception in the user's code is not restarted: a resumed run replays the same steps exactly,
             # so it would raise again at the same step.
@@ -281,31 +136,7 @@ def run(plan: RunPlan) -> dict[str, Any] | None:
                 raise UserError(f"{e}; the run stopped{hint}", code=1) from None
             print(f"paratrain: {e}; restarting all workers from the last checkpoint "
                   f"(restart {restarts + 1} of {cfg.max_restarts})", file=sys.stderr, flush=True)
-            plan = plan.carried_on(_last_checkpoint(cfg), cfg.out)
     raise AssertionError("unreachable")
-
-
-def _offer(cfg: TrainConfig, resume: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
-    """What this worker brings to the group's choice of checkpoint: the one it was given (--resume) or the
-    one in its --out, or why that one cannot be used (every worker then stops with that message)."""
-    if resume is not None:
-        return resume, None
-    try:
-        found = _last_checkpoint(cfg)
-    except UserError as e:
-        return None, str(e)
-    from .checkpoint import model_mismatch
-
-    if found is not None and (why := model_mismatch(found, cfg.model, cfg.out)):
-        return None, f"{why}; pass another --out for a new run"
-    return found, None
-
-
-def _last_checkpoint(cfg: TrainConfig) -> dict[str, Any] | None:
-    """The newest checkpoint of the run in --out that loads (None where it has none)."""
-    from .checkpoint import newest_loadable
-
-    return newest_loadable(Path(cfg.out) / "checkpoints")
 
 
 class WorkerFailed(Exception):
@@ -320,7 +151,7 @@ class WorkerFailed(Exception):
 MAIN_GUARD_EXIT = 5  # a spawned worker found the user's script calling fit as it was imported (api.fit)
 
 
-def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
+def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
     cfg = plan.cfg
     plan = dataclasses.replace(plan, clock={**plan.clock, "launched": time.time()})  # this attempt's (restarts)
     port = free_port()
@@ -330,16 +161,14 @@ def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
     results = smp.SimpleQueue()
     workers = plan.hardware.workers
     heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
-    steps = smp.Array("q", [(plan.resume or {}).get("step", 0)] * workers, lock=False)
+    saved = step_checkpoints(_checkpoints(cfg))  # by name: where a worker that dies before its first step was
+    steps = smp.Array("q", [saved[-1][0] if saved else 0] * workers, lock=False)
     # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
-    # its path; loaded and checked once, here.
-    if plan.resume is not None and method == "forkserver":
-        plan = dataclasses.replace(plan, resume=prefork.Packed(plan.resume))
+    # its path; each worker reads the checkpoint it carries on from itself (resume.py).
     # The environment and standard streams as they are now: a forked worker would otherwise have the
     # forkserver's, from its start.
     context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, steps, results,
-                                                dict(os.environ),
-                                                prefork.streams()),
+                                                dict(os.environ), prefork.streams(), target),
                                  nprocs=workers, join=False, start_method=method)
     try:
         return _join(context, results, steps, cfg)
@@ -349,8 +178,6 @@ def _spawn(plan: RunPlan, restarts: int) -> dict[str, Any]:
 
 def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig) -> dict[str, Any]:
     """Wait for the workers; rank 0's summary, or the exception that says why the run ended."""
-    from .oom import OomWatch
-
     old_term = signal.signal(signal.SIGTERM, _raise_terminated)
     watch = OomWatch()
     try:
@@ -384,8 +211,6 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig) -> dict[str,
 
 
 def _crashed(e: mp.ProcessRaisedException) -> WorkerFailed:
-    from .own import user_frame_in_text
-
     print(str(e), file=sys.stderr, flush=True)
     last = str(e).strip().splitlines()[-1] if str(e).strip() else "an exception"
     where = user_frame_in_text(str(e))  # the user's own code on the stack: a bug a restart will not mend
@@ -451,3 +276,9 @@ def stop_processes(processes: list, signum: int) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def _checkpoints(cfg: TrainConfig) -> Any:
+    from pathlib import Path
+
+    return Path(cfg.out) / "checkpoints"

@@ -8,78 +8,20 @@ than a traceback in every worker followed by a hint about restarts that cannot h
 
 from __future__ import annotations
 
-import os
-import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .env import detect
 from .errors import UserError
 from .import_path import is_import_path
+from .userframes import failed, name_of
 
 
-def _libraries() -> tuple[str, ...]:
-    """Where code that is not the user's lives: Python's standard library, installed packages, paratrain."""
-    import site
-    import sysconfig
-
-    import torch as _torch
-
-    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    paths |= set(site.getsitepackages()) | {site.getusersitepackages()}  # pip --user, Debian's dist-packages
-    paths |= {str(Path(_torch.__file__).parent), str(Path(__file__).resolve().parent)}
-    return tuple(str(Path(p).resolve()) + os.sep for p in paths)
-
-
-_LIBRARIES = _libraries()
-
-
-def _is_library(filename: str) -> bool:
-    """Code that is not the user's: under a library folder, or Python's own (<frozen ...>, <string>)."""
-    return filename.startswith("<") or str(Path(filename).resolve()).startswith(_LIBRARIES)
-
-
-def user_frame(tb: Any) -> str:
-    """Where the user's code failed: the last frame of a traceback outside torch and paratrain ("" if none)."""
-    frames = [f for f in traceback.extract_tb(tb) if not _is_library(f.filename)]
-    return _where(frames[-1].filename, frames[-1].lineno, frames[-1].name, frames[-1].line) if frames else ""
-
-
-def user_frame_in_text(text: str) -> str:
-    """The same, from a traceback as text (a worker's, which reaches this process as a string)."""
-    import re
-
-    found = ""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = re.match(r'\s*File "(.+)", line (\d+), in (.+)', line)
-        if m and not _is_library(m.group(1)):
-            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            found = _where(m.group(1), int(m.group(2)), m.group(3), code)
-    return found
-
-
-def _where(filename: str, lineno: int | None, name: str, code: str | None) -> str:
-    return f"{Path(filename).name}:{lineno} in {name}" + (f": {code.strip()}" if code else "")
-
-
-def failed(what: str, e: BaseException) -> UserError:
-    where = user_frame(e.__traceback__)
-    return UserError(f"{what}: {type(e).__name__}: {e}" + (f" (at {where})" if where else ""))
-
-
-def name_of(factory: Any) -> str:
-    """A factory's name as its code spells it (a class, a function, a lambda), without the enclosing
-    function's "<locals>" path."""
-    return getattr(factory, "__qualname__", type(factory).__name__).rsplit("<locals>.", 1)[-1]
-
-
-def check_and_describe(parts: Any, cfg: Any, data: Any) -> tuple[dict[str, Any], nn.Module]:
+def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
     """Build the user's network (once, on the CPU), run it on two training images as training prepares
-    them, and build the optimizer over it. Returns what will run, in words, for config's companion record,
-    and the network it built (for the caller's other checks)."""
+    them, and build the optimizer over it. Returns what will run, in words, for config's companion record."""
     from .build import make_batch_transforms, make_model
 
     record: dict[str, Any] = {}
@@ -107,7 +49,7 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> tuple[dict[str, Any],
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
         record["optimizer"] = describe_optimizer(optimizer)
     record["loss"] = name_of(parts.loss) if parts.loss is not None else "cross_entropy (paratrain's default)"
-    return record, net
+    return record
 
 
 def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, loss: Any) -> None:
@@ -130,7 +72,7 @@ def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: A
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UserError(f"your network returned {got} for {len(x)} images; it must return N x K logits, K at "
                         f"least the {data.num_classes} classes of the data")
-    if scores and out.shape[1] > data.num_classes and not cfg.quiet and _first_rank():  # it trains; meant?
+    if scores and out.shape[1] > data.num_classes and not cfg.quiet and detect().is_main:  # it trains; meant?
         print(f"paratrain: note: your network gives {out.shape[1]} scores per image and the data has "
               f"{data.num_classes} classes; the other {out.shape[1] - data.num_classes} never match a label (a "
               "factory that takes num_classes is given the data's)", flush=True)
@@ -175,10 +117,3 @@ def settings_that_ran(optimizer: dict[str, Any]) -> dict[str, Any]:
     if found.get("lr") == 0:
         del found["lr"]
     return found
-
-
-def _first_rank() -> bool:
-    """Whether this process speaks for the run (torchrun starts every rank through the same checks)."""
-    from .launch import torchrun_ranks, under_torchrun
-
-    return not under_torchrun() or torchrun_ranks()[0] == 0

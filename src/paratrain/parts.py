@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .userframes import name_of
+
 
 def _rebuild(blob: bytes, files: dict[tuple[str, int], str] | None = None) -> Parts:
     import pickle
@@ -99,8 +101,6 @@ class Parts:
     record: dict[str, Any] | None = None  # what they are, in words (own.check_and_describe), for the run's record
 
     def model_name(self) -> str:
-        from .own import name_of
-
         return name_of(self.model)
 
     def __reduce__(self) -> tuple[Any, ...]:

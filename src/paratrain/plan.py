@@ -86,7 +86,7 @@ def measure_link(sizes: tuple[int, ...] = (1, 2**14, 2**18, 2**21), repeats: int
     """All-reduce bandwidth and latency between 2 local gloo processes, fitted to the ring model."""
     import torch.multiprocessing as mp
 
-    from .launch import free_port
+    from .proc import free_port
 
     queue = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_time_allreduce, args=(free_port(), sizes, repeats, queue),
@@ -102,7 +102,7 @@ def _time_allreduce(rank: int, port: int, sizes: tuple[int, ...], repeats: int, 
     import torch.distributed as dist
 
     from .dist import loopback_store
-    from .launch import on_loopback
+    from .proc import on_loopback
 
     torch.set_num_threads(1)
     on_loopback()
@@ -130,7 +130,7 @@ def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: i
     after the other, so machine drift mostly cancels."""
     import torch.multiprocessing as mp
 
-    from .launch import free_port
+    from .proc import free_port
 
     queue = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_time_compute, args=(free_port(), n, model, (base_batch, batch),
@@ -146,7 +146,7 @@ def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, 
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from .launch import tune_malloc
+    from .proc import tune_malloc
 
     torch.set_num_threads(1)
     tune_malloc()  # as in a training worker
@@ -165,7 +165,7 @@ def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, 
         return statistics.median(samples)
 
     from .dist import loopback_store
-    from .launch import on_loopback
+    from .proc import on_loopback
 
     on_loopback()
     dist.init_process_group("gloo", store=loopback_store(rank, n, port), rank=rank, world_size=n)

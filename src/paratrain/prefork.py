@@ -20,16 +20,9 @@ import os
 import signal
 import sys
 
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+from .env import detect
 
-
-def under_torchrun() -> bool:
-    """torchrun started this process (here, not in launch.py, which imports torch: the command line asks
-    before it does)."""
-    return all(v in os.environ for v in TORCHRUN_VARS)
-
-
-PRELOAD = ["paratrain._in_forkserver", "torch", "torch._dynamo", "paratrain.train", "paratrain.launch"]
+PRELOAD = ["paratrain._in_forkserver", "torch", "torch._dynamo", "paratrain.worker", "paratrain.launch"]
 
 
 def start_method() -> str:
@@ -70,28 +63,6 @@ def detach() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-class Packed:
-    """A checkpoint handed to forked workers as one serialized buffer. The forkserver passes at most 256 file
-    descriptors with a worker's arguments, and each tensor in shared memory is one (a network resumed with
-    Adam's state has 4 per parameter). Unpacked, each worker owns its copy."""
-
-    def __init__(self, state: dict) -> None:
-        import io
-
-        import torch
-
-        buffer = io.BytesIO()
-        torch.save(state, buffer)
-        self.data = buffer.getvalue()
-
-    def unpack(self) -> dict:
-        import io
-
-        import torch
-
-        return torch.load(io.BytesIO(self.data), weights_only=False)  # this run's launcher wrote it, in memory
-
-
 class Streams:
     """The launcher's standard output and error as they are at the launch, for a worker to write to: a forked
     worker would otherwise write where the forkserver's pointed when it started (a caller may have
@@ -119,4 +90,4 @@ def worth_warming(devices: str, strategy: str = "ddp") -> bool:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return not under_torchrun() and strategy != "tower" and devices != "1" and (devices != "auto" or cores > 1)
+    return not detect().in_group and strategy != "tower" and devices != "1" and (devices != "auto" or cores > 1)

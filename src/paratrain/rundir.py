@@ -1,8 +1,10 @@
-"""Output folders: checked before any work, so that a bad --out costs one line and nothing else."""
+"""Output folders: checked before any work, so that a bad --out costs one line and nothing else; a run's folder
+held (locked) for the run's whole life; the files a run writes, written whole or not at all."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import tempfile
@@ -141,3 +143,47 @@ def write_atomic(path: Path, text: str) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+@contextlib.contextmanager
+def held(path: Path) -> Iterator[None]:
+    """Hold the run folder `path` for the whole life of a run: an exclusive flock on the folder itself, taken
+    before any file of the run is read or written and let go when the run ends (the kernel lets go when this
+    process ends, however it ends). A second command on the same folder is refused in one line that names
+    the process holding it, and touches nothing. The folder is made if missing, and removed again (with the
+    parents made for it) if this start fails and leaves it empty."""
+    made = [p for p in [path, *path.parents] if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise UserError(f"--out {path} cannot be created or opened ({e.strerror or e}); pass a folder you can "
+                        "write to") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, or "
+                            "pass another --out", code=2) from None
+        yield
+    except BaseException:
+        for folder in made:  # deepest first; only those this start made, and only while empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    finally:
+        os.close(fd)
+
+
+def holder(path: Path) -> str:
+    """The process that holds the flock on `path`, in words (Linux's /proc/locks); "another process" elsewhere."""
+    try:
+        st = path.stat()
+        where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        with open("/proc/locks") as f:
+            pids = [line.split()[4] for line in f if "FLOCK" in line and line.split()[5] == where]
+        pid = next(p for p in pids if p.isdigit())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, StopIteration, IndexError):
+        return "another process"
+    return f"process {pid}" + (f": {command[:120]}" if command else "")

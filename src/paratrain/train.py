@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from . import checkpoint, clock, strategies
+from . import clock, strategies
 from .build import make_batch_transforms, make_model, memory_format, optimizer_parts
 from .config import TrainConfig
 from .data import Splits
-from .data.sharding import epoch_permutation, global_batch, steps_per_epoch, worker_part
+from .data.sharding import epoch_permutation, global_batch, worker_part
 from .dist import DistContext
 from .errors import UserError, WriteFailed
 from .evaluation import evaluate
@@ -39,6 +39,7 @@ from .interrupt import Stopped, StopRequest, signal_name
 from .parts import Parts
 from .phases import PhaseTimer
 from .rundir import step_checkpoints
+from .runlength import run_length, step_seed
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
 
@@ -60,40 +61,6 @@ def _quiet_compiler() -> None:
 
     inductor.compile_threads = 1
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """The seed of one worker's randomness (dropout, augmentation) at one step: a pure function, so a
-    resumed run draws exactly what an uninterrupted one would, and workers draw differently."""
-    return ((seed * 1_000_003 + step) * 4099 + rank) % (2**63)
-
-
-@dataclass(frozen=True)
-class Length:
-    per_epoch: int  # optimizer updates per epoch
-    total_steps: int
-    epochs: int
-
-
-def run_length(cfg: TrainConfig, n_train: int) -> Length:
-    """How many updates the run makes, and in how many epochs (--steps wins over --epochs)."""
-    per_epoch = steps_per_epoch(n_train, cfg.batch_size * cfg.accumulate)
-    if per_epoch == 0:
-        given = (f"--batch-per-worker {cfg.batch_per_worker} (a global batch of {cfg.batch_size})"
-                 if cfg.batch_per_worker else f"--batch-size {cfg.batch_size}")  # the flag the user gave
-        raise UserError(f"{given} x --accumulate {cfg.accumulate} is more than the {n_train} training examples; "
-                        "lower them")
-    total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
-    return Length(per_epoch, total, math.ceil(total / per_epoch))
-
-
-def check_not_past(done: int, total: int, run_dir: str) -> None:
-    """Refuse to carry on a run that has done more steps than the `total` this start asks for (it would be
-    evaluated again under a configuration that says otherwise)."""
-    if done > total:
-        raise UserError(f"the run in {run_dir} has done {done} steps, more than the {total} asked for; give more "
-                        f"steps (--steps or --epochs; steps= or epochs= in Python) to train it further, or evaluate "
-                        f"it with `paratrain eval {run_dir}` (paratrain.evaluate)")
 
 
 @dataclass
@@ -120,10 +87,11 @@ class RunState:
 
 
 class Trainer:
-    """One worker's training run: build it (set-up), then `run()` it once."""
+    """One worker's training run: build it (set-up, from the checkpoint `resume` it carries on from), then
+    `run()` it once."""
 
-    def __init__(self, ctx: DistContext, plan: RunPlan, stop: StopRequest | None = None,
-                 devices: list[str] | None = None, restarts: int = 0,
+    def __init__(self, ctx: DistContext, plan: RunPlan, resume: dict[str, Any] | None = None,
+                 stop: StopRequest | None = None, devices: list[str] | None = None, restarts: int = 0,
                  on_step: Callable[[int], None] | None = None) -> None:
         cfg, data = plan.cfg, plan.data
         self.ctx, self.cfg, self.stop_request, self.on_step = ctx, cfg, stop, on_step
@@ -133,7 +101,7 @@ class Trainer:
         self.length = run_length(cfg, len(data.train[1]))
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report = plan.report
-        self.state = self._set_up(data, plan.resume)
+        self.state = self._set_up(data, resume)
         # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
         self.data = data.to(ctx.device)
         self.prep = make_batch_transforms(cfg, self.data, ctx.device)
@@ -159,9 +127,7 @@ class Trainer:
     # ---- set-up ----
 
     def _set_up(self, data: Splits, resume: dict[str, Any] | None) -> RunState:
-        cfg = self.cfg
-        # The optimizer state is updated in place: this worker must own it, not share the caller's buffers.
-        resume = checkpoint.owned(resume) if resume is not None else None
+        cfg = self.cfg  # `resume`: read by this process (resume.py), its own to update in place
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
         module = self.strategy.build(make_model(cfg, data, self.parts), data, self.loss or training_loss(cfg))
         if resume is not None:  # before the optimizer and the EMA are built over it: they start from these weights
@@ -535,12 +501,3 @@ def _trained_figures(run_dir: Path, step: int) -> dict[str, Any]:
     if not isinstance(earlier, dict) or earlier.get("steps") != step:
         return {}
     return {k: earlier[k] for k in TRAINED_FIGURES if k in earlier}
-
-
-def fit(ctx: DistContext, plan: RunPlan, devices: list[str] | None = None, stop: StopRequest | None = None,
-        restarts: int = 0, on_step: Callable[[int], None] | None = None) -> dict[str, Any] | None:
-    """Train, evaluate, write the run directory: this worker's part of the plan (runplan.make). Returns the
-    summary on rank 0, None elsewhere. `stop` records SIGINT/SIGTERM: the workers then stop together, save,
-    and raise Stopped. `restarts`: how many times the launcher restarted this run after a worker died (for
-    the summary). `on_step(step)` is called after each update (launch keeps where each worker is)."""
-    return Trainer(ctx, plan, stop=stop, devices=devices, restarts=restarts, on_step=on_step).run()

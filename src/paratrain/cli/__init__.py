@@ -9,8 +9,10 @@ import os
 import sys
 from typing import NoReturn
 
+from ..env import detect
 from ..errors import UserError, one_line
 from ..interrupt import Stopped
+from ..proc import end_process
 from . import bench, devices, doctor, evaluate, plan, recipes, report, search, train
 from .parser import Parser
 from .train import resolve_config
@@ -36,11 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
         code = 130
-    if args.command == "train":
-        from .. import launch  # torch is loaded by now
-
-        if launch.under_torchrun():  # a worker of torchrun's group: leave without finalization (see end_process)
-            launch.end_process(code)
+    if args.command == "train" and detect().in_group:
+        end_process(code)  # a worker of torchrun's group: leave without finalization (see proc.end_process)
     return code
 
 

@@ -41,7 +41,7 @@ def _train_flags(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from .. import bench, devices, plot
-    from ..data import load_for
+    from ..inputs import load_for
 
     at_least_one(args, "repeats", "epochs", "steps", "batch_size")
     check_writable(args.out)

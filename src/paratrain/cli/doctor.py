@@ -24,7 +24,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import doctor, launch
+    from .. import doctor
+    from ..env import detect
     from ..errors import UserError
 
     if args.timeout <= 0:
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--devices must be auto or a number of devices of at least 1, not '{args.devices}'")
     if args.out:
         check_writable(args.out)
-    group = launch.under_torchrun()
+    group = detect().in_group
     if group:
         report = doctor.examine_group(args.timeout)
     else:

@@ -1,4 +1,4 @@
-"""`paratrain train`: one training run (api.train does the work)."""
+"""`paratrain train`: one training run (session.run does the work)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import argparse
 import sys
 
 from .. import config as C
+from ..env import detect
 from ..errors import UserError
 from ..rundir import check_writable
+from ..strategies import checked
 from .parser import add_train_flags
 
 
@@ -22,7 +24,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     """dataclass defaults <- the resumed run's config or a recipe <- --config YAML <- flags, each layer put on
     the one below by config.overlay (a length or decay period in one unit drops the lower layer's other)."""
-    from .. import launch, recipes
+    from .. import recipes
 
     base = C.TrainConfig()
     if args.resume:
@@ -33,14 +35,14 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     values = C.load_yaml(args.config) if args.config else {}
     flags = {name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None}
     keys = C.changed(C.from_dict(values)) - set(flags)  # the file's own settings (not its copies of the defaults)
-    cfg = C.validate(C.with_run_dir(C.overlay(C.overlay(base, values), flags)))
+    cfg = checked(C.validate(C.with_run_dir(C.overlay(C.overlay(base, values), flags))))
     C.check_read(cfg, flags)
     # a file may come from elsewhere (another run's config.yaml): what it sets in vain is a warning
     said = [f"{C.in_python_words(clause)}, in {args.config}; it is ignored" for clause in C.unread(cfg, keys).values()]
     if {"lr_decay_steps", "lr_decay_epochs"} <= keys:
         said.append(f"lr_decay_steps and lr_decay_epochs are both set: the steps are the decay period, in "
                     f"{args.config}")
-    if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:  # once, not once per rank
+    if detect().is_main:  # once, not once per rank
         for line in said:
             print(f"paratrain: warning: {line}", file=sys.stderr, flush=True)
     return cfg
@@ -52,20 +54,21 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     if prefork.worth_warming(cfg.devices, cfg.strategy) and not args.print_split:
         prefork.warm_up()  # imports torch for the workers while this process imports it and reads the data
-    from .. import api, launch, strategies
-    from ..data import load_for
+    from .. import session, strategies
+    from ..inputs import load_for
 
     if args.print_split:
         strategy = strategies.get(cfg.strategy)
         if not strategy.pipelined:
             raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
-        print(strategy.split(cfg, load_for(cfg))[1])
+        print(strategy.cut(cfg, load_for(cfg))[1])
         return 0
     if "custom" in (cfg.model, cfg.dataset, cfg.optimizer):  # a resumed run of the user's own parts or tensors
         raise UserError(f"{cfg.resume or 'this run'} trains a network, optimizer or tensors of your own: carry it on "
                         "in Python, paratrain.fit(model=make_net, data=..., optimizer=..., "
                         "config=TrainConfig(resume=...))")
-    if not launch.under_torchrun() or launch.torchrun_ranks()[0] == 0:
+    env = detect()
+    if env.is_main:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
-    api.train(cfg, lambda: load_for(cfg))  # which prints the last line
+    session.run(cfg, lambda: load_for(cfg), env=env)  # which prints the last line
     return 0

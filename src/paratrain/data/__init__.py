@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from .splits import Splits
-
-if TYPE_CHECKING:
-    from ..config import TrainConfig
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder")
 DEFAULT_DATA_DIR = "data"
@@ -56,21 +52,4 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
     raise UserError(f"unknown dataset '{name}'; choose one of: {', '.join(DATASETS)}")
 
 
-def load_for(cfg: TrainConfig) -> Splits:
-    """The dataset a training configuration names, shaped for its model (the synthetic images take the
-    model's native channels)."""
-    from ..models import native_channels
-
-    if cfg.dataset == "imagefolder":
-        from . import folder
-
-        if not cfg.data_dir:
-            raise UserError("--dataset imagefolder needs --data-dir DIR, a folder with a sub-folder of images per "
-                            "class")
-        return folder.load(cfg.data_dir, cfg.image_size, cfg.val_size, cfg.test_size, cfg.cache_dir,
-                           cfg.skip_bad_images, quiet=cfg.quiet)
-    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model),
-                        cfg.labels)
-
-
-__all__ = ["DATASETS", "Splits", "load_dataset", "load_for", "synthetic_side"]
+__all__ = ["DATASETS", "Splits", "load_dataset", "synthetic_side"]

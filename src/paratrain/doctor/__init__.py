@@ -49,14 +49,14 @@ def _size(nbytes: float) -> str:
 
 def sweep_here(accelerator: str, workers: int, threads: int, timeout_s: float) -> tuple[dict | None, str | None]:
     """The sweep on `workers` spawned processes of this machine: (rank 0's result, None) or (None, why)."""
-    from ..devices import Plan
-    from ..launch import free_port, stop_processes
-    from ..runplan import device_map
+    from ..devices import Hardware, device_map
+    from ..launch import stop_processes
+    from ..proc import free_port
     from .collectives import JOIN_TIMEOUT_S, spawned
 
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
-    devices = list(device_map(Plan(accelerator, workers, threads, "")))
+    devices = list(device_map(Hardware(accelerator, workers, threads, "")))
     port = free_port()
     processes = [spawn.Process(target=spawned, args=(rank, workers, port, devices, SWEEP_BUDGET_S, timeout_s,
                                                       threads, results), daemon=True) for rank in range(workers)]
@@ -127,7 +127,7 @@ def partition_check(nodes: list[dict[str, Any]]) -> Check:
     """How long torchrun's agent on a node cut off from the rendezvous host outlives its workers (see
     paratrain.partition), against --collective-timeout's default."""
     from ..config import TrainConfig
-    from ..partition import fitting, give_up_s
+    from ..tcp_timeout import fitting, give_up_s
 
     timeout = TrainConfig.collective_timeout
     advised = fitting(timeout)
@@ -196,24 +196,25 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
 
     import torch.distributed as dist
 
-    from .. import launch
+    from ..devices import device_map, for_group
     from ..dist import init, teardown
-    from ..runplan import device_map
+    from ..env import detect
     from .collectives import JOIN_TIMEOUT_S, own_cap, prepare_nccl, sweep, timed_group
     from .inventory import inventory
 
-    rank, world, local_rank = launch.torchrun_ranks()
-    plan = launch.torchrun_plan("auto", None)
+    env = detect()
+    rank, world, local_rank = env.rank, env.world_size, env.local_rank
+    plan = for_group(env, "auto", None)
     info = inventory()
     report: dict[str, Any] = {"nodes": [info], "devices": asdict(plan), "collectives": None, "equivalence": [],
                               "rank": rank}
-    nodes = world // max(1, launch.local_workers())
+    nodes = env.nodes
     if nodes > 1 and plan.backend == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME") and _loopback_host():
         checks = [Check("network", "failed", f"gloo picked the loopback interface ({socket.gethostname()} resolves "
                         "to 127.x), which other nodes cannot reach", "set GLOO_SOCKET_IFNAME to the interface that "
                         "joins the nodes (`ip -br addr` lists them) and run again")]
         return {**report, "checks": [asdict(c) for c in checks], "passed": False}
-    devices = device_map(dataclasses.replace(plan, workers=launch.local_workers()))
+    devices = device_map(dataclasses.replace(plan, workers=env.local_world_size))
     prepare_nccl()
     try:
         ctx = init(rank, world, devices[local_rank], None, max(timeout_s, JOIN_TIMEOUT_S))
@@ -230,7 +231,7 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
         try:
             group = timed_group(timeout_s)
             result, error = sweep(rank, world, ctx.device, SWEEP_BUDGET_S,
-                                  own_cap(ctx.device, launch.local_workers()), group), None
+                                  own_cap(ctx.device, env.local_world_size), group), None
         except Exception as e:  # noqa: BLE001 (a collective that failed or timed out)
             result, error = None, f"rank {rank}: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
     finally:

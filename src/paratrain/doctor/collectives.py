@@ -134,12 +134,12 @@ def prepare_nccl() -> None:
 def spawned(rank: int, world_size: int, port: int, devices: list[str], budget_s: float, timeout_s: float,
             threads: int, queue: Any) -> None:
     """A worker of the sweep started by the doctor on this machine: its result or its error goes to queue."""
-    from .. import launch
     from ..dist import init, teardown
+    from ..proc import die_with_parent, on_loopback
 
-    launch._die_with_parent()  # a doctor that is killed takes its workers with it
+    die_with_parent()  # a doctor that is killed takes its workers with it
     torch.set_num_threads(threads)
-    launch.on_loopback()
+    on_loopback()
     prepare_nccl()
     try:
         ctx = init(rank, world_size, devices[rank], port, max(timeout_s, JOIN_TIMEOUT_S))

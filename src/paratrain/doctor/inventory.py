@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..partition import tcp_retries2
+from ..tcp_timeout import tcp_retries2
 
 # Bus bandwidth an all-reduce reaches on a link that is working, bytes/s: half of it is "slow". Round
 # figures from NVIDIA's published nccl-tests results, for the GPUs whose NVLink they name (by compute

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..import_path import is_file
+from ..userframes import failed
 
 SHAPE_ARGUMENTS = ("channels", "image_size", "num_classes")
 
@@ -58,8 +59,6 @@ def _load_file(head: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 (the user's file may raise anything as it is imported)
         del sys.modules[key]
-        from ..own import failed
-
         raise failed(f"--model: importing {path} failed", e) from None
     return module
 
@@ -74,12 +73,8 @@ def _import_module(head: str) -> Any:
         if e.name and head.startswith(e.name):
             raise UserError(f"--model: no module named '{e.name}' (looked in the current folder and the installed "
                             "packages); give package.module:factory or path/to/file.py:factory") from None
-        from ..own import failed
-
         raise failed(f"--model: importing {head} failed", e) from None
     except Exception as e:  # noqa: BLE001
-        from ..own import failed
-
         raise failed(f"--model: importing {head} failed", e) from None
 
 

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..import_path import is_import_path
+from ..userframes import failed
 from .airnet import AirNet
 from .cifar10_net import Cifar10Net
 from .convnet import ConvNet
@@ -76,8 +77,6 @@ def build_imported(name: str, channels: int, image_size: int, num_classes: int) 
     try:
         net = call_factory(factory, channels, image_size, num_classes)
     except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
-        from ..own import failed
-
         raise failed(f"--model {name}: the factory failed", e) from None
     if not isinstance(net, nn.Module):
         raise UserError(f"--model {name}: the factory returned a {type(net).__name__}, not an nn.Module")

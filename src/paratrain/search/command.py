@@ -13,6 +13,7 @@ from typing import Any
 from .. import config as C
 from ..errors import UserError
 from ..rundir import check_writable
+from ..strategies import checked
 from .urls import masked
 
 # `paratrain train` options that a search sets itself (or that mean something else here); --strategy is
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
                                _storage_url(args, out), args.study, str(out),
                                args.seed, args.worker, args.pruner)
     budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
-    from ..data import load_for
+    from ..inputs import load_for
 
     load_for(cfg)  # a missing or corrupt dataset fails here, once
     study = runner.open_study(settings, sp, base)
@@ -159,7 +160,7 @@ def _base_config(args: argparse.Namespace, train_values: dict[str, Any], sp: Any
     if searched:
         raise UserError(f"--{searched[0].replace('_', '-')} is a searched parameter of {args.space}; drop the flag")
     base = {**sp.fixed, **train_values, "seed": args.seed}
-    cfg = C.validate(C.from_dict(base))
+    cfg = checked(C.validate(C.from_dict(base)))
     if cfg.val_size == 0:
         raise UserError("a search needs a validation set (its fitness); drop --val-size 0")
     return base, cfg
@@ -168,10 +169,10 @@ def _base_config(args: argparse.Namespace, train_values: dict[str, Any], sp: Any
 def device_plan(accelerator: str, parallel: int, per_trial: int, threads: int) -> dict[str, Any]:
     """Which devices each of the pool's processes gives its trials (disjoint GPU sets), for the start line
     and summary.yaml."""
-    from ..devices import Plan
+    from ..devices import Hardware
     from .runner import trial_devices
 
-    slots = [list(trial_devices(Plan(accelerator, per_trial, threads, ""), i)) for i in range(parallel)]
+    slots = [list(trial_devices(Hardware(accelerator, per_trial, threads, ""), i)) for i in range(parallel)]
     if accelerator == "gpu":
         described = "; ".join(f"trials of process {i}: {','.join(d)}" for i, d in enumerate(slots))
     else:

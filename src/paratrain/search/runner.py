@@ -361,8 +361,8 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     import optuna
     import torch
 
-    from ..data import load_for
-    from ..launch import tune_malloc
+    from ..inputs import load_for
+    from ..proc import tune_malloc
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(threads)
@@ -479,27 +479,25 @@ def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) 
 def trial_devices(hardware: Any, index: int) -> tuple[str, ...]:
     """The devices of the trials that pool process `index` runs: GPUs index*D .. index*D+D-1 (disjoint from
     the other processes'), or the CPU."""
-    from ..runplan import device_map
+    from ..devices import device_map
 
     return device_map(hardware, index * hardware.workers)
 
 
 def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerator: str,
               devices_per_trial: int, report: Any = None) -> dict[str, Any]:
-    """One trial, planned as `paratrain train` plans a run: in this process on one device, or data-parallel
-    on devices_per_trial workers. Pool process `index` owns GPUs index*D .. index*D+D-1."""
-    from .. import dist, runplan
-    from ..devices import Plan
-    from ..launch import run
-    from ..train import fit
+    """One trial, a run as `paratrain train` makes one (session.run: its folder held, config.yaml, the plan,
+    the launch), so `paratrain train --resume TRIAL` carries it on: in this process on one device, or
+    data-parallel on devices_per_trial workers. Pool process `index` owns GPUs index*D .. index*D+D-1."""
+    from .. import session
+    from ..devices import Hardware
+    from ..env import LOCAL
 
-    hardware = Plan(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
+    hardware = Hardware(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
     devices = trial_devices(hardware, index)
     cfg = cfg.replace(accelerator=accelerator, devices=str(devices_per_trial))
-    plan = runplan.make(cfg, lambda: data, hardware=hardware, devices=devices, report=report)
-    if devices_per_trial > 1:
-        return run(plan)
-    return fit(dist.init(0, 1, devices[0]), plan)
+    return session.run(cfg, lambda: data, hardware=hardware, devices=devices, report=report, env=LOCAL,
+                       last_line=False)
 
 
 def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,

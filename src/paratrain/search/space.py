@@ -20,6 +20,7 @@ import yaml
 
 from .. import config as C
 from ..errors import UserError
+from ..strategies import checked
 
 ROUND_DIGITS = 4  # significant digits a searched float keeps: points closer than that are one point, trained once
 NOT_SEARCHABLE = {"out", "resume", "overwrite", "data_dir", "quiet", "tensorboard", "devices", "threads_per_worker"}
@@ -135,7 +136,7 @@ def parse(data: Any, where: str = "the space") -> Space:
         values = p.choices if p.choices is not None else (p.low, p.high)
         for v in values:
             try:
-                C.validate(C.from_dict({**fixed, p.name: v}, base))
+                checked(C.validate(C.from_dict({**fixed, p.name: v}, base)))
             except UserError as e:
                 raise UserError(f"{where}: {p.name} = {v!r} is not a valid value ({e})") from None
     return Space(fixed, tuple(params))

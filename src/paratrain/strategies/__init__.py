@@ -2,7 +2,7 @@
 Data sharding itself lives in data/sharding.py.
 
 The registry names each strategy's class by import path, so choosing `ddp` never imports the pipeline
-machinery, and config.py can list the names without importing torch.
+machinery; config.py lists the names (STRATEGIES) without knowing the strategies.
 """
 
 from __future__ import annotations
@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from ..config import STRATEGIES
+
 if TYPE_CHECKING:
+    from ..config import TrainConfig
     from .base import Strategy
 
 REGISTRY = {
@@ -21,10 +24,19 @@ REGISTRY = {
 }
 
 
+def checked(cfg: TrainConfig) -> TrainConfig:
+    """`cfg`, once its strategy has checked the options it cannot take (a UserError otherwise): the
+    configuration's own checks (config.validate) know nothing of the strategies."""
+    get(cfg.strategy).check(cfg)
+    return cfg
+
+
 def get(name: str) -> type[Strategy]:
     """The strategy class registered as `name`."""
     module, cls = REGISTRY[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["REGISTRY", "get"]
+assert tuple(REGISTRY) == STRATEGIES, "config.STRATEGIES names the strategies registered here, in order"
+
+__all__ = ["REGISTRY", "checked", "get"]

@@ -1,7 +1,7 @@
 """What a strategy is: the rules for spreading one training over the workers, in the order a run needs them.
 
 Before launch (classmethods, in the launching process, without torch; runplan.make calls them): `check` the
-options, fill in `defaults`, `plan` the batch split over the `copies` of the model, `prepare` what needs the
+options, fill in `defaults`, `arrange` the batch split over the `copies` of the model, `prepare` what needs the
 data (a pipeline's cuts). What the workers must know of these decisions is the plan's `layout`, given to
 the instance. In each worker (an instance): `build` the part of the model this worker trains, `load` a
 checkpoint's weights into it and `restore` its optimizer state (a strategy owns loading as it owns saving:
@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import UserError
 
-if TYPE_CHECKING:  # torch is imported where a worker needs it: config.validate calls `check` without it
+if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.checked calls `check` without it
     import torch
     from torch import nn
 
     from ..config import TrainConfig
     from ..data import Splits
-    from ..devices import Plan
+    from ..devices import Hardware
     from ..dist import DistContext
     from ..parts import Parts
     from ..phases import PhaseTimer
@@ -49,7 +49,7 @@ class Strategy:
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
-        """Raise UserError for options this strategy cannot take (config.validate calls it)."""
+        """Raise UserError for options this strategy cannot take (strategies.checked calls it)."""
         if cfg.stages is not None:
             raise UserError(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
         for on, flag in ((cfg.compile, "--compile"), (cfg.memory_format == "channels_last", "--memory-format "
@@ -68,16 +68,17 @@ class Strategy:
         return workers
 
     @classmethod
-    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan, dict[str, Any]]:
-        """The batch split over the plan's workers, checked once before any process starts; the processes to
+    def arrange(cls, cfg: TrainConfig, hardware: Hardware,
+                in_group: bool) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        """The batch split over the workers, checked once before any process starts; the processes to
         start; and the strategy's layout (what its workers read from the run's plan)."""
-        copies = cls.copies(cfg, plan.workers)
+        copies = cls.copies(cfg, hardware.workers)
         if cfg.batch_per_worker:
             cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
         if cfg.batch_size % copies:
             raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {cls.unit}; "
                             f"use a multiple of {copies}")
-        return cfg, plan, {}
+        return cfg, hardware, {}
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UserError
 from .base import Strategy
 
-if TYPE_CHECKING:  # torch is imported where a worker needs it (config.validate calls `check` without it)
+if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.checked calls `check` without it)
     import torch
     from torch import nn
 
     from ..config import TrainConfig
     from ..data import Splits
-    from ..devices import Plan
+    from ..devices import Hardware
     from ..parts import Parts
     from ..phases import PhaseTimer
     from .stages import Pipeline
@@ -52,14 +52,15 @@ class PipelineStrategy(Strategy):
         return 1
 
     @classmethod
-    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan, dict[str, Any]]:
-        cfg, plan, layout = super().plan(cfg, plan, under_torchrun)
-        copies = cls.copies(cfg, plan.workers)
+    def arrange(cls, cfg: TrainConfig, hardware: Hardware,
+                in_group: bool) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        cfg, hardware, layout = super().arrange(cfg, hardware, in_group)
+        copies = cls.copies(cfg, hardware.workers)
         if (cfg.batch_size // copies) % cfg.microbatches:
             raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
                             f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
                             f"{copies * cfg.microbatches}")
-        return cfg, plan, layout
+        return cfg, hardware, layout
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
@@ -71,12 +72,12 @@ class PipelineStrategy(Strategy):
             raise UserError(f"--strategy {cfg.strategy} cannot keep --batchnorm sync: a stage normalises each "
                             "micro-batch, which one device never does; pass --batchnorm local to run it so anyway, "
                             "or use --strategy ddp")
-        cfg = cls.split(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
+        cfg = cls.cut(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
         return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
 
     @classmethod
-    def split(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None,
-              model: nn.Module | None = None) -> tuple[TrainConfig, str]:
+    def cut(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None,
+            model: nn.Module | None = None) -> tuple[TrainConfig, str]:
         """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
         table that --print-split shows. `model`: the network, where the caller has built it already."""
         import torch

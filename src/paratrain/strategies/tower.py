@@ -12,7 +12,7 @@ from .base import Strategy
 if TYPE_CHECKING:
     from ..config import TrainConfig
     from ..data import Splits
-    from ..devices import Plan
+    from ..devices import Hardware
     from ..parts import Parts
 
 
@@ -21,21 +21,22 @@ class TowerStrategy(Strategy):
     unit = "towers"
 
     @classmethod
-    def plan(cls, cfg: TrainConfig, plan: Plan, under_torchrun: bool) -> tuple[TrainConfig, Plan, dict[str, Any]]:
-        """One process whose device is the parameter device; its replicas are the plan's devices (GPUs,
+    def arrange(cls, cfg: TrainConfig, hardware: Hardware,
+                in_group: bool) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        """One process whose device is the parameter device; its replicas are the run's devices (GPUs,
         or copies on the CPU), in the layout."""
         from .. import devices
 
-        cfg, plan, layout = super().plan(cfg, plan, under_torchrun)
-        if under_torchrun:
+        cfg, hardware, layout = super().arrange(cfg, hardware, in_group)
+        if in_group:
             raise UserError("--strategy tower runs in one process; start it without torchrun")
-        on_cpu = plan.accelerator == "cpu" or cfg.param_device == "cpu"
+        on_cpu = hardware.accelerator == "cpu" or cfg.param_device == "cpu"
         # the cores its workers would have had (a search trial's share of the pool, not every core)
-        threads = min(devices.usable_cores(), plan.threads_per_worker * plan.workers)
-        one = devices.Plan("cpu" if on_cpu else "gpu", 1, threads, "none")
+        threads = min(devices.usable_cores(), hardware.threads_per_worker * hardware.workers)
+        one = devices.Hardware("cpu" if on_cpu else "gpu", 1, threads, "none")
         # config.yaml records the resolved devices, which a resumed run then asks for again
-        return (cfg.replace(accelerator=plan.accelerator, devices=str(plan.workers)), one,
-                {**layout, "replicas": list(range(plan.workers))})  # places in the run's device map
+        return (cfg.replace(accelerator=hardware.accelerator, devices=str(hardware.workers)), one,
+                {**layout, "replicas": list(range(hardware.workers))})  # places in the run's device map
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:

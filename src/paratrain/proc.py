@@ -1,0 +1,97 @@
+"""Process hygiene: what every worker process does to itself (threads, malloc, its name, its parent, its
+network interface) and how it leaves. No torch at import: the command line uses `end_process`."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+
+def tune_malloc() -> None:
+    """Keep freed activation buffers in the heap instead of returning them to the kernel.
+
+    With glibc's defaults, every large batch-sized buffer is mmap'd and unmapped each step; at batch
+    512 that cost 20-50% of CPU time in page faults on the build machine (DESIGN.md). mallopt does at
+    run time what GLIBC_TUNABLES would do at start-up, so it also works in this very process.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (musl, ...): nothing to tune
+        return
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's ceiling for this knob on 64-bit
+    libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    libc.mallopt(M_TOP_PAD, 256 * 2**20)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """Linux: this worker is killed when the process that started it dies: the forkserver, which ends when the
+    launcher does (prefork.detach), or the launcher that spawned it (a search's pool process killed for
+    memory must not leave its trial's workers running on GPUs a new trial is given)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+def name_process(name: str) -> str | None:
+    """Linux: call this process `name` (at most 15 bytes) in `ps -o comm`, `top` and `pgrep`, since forked
+    workers show their forkserver's command line, the same for every rank. Returns the name it had."""
+    try:
+        before = Path("/proc/self/comm").read_text().strip()
+        ctypes.CDLL("libc.so.6").prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        return before
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+def worker_name(rank: int) -> str:
+    return f"paratrain-w{rank}"
+
+
+def on_loopback() -> None:
+    """Keep this spawned worker's connections on the loopback interface: gloo (and NCCL's bootstrap) would
+    otherwise listen on the address the hostname resolves to, which may be reachable from other machines.
+    (The rendezvous store listens on 127.0.0.1: dist.loopback_store.) Not under torchrun, whose workers
+    must reach other nodes."""
+    loopback = [name for _, name in socket.if_nameindex() if name in ("lo", "lo0")]  # Linux, BSD/macOS
+    if loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = loopback[0]
+
+
+def set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)  # the loop issues one op at a time; spare threads only contend
+    except RuntimeError:  # already set in this process (in-process runs, tests)
+        pass
+
+
+def end_process(code: int) -> NoReturn:
+    """Leave a process that was in a process group without Python's finalization.
+
+    A gloo worker thread can still hold the last reference to a tensor of a finished collective when the
+    main thread exits; if it lets go while the interpreter is finalizing, it cannot take the GIL and the
+    process aborts (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489).
+    DDP keeps the process group alive past destroy_process_group, so its threads cannot be joined first.
+    That happened at the end of about 1 run in 8 with 2 workers here. The run's files are closed by then
+    (metrics.jsonl is flushed at every line, the result queue is written at once, and the Trainer closes
+    TensorBoard however the run ends, a timed-out collective included)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,138 @@
+"""The session that opens a run: from a resolved configuration to the workers and back, the same for
+`paratrain train`, `paratrain.fit` and each search trial.
+
+    run(cfg, load_data)
+      env     the process environment, detected once (env.py): a local start, or one of torchrun's ranks
+      folder  held for the run's life (rundir.held); fresh / overwrite / resume decided here
+      checks  what can be checked before any worker starts, from config.yaml and the checkpoints' names
+      plan    runplan.make: processes, devices, batch split, data, the user's code tried once
+      files   config.yaml and parts.yaml (rank 0), after every check: bad input leaves the old run as it was
+      launch  launch.run(plan): every worker carries on from the one checkpoint it finds (resume.py)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import clock, launch, runplan
+from . import config as C
+from .data import Splits
+from .devices import Hardware
+from .env import Environment, detect
+from .errors import UserError, WriteFailed
+from .parts import Parts
+from .resume import dataset_mismatch, model_mismatch
+from .rundir import check_fresh, check_owned, clear_run, held, step_checkpoints, write_atomic
+from .runlength import Length, check_not_past, run_length
+from .runlog import write_summary
+
+
+def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,
+        hardware: Hardware | None = None, devices: tuple[str, ...] | None = None,
+        report: Callable[[int, float], bool] | None = None, env: Environment | None = None,
+        last_line: bool = True) -> dict[str, Any] | None:
+    """Open the run's folder, plan the run, write its record, launch the workers; rank 0's summary (None on
+    other ranks of a launcher's group). `hardware`, `devices`, `report`: as runplan.make takes them (a search
+    trial's share of the pool and its pruner); `last_line`: print the result line (a search prints its own)."""
+    env = env or detect()
+    marks = {"process_start": clock.process_start(), "train_called": time.time()}
+
+    def read_data() -> Splits:
+        started = time.time()
+        try:
+            return load_data()
+        finally:
+            marks["data_s"] = time.time() - started
+
+    fresh = not cfg.resume and not env.in_group  # torchrun's starts and restarts carry a run on
+    if cfg.overwrite and env.in_group:
+        raise UserError("--overwrite clears a run before a fresh start, and every torchrun start (and restart) "
+                        "carries on the run in --out: clear the folder before launching, or pass a new --out")
+    out = Path(cfg.out)
+    with held(out) if env.is_main else contextlib.nullcontext():  # rank 0 writes it (other nodes may not see it)
+        if fresh:
+            check_fresh(cfg.out, cfg.overwrite)
+        if cfg.resume:  # config.yaml of the run carried on: its model and dataset, before any data is read
+            _check_resumed(cfg)
+        plan = runplan.make(cfg, read_data, parts, hardware=hardware, devices=devices, report=report, env=env)
+        cfg, parts = plan.cfg, plan.parts
+        length = run_length(cfg, len(plan.data.train[1]))
+        done = None if fresh else _steps_done(out)
+        if done is not None:  # before config.yaml says otherwise (each worker checks the checkpoint it reads)
+            check_not_past(done, length.total_steps, cfg.out)
+        if env.is_main and fresh:  # last: any bad input above leaves the old run as it was
+            clear_run(out)  # --overwrite's run, or the leftovers of one that never took a step
+        # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again
+        cfg = cfg.replace(overwrite=False)
+        plan = dataclasses.replace(plan, cfg=cfg)
+        if env.is_main:
+            _write_record(cfg, parts, out)
+            if not cfg.quiet:
+                _announce(plan, length, done)
+        marks["launched"] = time.time()
+        summary = launch.run(dataclasses.replace(plan, clock=marks))
+    if summary is not None and not env.in_group:  # the workers have left: how long that took
+        summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
+        try:
+            write_summary(out, summary)
+        except WriteFailed as e:  # the run is done and saved: only this last figure is not on disk
+            print(f"paratrain: warning: {e.path} keeps the summary without the shutdown time ({e.cause.strerror})",
+                  file=sys.stderr, flush=True)
+    if summary is not None and last_line:  # also with --quiet, from the command line and from Python alike
+        rate = summary["examples_per_sec"]  # None when no step was timed (a start that trained none, and no record)
+        print(f"test_accuracy {summary['test_accuracy']:.4f}  test_loss {summary['test_loss']:.4f}  "
+              f"examples/sec {f'{rate:.0f}' if rate else '-'}  train_time {summary['train_time_s']:.1f}s  "
+              f"steps {summary['steps']}  -> {cfg.out}", flush=True)
+        if cfg.time_phases:
+            print(clock.table(summary), flush=True)
+    return summary
+
+
+def _check_resumed(cfg: C.TrainConfig) -> None:
+    """The run carried on must be of this model and dataset: config.yaml says (the workers check the
+    checkpoint they read the same way, resume.check)."""
+    saved = C.load_yaml(Path(cfg.resume) / "config.yaml")
+    for why in (model_mismatch(saved.get("model"), cfg), dataset_mismatch(saved.get("dataset"), cfg)):
+        if why:
+            raise UserError(why)
+
+
+def _steps_done(out: Path) -> int | None:
+    """The step of the run's newest checkpoint, by its file's name (no checkpoint is read here: each worker
+    reads the one it carries on from); None where it has none."""
+    steps = step_checkpoints(out / "checkpoints")
+    return steps[-1][0] if steps else None
+
+
+def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    check_owned(out)  # again: another user could have made it since check_writable
+    C.save_yaml(cfg, out / "config.yaml")
+    if parts is not None and parts.record:  # what config.yaml names "custom"
+        write_atomic(out / "parts.yaml", "# the network, optimizer and loss of your own that ran\n"
+                     + yaml.safe_dump(parts.record, sort_keys=False))
+
+
+def _announce(plan: runplan.RunPlan, length: Length, done: int | None) -> None:
+    cfg, parts = plan.cfg, plan.parts
+    if done is not None and done >= length.total_steps:
+        print(f"paratrain: the run in {cfg.out} has done all its {done} steps: it is evaluated "
+              "again; pass --steps N (steps=N) with more steps to train it further", flush=True)
+    elif done is not None and cfg.resume:
+        print(f"paratrain: resuming {cfg.out} from its checkpoint of step {done}", flush=True)
+    if cfg.warmup_steps >= length.total_steps:  # a recipe's warm-up kept over fewer --epochs, say
+        print(f"paratrain: note: --warmup-steps {cfg.warmup_steps} is as long as the run's "
+              f"{length.total_steps} steps, so the learning rate never reaches --lr {cfg.lr:g}; lower "
+              "--warmup-steps", flush=True)
+    name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
+    hw = plan.hardware
+    print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "
+          f"{hw.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}", flush=True)
