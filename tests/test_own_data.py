@@ -20,7 +20,7 @@ from PIL import Image
 import paratrain
 import paratrain.data
 from paratrain import UserError
-from paratrain.data import folder
+from paratrain.data import dataset, decode, folder
 from paratrain.data.source import MappedImages
 from paratrain.import_path import absolute, is_import_path
 from paratrain.models.imported import call_factory, resolve
@@ -186,7 +186,7 @@ def test_a_changed_file_rebuilds_the_cache_and_a_failed_build_keeps_the_old_one(
         raise KeyboardInterrupt  # Ctrl-C in the middle of decoding
 
     good = {f: (cache / f).read_bytes() for f in ("manifest.json", "images.npy", "labels.npy", "sums.npy")}
-    monkeypatch.setattr(folder, "_decode_many", broken)
+    monkeypatch.setattr(folder, "decode_many", broken)
     with pytest.raises(KeyboardInterrupt):
         folder.load(str(tmp_path / "d"), quiet=True, workers=1)
     assert {f: (cache / f).read_bytes() for f in good} == good  # the good cache is as it was
@@ -206,7 +206,7 @@ def test_images_are_resized_and_cropped_as_torchvision_does(size: tuple[int, int
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
     image.save(tmp_path / "x.png")
     expected = np.asarray(TF.center_crop(TF.resize(image, 32), 32)).transpose(2, 0, 1)
-    assert np.array_equal(folder._decode(str(tmp_path / "x.png"), 32, 3), expected)
+    assert np.array_equal(decode.decode_image(str(tmp_path / "x.png"), 32, 3), expected)
 
 
 @pytest.mark.parametrize(("make", "expected"), [
@@ -409,7 +409,7 @@ def test_a_dataset_is_decoded_once_into_the_run_and_reopened_on_resume(tmp_path:
     summary = paratrain.fit(None, Shapes(60), paratrain.TrainConfig(steps=3, out=str(run), **cfg))
     assert summary["classes"] == Shapes.classes and summary["dataset"] == "custom"
     assert np.load(run / "data-cache" / "images.npy", mmap_mode="r").shape == (60, 3, 32, 32)
-    monkeypatch.setattr(folder, "_build_from_dataset", lambda *a, **k: pytest.fail("decoded again"))
+    monkeypatch.setattr(dataset, "_build_from_dataset", lambda *a, **k: pytest.fail("decoded again"))
     again = paratrain.fit(None, Shapes(60), paratrain.TrainConfig(resume=str(run), steps=5, quiet=True))
     assert again["steps"] == 5 and again["resumed_from_step"] == 3
     classifier = paratrain.load_classifier(run)
@@ -436,7 +436,7 @@ def test_a_dataset_cache_named_by_a_key_is_shared_by_runs(tmp_path: Path, monkey
     paratrain.fit(None, Shapes(30), paratrain.TrainConfig(steps=1, out=str(tmp_path / "a"), **cfg), cache_key="shapes")
     assert (tmp_path / "caches" / "datasets" / "shapes" / "32" / "images.npy").is_file()  # a folder per size
     assert not (tmp_path / "a" / "data-cache").exists()
-    monkeypatch.setattr(folder, "_build_from_dataset", lambda *a, **k: pytest.fail("decoded again"))
+    monkeypatch.setattr(dataset, "_build_from_dataset", lambda *a, **k: pytest.fail("decoded again"))
     second = paratrain.fit(None, Shapes(30), paratrain.TrainConfig(steps=1, out=str(tmp_path / "b"), **cfg),
                            cache_key="shapes")  # a new run, not a resumed one: it opens the named cache
     assert second["steps"] == 1
@@ -472,10 +472,10 @@ def test_a_build_in_progress_is_waited_for_aloud(tmp_path: Path, capsys: pytest.
     waited = threading.Event()
 
     def second() -> None:
-        with folder._locked(target, quiet=False):
+        with folder.locked(target, quiet=False):
             waited.set()
 
-    with folder._locked(target):
+    with folder.locked(target):
         t = threading.Thread(target=second)
         t.start()
         t.join(1.5)  # past the second after which a wait is said aloud
@@ -533,7 +533,7 @@ def test_what_a_new_user_tried(shapes: Path, tmp_path: Path, monkeypatch: pytest
     # a TensorDataset's labels are 0-d tensors: class indices like any other
     x = torch.rand(12, 3, 8, 8)
     pairs = torch.utils.data.TensorDataset(x, torch.arange(12) % 3)
-    assert folder._item(pairs, 4)[1] == 1
+    assert dataset._item(pairs, 4)[1] == 1
     one_class = torch.utils.data.TensorDataset(x, torch.zeros(12, dtype=torch.long))
     with pytest.raises(UserError, match="every item of your dataset has the label 0; a classifier needs at least two"):
         paratrain.fit(None, one_class, paratrain.TrainConfig(steps=1, out=str(tmp_path / "one"), **QUICK))
@@ -560,10 +560,10 @@ def test_what_a_new_user_tried(shapes: Path, tmp_path: Path, monkeypatch: pytest
 
 
 def test_a_dataset_cache_is_its_own_datasets_and_of_its_size(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    first = folder.from_dataset(Shapes(30), tmp_path / "c", 16, None, None, reuse=True, quiet=True)
+    first = dataset.from_dataset(Shapes(30), tmp_path / "c", 16, None, None, reuse=True, quiet=True)
     first_image = first.test[0][0:1]  # read now: the next call rebuilds the cache under it
     other = torch.utils.data.TensorDataset(torch.rand(30, 3, 16, 16), torch.arange(30) % 3)  # same length
-    second = folder.from_dataset(other, tmp_path / "c", 16, None, None, reuse=True, quiet=True)
+    second = dataset.from_dataset(other, tmp_path / "c", 16, None, None, reuse=True, quiet=True)
     assert first.split == second.split == "index-hash"
     assert not torch.equal(first_image, second.test[0][0:1])  # rebuilt: not the first Dataset's images
     assert folder.dataset_cache("k", str(tmp_path), 32) != folder.dataset_cache("k", str(tmp_path), 64)

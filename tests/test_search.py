@@ -258,7 +258,7 @@ def test_two_workers_that_see_the_last_place_do_not_both_take_it() -> None:
     The later-numbered of two trials started together gives way."""
     import optuna
 
-    from paratrain.search.runner import over_budget
+    from paratrain.search.study import over_budget
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize")
@@ -278,7 +278,7 @@ def test_a_queued_trial_goes_to_one_worker_only(tmp_path: Path) -> None:
 
     import optuna
 
-    from paratrain.search.runner import storage
+    from paratrain.search.study import storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{tmp_path}/study.db"
@@ -307,7 +307,7 @@ def test_a_storage_whose_tables_another_machine_is_creating_is_tried_again(monke
     with IntegrityError (duplicate pg_type) and the search ended. It is tried again, and other errors are not."""
     import optuna
 
-    from paratrain.search import runner
+    from paratrain.search import study as studies
 
     class IntegrityError(Exception):  # what sqlalchemy raises, by name
         pass
@@ -320,9 +320,9 @@ def test_a_storage_whose_tables_another_machine_is_creating_is_tried_again(monke
             raise IntegrityError("duplicate key value violates unique constraint \"pg_type_typname_nsp_index\"")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    monkeypatch.setattr(studies.time, "sleep", lambda s: None)
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
-    assert runner.storage(f"sqlite:///{tmp_path / 'a.db'}") is not None and len(calls) == 2
+    assert studies.storage(f"sqlite:///{tmp_path / 'a.db'}") is not None and len(calls) == 2
 
     def broken(*args: object, **kwargs: object) -> object:
         calls.append(1)
@@ -331,7 +331,7 @@ def test_a_storage_whose_tables_another_machine_is_creating_is_tried_again(monke
     calls.clear()
     monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
     with pytest.raises(UserError, match="cannot open the search storage"):
-        runner.storage(f"sqlite:///{tmp_path / 'b.db'}")
+        studies.storage(f"sqlite:///{tmp_path / 'b.db'}")
     assert len(calls) == 1
 
 
@@ -389,7 +389,7 @@ def test_each_process_and_each_resumed_search_draws_its_own_points() -> None:
     replayed its first proposals (all trained by then)."""
     import optuna
 
-    from paratrain.search.runner import Settings, make_sampler, sampler_seed
+    from paratrain.search.study import Settings, make_sampler, sampler_seed
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sp = space.parse({"params": {"width": list(range(8, 108)), "lr": {"low": 1.0e-4, "high": 1.0e-2, "log": True}}})
@@ -431,7 +431,7 @@ def test_trials_that_hold_no_training_are_no_duplicates() -> None:
 
 
 def test_messages_name_what_differs_and_the_likely_key() -> None:
-    from paratrain.search.runner import _differences
+    from paratrain.search.study import _differences
 
     with pytest.raises(UserError, match="'widht' is not a `paratrain train` option that a search can set; did you "
                                         "mean 'width'\\?"):
@@ -483,7 +483,7 @@ def test_the_last_line_says_how_the_trainings_ended() -> None:
 
 
 def test_a_worker_that_would_prune_otherwise_is_refused(tmp_path: Path) -> None:
-    from paratrain.search.runner import Settings, open_study
+    from paratrain.search.study import Settings, open_study
 
     sp = space.parse({"fixed": {"model": "mlp", "dataset": "synthetic"}, "params": {"width": [8, 16]}})
     url = f"sqlite:///{tmp_path / 'study.db'}"
@@ -498,7 +498,8 @@ def test_a_worker_that_would_prune_otherwise_is_refused(tmp_path: Path) -> None:
 
 def test_no_trial_starts_after_the_time_budget(tmp_path: Path) -> None:
     """--time-budget: the pool's processes start no trial once the deadline in the study has passed."""
-    from paratrain.search.runner import Settings, counts, open_study, worker
+    from paratrain.search.runner import worker
+    from paratrain.search.study import Settings, counts, open_study
 
     sp = space.parse({"fixed": {"model": "mlp", "dataset": "synthetic"}, "params": {"width": [8, 16, 32]}})
     base = {"model": "mlp", "dataset": "synthetic", "seed": 0, "steps": 1}
@@ -709,6 +710,7 @@ def test_a_proposal_of_a_finished_point_reuses_its_value_and_is_no_training(tmp_
     import optuna
 
     from paratrain.search import report, runner
+    from paratrain.search import study as studies
 
     study = optuna.create_study(direction="maximize")
     first = study.ask({"lr": optuna.distributions.CategoricalDistribution([0.1, 0.2])})
@@ -721,7 +723,7 @@ def test_a_proposal_of_a_finished_point_reuses_its_value_and_is_no_training(tmp_
     for key, value in (("duplicate_of", first.number), ("reused", first.number), ("params", {"lr": 0.1})):
         again.set_user_attr(key, value)
     study.tell(again, 0.75)  # what the objective returns for it
-    assert runner.counts(study)[0] == 1  # one training finished: the reused one takes no place in the budget
+    assert studies.counts(study)[0] == 1  # one training finished: the reused one takes no place in the budget
     summary = report.write(study, {}, tmp_path, 1.0)
     assert summary["reused"] == 1 and summary["complete"] == 1 and summary["best_trial"] == first.number
     with open(tmp_path / "trials.csv") as f:

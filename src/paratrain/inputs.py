@@ -11,6 +11,7 @@ import torch
 
 from . import config as C
 from .data import Splits, folder, load_dataset
+from .data.dataset import from_dataset
 from .data.transforms import unit_scale
 from .errors import UserError, closest
 from .models import native_channels
@@ -49,7 +50,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
             where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir, cfg.image_size), True
         else:  # torchrun's ranks (fresh or not) share what the first one built
             where, reuse = Path(cfg.out) / "data-cache", bool(cfg.resume) or in_group
-        return folder.from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse,
+        return from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse,
                                    quiet=cfg.quiet)
     if not isinstance(data, dict):
         raise UserError(f"data must be a dataset name, an image folder's path, a torch Dataset of (image, label) "

@@ -12,24 +12,18 @@ strategy's (strategies/); what a run changes as it goes is in one RunState.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.optim.swa_utils import AveragedModel
 
-from . import clock, strategies
+from . import strategies
 from .build import make_batch_transforms, make_model, memory_format, optimizer_parts
-from .config import TrainConfig
 from .data import Splits
 from .data.sharding import epoch_permutation, global_batch, worker_part
 from .dist import DistContext
@@ -42,48 +36,7 @@ from .rundir import step_checkpoints
 from .runlength import run_length, step_seed
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
-
-
-def training_loss(cfg: TrainConfig) -> Any:
-    """Cross-entropy, against smoothed targets with --label-smoothing (evaluation keeps the plain one)."""
-    if cfg.label_smoothing:
-        return partial(F.cross_entropy, label_smoothing=cfg.label_smoothing)
-    return F.cross_entropy
-
-
-def _quiet_compiler() -> None:
-    """torch.compile in a worker: code generation in this process (inductor's pool of compile processes would
-    put more processes than cores beside the workers, and leaves a semaphore behind at a worker's exit), and
-    without the warning that a CPU machine has no CUDA runtime (which no CPU run needs)."""
-    import logging
-
-    import torch._inductor.config as inductor
-
-    inductor.compile_threads = 1
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-
-
-@dataclass
-class RunState:
-    """What a run changes as it goes. A checkpoint restores the model, optimizer, scheduler, scaler, EMA and step."""
-
-    model: nn.Module  # this worker's trained module, unwrapped (the strategy's `module`)
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    scaler: torch.amp.GradScaler
-    ema: AveragedModel | None
-    step: int = 0
-    first_step: int = 0  # where this process started (a resumed run's checkpoint step)
-    saved_step: int = -1  # the step of the last checkpoint written
-    steps_run: int = 0
-    train_time: float = 0.0
-    eval_time: float = 0.0
-    val: tuple[float, float] = (math.nan, math.nan)
-    stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
-    # or "pruned" (a search's pruner)
-    validated: int = 0  # epochs validated (a checkpoint at an epoch's last step comes before its validation)
-    best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
-    since_best: int = 0  # and the epochs validated since it
+from .runstate import RunState, quiet_compiler, summary_of, sync_waits, trained_figures, training_loss
 
 
 class Trainer:
@@ -139,7 +92,7 @@ class Trainer:
         if resume is not None:
             self._restore(state, resume)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
-            _quiet_compiler()
+            quiet_compiler()
             module.compile()
         self.strategy.wrap()
         return state
@@ -427,77 +380,16 @@ class Trainer:
         self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
                          "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
         added = self.strategy.summary()  # a collective for some strategies: every worker calls it
-        waits = self._sync_waits()  # every worker holds every worker's waits: no collective
+        waits = sync_waits(self)  # every worker holds every worker's waits: no collective
         if not self.ctx.is_main:
             return None
-        summary = self._summary(test, test_ema, added)
+        summary = summary_of(self, test, test_ema, added)
         summary.update(waits)
         if state.steps_run == 0:  # a finished run evaluated again: its training's figures are the earlier start's
-            summary.update(_trained_figures(self.run_dir, state.step))
+            summary.update(trained_figures(self.run_dir, state.step))
         if summary["straggler"] is not None:
             self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
                          f"{max(summary['sync_wait_s']):.1f} s for it at the steps' all-reduce, of "
                          f"{state.train_time:.1f} s of training (summary.json: sync_wait_s)")
         write_summary(self.run_dir, summary)
         return summary
-
-    def _sync_waits(self) -> dict[str, Any]:
-        """Each worker's seconds spent waiting for the busiest worker at the steps' synchronisation, and the
-        straggler: the worker that waited least, where another waited more than 1 s and 10% of the training
-        time. Measured where a worker's own part of a step can be timed apart from its waiting: data parallel
-        on the CPU (None elsewhere: on a GPU the host does not see the wait inside NCCL's all-reduce)."""
-        if not self.waits_measured:
-            return {"sync_wait_s": None, "straggler": None}
-        waits = self.waits.tolist()
-        straggler = waits.index(min(waits)) if max(waits) > max(1.0, 0.1 * self.state.train_time) else None
-        return {"sync_wait_s": [round(w, 3) for w in waits], "straggler": straggler}
-
-    def _summary(self, test: tuple[float, float], test_ema: tuple[float, float] | None,
-                 added: dict[str, Any]) -> dict[str, Any]:
-        cfg, state, per_update = self.cfg, self.state, self.cfg.batch_size * self.cfg.accumulate
-        reported = test_ema if cfg.eval_ema else test
-
-        def finite(v: float) -> float | None:
-            return v if math.isfinite(v) else None
-
-        return {
-            "model": self.parts.model_name() if self.parts.model is not None else cfg.model,
-            "dataset": cfg.dataset, "strategy": added["strategy"], "world_size": added["world_size"],
-            "global_batch_size": per_update, "steps": state.step,
-            "epochs": math.ceil(state.step / self.length.per_epoch),
-            "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": self.timer.per_step(),
-            "examples_per_sec": state.steps_run * per_update / state.train_time
-            if state.steps_run and state.train_time else None,
-            "test_accuracy": reported[0], "test_loss": reported[1],
-            "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
-            "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,
-            "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": state.stop == "time",
-            "stopped_early": state.stop == "early", "pruned": state.stop == "pruned",
-            "epochs_validated": state.validated,
-            "final_lr": state.optimizer.param_groups[0]["lr"], "precision": cfg.precision, "seed": cfg.seed,
-            "torch_version": torch.__version__, "devices": self.devices or [str(self.ctx.device)] * self.ctx.world_size,
-            "run_dir": str(self.run_dir), "pipeline": added["pipeline"], "restarts": self.restarts,
-            "resumed_from_step": state.first_step or None, "parts": self.parts.record or None,
-            "classes": list(self.data.classes) if self.data.classes else None,
-            "startup_s": clock.startup(self.marks), "first_step_at_s": clock.first_step_at(self.marks),
-            "finish_s": self.finish_s, "ended_at": time.time(),
-        }
-
-
-# What a start that trains no step (a finished run evaluated again) takes from the run's summary.json: the
-# figures of the training, which this start did not measure.
-TRAINED_FIGURES = ("strategy", "world_size", "train_time_s", "step_phases_s", "examples_per_sec", "val_accuracy",
-                   "val_loss", "stopped_by_time", "stopped_early", "pruned", "epochs_validated", "devices", "restarts",
-                   "resumed_from_step", "startup_s", "first_step_at_s", "sync_wait_s", "straggler")
-
-
-def _trained_figures(run_dir: Path, step: int) -> dict[str, Any]:
-    """The figures of the start that trained up to `step`, from summary.json; none where that file is
-    missing, unreadable or an earlier start's (stopped or killed after its last step, before its summary)."""
-    try:
-        earlier = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(earlier, dict) or earlier.get("steps") != step:
-        return {}
-    return {k: earlier[k] for k in TRAINED_FIGURES if k in earlier}

@@ -14,7 +14,6 @@ never replaces a good cache.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -27,13 +26,23 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from ..devices import usable_cores
 from ..errors import UserError
+from .decode import (
+    Inline,
+    channel_sums,
+    chunks,
+    decode_many,
+    private_name,
+    probe_many,
+    progress_bar,
+    put_in_place,
+    statistics,
+)
 from .source import MappedImages
 from .splits import Splits
 
@@ -103,7 +112,7 @@ def _classes(tree: Path) -> list[str]:
 
 # ---- the cache ----
 
-def _stamp(root: Path, files: list[str]) -> list[list]:
+def stamp(root: Path, files: list[str]) -> list[list]:
     """What identifies each file's content cheaply: its size and modification time."""
     out = []
     for f in files:
@@ -158,72 +167,21 @@ def open_cache(folder: Path, stamps: list[list]) -> dict | None:
     return manifest
 
 
-def _decode(path: str, side: int, channels: int) -> np.ndarray | str:
-    """One image file as C x side x side uint8, or why it failed."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return square(im, side, channels)
-    except Exception as e:  # noqa: BLE001 (PIL fails on a bad file in many ways)
-        return f"{type(e).__name__}: {e}"
-
-
-def square(im: Any, side: int, channels: int) -> np.ndarray:
-    """A PIL image as C x side x side uint8: resized (bilinear, antialiased) so that its shorter side is
-    `side`, then centre-cropped, with the sizes and offsets torchvision's Resize and CenterCrop compute
-    (PIL alone: the decoding processes need not import torch)."""
-    from PIL import Image
-
-    im = im.convert("L" if channels == 1 else "RGB")
-    w, h = im.size
-    short, long = (w, h) if w <= h else (h, w)
-    new_long = int(side * long / short)
-    im = im.resize((side, new_long) if w <= h else (new_long, side), Image.BILINEAR)
-    w, h = im.size
-    top, left = int(round((h - side) / 2.0)), int(round((w - side) / 2.0))
-    arr = np.asarray(im.crop((left, top, left + side, top + side)), dtype=np.uint8)
-    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
-
-
-def _probe(path: str) -> tuple[int, str] | str:
-    """An image's shorter side and mode from its header (no decoding), or why it cannot be read."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return min(im.size), im.mode
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-
-
-def _chunks(n: int, size: int) -> list[range]:
-    return [range(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _probe_many(paths: list[str]) -> list[tuple[int, str] | str]:
-    return [_probe(p) for p in paths]
-
-
-def _decode_many(paths: list[str], side: int, channels: int) -> list[np.ndarray | str]:
-    return [_decode(p, side, channels) for p in paths]
-
-
 def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: int | None, skip_bad: bool,
                 workers: int, quiet: bool) -> dict:
     """Decode every image into a new cache folder, then rename it into place; returns its manifest."""
     root, n = listing.root, len(listing.files)
     paths = [str(root / f) for f in listing.files]
-    chunks = _chunks(n, 64)
+    ranges = chunks(n, 64)
     t0 = time.perf_counter()
     # Decoding processes are spawned (this process has torch's threads: forking it is unsafe); one worker
     # decodes here, without a pool.
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) \
-        if workers > 1 else _Inline()
+        if workers > 1 else Inline()
     with pool:
-        probes = [r for part in pool.map(_probe_many, [[paths[i] for i in c] for c in chunks]) for r in part]
+        probes = [r for part in pool.map(probe_many, [[paths[i] for i in c] for c in ranges]) for r in part]
         bad = {i: r for i, r in enumerate(probes) if isinstance(r, str)}
-        _refuse_bad(bad, listing, skip_bad)
+        refuse_bad(bad, listing, skip_bad)
         good = [i for i in range(n) if i not in bad]
         if not good:
             raise UserError(f"none of the {n} images in {root} can be read; see the manifest of a build with "
@@ -232,15 +190,15 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
         side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
         channels = 1 if all(probes[i][1] in ("1", "L", "I;16", "I", "F") for i in good) else 3
         folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _private_name(folder, "building")
+        tmp = private_name(folder, "building")
         tmp.mkdir()
         try:
             images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
                                                shape=(len(good), channels, side, side))
             sums = np.zeros((len(good), channels, 2))  # per image and channel: sum, sum of squares (0..1)
-            bar = _bar(len(good), quiet)
-            pieces = _chunks(len(good), 64)
-            results = pool.map(_decode_many, [[paths[good[i]] for i in c] for c in pieces],
+            bar = progress_bar(len(good), quiet)
+            pieces = chunks(len(good), 64)
+            results = pool.map(decode_many, [[paths[good[i]] for i in c] for c in pieces],
                                [side] * len(pieces), [channels] * len(pieces))
             for piece, decoded in zip(pieces, results, strict=True):
                 for i, arr in zip(piece, decoded, strict=True):
@@ -252,7 +210,7 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
                 bar.update(len(piece))
             bar.close()
             if bad and not skip_bad:
-                _refuse_bad(bad, listing, skip_bad)
+                refuse_bad(bad, listing, skip_bad)
             keep = np.asarray([i for i in range(len(good)) if good[i] not in bad], dtype=np.int64)
             if len(keep) != len(good):  # images that failed only when decoded: drop their rows
                 images.flush()
@@ -276,7 +234,7 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
                         "skipped": {listing.files[i]: why for i, why in sorted(bad.items())},
                         "built_s": round(time.perf_counter() - t0, 3)}
             (tmp / "manifest.json").write_text(json.dumps(manifest))
-            _put_in_place(tmp, folder)
+            put_in_place(tmp, folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -288,38 +246,7 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
     return manifest
 
 
-def _private_name(folder: Path, what: str) -> Path:
-    """A sibling of `folder` that no other process (on this machine or another one sharing the disk) uses."""
-    import socket
-    import uuid
-
-    return folder.parent / f".{folder.name}.{what}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-def _put_in_place(tmp: Path, folder: Path) -> None:
-    """Rename a finished build to `folder`, moving an older cache aside first (readers that opened it keep
-    their open files)."""
-    old = _private_name(folder, "old")
-    if folder.exists():
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-class _Inline:
-    """A pool of one: map in this process."""
-
-    def map(self, fn, *iterables):  # noqa: ANN001, ANN002, ANN201
-        return map(fn, *iterables)
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _refuse_bad(bad: dict[int, str], listing: Listing, skip_bad: bool) -> None:
+def refuse_bad(bad: dict[int, str], listing: Listing, skip_bad: bool) -> None:
     if bad and not skip_bad:
         i = min(bad)
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -327,16 +254,7 @@ def _refuse_bad(bad: dict[int, str], listing: Listing, skip_bad: bool) -> None:
                         "remove or replace it, or pass --skip-bad-images to leave bad images out")
 
 
-def _bar(total: int, quiet: bool):  # noqa: ANN202
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="img", desc="decoding images", disable=quiet or not sys.stderr.isatty(),
-                file=sys.stderr)
-
-
-# ---- the splits ----
-
-def _held_out(keys: list[str], val_size: int, test_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def held_out(keys: list[str], val_size: int, test_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A seeded split of examples named by `keys` (file paths, item numbers) into train, val and test
     positions (each sorted). Each example's place follows a hash of its name, not its position: with the
     held-out sizes fixed, an image added to a folder takes a place in at most one held-out set, and at most
@@ -349,28 +267,12 @@ def _held_out(keys: list[str], val_size: int, test_size: int) -> tuple[np.ndarra
     return np.sort(train), np.sort(val), np.sort(test)
 
 
-def channel_sums(image: np.ndarray) -> np.ndarray:
-    """One C x H x W uint8 image's per-channel sum and sum of squares on the 0..1 scale (C x 2, float64)."""
-    unit = image.reshape(image.shape[0], -1).astype(np.float64) / 255
-    return np.stack([unit.sum(1), (unit * unit).sum(1)], axis=1)
-
-
-def _statistics(sums: np.ndarray, pixels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (unbiased) standard deviation on the 0..1 scale, in float64, from the images'
-    per-channel sums and sums of squares (saved with the cache): no image is read."""
-    total = sums.sum(axis=0)  # C x 2
-    count = len(sums) * pixels
-    mean = total[:, 0] / count
-    var = np.maximum(total[:, 1] / count - mean * mean, 0.0) * count / max(count - 1, 1)
-    return tuple(mean.tolist()), tuple(np.sqrt(var).tolist())
-
-
 def load(root: str, image_size: int | None = None, val_size: int | None = None, test_size: int | None = None,
          cache_dir: str | None = None, skip_bad: bool = False, workers: int | None = None,
          quiet: bool = False) -> Splits:
     """The folder's splits, read from its cache (built first if missing or stale)."""
     listing = list_folder(Path(root))
-    stamps = _stamp(listing.root, listing.files)
+    stamps = stamp(listing.root, listing.files)
     folder = cache_folder(listing.root, image_size, cache_dir)
     if image_size is not None:  # the cache of the default size may already be of this size (paratrain eval)
         median = cache_folder(listing.root, None, cache_dir)
@@ -381,14 +283,14 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
         folder.parent.mkdir(parents=True, exist_ok=True)
         # One build at a time (torchrun's ranks, two runs): the others wait, then open it. The files are read
         # under the lock too, so that another run's rebuild cannot slip in between the images and the labels.
-        with _locked(folder, quiet):
+        with locked(folder, quiet):
             manifest = open_cache(folder, stamps)
             if manifest is None:
                 # Spawning the decoding processes costs seconds (each imports torch): worth it for thousands
                 # of images (benchmarks/image_cache.py: 1,500 small PNGs decoded faster in this process)
                 default = usable_cores() if len(listing.files) >= PARALLEL_FROM else 1
                 manifest = build_cache(listing, stamps, folder, image_size, skip_bad, workers or default, quiet)
-            return _splits(folder, manifest, _folder_rows(listing, manifest, root, val_size, test_size, skip_bad),
+            return splits_of(folder, manifest, folder_rows(listing, manifest, root, val_size, test_size, skip_bad),
                            "imagefolder", listing.classes)
     except BrokenProcessPool:  # a decoding process died: most often a script that calls fit when imported
         raise UserError("a process decoding the images stopped; if you call paratrain.fit from a script, put the "
@@ -398,7 +300,7 @@ def load(root: str, image_size: int | None = None, val_size: int | None = None, 
                         "DIR with a folder you can write") from None
 
 
-def _folder_rows(listing: Listing, manifest: dict, root: str, val_size: int | None, test_size: int | None,
+def folder_rows(listing: Listing, manifest: dict, root: str, val_size: int | None, test_size: int | None,
                  skip_bad: bool) -> dict[str, np.ndarray]:
     """The cache rows of each split: the split folders', or held out by a seeded hash of the file names."""
     if manifest["skipped"] and not skip_bad:  # built with --skip-bad-images: without it, stop as a build would
@@ -408,7 +310,7 @@ def _folder_rows(listing: Listing, manifest: dict, root: str, val_size: int | No
     kept = np.asarray(manifest["kept"], dtype=np.int64)
     position = {int(f): i for i, f in enumerate(kept)}  # file index -> row of the cache
     if "all" in listing.split_of:
-        return _seeded_rows([listing.files[i] for i in kept], val_size, test_size, root)
+        return seeded_rows([listing.files[i] for i in kept], val_size, test_size, root)
     rows = {s: np.asarray([position[int(i)] for i in listing.split_of.get(s, []) if int(i) in position],
                           dtype=np.int64) for s in SPLITS}
     # no val/ or test/ folder: held out of train/ (a tenth each, or --val-size, --test-size)
@@ -419,7 +321,7 @@ def _folder_rows(listing: Listing, manifest: dict, root: str, val_size: int | No
         raise UserError(f"holding out {val_n} images for validation and {test_n} for testing leaves none of "
                         f"the {n} in {root}/train to train on; lower --val-size or --test-size")
     names = [listing.files[kept[r]] for r in rows["train"]]
-    train, val, test = (rows["train"][p] for p in _held_out(names, val_n, test_n))
+    train, val, test = (rows["train"][p] for p in held_out(names, val_n, test_n))
     rows["train"] = train
     if "val" not in listing.split_of:
         rows["val"] = val
@@ -429,7 +331,7 @@ def _folder_rows(listing: Listing, manifest: dict, root: str, val_size: int | No
 
 
 @contextlib.contextmanager
-def _locked(folder: Path, quiet: bool = True) -> Iterator[None]:
+def locked(folder: Path, quiet: bool = True) -> Iterator[None]:
     """An exclusive lock on `folder`'s lock file (flock: released if the process dies); says so when it
     waits for another process (unless `quiet`)."""
     import errno
@@ -442,7 +344,7 @@ def _locked(folder: Path, quiet: bool = True) -> Iterator[None]:
     try:
         if fd >= 0:
             try:
-                _wait_for_lock(fd, folder, quiet)
+                wait_for_lock(fd, folder, quiet)
             except OSError as e:  # a filesystem without locks (NFS mounted nolock, some parallel ones)
                 if e.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EACCES, errno.EROFS):
                     raise
@@ -452,7 +354,7 @@ def _locked(folder: Path, quiet: bool = True) -> Iterator[None]:
             os.close(fd)  # closing releases the lock
 
 
-def _wait_for_lock(fd: int, folder: Path, quiet: bool) -> None:
+def wait_for_lock(fd: int, folder: Path, quiet: bool) -> None:
     """flock, saying so once a wait passes a second (a build elsewhere; not the brief turn of a reader)."""
     import fcntl
 
@@ -469,146 +371,25 @@ def _wait_for_lock(fd: int, folder: Path, quiet: bool) -> None:
             time.sleep(0.05)
 
 
-def _seeded_rows(keys: list[str], val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
+def seeded_rows(keys: list[str], val_size: int | None, test_size: int | None, where: str) -> dict[str, np.ndarray]:
     n = len(keys)
     val_n = n // 10 if val_size is None else val_size
     test_n = n // 10 if test_size is None else test_size
     if val_n + test_n >= n:
         raise UserError(f"--val-size {val_n} and --test-size {test_n} leave no training images of the {n} in "
                         f"{where}; lower them")
-    return dict(zip(SPLITS, _held_out(keys, val_n, test_n), strict=True))
+    return dict(zip(SPLITS, held_out(keys, val_n, test_n), strict=True))
 
 
-def _splits(folder: Path, manifest: dict, rows: dict[str, np.ndarray], name: str, classes: list[str]) -> Splits:
+def splits_of(folder: Path, manifest: dict, rows: dict[str, np.ndarray], name: str, classes: list[str]) -> Splits:
     """The splits `rows` of a cache, normalised with the statistics of its training rows."""
     images = MappedImages(str(folder / "images.npy"))
     labels = torch.from_numpy(np.load(folder / "labels.npy"))
     pairs = {s: (images.subset(r), labels[torch.from_numpy(r)]) for s, r in rows.items()}
     side = manifest["shape"][-1]
-    mean, std = _statistics(np.load(folder / "sums.npy")[rows["train"]], side * side)
+    mean, std = statistics(np.load(folder / "sums.npy")[rows["train"]], side * side)
     return Splits(name, pairs["train"], pairs["val"], pairs["test"], mean, std, len(classes),
                   classes=tuple(classes), split=SPLIT_SCHEME)
 
 
 # ---- a map-style Dataset of the user's ----
-
-def _as_pil(image: Any) -> Any:
-    """A Dataset's image (a PIL image, a uint8 or 0..1 float tensor C x H x W, or an H x W (x C) array)."""
-    from PIL import Image
-
-    if isinstance(image, Image.Image):
-        return image
-    if isinstance(image, torch.Tensor):
-        if image.dim() == 2:
-            image = image[None]
-        if image.dim() != 3:
-            raise ValueError(f"a tensor image must be C x H x W, not {tuple(image.shape)}")
-        if image.is_floating_point():
-            if len(image) and (float(image.min()) < 0 or float(image.max()) > 1):
-                raise ValueError("a float image must hold pixels in 0..1 (not normalised ones: paratrain "
-                                 "normalises with the training set's statistics)")
-            image = (image * 255).round()
-        image = image.to(torch.uint8).permute(1, 2, 0).numpy()
-    arr = np.asarray(image)
-    if arr.dtype != np.uint8:
-        raise ValueError(f"an array image must be uint8 H x W (x C), not {arr.dtype}")
-    return Image.fromarray(arr[..., 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
-
-
-def from_dataset(dataset: Any, cache: Path, image_size: int | None, val_size: int | None,
-                 test_size: int | None, reuse: bool, quiet: bool) -> Splits:
-    """A map-style Dataset of (image, label) pairs decoded once into a cache at `cache` (reopened when `reuse`
-    and it holds as many images), then split as a folder without split folders is."""
-    n = len(dataset)
-    if n < 3:
-        raise UserError(f"your dataset has {n} item(s); it needs at least one each to train, validate and test")
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(cache, quiet):  # torchrun's ranks of one node build it once; the others wait, then open it
-            manifest = _open_dataset_cache(cache, n, image_size, _fingerprint(dataset, n)) if reuse else None
-            if manifest is None:
-                manifest = _build_from_dataset(dataset, n, cache, image_size, quiet)
-            rows = _seeded_rows([str(i) for i in range(n)], val_size, test_size, "the dataset")
-            return dataclasses.replace(_splits(cache, manifest, rows, "custom", manifest["classes"]),
-                                       split="index-hash")
-    except OSError as e:
-        raise UserError(f"cannot write the dataset's cache in {cache.parent} ({e.strerror or e}); set cache_dir "
-                        "to a folder you can write") from None
-
-
-def _fingerprint(dataset: Any, n: int) -> str:
-    """A cheap mark of a Dataset's content (its first and last items), so that a cache of another Dataset of
-    the same length is not taken for its own."""
-    marks = []
-    for i in (0, n - 1):
-        image, label = _item(dataset, i)
-        marks.append(image.tobytes() + str((image.size, image.mode, label)).encode())
-    return hashlib.sha1(b"|".join(marks)).hexdigest()
-
-
-def _open_dataset_cache(cache: Path, n: int, image_size: int | None, fingerprint: str) -> dict | None:
-    try:
-        manifest = json.loads((cache / "manifest.json").read_text())
-        images = np.load(cache / "images.npy", mmap_mode="r")
-    except (OSError, ValueError):
-        return None
-    ok = manifest.get("version") == CACHE_VERSION and manifest.get("count") == n == images.shape[0]
-    ok = ok and image_size in (None, images.shape[-1]) and manifest.get("fingerprint") == fingerprint
-    return manifest if ok else None
-
-
-def _item(dataset: Any, i: int) -> tuple[Any, int]:
-    try:
-        image, label = dataset[i]
-        one = label.numel() == 1 if isinstance(label, torch.Tensor) else np.size(label) == 1
-        value = label.item() if isinstance(label, torch.Tensor | np.generic | np.ndarray) and one else label
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-            raise ValueError(f"the label {label!r} is not a class index")
-        return _as_pil(image), int(value)
-    except Exception as e:  # noqa: BLE001 (the user's Dataset may raise anything)
-        raise UserError(f"item {i} of your dataset is not an (image, label) pair paratrain can read "
-                        f"({type(e).__name__}: {e}); give PIL images, uint8 or 0..1 tensors, and int labels") \
-            from None
-
-
-def _build_from_dataset(dataset: Any, n: int, cache: Path, image_size: int | None, quiet: bool) -> dict:
-    sample = [_item(dataset, i)[0] for i in range(min(n, 1000))]  # the size and colours, from the first items
-    sides = sorted(min(im.size) for im in sample)
-    side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
-    channels = 1 if all(im.mode in ("1", "L", "I;16", "I", "F") for im in sample) else 3
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _private_name(cache, "building")
-    tmp.mkdir()
-    try:
-        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                           shape=(n, channels, side, side))
-        labels = np.zeros(n, dtype=np.int64)
-        sums = np.zeros((n, channels, 2))
-        bar = _bar(n, quiet)
-        for i in range(n):
-            im, labels[i] = _item(dataset, i)
-            images[i] = arr = square(im, side, channels)
-            sums[i] = channel_sums(arr)
-            bar.update(1)
-        bar.close()
-        images.flush()
-        del images
-        if labels.min() < 0:
-            raise UserError("your dataset has a negative label; labels must be class indices 0..K-1")
-        names = getattr(dataset, "classes", None)
-        k = int(labels.max()) + 1
-        if len(np.unique(labels)) < 2:
-            raise UserError(f"every item of your dataset has the label {int(labels[0])}; a classifier needs at "
-                            "least two classes")
-        classes = [str(c) for c in names] if isinstance(names, list | tuple) and len(names) >= k else \
-            [str(c) for c in range(k)]
-        np.save(tmp / "labels.npy", labels)
-        np.save(tmp / "sums.npy", sums)
-        manifest = {"version": CACHE_VERSION, "count": n, "classes": classes, "shape": [channels, side, side],
-                    "fingerprint": _fingerprint(dataset, n)}
-        (tmp / "manifest.json").write_text(json.dumps(manifest))
-        _put_in_place(tmp, cache)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return manifest

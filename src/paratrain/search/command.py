@@ -23,13 +23,13 @@ NOT_TRAIN_FLAGS = {"strategy", "out", "resume", "overwrite", "devices", "threads
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    from . import runner
+    from . import study as studies
 
     p.add_argument("--space", required=True, help="a space YAML file, or mlp-mnist / cnn-mnist")
-    p.add_argument("--sampler", default="genetic", help=f"{', '.join(runner.SAMPLERS)} (default: genetic)")
+    p.add_argument("--sampler", default="genetic", help=f"{', '.join(studies.SAMPLERS)} (default: genetic)")
     p.add_argument("--strategy", help="each trial's parallelism, as in `paratrain train`: ddp, tower, pipeline, "
                                       "hybrid (default: ddp; a space may fix or search it)")
-    p.add_argument("--pruner", default="none", help=f"{', '.join(runner.PRUNERS)}: stop unpromising trials by "
+    p.add_argument("--pruner", default="none", help=f"{', '.join(studies.PRUNERS)}: stop unpromising trials by "
                                                    "their validation accuracy after each epoch (default: none)")
     p.add_argument("--population", type=int, default=20, help="genetic: networks per generation (default: 20)")
     p.add_argument("--generations", type=int, default=10, help="genetic: generations (default: 10)")
@@ -66,12 +66,13 @@ def _check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]
 
 
 def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
-    from . import report, runner, space
+    from . import report, space
+    from . import study as studies
 
     sp = space.load(args.space)
-    _check_sampler(args.sampler, args.strategy, runner.SAMPLERS)
-    if args.pruner not in runner.PRUNERS:
-        raise UserError(f"unknown --pruner '{args.pruner}'; choose one of: {', '.join(runner.PRUNERS)}")
+    _check_sampler(args.sampler, args.strategy, studies.SAMPLERS)
+    if args.pruner not in studies.PRUNERS:
+        raise UserError(f"unknown --pruner '{args.pruner}'; choose one of: {', '.join(studies.PRUNERS)}")
     if args.strategy is not None:
         train_values = {**train_values, "strategy": args.strategy}
     base, cfg = _base_config(args, train_values, sp)
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     accelerator, gpus, parallel, threads = _pool_size(args, cfg)
     out = check_writable(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = runner.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
+    settings = studies.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
                                _storage_url(args, out), args.study, str(out),
                                args.seed, args.worker, args.pruner)
@@ -88,16 +89,16 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     from ..inputs import load_for
 
     load_for(cfg)  # a missing or corrupt dataset fails here, once
-    study = runner.open_study(settings, sp, base)
+    study = studies.open_study(settings, sp, base)
     if not args.worker and study.user_attrs.get("exhausted"):  # a resumed search tries again, with new seeds
         study.set_user_attr("exhausted", None)
     if not args.worker:  # a time budget counts from this start; a search run again without one has none
         study.set_user_attr("deadline", time.time() + args.time_budget if args.time_budget else None)
     if not args.worker and settings.storage.startswith("sqlite"):
-        requeued = runner.requeue_abandoned(study)
+        requeued = studies.requeue_abandoned(study)
         if requeued:
             print(f"search: {requeued} trial(s) left running by an interrupted search are queued again")
-    finished = runner.counts(study)[0]
+    finished = studies.counts(study)[0]
     if args.sampler != "grid" and budget < settings.wanted():
         print(f"search: the space has {budget} distinct points; each is trained once, so {budget} trials, not "
               f"{settings.wanted()}")
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         if not args.worker:
             study.set_user_attr("wall_s", earlier + this_start)
     wall = earlier + this_start
-    done = runner.counts(study)[0]
+    done = studies.counts(study)[0]
     if args.time_budget and not args.worker and done < budget:
         print(f"search: the time budget of {args.time_budget:.0f} s is spent, {done} of {budget} trials done; run "
               "the same command again (with a new --time-budget, or none) to go on")
@@ -229,7 +230,7 @@ def _pool_size(args: argparse.Namespace, cfg: Any) -> tuple[str, int, int, int]:
 def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
           budget: int) -> None:
     """P worker processes run the trials; this one shows the progress (polling the storage), starts a new
-    process where one died (its trial is tried once more, then failed: see runner.after_death), and makes
+    process where one died (its trial is tried once more, then failed: see studies.after_death), and makes
     sure none of them outlives the search."""
     import multiprocessing
     import multiprocessing.connection
@@ -239,6 +240,7 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
 
     from ..launch import stop_processes
     from . import runner
+    from . import study as studies
 
     spawn = multiprocessing.get_context("spawn")
 
@@ -248,13 +250,13 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
         return process
 
     processes = {i: start(i) for i in range(parallel)}
-    deaths, finished = 0, runner.counts(study)[0]  # deaths since a trial last finished
+    deaths, finished = 0, studies.counts(study)[0]  # deaths since a trial last finished
     # a log file gets a line per finished trial instead of a bar redrawn every second
     bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
     try:
         while processes:
             multiprocessing.connection.wait([p.sentinel for p in processes.values()], timeout=1.0)
-            if (now := runner.counts(study)[0]) > finished:  # the search moves on: its processes are sound
+            if (now := studies.counts(study)[0]) > finished:  # the search moves on: its processes are sound
                 deaths, finished = 0, now
             for index, process in list(processes.items()):
                 if process.exitcode is None:
@@ -269,7 +271,7 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
                 deaths += 1
                 how = (f"killed by {signal.Signals(-process.exitcode).name}" if process.exitcode < 0 else
                        f"exit code {process.exitcode}")
-                what = runner.after_death(study, f"{socket.gethostname()}:{process.pid}", how)
+                what = studies.after_death(study, f"{socket.gethostname()}:{process.pid}", how)
                 if deaths > MAX_DEATHS_PER_PROCESS * parallel:
                     stop_processes(list(processes.values()), signal.SIGINT)
                     raise UserError(f"the search's worker processes died {deaths} times with no trial finished "
@@ -293,9 +295,9 @@ MAX_DEATHS_PER_PROCESS = 3
 
 
 def _progress(bar: Any, study: Any) -> None:
-    from . import runner
+    from . import study as studies
 
-    finished = runner.counts(study)[0]
+    finished = studies.counts(study)[0]
     values = [t.value for t in study.get_trials(deepcopy=False) if t.value is not None]
     if bar.disable and finished > getattr(bar, "shown", 0):  # a disabled bar counts nothing itself
         best = f", best validation accuracy {max(values):.4f}" if values else ""

@@ -1,0 +1,162 @@
+"""Validation: the per-dataset defaults filled in, impossible values refused in one line that says what to do,
+and the options given that the run would not read."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import UserError
+from ..import_path import absolute, is_import_path
+from .fields import DATASET_DEFAULTS, FIELDS, TrainConfig, did_you_mean, shown
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Fill the per-dataset defaults, then reject impossible values with a message that says what to do."""
+    if cfg.dataset in DATASET_DEFAULTS:
+        cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
+    if is_import_path(cfg.model):  # config.yaml names the same file from any folder
+        cfg = cfg.replace(model=absolute(cfg.model))
+    if cfg.data_dir:  # and the same data: --resume from another folder reads what the run read
+        cfg = cfg.replace(data_dir=str(Path(cfg.data_dir).expanduser().resolve()))
+    _check_choices(cfg)
+    _check_numbers(cfg)
+    _check_combinations(cfg)
+    return cfg  # what a strategy cannot take is its own to refuse (strategies.checked)
+
+
+def _bad(msg: str) -> None:
+    raise UserError(msg)
+
+
+def _check_choices(cfg: TrainConfig) -> None:
+    for name, value in (("model", cfg.model), ("dataset", cfg.dataset), ("optimizer", cfg.optimizer),
+                        ("activation", cfg.activation), ("accelerator", cfg.accelerator),
+                        ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
+                        ("strategy", cfg.strategy), ("param_device", cfg.param_device),
+                        ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm), ("labels", cfg.labels)):
+        choices = FIELDS[name].metadata["choices"]
+        if name == "model" and is_import_path(value):
+            continue
+        if value not in choices:  # custom: what paratrain.fit records for a factory, not a choice to make
+            _bad(f"unknown {name} {shown(value)}{did_you_mean(str(value), choices)}; choose one of: "
+                 f"{', '.join(c for c in choices if c != 'custom')}")
+    if cfg.devices != "auto" and not (cfg.devices.isdigit() and int(cfg.devices) >= 1):
+        _bad(f"--devices must be 'auto' or a positive number, not '{cfg.devices}'")
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        _bad(f"--lr must be a positive number, not {cfg.lr}")
+    positive = {"batch_size": cfg.batch_size, "eval_batch_size": cfg.eval_batch_size,
+                "epochs": cfg.epochs, "log_every": cfg.log_every, "width": cfg.width, "depth": cfg.depth,
+                "filters": cfg.filters, "kernel": cfg.kernel}
+    if cfg.steps is not None:
+        positive["steps"] = cfg.steps
+    positive.update(accumulate=cfg.accumulate, keep_checkpoints=cfg.keep_checkpoints, microbatches=cfg.microbatches)
+    for name in ("threads_per_worker", "batch_per_worker", "lr_decay_steps", "image_size", "early_stopping"):
+        if getattr(cfg, name) is not None:
+            positive[name] = getattr(cfg, name)
+    for name in ("lr_decay_epochs", "max_time", "clip_grad_norm", "collective_timeout"):
+        value = getattr(cfg, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            _bad(f"--{name.replace('_', '-')} must be a positive number, not {value}")
+    for name, value in positive.items():
+        if value < 1:
+            _bad(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    for name, value in (("momentum", cfg.momentum), ("weight_decay", cfg.weight_decay),
+                        ("checkpoint_every", cfg.checkpoint_every), ("val_size", cfg.val_size or 0),
+                        ("test_size", cfg.test_size or 0),
+                        ("warmup_steps", cfg.warmup_steps), ("crop_padding", cfg.crop_padding),
+                        ("brightness", cfg.brightness), ("contrast", cfg.contrast),
+                        ("histogram_every", cfg.histogram_every), ("max_restarts", cfg.max_restarts)):
+        if value < 0:
+            _bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
+    for name in ("beta1", "beta2", "label_smoothing"):  # torch's own ranges: a decay or a share, below 1
+        value = getattr(cfg, name)
+        if not (math.isfinite(value) and 0 <= value < 1):
+            _bad(f"--{name.replace('_', '-')} must be at least 0 and below 1, not {value}")
+
+
+def _check_combinations(cfg: TrainConfig) -> None:
+    if cfg.data_dir and cfg.dataset in ("digits", "synthetic"):
+        _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
+             "class, pass --dataset imagefolder")
+    folder_only = [n for n in ("test_size", "image_size", "cache_dir") if getattr(cfg, n) is not None]
+    folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
+    if cfg.labels != "fine" and cfg.dataset != "cifar100":
+        _bad(f"--labels is for --dataset cifar100, not {cfg.dataset}")
+    if folder_only and cfg.dataset not in ("imagefolder", "custom"):  # custom: a Dataset given to paratrain.fit
+        _bad(f"--{folder_only[0].replace('_', '-')} is for --dataset imagefolder, not {cfg.dataset}")
+    if cfg.dropout is not None and not 0 <= cfg.dropout < 1:
+        _bad(f"--dropout must be in [0, 1), not {cfg.dropout}")
+    if cfg.ema is not None and not 0 < cfg.ema < 1:
+        _bad(f"--ema must be a decay in (0, 1), such as 0.999; not {cfg.ema}")
+    if cfg.overwrite and cfg.resume:
+        _bad("--overwrite starts a new run in --out and --resume carries one on; drop one of them")
+    if cfg.early_stopping is not None and cfg.val_size == 0:
+        _bad("--early-stopping watches the validation loss: drop --val-size 0")
+    if cfg.optimizer == "sgd" and cfg.nesterov and cfg.momentum == 0:  # torch.optim.SGD would raise in the workers
+        _bad("--nesterov needs --momentum above 0")
+    if cfg.eval_ema and cfg.ema is None:
+        _bad("--eval-ema needs --ema DECAY")
+    if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):
+        _bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
+    if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
+        _bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
+
+
+# Options that only some optimizers or schedules read: given for another, they would change nothing.
+_ADAMS, _DECAYS = ("optimizer", ("adam", "adamax", "nadam")), ("lr_schedule", ("exponential", "step"))
+READ_BY = {"momentum": ("optimizer", ("sgd", "rmsprop")), "nesterov": ("optimizer", ("sgd",)), "beta1": _ADAMS,
+           "beta2": _ADAMS, "lr_decay_rate": _DECAYS, "lr_decay_steps": _DECAYS, "lr_decay_epochs": _DECAYS,
+           "lr_staircase": ("lr_schedule", ("exponential",))}
+
+
+def unread(cfg: TrainConfig, given: Iterable[str]) -> dict[str, str]:
+    """Of the options `given`, those that this run's optimizer or schedule does not read (`--momentum` with
+    Adam), each with a clause in flag words that says so: the user meant them to change something."""
+    found = {}
+    for name in sorted(set(given) & set(READ_BY)):
+        owner, readers = READ_BY[name]
+        value, flag, owner_flag = getattr(cfg, owner), _flag(name), _flag(owner)
+        if value == "custom":  # an optimizer factory of the user's (paratrain.fit): it takes its own settings
+            found[name] = f"{flag} is not read by an optimizer of your own (optimizer=)"
+        elif value not in readers:
+            found[name] = f"{flag} is not read by {owner_flag} {value}, only by {owner_flag} {' or '.join(readers)}"
+    return found
+
+
+def _flag(name: str) -> str:
+    return FIELDS[name].metadata.get("flag", "--" + name.replace("_", "-"))
+
+
+def check_read(cfg: TrainConfig, given: Iterable[str]) -> None:
+    """Refuse options the user gave (flags, or a TrainConfig's fields that differ from the defaults) that the
+    run would not read, and a decay period given in both units (the steps would win)."""
+    given = set(given)
+    if {"lr_decay_steps", "lr_decay_epochs"} <= given:
+        _bad("give the decay period once: --lr-decay-steps or --lr-decay-epochs, not both")
+    for name, clause in unread(cfg, given).items():
+        own = getattr(cfg, READ_BY[name][0]) == "custom"
+        _bad(f"{clause}: drop it" + (" (your factory sets its own)" if own else ", or choose one of those"))
+
+
+def changed(cfg: TrainConfig) -> set[str]:
+    """The fields of `cfg` that differ from the defaults: what a TrainConfig's author set."""
+    default = TrainConfig()
+    return {name for name in FIELDS if getattr(cfg, name) != getattr(default, name)}
+
+
+def in_python_words(message: str) -> str:
+    """A validation message for a Python caller: `--val-size` becomes `val_size`, the TrainConfig field
+    it set (flags that are not fields stay as they are)."""
+    import re
+
+    def field(m: re.Match) -> str:
+        name = m.group(1).replace("-", "_")
+        return name if name in FIELDS else m.group(0)
+
+    return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", field, message)
+

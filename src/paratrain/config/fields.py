@@ -1,0 +1,237 @@
+"""The training configuration's fields: every option of `paratrain train`, with its default, its help and its
+choices (cli/parser.py builds the flags from them), and the coercion of a value from YAML, a flag or Python
+to the field's type."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from ..errors import UserError, closest
+
+# custom: paratrain.fit(model=...)
+MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "custom")
+# imagefolder: a folder of class sub-folders (--data-dir); custom: tensors given to paratrain.fit
+DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "custom")
+# custom: an optimizer factory given to paratrain.fit
+OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
+LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
+PRECISIONS = ("32", "bf16", "16-mixed")
+ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+BATCHNORM = ("sync", "local")
+# the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
+STRATEGIES = ("ddp", "tower", "pipeline", "hybrid")
+
+
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # what to train
+    model: str = _f("lenet5", "a registry model, or your network's factory: package.module:factory or "
+                    "path/to/file.py:factory", choices=MODELS)
+    dataset: str = _f("digits", "dataset (digits is embedded and needs no download)", choices=DATASETS)
+    data_dir: str | None = _f(None, "folder with the dataset files, or where to download them")
+    download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download",
+                        off_help="never download: a missing dataset is an error")
+    val_size: int | None = _f(None, "training examples held out for validation (default: per dataset)")
+    labels: str = _f("fine", "cifar100: its 100 fine classes or its 20 coarse ones", choices=("fine", "coarse"))
+    test_size: int | None = _f(None, "imagefolder without a test/ folder: images held out for testing "
+                               "(default: a tenth)")
+    image_size: int | None = _f(None, "imagefolder: the side images are resized and centre-cropped to "
+                                "(default: the median, at most 224)")
+    cache_dir: str | None = _f(None, "imagefolder: where the decoded images are cached (default: inside "
+                               "--data-dir, or the user's cache folder when it is read-only)")
+    skip_bad_images: bool = _f(False, "imagefolder: leave out images that cannot be decoded (counted and "
+                               "listed in the cache's manifest) instead of stopping")
+    # model options (used by the models that have them)
+    width: int = _f(512, "mlp: neurons per hidden layer")
+    depth: int = _f(2, "mlp: number of hidden layers")
+    activation: str = _f("relu", "mlp: activation", choices=ACTIVATIONS)
+    dropout: float | None = _f(None, "dropout probability (default: the model's own)")
+    filters: int = _f(64, "convnet: filters of the first convolution (the next two have 4x and 8x); "
+                      "cifar10-fast-net: of its first block (the next two have 4x)")
+    kernel: int = _f(5, "convnet: kernel size of the first convolution")
+    # where to run
+    accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
+    strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
+                       "pipeline: the layers cut into --stages, a process each; hybrid: data x pipeline",
+                       choices=STRATEGIES)
+    param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
+                           choices=("auto", "cpu", "cuda:0"))
+    devices: str = _f("auto", "workers (processes): auto or a number")
+    threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
+    max_restarts: int = _f(0, "restart every worker from the last checkpoint when one dies, up to this many times")
+    collective_timeout: float = _f(300.0, "seconds a collective may wait for a worker before the run ends")
+    oversubscribe: bool = _f(False, "allow more CPU workers than cores (much slower; for tests)",
+                             flag="--oversubscribe")
+    stages: int | None = _f(None, "pipeline/hybrid: stages the layers are cut into, a worker each")
+    microbatches: int = _f(4, "pipeline/hybrid: micro-batches each worker's batch is cut into")
+    schedule: str = _f("gpipe", "pipeline/hybrid: the pipeline schedule", choices=PIPELINE_SCHEDULES)
+    split: str = _f("auto", "pipeline/hybrid: auto (balance the counted cost) or cut points, e.g. 3,5")
+    batchnorm: str = _f("sync", "BatchNorm statistics: sync (over the whole global batch, as on one device) or "
+                        "local (each worker's share, as the classic tower recipe; does not equal one device)",
+                        choices=BATCHNORM)
+    # optimisation
+    batch_size: int | None = _f(None, "GLOBAL batch size, split evenly across workers (default: per dataset)")
+    batch_per_worker: int | None = _f(None, "batch per worker instead: the global batch is this x workers")
+    accumulate: int = _f(1, "micro-batches of --batch-size per optimizer step (gradient accumulation)")
+    eval_batch_size: int = _f(2048, "batch size per worker for evaluation")
+    epochs: int | None = _f(None, "training epochs (default: per dataset; --steps overrides it)")
+    steps: int | None = _f(None, "training steps (optimizer updates); overrides --epochs")
+    max_time: float | None = _f(None, "stop training after this many seconds, then evaluate and save")
+    early_stopping: int | None = _f(None, "stop after this many epochs without a lower validation loss, then "
+                                          "evaluate and save (the last weights)")
+    optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
+    lr: float = _f(2e-3, "learning rate")
+    momentum: float = _f(0.9, "SGD/RMSprop momentum")
+    beta1: float = _f(0.9, "Adam/Adamax/NAdam: decay of the gradient's running mean")
+    beta2: float = _f(0.999, "Adam/Adamax/NAdam: decay of the squared gradient's running mean")
+    label_smoothing: float = _f(0.0, "training loss: cross-entropy against targets smoothed by this much")
+    nesterov: bool = _f(False, "SGD: Nesterov momentum", flag="--nesterov")
+    weight_decay: float = _f(0.0, "L2 weight decay")
+    clip_grad_norm: float | None = _f(None, "clip the gradients' global L2 norm to this")
+    lr_schedule: str = _f("constant", "learning-rate schedule", choices=LR_SCHEDULES)
+    lr_decay_rate: float = _f(0.1, "exponential/step: multiply the lr by this every decay period")
+    lr_decay_steps: int | None = _f(None, "exponential/step: the decay period in steps")
+    lr_decay_epochs: float | None = _f(None, "exponential/step: the decay period in epochs")
+    lr_staircase: bool = _f(False, "exponential: decay in whole periods (the tutorial's staircase=True)",
+                            flag="--lr-staircase")
+    warmup_steps: int = _f(0, "linear warm-up from 0 to --lr over this many steps")
+    ema: float | None = _f(None, "keep an exponential moving average of the weights with this decay")
+    eval_ema: bool = _f(False, "evaluate (and report) with the averaged weights", flag="--eval-ema")
+    test_flip: bool = _f(False, "evaluate on each image and its mirror image, averaging the two outputs",
+                         flag="--test-flip")
+    memory_format: str = _f("auto", "layout of the weights and batches: channels_last (fastest for CPU convolutions), "
+                            "contiguous, or auto (channels_last for the registry's convolutional networks under "
+                            "ddp)", choices=("auto", "channels_last", "contiguous"))
+    compile: bool = _f(False, "torch.compile the model (on the CPU inductor needs a C++ compiler)",
+                       flag="--compile")
+    precision: str = _f("32", "32, bf16 (autocast) or 16-mixed (fp16 autocast + GradScaler)", choices=PRECISIONS)
+    # augmentation of training batches, on the device (validation/test use the centre crop)
+    random_crop: bool = _f(False, "random crop to the model's input size", flag="--random-crop")
+    crop_padding: int = _f(0, "zero padding added before the random crop")
+    hflip: bool = _f(False, "random horizontal flips", flag="--hflip")
+    brightness: float = _f(0.0, "random brightness shift in [-b, b] (pixel scale 0..1)")
+    contrast: float = _f(0.0, "random contrast factor in [1-c, 1+c]")
+    seed: int = _f(0, "seed of the initial weights, the data order and dropout")
+    # run directory, logs, checkpoints
+    out: str | None = _f(None, "run directory (default: runs/<model>-<dataset>-<time>)")
+    resume: str | None = _f(None, "continue the run in this run directory from its last checkpoint")
+    overwrite: bool = _f(False, "clear a run already in --out (its config, checkpoints, logs) and start anew",
+                         flag="--overwrite")
+    checkpoint_every: int = _f(0, "save a checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = _f(2, "how many step checkpoints to keep (last.pt is the newest of them); a "
+                               "damaged newest one leaves the one before to carry on from")
+    log_every: int = _f(50, "log training loss/accuracy every N steps")
+    time_phases: bool = _f(False, "time data/compute/all-reduce/optimizer per step (no comm. overlap)",
+                           flag="--time-phases")
+    histogram_every: int = _f(0, "TensorBoard histograms of weights and gradients every N steps (0: never)")
+    tensorboard: bool = _f(True, "write TensorBoard event files under RUN_DIR/tb", flag="--no-tensorboard",
+                           off_help="write no TensorBoard event files (RUN_DIR/tb)")
+    quiet: bool = _f(False, "no progress bar or per-epoch lines", flag="--quiet")
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Sizes that suit each dataset: the 1,437 digits need small batches to get enough steps.
+DATASET_DEFAULTS: dict[str, dict[str, int]] = {
+    "digits": {"batch_size": 64, "epochs": 10},
+    "mnist": {"batch_size": 512, "epochs": 5},
+    "fashion-mnist": {"batch_size": 512, "epochs": 5},
+    "kmnist": {"batch_size": 512, "epochs": 5},
+    "cifar10": {"batch_size": 128, "epochs": 10},
+    "cifar100": {"batch_size": 128, "epochs": 10},
+    "synthetic": {"batch_size": 512, "epochs": 1},
+    "imagefolder": {"batch_size": 64, "epochs": 10},
+    "custom": {"batch_size": 64, "epochs": 10},
+}
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """A value as a message shows it: its repr, cut to `width` characters (a value may be megabytes)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = width
+    short.maxlist = short.maxdict = 4
+    return short.repr(value)
+
+
+def did_you_mean(name: str, names: Any) -> str:
+    """"; did you mean 'x'?" for the closest of `names`, or ""."""
+    close = closest(name, names)
+    return f"; did you mean '{close}'?" if close else ""
+
+
+def _coerce(name: str, value: Any, where: str = "config key") -> Any:
+    """Bring a YAML, flag or Python value to the field's type; a wrong type is a UserError naming the key.
+    A string where a number or a bool belongs is read as YAML reads it ("0.01", "true")."""
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):  # TrainConfig(out=Path(...))
+        value = os.fspath(value)
+    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):  # NumPy integers, say
+        value = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, str | int | float | bool):  # a list or mapping: nested aliases may be gigabytes
+        raise UserError(f"{where} '{name}' must be a single value, not a {type(value).__name__}")
+    kind = FIELDS[name].type
+    if isinstance(value, str) and not kind.startswith("str") and name != "devices" and len(value) < 100:
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        value = parsed if isinstance(parsed, int | float | bool) else value
+    try:
+        if name == "devices":
+            return str(value)
+        if "bool" in kind:
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
+        if "int" in kind:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if "float" in kind:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if not isinstance(value, str | int | float):
+            raise ValueError
+        return str(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where} '{name}' has an invalid value {shown(value)} (expected {kind})") from None
+
+
+def _checked_init(self: TrainConfig, *args: Any, **values: Any) -> None:
+    """TrainConfig(...) from Python: an unknown or misspelt field, or a value of the wrong type, is a UserError
+    naming the field (a dataclass would raise a TypeError without it)."""
+    if args:
+        raise UserError("TrainConfig takes keyword arguments, such as TrainConfig(steps=100, devices='2')")
+    for name in values:
+        if name not in FIELDS:
+            raise UserError(f"TrainConfig has no field '{name[:40]}'" + (
+                did_you_mean(name, FIELDS) or "; the fields are the options of `paratrain train --help`, with "
+                "underscores"))
+    _dataclass_init(self, **{k: _coerce(k, v, "TrainConfig field") for k, v in values.items()})
+
+
+_dataclass_init = TrainConfig.__init__
+TrainConfig.__init__ = _checked_init  # type: ignore[method-assign]

@@ -1,0 +1,125 @@
+"""What a worker's run changes as it goes (RunState), its loss and compiler settings, and the summary its
+rank 0 writes (summary.json): the Trainer's state and record, apart from its loop (train.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+from . import clock
+from .config import TrainConfig
+
+
+def training_loss(cfg: TrainConfig) -> Any:
+    """Cross-entropy, against smoothed targets with --label-smoothing (evaluation keeps the plain one)."""
+    if cfg.label_smoothing:
+        return partial(F.cross_entropy, label_smoothing=cfg.label_smoothing)
+    return F.cross_entropy
+
+
+def quiet_compiler() -> None:
+    """torch.compile in a worker: code generation in this process (inductor's pool of compile processes would
+    put more processes than cores beside the workers, and leaves a semaphore behind at a worker's exit), and
+    without the warning that a CPU machine has no CUDA runtime (which no CPU run needs)."""
+    import logging
+
+    import torch._inductor.config as inductor
+
+    inductor.compile_threads = 1
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
+@dataclass
+class RunState:
+    """What a run changes as it goes. A checkpoint restores the model, optimizer, scheduler, scaler, EMA and step."""
+
+    model: nn.Module  # this worker's trained module, unwrapped (the strategy's `module`)
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    ema: AveragedModel | None
+    step: int = 0
+    first_step: int = 0  # where this process started (a resumed run's checkpoint step)
+    saved_step: int = -1  # the step of the last checkpoint written
+    steps_run: int = 0
+    train_time: float = 0.0
+    eval_time: float = 0.0
+    val: tuple[float, float] = (math.nan, math.nan)
+    stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
+    # or "pruned" (a search's pruner)
+    validated: int = 0  # epochs validated (a checkpoint at an epoch's last step comes before its validation)
+    best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
+    since_best: int = 0  # and the epochs validated since it
+
+
+def sync_waits(t: Any) -> dict[str, Any]:
+    """Each worker's seconds spent waiting for the busiest worker at the steps' synchronisation, and the
+    straggler: the worker that waited least, where another waited more than 1 s and 10% of the training
+    time. Measured where a worker's own part of a step can be timed apart from its waiting: data parallel
+    on the CPU (None elsewhere: on a GPU the host does not see the wait inside NCCL's all-reduce)."""
+    if not t.waits_measured:
+        return {"sync_wait_s": None, "straggler": None}
+    waits = t.waits.tolist()
+    straggler = waits.index(min(waits)) if max(waits) > max(1.0, 0.1 * t.state.train_time) else None
+    return {"sync_wait_s": [round(w, 3) for w in waits], "straggler": straggler}
+
+
+def summary_of(t: Any, test: tuple[float, float], test_ema: tuple[float, float] | None,
+               added: dict[str, Any]) -> dict[str, Any]:
+    cfg, state, per_update = t.cfg, t.state, t.cfg.batch_size * t.cfg.accumulate
+    reported = test_ema if cfg.eval_ema else test
+
+    def finite(v: float) -> float | None:
+        return v if math.isfinite(v) else None
+
+    return {
+        "model": t.parts.model_name() if t.parts.model is not None else cfg.model,
+        "dataset": cfg.dataset, "strategy": added["strategy"], "world_size": added["world_size"],
+        "global_batch_size": per_update, "steps": state.step,
+        "epochs": math.ceil(state.step / t.length.per_epoch),
+        "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": t.timer.per_step(),
+        "examples_per_sec": state.steps_run * per_update / state.train_time
+        if state.steps_run and state.train_time else None,
+        "test_accuracy": reported[0], "test_loss": reported[1],
+        "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
+        "test_accuracy_raw": test[0], "test_accuracy_ema": test_ema[0] if test_ema else None,
+        "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": state.stop == "time",
+        "stopped_early": state.stop == "early", "pruned": state.stop == "pruned",
+        "epochs_validated": state.validated,
+        "final_lr": state.optimizer.param_groups[0]["lr"], "precision": cfg.precision, "seed": cfg.seed,
+        "torch_version": torch.__version__, "devices": t.devices or [str(t.ctx.device)] * t.ctx.world_size,
+        "run_dir": str(t.run_dir), "pipeline": added["pipeline"], "restarts": t.restarts,
+        "resumed_from_step": state.first_step or None, "parts": t.parts.record or None,
+        "classes": list(t.data.classes) if t.data.classes else None,
+        "startup_s": clock.startup(t.marks), "first_step_at_s": clock.first_step_at(t.marks),
+        "finish_s": t.finish_s, "ended_at": time.time(),
+    }
+
+
+# What a start that trains no step (a finished run evaluated again) takes from the run's summary.json: the
+# figures of the training, which this start did not measure.
+TRAINED_FIGURES = ("strategy", "world_size", "train_time_s", "step_phases_s", "examples_per_sec", "val_accuracy",
+                   "val_loss", "stopped_by_time", "stopped_early", "pruned", "epochs_validated", "devices", "restarts",
+                   "resumed_from_step", "startup_s", "first_step_at_s", "sync_wait_s", "straggler")
+
+
+def trained_figures(run_dir: Path, step: int) -> dict[str, Any]:
+    """The figures of the start that trained up to `step`, from summary.json; none where that file is
+    missing, unreadable or an earlier start's (stopped or killed after its last step, before its summary)."""
+    try:
+        earlier = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(earlier, dict) or earlier.get("steps") != step:
+        return {}
+    return {k: earlier[k] for k in TRAINED_FIGURES if k in earlier}

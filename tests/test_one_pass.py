@@ -1,0 +1,153 @@
+"""One pass through a run (issue 34): a run's folder is held for its life, a raising factory is one line under
+every strategy, a search trial is a run that `--resume` carries on, and every worker reads the checkpoint it
+carries on from once (the launcher not at all)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import main_code
+from torch import nn
+
+import paratrain
+from paratrain import rundir
+from paratrain.errors import UserError
+
+QUICK = {"quiet": True, "tensorboard": False}
+FLAGS = ("--quiet", "--no-tensorboard", "--devices", "1", "--steps", "4")
+
+
+def test_a_folder_held_by_a_run_is_refused_in_one_line_and_left_as_it_is(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main_code(["train", "--out", str(run), *FLAGS]) == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with rundir.held(run):  # another run, going on
+        capsys.readouterr()
+        code = main_code(["train", "--resume", str(run), "--steps", "8", "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"--out {run} is in use by another run (process {os.getpid()}" in err[0]
+    assert err[0].endswith("wait for it to end, or pass another --out")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # untouched
+    assert main_code(["train", "--resume", str(run), "--steps", "8", "--quiet"]) == 0  # let go: it carries on
+
+
+def test_a_new_folder_is_removed_again_when_the_start_fails(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "b"
+    assert main_code(["train", "--out", str(out), "--quiet", "--devices", "1", "--batch-size", "100000"]) == 2
+    assert not (tmp_path / "a").exists()
+
+
+class Raising(nn.Sequential):
+    def __init__(self) -> None:
+        raise ValueError("no such layer")  # the user's line the error names
+
+
+@pytest.mark.parametrize("options", [dict(devices="1"), dict(strategy="tower", devices="2"),
+                                     dict(strategy="pipeline", stages=2, devices="2"),
+                                     dict(strategy="hybrid", stages=2, devices="4", oversubscribe=True)])
+def test_a_raising_factory_is_one_user_error_naming_its_line_under_every_strategy(tmp_path: Path,
+                                                                                   options: dict) -> None:
+    with pytest.raises(UserError) as e:
+        paratrain.fit(Raising, "digits", paratrain.TrainConfig(out=str(tmp_path / "r"), steps=2, **QUICK, **options))
+    assert str(e.value).startswith("your model factory Raising failed: ValueError: no such layer (at "
+                                   "test_one_pass.py:"), str(e.value)
+    assert 'in __init__: raise ValueError("no such layer")' in str(e.value)
+
+
+def test_a_search_trial_is_a_run_that_resume_carries_on(tmp_path: Path) -> None:
+    from paratrain import config
+    from paratrain.data import load_dataset
+    from paratrain.search.runner import train_one
+
+    trial = tmp_path / "trials" / "0000"
+    cfg = config.validate(config.TrainConfig(out=str(trial), steps=3, optimizer="sgd", momentum=0.9, lr=0.02,
+                                             quiet=True, tensorboard=False))
+    first = train_one(cfg, load_dataset("digits"), 0, 1, "cpu", 1)
+    assert first["steps"] == 3 and (trial / "config.yaml").is_file()
+    assert main_code(["train", "--resume", str(trial), "--steps", "6"]) == 0
+    summary = json.loads((trial / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["resumed_from_step"] == 3
+
+
+AUDIT = '''
+import os, sys
+def _hook(event, args, log=os.environ["PARATRAIN_TEST_OPENS"]):
+    if event == "open" and isinstance(args[0], str) and "/checkpoints/" in args[0] and args[0].endswith(".pt") \\
+            and (args[1] or "r").startswith("r"):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {args[0]}\\n")
+sys.addaudithook(_hook)
+'''
+
+
+def _opens(tmp_path: Path, *command: str) -> tuple[subprocess.CompletedProcess, Counter]:
+    """Run `command` with every Python process of it logging the checkpoints it opens for reading (an audit
+    hook in a sitecustomize: the launcher, the forkserver's workers, torchrun's ranks)."""
+    hook, log = tmp_path / "hook", tmp_path / "opens.log"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(AUDIT)
+    log.write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]),
+           "PARATRAIN_TEST_OPENS": str(log)}
+    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=300, env=env)
+    return proc, Counter(log.read_text().split("\n")[:-1])
+
+
+@pytest.mark.integration
+def test_resuming_a_2_worker_run_reads_its_checkpoint_once_in_each_worker_and_never_in_the_launcher(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ("--quiet", "--no-tensorboard", "--devices", "2", "--optimizer", "sgd", "--momentum", "0.9", "--lr",
+            "0.02", "--checkpoint-every", "5")
+    proc, _ = _opens(tmp_path, "-m", "paratrain", "train", "--out", str(run), "--steps", "10", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, opens = _opens(tmp_path, "-m", "paratrain", "train", "--resume", str(run), "--steps", "20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pids = Counter(line.split()[0] for line in opens)
+    assert len(pids) == 2 and all(n == 1 for n in opens.values()), opens  # two workers, one read each
+    assert all(line.endswith("step-00000010.pt") for line in opens), opens
+    assert json.loads((run / "summary.json").read_text())["resumed_from_step"] == 10
+
+
+@pytest.mark.integration
+def test_a_torchrun_start_reads_the_checkpoint_once_per_rank(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "paratrain", "train",
+            "--out", str(run), "--quiet", "--no-tensorboard", "--optimizer", "sgd", "--momentum", "0.9",
+            "--checkpoint-every", "5")
+    proc, _ = _opens(tmp_path, *args, "--steps", "10")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    started = time.time()
+    proc, opens = _opens(tmp_path, *args, "--steps", "15")  # a later start carries the run on
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len({line.split()[0] for line in opens}) == 2 and all(n == 1 for n in opens.values()), opens
+    assert "carrying on from the checkpoint of step 10" in proc.stderr
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"] == 15
+    assert time.time() - started < 300
+
+
+@pytest.mark.integration
+def test_two_runs_started_at_once_into_one_folder_one_trains_the_other_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "paratrain", "train", "--out", str(run), "--quiet", "--no-tensorboard",
+               "--devices", "2", "--steps", "40", "--log-every", "1"]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    done = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], done
+    refused = next(err for p, (_, err) in zip(procs, done, strict=True) if p.returncode == 2)
+    lines = [line for line in refused.splitlines() if line.startswith("paratrain")]
+    assert len(lines) == 1 and f"--out {run} is in use by another run (process " in lines[0], refused
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    assert steps == list(range(1, 41)), steps  # one run's log, whole
