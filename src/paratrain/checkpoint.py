@@ -185,12 +185,6 @@ def agree(ctx: Any, local: dict[str, Any] | None, error: str | None,
     return local, restarts
 
 
-def model_mismatch(state: dict[str, Any], model: str, where: str | Path) -> str | None:
-    """Why the checkpoint `state` (found in `where`) cannot carry on a run of `model`; None if it can."""
-    saved = state["config"].get("model")
-    return None if saved == model else f"the checkpoint in {where} is of model '{saved}', not '{model}'"
-
-
 MODEL_OPTIONS = ("width", "depth", "activation", "filters", "kernel")  # the options that shape a registry model
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from .errors import UserError, one_line
 from .interrupt import Stopped
 from .oom import OomWatch
 from .proc import die_with_parent, end_process, free_port, name_process, on_loopback, worker_name
-from .rundir import step_checkpoints
+from .rundir import newest_step
 from .runplan import RunPlan
 from .tcp_timeout import agent_wait
 from .userframes import user_frame_in_text
@@ -161,8 +162,8 @@ def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
     results = smp.SimpleQueue()
     workers = plan.hardware.workers
     heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
-    saved = step_checkpoints(_checkpoints(cfg))  # by name: where a worker that dies before its first step was
-    steps = smp.Array("q", [saved[-1][0] if saved else 0] * workers, lock=False)
+    saved = newest_step(Path(cfg.out))  # by name: where a worker that dies before its first step was
+    steps = smp.Array("q", [saved or 0] * workers, lock=False)
     # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
     # its path; each worker reads the checkpoint it carries on from itself (resume.py).
     # The environment and standard streams as they are now: a forked worker would otherwise have the
@@ -276,9 +277,3 @@ def stop_processes(processes: list, signum: int) -> None:
         if p.is_alive():
             p.kill()
             p.join()
-
-
-def _checkpoints(cfg: TrainConfig) -> Any:
-    from pathlib import Path
-
-    return Path(cfg.out) / "checkpoints"

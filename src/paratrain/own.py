@@ -13,15 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from .env import detect
 from .errors import UserError
 from .import_path import is_import_path
 from .userframes import failed, name_of
 
 
-def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
+def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> dict[str, Any]:
     """Build the user's network (once, on the CPU), run it on two training images as training prepares
-    them, and build the optimizer over it. Returns what will run, in words, for config's companion record."""
+    them, and build the optimizer over it. Returns what will run, in words, for config's companion record.
+    `speaks`: this process prints notes (rank 0; torchrun starts every rank through the same checks)."""
     from .build import make_batch_transforms, make_model
 
     record: dict[str, Any] = {}
@@ -38,7 +38,7 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
         record["model"] = name_of(parts.model)
     # a registry model with the default loss needs no check
     if parts.model is not None or is_import_path(cfg.model) or parts.loss is not None:
-        _check_forward(net, cfg, data, make_batch_transforms, loss=parts.loss)
+        _check_forward(net, cfg, data, make_batch_transforms, loss=parts.loss, speaks=speaks)
     if parts.optimizer is not None:
         try:
             optimizer = parts.optimizer(net.parameters())
@@ -52,7 +52,8 @@ def check_and_describe(parts: Any, cfg: Any, data: Any) -> dict[str, Any]:
     return record
 
 
-def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, loss: Any) -> None:
+def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, loss: Any,
+                   speaks: bool) -> None:
     """Two training images through the network, as training prepares them: it must give a row per image,
     and (for the accuracy, and the default cross-entropy) a score for every class the labels hold; a loss of
     the user's must take that output and the two labels and give one float."""
@@ -72,7 +73,7 @@ def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: A
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UserError(f"your network returned {got} for {len(x)} images; it must return N x K logits, K at "
                         f"least the {data.num_classes} classes of the data")
-    if scores and out.shape[1] > data.num_classes and not cfg.quiet and detect().is_main:  # it trains; meant?
+    if scores and out.shape[1] > data.num_classes and not cfg.quiet and speaks:  # it trains; meant?
         print(f"paratrain: note: your network gives {out.shape[1]} scores per image and the data has "
               f"{data.num_classes} classes; the other {out.shape[1] - data.num_classes} never match a label (a "
               "factory that takes num_classes is given the data's)", flush=True)

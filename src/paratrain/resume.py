@@ -62,9 +62,9 @@ def check(state: dict[str, Any], cfg: TrainConfig, total_steps: int) -> None:
 
 def model_mismatch(saved: str | None, cfg: TrainConfig) -> str | None:
     """Why a run of model `saved` cannot be carried on as `cfg` asks (None: it can)."""
-    why = checkpoint.model_mismatch({"config": {"model": saved}}, cfg.model, cfg.resume or cfg.out)
-    if why is None:
+    if saved == cfg.model:
         return None
+    why = f"the checkpoint in {cfg.resume or cfg.out} is of model '{saved}', not '{cfg.model}'"
     if not cfg.resume:  # a start that found a checkpoint in --out (torchrun's): not the run it meant to start
         return f"{why}; pass another --out for a new run"
     how = ("in Python: paratrain.fit(model=make_net, config=TrainConfig(resume=...))" if saved == "custom"

@@ -75,6 +75,13 @@ def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, key=lambda found: found[0])
 
 
+def newest_step(run: Path) -> int | None:
+    """The step of the newest checkpoint in the run folder `run`, by its file's name (none is opened); None
+    where it has none."""
+    steps = step_checkpoints(run / "checkpoints")
+    return steps[-1][0] if steps else None
+
+
 def held_run(path: Path) -> str | None:
     """What run `path` holds, in words; None when it holds nothing of value: no summary, checkpoint, logged
     step or event file (a run that stopped before its first step leaves only config.yaml and parts.yaml)."""
@@ -85,9 +92,9 @@ def held_run(path: Path) -> str | None:
     if not ((path / "summary.json").exists() or has_files(path / "checkpoints") or has_files(path / "tb")
             or (metrics.is_file() and metrics.stat().st_size > 0) or metrics.is_symlink()):
         return None
-    steps = step_checkpoints(path / "checkpoints")
+    step = newest_step(path)
     done = "a finished" if (path / "summary.json").exists() else "an unfinished"
-    return f"{done} run" + (f", checkpoints up to step {steps[-1][0]}" if steps else "")
+    return f"{done} run" + (f", checkpoints up to step {step}" if step is not None else "")
 
 
 def check_fresh(path: str | Path, overwrite: bool) -> None:

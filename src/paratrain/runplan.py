@@ -78,7 +78,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         raise UserError("early stopping and a search's pruner watch the validation set, and this data has none: "
                         "give it validation images")
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
-    cfg, parts = _check_own(cfg, data, parts)
+    cfg, parts = _check_own(cfg, data, parts, env.is_main)
     cfg, more = strategy.prepare(cfg, data, parts)
     return RunPlan(cfg, arranged, devices, data, parts, {**layout, **more}, report, env=env)
 
@@ -106,12 +106,13 @@ def _hardware(cfg: C.TrainConfig, env: Environment) -> Hardware:
     return resolve_devices(cfg.accelerator, cfg.devices, cfg.threads_per_worker, cfg.oversubscribe)
 
 
-def _check_own(cfg: C.TrainConfig, data: Splits, parts: Parts | None) -> tuple[C.TrainConfig, Parts | None]:
+def _check_own(cfg: C.TrainConfig, data: Splits, parts: Parts | None,
+               speaks: bool) -> tuple[C.TrainConfig, Parts | None]:
     """A user's own network, optimizer or loss tried once here (a factory that raises is one line, not a
     traceback in every worker), and recorded."""
     own = parts is not None and bool(parts.model or parts.optimizer or parts.loss)
     if own or is_import_path(cfg.model):
-        record = check_and_describe(parts or Parts(), cfg, data)
+        record = check_and_describe(parts or Parts(), cfg, data, speaks)
         if own:
             parts = dataclasses.replace(parts, record=record)
             cfg = cfg.replace(**settings_that_ran(record.get("optimizer", {})))

@@ -30,7 +30,7 @@ from .env import Environment, detect
 from .errors import UserError, WriteFailed
 from .parts import Parts
 from .resume import dataset_mismatch, model_mismatch
-from .rundir import check_fresh, check_owned, clear_run, held, step_checkpoints, write_atomic
+from .rundir import check_fresh, check_owned, clear_run, held, newest_step, write_atomic
 from .runlength import Length, check_not_past, run_length
 from .runlog import write_summary
 
@@ -65,7 +65,7 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         plan = runplan.make(cfg, read_data, parts, hardware=hardware, devices=devices, report=report, env=env)
         cfg, parts = plan.cfg, plan.parts
         length = run_length(cfg, len(plan.data.train[1]))
-        done = None if fresh else _steps_done(out)
+        done = None if fresh else newest_step(out)  # no checkpoint is read here: each worker reads its own
         if done is not None:  # before config.yaml says otherwise (each worker checks the checkpoint it reads)
             check_not_past(done, length.total_steps, cfg.out)
         if env.is_main and fresh:  # last: any bad input above leaves the old run as it was
@@ -103,13 +103,6 @@ def _check_resumed(cfg: C.TrainConfig) -> None:
     for why in (model_mismatch(saved.get("model"), cfg), dataset_mismatch(saved.get("dataset"), cfg)):
         if why:
             raise UserError(why)
-
-
-def _steps_done(out: Path) -> int | None:
-    """The step of the run's newest checkpoint, by its file's name (no checkpoint is read here: each worker
-    reads the one it carries on from); None where it has none."""
-    steps = step_checkpoints(out / "checkpoints")
-    return steps[-1][0] if steps else None
 
 
 def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
