@@ -110,7 +110,7 @@ def test_a_link_file_is_read_back_and_a_bad_one_is_one_line(tmp_path: Path) -> N
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(UserError, match="cannot read the link file .*; write one with `paratrain doctor --out DIR`"):
         read_link(str(tmp_path / "bad.json"))
-    from paratrain import plan
+    from paratrain import forecast as plan
     from paratrain.cli.plan import _link
 
     args = argparse.Namespace(bandwidth_gbs=None, latency_us=None, link=str(path))

@@ -172,7 +172,7 @@ def _recorded_net() -> torch.nn.Module:
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("32", torch.float32)])
 def test_bf16_autocast_runs_the_forward_in_bf16(tmp_path: Path, precision: str, dtype: torch.dtype) -> None:
-    from paratrain.parts import Parts
+    from paratrain.userparts import Parts
 
     _Recorder.seen.clear()
     cfg = _cfg(out=str(tmp_path / precision), quiet=True, tensorboard=False, steps=60, precision=precision,
@@ -357,7 +357,7 @@ def test_a_nan_stop_names_the_step_it_happened_at(tmp_path: Path) -> None:
         return value * float("nan") if len(calls) == 7 else value  # the 7th training step's loss
 
     from paratrain.errors import UserError
-    from paratrain.parts import Parts
+    from paratrain.userparts import Parts
 
     cfg = _cfg(out=str(tmp_path / "nan"), quiet=True, tensorboard=False, steps=20, checkpoint_every=1)
     data = load_dataset("digits")

@@ -25,10 +25,10 @@ from .data import Splits
 from .env import detect
 from .errors import UserError
 from .inputs import DataLike, as_splits, is_folder, load_for
-from .parts import Parts
 from .predict import Classifier
 from .rundir import check_writable
 from .strategies import checked
+from .userparts import Parts
 
 
 def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = None,
@@ -82,7 +82,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif cfg.model == "custom":
         raise UserError("config.model 'custom' needs the network's factory: paratrain.fit(model=make_net, ...)")
     if optimizer is not None:
-        cfg = cfg.replace(optimizer="custom")  # what config.yaml records; own.describe_optimizer says which
+        cfg = cfg.replace(optimizer="custom")  # what config.yaml records; usercheck.describe_optimizer says which
     elif cfg.optimizer == "custom":
         raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
                         "paratrain.fit(..., optimizer=make_optimizer)")

@@ -15,7 +15,7 @@ from .data.transforms import Augment, BatchPipeline
 from .models import build_model, convolutional, input_size
 from .models.imported import call_factory
 from .optim import make_ema, make_optimizer, make_scheduler
-from .parts import Parts
+from .userparts import Parts
 
 
 def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None) -> nn.Module:

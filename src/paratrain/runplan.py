@@ -30,9 +30,9 @@ from .env import LOCAL, Environment
 from .errors import UserError
 from .import_path import is_import_path
 from .models.imported import resolve
-from .own import check_and_describe, settings_that_ran
-from .parts import Parts
 from .runlength import run_length
+from .usercheck import check_and_describe, settings_that_ran
+from .userparts import Parts
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from .data import Splits
 from .devices import Hardware
 from .env import Environment, detect
 from .errors import UserError, WriteFailed
-from .parts import Parts
 from .resume import dataset_mismatch, model_mismatch
 from .rundir import check_fresh, check_owned, clear_run, held, newest_step, write_atomic
 from .runlength import Length, check_not_past, run_length
 from .runlog import write_summary
+from .userparts import Parts
 
 
 def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,

@@ -30,20 +30,20 @@ from .dist import DistContext
 from .errors import UserError, WriteFailed
 from .evaluation import evaluate
 from .interrupt import Stopped, StopRequest, signal_name
-from .parts import Parts
 from .phases import PhaseTimer
 from .rundir import step_checkpoints
 from .runlength import run_length, step_seed
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
 from .runstate import RunState, quiet_compiler, summary_of, sync_waits, trained_figures, training_loss
+from .userparts import Parts
 
 
 class Trainer:
-    """One worker's training run: build it (set-up, from the checkpoint `resume` it carries on from), then
+    """One worker's training run: build it (set-up, from the checkpoint `saved` it carries on from), then
     `run()` it once."""
 
-    def __init__(self, ctx: DistContext, plan: RunPlan, resume: dict[str, Any] | None = None,
+    def __init__(self, ctx: DistContext, plan: RunPlan, saved: dict[str, Any] | None = None,
                  stop: StopRequest | None = None, devices: list[str] | None = None, restarts: int = 0,
                  on_step: Callable[[int], None] | None = None) -> None:
         cfg, data = plan.cfg, plan.data
@@ -54,7 +54,7 @@ class Trainer:
         self.length = run_length(cfg, len(data.train[1]))
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report = plan.report
-        self.state = self._set_up(data, resume)
+        self.state = self._set_up(data, saved)
         # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
         self.data = data.to(ctx.device)
         self.prep = make_batch_transforms(cfg, self.data, ctx.device)
@@ -79,35 +79,35 @@ class Trainer:
 
     # ---- set-up ----
 
-    def _set_up(self, data: Splits, resume: dict[str, Any] | None) -> RunState:
-        cfg = self.cfg  # `resume`: read by this process (resume.py), its own to update in place
+    def _set_up(self, data: Splits, saved: dict[str, Any] | None) -> RunState:
+        cfg = self.cfg  # `saved`: read by this process (resume.py), its own to update in place
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
         module = self.strategy.build(make_model(cfg, data, self.parts), data, self.loss or training_loss(cfg))
-        if resume is not None:  # before the optimizer and the EMA are built over it: they start from these weights
-            self.strategy.load(resume)
+        if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
+            self.strategy.load(saved)
         if memory_format(cfg) == torch.channels_last:  # before DDP lays out its buckets and the EMA copies it
             module.to(memory_format=torch.channels_last)
         state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
                                                   self.length.per_epoch, self.ctx.device))
-        if resume is not None:
-            self._restore(state, resume)
+        if saved is not None:
+            self._restore(state, saved)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
             quiet_compiler()
             module.compile()
         self.strategy.wrap()
         return state
 
-    def _restore(self, state: RunState, resume: dict[str, Any]) -> None:
-        self.strategy.restore(state.optimizer, resume["optimizer"])
-        state.scheduler.load_state_dict(resume.get("scheduler", {"last_epoch": resume["step"]}))
-        state.scaler.load_state_dict(resume.get("scaler", {}))
-        if state.ema is not None and "ema_model" in resume:
-            state.ema.module.load_state_dict(resume["ema_model"])
-            state.ema.n_averaged.fill_(resume["ema_n_averaged"])
-        state.step = state.first_step = int(resume["step"])
+    def _restore(self, state: RunState, saved: dict[str, Any]) -> None:
+        self.strategy.restore(state.optimizer, saved["optimizer"])
+        state.scheduler.load_state_dict(saved.get("scheduler", {"last_epoch": saved["step"]}))
+        state.scaler.load_state_dict(saved.get("scaler", {}))
+        if state.ema is not None and "ema_model" in saved:
+            state.ema.module.load_state_dict(saved["ema_model"])
+            state.ema.n_averaged.fill_(saved["ema_n_averaged"])
+        state.step = state.first_step = int(saved["step"])
         # a checkpoint of an earlier version: its epochs count as validated
-        state.validated = int(resume.get("validated", state.step // self.length.per_epoch))
-        state.best_val_loss, state.since_best = resume.get("early_stopping", (math.inf, 0))
+        state.validated = int(saved.get("validated", state.step // self.length.per_epoch))
+        state.best_val_loss, state.since_best = saved.get("early_stopping", (math.inf, 0))
         if self.cfg.early_stopping is not None and state.since_best >= self.cfg.early_stopping:
             state.stop = "early"  # it had stopped early: resumed (or restarted), it trains no further
 

@@ -83,7 +83,7 @@ def _validate(plan: Any, results: dict, w: Any, base: dict, link: tuple[float, f
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import plan
+    from .. import forecast as plan
 
     if args.out:
         check_writable(args.out)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .base import Strategy
 
 REGISTRY = {
-    "ddp": "paratrain.strategies.ddp:DataParallel",
+    "ddp": "paratrain.strategies.ddp:DDP",
     "tower": "paratrain.strategies.tower:TowerStrategy",
     "pipeline": "paratrain.strategies.pipeline:PipelineStrategy",
     "hybrid": "paratrain.strategies.hybrid:Hybrid",

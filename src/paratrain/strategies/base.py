@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
     from ..data import Splits
     from ..devices import Hardware
     from ..dist import DistContext
-    from ..parts import Parts
     from ..phases import PhaseTimer
+    from ..userparts import Parts
 
 AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16"}  # --precision -> autocast dtype
 
@@ -111,12 +111,12 @@ class Strategy:
         self.module = self.model = model.to(self.ctx.device)
         return self.module
 
-    def load(self, resume: dict) -> None:
+    def load(self, saved: dict) -> None:
         """Load a checkpoint's weights into what this worker trains (after `build`; the checkpoint holds the
         whole model, as `save` writes it)."""
         from .. import checkpoint
 
-        checkpoint.load_weights(self.module, resume, self.cfg.resume, self.cfg.to_dict())
+        checkpoint.load_weights(self.module, saved, self.cfg.resume, self.cfg.to_dict())
 
     def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load a whole-model optimizer state (a checkpoint's) into this worker's optimizer."""

@@ -43,7 +43,7 @@ def _timed_allreduce(last, bucket):  # noqa: ANN001, ANN202 (DDP refuses a hook 
     return allreduce_hook(None, bucket)
 
 
-class DataParallel(Strategy):
+class DDP(Strategy):
     name = "ddp"
     synced_bn = False  # whether build() made the BatchNorm layers normalise over the global batch
 

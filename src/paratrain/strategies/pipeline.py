@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
     from ..config import TrainConfig
     from ..data import Splits
     from ..devices import Hardware
-    from ..parts import Parts
     from ..phases import PhaseTimer
+    from ..userparts import Parts
     from .stages import Pipeline
 
 
@@ -128,13 +128,13 @@ class PipelineStrategy(Strategy):
         if self.stage.layout.replicas > 1:
             broadcast_buffers(module, group=self.stage.dp_group)
 
-    def load(self, resume: dict) -> None:
+    def load(self, saved: dict) -> None:
         """This stage's layers of the whole model's weights (the stage names its layers as the whole does)."""
         from .. import checkpoint
 
         names = dict(self.stage.module.named_children())
-        mine = {k: v for k, v in resume["model"].items() if k.split(".", 1)[0] in names}
-        checkpoint.load_weights(self.module, {**resume, "model": mine}, self.cfg.resume, self.cfg.to_dict())
+        mine = {k: v for k, v in saved["model"].items() if k.split(".", 1)[0] in names}
+        checkpoint.load_weights(self.module, {**saved, "model": mine}, self.cfg.resume, self.cfg.to_dict())
 
     def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         self.stage.load_optimizer(optimizer, state)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ..config import TrainConfig
     from ..data import Splits
     from ..devices import Hardware
-    from ..parts import Parts
+    from ..userparts import Parts
 
 
 class TowerStrategy(Strategy):

@@ -98,7 +98,7 @@ class Parts:
     model: Callable[[], nn.Module] | None = None
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    record: dict[str, Any] | None = None  # what they are, in words (own.check_and_describe), for the run's record
+    record: dict[str, Any] | None = None  # what they are, in words (usercheck.check_and_describe), for the run's record
 
     def model_name(self) -> str:
         return name_of(self.model)
