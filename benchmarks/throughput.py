@@ -40,7 +40,7 @@ def plain_loop(data_dir: str | None, steps: int, batch: int) -> float:
     import torch
     import torch.nn.functional as F
 
-    from paratrain.launch import tune_malloc
+    from paratrain.proc import tune_malloc
     from paratrain.models import build_model
 
     tune_malloc()
@@ -79,7 +79,7 @@ def dataloader_loop(data_dir: str | None, steps: int, batch: int) -> float:
     from torchrun_dataloader import PilMnist  # the same per-sample dataset as the torchrun row
     from torchvision import transforms
 
-    from paratrain.launch import tune_malloc
+    from paratrain.proc import tune_malloc
     from paratrain.models import build_model
 
     tune_malloc()
