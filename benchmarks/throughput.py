@@ -40,8 +40,8 @@ def plain_loop(data_dir: str | None, steps: int, batch: int) -> float:
     import torch
     import torch.nn.functional as F
 
-    from paratrain.proc import tune_malloc
     from paratrain.models import build_model
+    from paratrain.proc import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -79,8 +79,8 @@ def dataloader_loop(data_dir: str | None, steps: int, batch: int) -> float:
     from torchrun_dataloader import PilMnist  # the same per-sample dataset as the torchrun row
     from torchvision import transforms
 
-    from paratrain.proc import tune_malloc
     from paratrain.models import build_model
+    from paratrain.proc import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(os.cpu_count() or 1)
