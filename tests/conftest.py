@@ -21,6 +21,15 @@ MNIST_DIR = SHARED_DATA / "mnist"
 CIFAR_DIR = SHARED_DATA / "cifar-10-batches-bin"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_devices_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`--devices auto` keeps what it measured (autodevices.py): in the test session's own file, so that no run
+    of the tests chooses from what another run, or the user's own training, measured."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PARATRAIN_DEVICES_CACHE", str(tmp_path_factory.mktemp("devices") / "devices.json"))
+        yield
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_gpu_in_module_fixtures(request: pytest.FixtureRequest) -> Iterator[None]:
     """The same for the module-scoped fixtures that train (they are set up before the function's)."""

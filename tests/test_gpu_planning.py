@@ -3,6 +3,8 @@ machine: no GPU has been lent to this project, so these decisions are tested bef
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import FakeGPUs
@@ -81,12 +83,34 @@ def test_the_doctors_inventory_lists_the_gpus_and_their_peers(fake_gpus: FakeGPU
     assert "peer access: 2 of 2 GPU pairs" in lines
 
 
-def test_fp16_mixed_precision_on_the_cpu_trains_with_its_gradient_scaler(tmp_path: object) -> None:
-    """--precision 16-mixed where there is no GPU: float16 autocast on the CPU with a (CPU) gradient scaler,
-    as torch.amp supports it; the loss stays finite and the weights move."""
+def test_fp16_mixed_precision_on_the_cpu_runs_bf16_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--precision 16-mixed where there is no GPU: float16 has no fast CPU kernels (a ResNet-18 ran 86x slower),
+    so the run uses bf16, says so in one note, and records what ran."""
     from paratrain import fit
 
     cfg = config.TrainConfig(model="mlp", dataset="digits", steps=5, precision="16-mixed", quiet=True,
-                             tensorboard=False, devices="1", out=str(tmp_path))
+                             tensorboard=False, devices="1", out=str(tmp_path / "run"))
     summary = fit(None, None, cfg)
     assert summary["steps"] == 5 and summary["val_loss"] == summary["val_loss"] and summary["val_loss"] < 10
+    assert summary["precision"] == "bf16"
+    assert "bf16" in config.load_yaml(tmp_path / "run" / "config.yaml")["precision"]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "16-mixed" in line]
+    assert len(notes) == 1 and "this run uses bf16" in notes[0]
+
+
+def test_precisions_the_devices_lack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 on a GPU without it is refused in one line; on a CPU without bfloat16 instructions it runs, noted."""
+    from paratrain import devices
+
+    gpu = devices.Hardware("gpu", 1, 1, "nccl")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Tesla T4")
+    with pytest.raises(UserError, match="Tesla T4 has no bfloat16 support; use --precision 16-mixed or 32"):
+        devices.precision_on("bf16", gpu)
+    assert devices.precision_on("16-mixed", gpu) == ("16-mixed", None)
+    cpu = devices.Hardware("cpu", 1, 2, "gloo")
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(devices.platform, "machine", lambda: "x86_64")
+    precision, note = devices.precision_on("bf16", cpu)
+    assert precision == "bf16" and note is not None and "emulated" in note
+    assert devices.precision_on("32", cpu) == ("32", None)

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("5 worker: the checkpoint a worker carries on from, the training loop", ("resume", "train")),
     ("5 worker", ("worker",)),
     ("6 processes", ("launch",)),
+    ("6 processes: what --devices auto measures on them", ("autodevices",)),
     ("7 entries: the session that opens a run", ("session",)),
     ("7 entries", ("api", "search", "doctor", "bench", "forecast", "plot")),
     ("7 entries: the command line", ("cli",)),

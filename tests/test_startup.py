@@ -64,7 +64,7 @@ def test_the_forkserver_is_warmed_only_where_workers_will_start(monkeypatch: pyt
 
 @pytest.mark.integration
 def test_the_main_job_on_two_workers_reports_every_phase_and_ends_without_a_warning(tmp_path: Path) -> None:
-    proc = run_cli("train", "--steps", "20", "--out", str(tmp_path / "run"), "--time-phases")
+    proc = run_cli("train", "--steps", "20", "--devices", "2", "--out", str(tmp_path / "run"), "--time-phases")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "leaked" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr  # nothing at exit
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 from . import config as C
 from . import strategies
 from .data import Splits
-from .devices import Hardware, device_map, for_group
+from .devices import Hardware, device_map, for_group, precision_on
 from .devices import resolve as resolve_devices
 from .env import LOCAL, Environment
 from .errors import UserError
@@ -72,6 +73,10 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         resolve(cfg.model)
     if cfg.compile:
         _check_compiler(arranged.accelerator)
+    precision, note = precision_on(cfg.precision, arranged)
+    if note and env.is_main:
+        print(f"paratrain: note: {note}", file=sys.stderr, flush=True)
+    cfg = cfg.replace(precision=precision)  # what config.yaml records: what ran
     data = load_data()
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     if (cfg.early_stopping is not None or report is not None) and not len(data.val[1]):
@@ -117,3 +122,11 @@ def _check_own(cfg: C.TrainConfig, data: Splits, parts: Parts | None,
             parts = dataclasses.replace(parts, record=record)
             cfg = cfg.replace(**settings_that_ran(record.get("optimizer", {})))
     return cfg, parts
+
+
+def with_hardware(plan: RunPlan, hardware: Hardware) -> RunPlan:
+    """The plan on other processes (what `--devices auto` measured and chose): the strategy arranges the batch
+    over them again; the data, the user's code and what `prepare` decided stay."""
+    cfg, arranged, layout = strategies.get(plan.cfg.strategy).arrange(plan.cfg, hardware, plan.env.in_group)
+    return dataclasses.replace(plan, cfg=cfg, hardware=arranged, devices=device_map(arranged),
+                               layout={**plan.layout, **layout})

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from . import clock, launch, runplan
+from . import autodevices, clock, launch, runplan
 from . import config as C
 from .data import Splits
 from .devices import Hardware
@@ -62,9 +62,16 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
             check_fresh(cfg.out, cfg.overwrite)
         if cfg.resume:  # config.yaml of the run carried on: its model and dataset, before any data is read
             _check_resumed(cfg)
-        plan = runplan.make(cfg, read_data, parts, hardware=hardware, devices=devices, report=report, env=env)
+        auto = autodevices.applies(cfg, env, hardware)  # measured below, on the plan's own network and data
+        plan = runplan.make(cfg, read_data, parts, hardware=autodevices.one_worker() if auto else hardware,
+                            devices=devices, report=report, env=env)
+        length = run_length(plan.cfg, len(plan.data.train[1]))
+        choice = None
+        if auto:
+            plan, choice = autodevices.choose(plan, length.total_steps)
+            if not plan.cfg.quiet:
+                autodevices.say(autodevices.line(choice, autodevices.usable_cores()))
         cfg, parts = plan.cfg, plan.parts
-        length = run_length(cfg, len(plan.data.train[1]))
         done = None if fresh else newest_step(out)  # no checkpoint is read here: each worker reads its own
         if done is not None:  # before config.yaml says otherwise (each worker checks the checkpoint it reads)
             check_not_past(done, length.total_steps, cfg.out)
@@ -81,6 +88,9 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         summary = launch.run(dataclasses.replace(plan, clock=marks))
     if summary is not None and not env.in_group:  # the workers have left: how long that took
         summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
+        summary["devices_auto"] = choice
+        if choice is None and (note := autodevices.far_below(plan, summary)) and not cfg.quiet:
+            autodevices.say(note)
         try:
             write_summary(out, summary)
         except WriteFailed as e:  # the run is done and saved: only this last figure is not on disk

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from ..userframes import failed
 from .base import Strategy
 
 if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.checked calls `check` without it)
@@ -89,7 +90,13 @@ class PipelineStrategy(Strategy):
         side = input_size(cfg.model, data.image_size)
         example = torch.zeros(1, data.channels, side, side)
         model = stages.layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model, example)
-        cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, example)
+        try:
+            cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, example)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 (the network's own failure, on one image in evaluation mode)
+            raise failed("the network failed as its layers' costs were counted (one image, evaluation mode)",
+                         e) from None
         return cfg.replace(split=",".join(map(str, cuts))), stages.split_table(model, cuts, costs)
 
     # ---- in each worker: its stage ----

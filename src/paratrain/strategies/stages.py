@@ -76,13 +76,20 @@ def _same_output(model: nn.Module, layers: nn.Sequential, example: torch.Tensor)
 def layer_costs(model: nn.Sequential, example: torch.Tensor) -> list[float]:
     """Counted forward cost of each layer for one example: FLOPs of its matrix products and convolutions
     (FlopCounterMode) plus one operation per output element, the memory-bound part that activations,
-    pooling and normalisation consist of."""
+    pooling and normalisation consist of. Counted in evaluation mode: the same operations, and a BatchNorm
+    after a 1x1 feature map cannot fail on the one example's batch statistics (training mode would); the
+    model's mode is put back."""
     costs, x = [], example
-    for layer in model:
-        with FlopCounterMode(display=False) as counter:
-            y = layer(x)
-        costs.append(float(counter.get_total_flops() + y.numel()))
-        x = y
+    was_training = model.training
+    model.eval()
+    try:
+        for layer in model:
+            with FlopCounterMode(display=False) as counter:
+                y = layer(x)
+            costs.append(float(counter.get_total_flops() + y.numel()))
+            x = y
+    finally:
+        model.train(was_training)
     return costs
 
 

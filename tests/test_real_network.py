@@ -1,0 +1,57 @@
+"""What a new user met with a real network (torchvision's ResNet-18 on their own images, issue 35): the
+pipeline's cost probe on a BatchNorm-tailed network, and a network that fails while it is planned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torchvision
+from torch import nn
+
+import paratrain
+from paratrain import config as C
+from paratrain.data import load_dataset
+from paratrain.errors import UserError
+from paratrain.strategies import get
+from paratrain.userparts import Parts
+
+DIGITS = load_dataset("digits")
+
+
+def resnet_layers() -> nn.Sequential:
+    """torchvision's ResNet-18 for 1-channel images as a sequence of layers: at 28x28 (32x32 alike) its last
+    block sees a 1x1 map, where BatchNorm in training mode fails on a batch of one ("Expected more than 1 value
+    per channel")."""
+    r = torchvision.models.resnet18(num_classes=10)
+    r.conv1 = nn.Conv2d(1, 64, 7, stride=2, padding=3, bias=False)
+    return nn.Sequential(r.conv1, r.bn1, r.relu, r.maxpool, r.layer1, r.layer2, r.layer3, r.layer4, r.avgpool,
+                         nn.Flatten(), r.fc)
+
+
+class Boom(nn.Module):
+    def forward(self, x):  # noqa: ANN001, ANN201
+        raise ValueError("shapes do not match")
+
+
+def test_the_pipeline_cuts_a_resnet_that_ends_in_batchnorm_on_a_1x1_map() -> None:
+    cfg = C.TrainConfig(dataset="digits", strategy="pipeline", stages=2, batchnorm="local", model="custom")
+    cfg, table = get("pipeline").cut(cfg, DIGITS, Parts(model=resnet_layers))
+    assert len(cfg.split.split(",")) == 1 and "Conv2d, BatchNorm2d" in table
+
+
+def test_a_network_that_fails_while_its_cost_is_counted_is_one_line_naming_its_line() -> None:
+    cfg = C.TrainConfig(dataset="digits", strategy="pipeline", stages=2, batchnorm="local", model="custom")
+    with pytest.raises(UserError) as e:
+        get("pipeline").cut(cfg, DIGITS, Parts(model=lambda: nn.Sequential(nn.Flatten(), Boom())))
+    message = str(e.value)
+    assert "\n" not in message and "ValueError: shapes do not match" in message
+    assert "test_real_network.py" in message and "in forward" in message
+
+
+@pytest.mark.integration
+def test_a_pipeline_of_a_resnet_trains(tmp_path: Path) -> None:
+    cfg = paratrain.TrainConfig(dataset="digits", strategy="pipeline", stages=2, devices="2", batchnorm="local",
+                                steps=4, batch_size=16, quiet=True, tensorboard=False, out=str(tmp_path / "run"))
+    summary = paratrain.fit(resnet_layers, config=cfg)
+    assert summary["steps"] == 4 and summary["world_size"] == 2 and summary["val_loss"] is not None
