@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import pickle
+import shutil
 import sys
 from pathlib import Path
 
@@ -304,7 +305,10 @@ def test_the_memory_map_trains_as_the_same_images_in_memory(shapes: Path, tmp_pa
     assert max_abs_diff(weights(tmp_path / "a"), weights(tmp_path / "b")) == 0.0
     assert a["test_accuracy"] == b["test_accuracy"]
     caches = sorted(p.name for p in (shapes / ".paratrain-cache").iterdir() if not p.name.startswith("."))
-    assert paratrain.evaluate(tmp_path / "a", shapes)["test_accuracy"] == a["test_accuracy"]
+    # the folder given to evaluate is scored whole (the run was given Splits: it does not know the folder),
+    # from the cache training read
+    every = sum(len(getattr(mapped, s)[1]) for s in ("train", "val", "test"))
+    assert paratrain.evaluate(tmp_path / "a", shapes)["test_examples"] == every
     assert sorted(p.name for p in (shapes / ".paratrain-cache").iterdir() if not p.name.startswith(".")) == caches
 
 
@@ -415,8 +419,13 @@ def test_a_dataset_is_decoded_once_into_the_run_and_reopened_on_resume(tmp_path:
     classifier = paratrain.load_classifier(run)
     assert classifier.classes == Shapes.classes
     monkeypatch.undo()
-    result = paratrain.evaluate(run, Shapes(60))  # decoded apart, not into the run
-    assert result["test_accuracy"] == again["test_accuracy"] and result["test_examples"] == 6
+    result = paratrain.evaluate(run, Shapes(60))  # decoded apart, not into the run; every item scored
+    assert result["test_examples"] == 60
+    own = paratrain.evaluate(run)  # the run's own held-out test split, from its decoded copy
+    assert own["test_accuracy"] == again["test_accuracy"] and own["test_examples"] == 6
+    shutil.rmtree(run / "data-cache")
+    with pytest.raises(UserError, match="its decoded copy .* is gone; pass the test data: paratrain.evaluate"):
+        paratrain.evaluate(run)
     bad = torch.utils.data.StackDataset(["not an image"] * 5, [0] * 5)
     with pytest.raises(UserError, match="item 0 of your dataset is not an .image, label. pair paratrain can read"):
         paratrain.fit(None, bad, paratrain.TrainConfig(steps=1, out=str(tmp_path / "r2"), **QUICK))

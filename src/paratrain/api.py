@@ -151,6 +151,10 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     _check_callables(model=model, loss=loss)
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
+    data = _as_test_pair(data)
+    given = data is not None and not (isinstance(data, str) and not is_folder(data))  # data of the caller's own
+    if data is None and cfg.dataset == "custom":  # the run's own Dataset or tensors: its held-out test split
+        data = _own_test_split(run, state, cfg)
     if is_folder(data):
         dataset, data_dir, data = "imagefolder", str(data), None
     elif isinstance(data, str):
@@ -164,8 +168,12 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     # the run's own folder again: its own cache (the size it asked for); any other data: the trained size
     same_folder = dataset == "imagefolder" and cfg.dataset == "imagefolder" and data_dir is not None and \
         cfg.data_dir is not None and Path(data_dir).resolve() == Path(cfg.data_dir).resolve()
+    # data the caller gives is scored whole (a folder with a test/ sub-folder: that); the run's own folder
+    # again: the test images it held out
+    whole = given and not same_folder
     folder = {"image_size": cfg.image_size if same_folder else trained if decoded else None,
-              "cache_dir": None, "test_size": cfg.test_size if decoded else None,
+              "cache_dir": None, "test_size": (0 if whole else cfg.test_size) if decoded else None,
+              "val_size": 0 if whole and decoded else cfg.val_size,
               "skip_bad_images": cfg.skip_bad_images and dataset == "imagefolder"}
     # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come
     # from someone else
@@ -180,12 +188,14 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
 
         with tempfile.TemporaryDirectory(prefix="paratrain-eval-") as tmp:
             splits = as_splits(data, cfg.replace(out=tmp, resume=None))
-            # the test split in memory before tmp goes (the others only lend their shapes)
-            splits = dataclasses.replace(splits, test=(splits.test[0][:], splits.test[1]),
+            # every item, in memory before tmp goes (held out nothing: all of it is in the training rows)
+            splits = dataclasses.replace(splits, test=(splits.train[0][:], splits.train[1]),
                                          **{s: (getattr(splits, s)[0][:0], getattr(splits, s)[1][:0])
                                             for s in ("train", "val")})
     else:
         splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)
+        if whole and dataset == "imagefolder" and not len(splits.test[1]):  # no test/ sub-folder: every image
+            splits = dataclasses.replace(splits, test=splits.train)
     if "data" in state:  # normalise as in training, whatever training set the caller passes now
         _check_shapes(run, state, splits)
         splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))
@@ -199,6 +209,28 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
                                  cfg.eval_batch_size, loss, cfg.test_flip)  # judged as the run was
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
             "dataset": cfg.dataset, "model": _model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
+
+
+def _as_test_pair(data: Any) -> Any:
+    """An (images, labels) pair of tensors: all of it is the test set."""
+    if isinstance(data, tuple | list) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        images, labels = data
+        return {"train": (images, labels), "val": (images[:0], labels[:0]), "test": (images, labels)}
+    return data
+
+
+def _own_test_split(run: str | Path, state: dict, cfg: C.TrainConfig) -> Splits:
+    """The test split a run on a Dataset of the caller's held out, from the decoded copy the run kept (its
+    data-cache folder, or the cache its cache_key named)."""
+    from .data.dataset import reopen
+
+    cache = state.get("data", {}).get("cache")
+    splits = reopen(Path(cache), cfg.val_size, cfg.test_size) if cache else None
+    if splits is None:
+        where = f"its decoded copy ({cache}) is gone" if cache else "it was trained on tensors of yours"
+        raise UserError(f"{run}: {where}; pass the test data: paratrain.evaluate(run, test_data) with a Dataset, "
+                        "(images, labels) tensors or an image folder")
+    return splits
 
 
 def _check_shapes(run: str | Path, state: dict, splits: Splits) -> None:

@@ -63,6 +63,20 @@ def from_dataset(dataset: Any, cache: Path, image_size: int | None, val_size: in
                         "to a folder you can write") from None
 
 
+def reopen(cache: Path, val_size: int | None, test_size: int | None) -> Splits | None:
+    """The splits of a run's Dataset from its decoded cache alone (the Dataset itself not needed), held out as
+    the run held them out; None where the cache is gone or no longer one."""
+    try:
+        manifest = json.loads((cache / "manifest.json").read_text())
+        count = np.load(cache / "images.npy", mmap_mode="r").shape[0]
+    except (OSError, ValueError):
+        return None
+    if manifest.get("version") != CACHE_VERSION or manifest.get("count") != count:
+        return None
+    rows = seeded_rows([str(i) for i in range(count)], val_size, test_size, "the dataset")
+    return dataclasses.replace(splits_of(cache, manifest, rows, "custom", manifest["classes"]), split="index-hash")
+
+
 def _fingerprint(dataset: Any, n: int) -> str:
     """A cheap mark of a Dataset's content (its first and last items), so that a cache of another Dataset of
     the same length is not taken for its own."""

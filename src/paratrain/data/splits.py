@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ class Splits:
             info["classes"] = list(self.classes)
         if self.split is not None:
             info["split"] = self.split
+        path = getattr(self.test[0], "path", None)
+        if self.split == "index-hash" and path:  # a Dataset's decoded cache: evaluate(run) finds its test split
+            info["cache"] = str(Path(path).resolve().parent)
         return info
 
     @classmethod
