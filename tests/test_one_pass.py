@@ -151,3 +151,14 @@ def test_two_runs_started_at_once_into_one_folder_one_trains_the_other_is_refuse
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "loss" in r]
     assert steps == list(range(1, 41)), steps  # one run's log, whole
+
+
+def test_a_resumed_run_shows_progress_though_it_ran_quiet(tmp_path: Path) -> None:
+    """A search trial runs quiet, and config.yaml records it; `paratrain train --resume TRIAL` is a command of
+    its own and shows its progress (how a command shows it is not the run's to keep)."""
+    from paratrain import config as C
+
+    C.save_yaml(C.TrainConfig(dataset="digits", quiet=True, devices="1"), tmp_path / "config.yaml")
+    assert C.load_yaml(tmp_path / "config.yaml")["quiet"] is True
+    carried = C.of_run(tmp_path, f"--resume {tmp_path}")
+    assert carried.quiet is False and carried.devices == "1"

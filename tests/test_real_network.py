@@ -55,3 +55,30 @@ def test_a_pipeline_of_a_resnet_trains(tmp_path: Path) -> None:
                                 steps=4, batch_size=16, quiet=True, tensorboard=False, out=str(tmp_path / "run"))
     summary = paratrain.fit(resnet_layers, config=cfg)
     assert summary["steps"] == 4 and summary["world_size"] == 2 and summary["val_loss"] is not None
+
+
+def test_eval_of_a_python_trained_network_speaks_the_command_lines_terms(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`paratrain eval RUN` of a run trained from Python on a network of the user's: without the network, one
+    line that names --model FILE.py:FACTORY (not Python's model=make_net); with it, the run is scored."""
+    import importlib.util
+
+    from paratrain.cli import main
+
+    source = tmp_path / "mynet.py"
+    source.write_text("from torch import nn\n\n\ndef build():\n"
+                      "    return nn.Sequential(nn.Flatten(), nn.Linear(784, 10))\n")
+    spec = importlib.util.spec_from_file_location("mynet", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = tmp_path / "run"
+    paratrain.fit(module.build, config=paratrain.TrainConfig(dataset="digits", steps=3, devices="1", quiet=True,
+                                                             tensorboard=False, out=str(run)))
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --model FILE.py:FACTORY" in err[0] and "model=make_net" not in err[0], err
+    assert main(["eval", str(run), "--model", f"{source}:build"]) == 0
+    assert "test_accuracy" in capsys.readouterr().out
+    with pytest.raises(UserError, match="pass its factory, model=make_net"):  # and Python's terms in Python
+        paratrain.evaluate(run)

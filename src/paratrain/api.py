@@ -23,7 +23,7 @@ from torch import nn
 from . import config as C
 from .data import Splits
 from .env import detect
-from .errors import UserError
+from .errors import NeedsFactory, UserError
 from .inputs import DataLike, as_splits, is_folder, load_for
 from .predict import Classifier
 from .rundir import check_writable
@@ -310,7 +310,7 @@ def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | 
     from .build import make_model
 
     if cfg.model == "custom" and model is None:
-        raise UserError(f"{run} holds a network of your own: pass its factory, model=make_net")
+        raise NeedsFactory(run)
     if model is not None and splits is None:  # a checkpoint older than the record of its data's shapes
         net = model()
     else:

@@ -196,6 +196,11 @@ def choose(plan: RunPlan, total_steps: int) -> tuple[RunPlan, dict[str, Any]]:
         if rates[n] < rates[best] * MARGIN:
             break  # more processes only add all-reduces and contention from here
         best = n
+    if best > 1 and 1 not in known:
+        # measured again, now that nothing else starts: the first measurement ran as the forkserver imported
+        # torch beside it (a disturbed 1-worker rate would choose workers that lose); the faster of the two
+        rates[1] = max(rates[1], measure(plan, one_worker()))
+        best = max((n for n in rates if rates[n] >= rates[1] * (MARGIN if n > 1 else 1)), key=rates.get)
     measured = {n: r for n, r in rates.items() if n not in known}
     if measured:
         remember(key, measured)

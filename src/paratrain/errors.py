@@ -11,6 +11,15 @@ class UserError(Exception):
         self.code = code
 
 
+class NeedsFactory(UserError):
+    """A checkpoint of a network of the user's was asked for without the factory that builds it: each caller
+    says how to give it in its own terms (model=make_net in Python, --model FILE.py:FACTORY on the command line)."""
+
+    def __init__(self, run: object) -> None:
+        super().__init__(f"{run} holds a network of your own: pass its factory, model=make_net")
+        self.run = run
+
+
 def closest(name: str, names: object) -> str | None:
     """The one of `names` that `name` most likely misspells, or None."""
     import difflib

@@ -15,6 +15,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", help="the dataset's folder (default: ./data/<dataset>; never the checkpoint's)")
     p.add_argument("--no-download", dest="download", action="store_false", default=None,
                    help="never download: a missing dataset is an error")
+    p.add_argument("--model", metavar="FILE.py:FACTORY",
+                   help="a run of a network of your own: the file (or module) and function that build it")
     p.add_argument("--accelerator", choices=("auto", "cpu", "gpu"), default="auto")
     p.set_defaults(run=run)
 
@@ -25,8 +27,23 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.run_dir is None) == (args.checkpoint is None):
         raise UserError("name one checkpoint: paratrain eval RUN_DIR (or --checkpoint RUN_DIR_OR_PT)")
-    result = api.evaluate(args.run_dir or args.checkpoint, dataset=args.dataset, data_dir=args.data_dir,
-                          download=args.download, accelerator=args.accelerator)
+    from ..errors import NeedsFactory
+    from ..import_path import is_import_path
+
+    factory = None
+    if args.model is not None:
+        if not is_import_path(args.model):
+            raise UserError(f"--model {args.model}: name the file and function that build your network, "
+                            "--model FILE.py:FACTORY (a built-in model is read from the checkpoint)")
+        from ..models.imported import resolve
+
+        factory = resolve(args.model)
+    try:
+        result = api.evaluate(args.run_dir or args.checkpoint, dataset=args.dataset, data_dir=args.data_dir,
+                              download=args.download, accelerator=args.accelerator, model=factory)
+    except NeedsFactory as e:  # the command line's terms, not Python's
+        raise UserError(f"{e.run} holds a network of your own (its parts.yaml names it): pass --model FILE.py:FACTORY, "
+                        "the file and function that build it") from None
     print(f"test_accuracy {result['test_accuracy']:.4f}  test_loss {result['test_loss']:.4f}  "
           f"({result['test_examples']} {result['dataset']} test images, {result['model']}"
           f"{' EMA' if result['ema'] else ''} weights, step {result['step']})")
