@@ -1,4 +1,4 @@
-"""The package's layers (docs/ARCHITECTURE.md): a module imports only from the layers below it, and within its
+"""The package's layers (the README's "How it is built"): a module imports only from the layers below it, and within its
 own layer only from its own package. The import graph counts every import, a function's own imports and
 those under `if TYPE_CHECKING:` included, so a deferred import cannot hide an upward edge or a cycle."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "paratrain"
 
-# Bottom to top. The number is the layer of DESIGN.md's "Layers"; where one layer's modules build on each other,
-# it is cut in ordered parts. A name stands for its module, or its package and every module in it (a module
+# Bottom to top. The number is the layer of the README's "How it is built"; where one layer's modules build on
+# each other, it is cut in ordered parts. A name stands for its module, or its package and every module in it (a module
 # named on its own, as data.sharding is, belongs where it is named). The modules of one entry are siblings: none
 # imports another, except inside its own package.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
