@@ -78,6 +78,11 @@ def test_eval_of_a_python_trained_network_speaks_the_command_lines_terms(
     assert main(["eval", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pass --model FILE.py:FACTORY" in err[0] and "model=make_net" not in err[0], err
+    for wrong, said in (("lenet5", "--model lenet5: name the file and function that build your network"),
+                        (f"{source}:nothere", "has no 'nothere'; it defines: build")):
+        assert main(["eval", str(run), "--model", wrong]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err
     assert main(["eval", str(run), "--model", f"{source}:build"]) == 0
     assert "test_accuracy" in capsys.readouterr().out
     with pytest.raises(UserError, match="pass its factory, model=make_net"):  # and Python's terms in Python

@@ -152,7 +152,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
     data = _as_test_pair(data)
-    given = data is not None and not (isinstance(data, str) and not is_folder(data))  # data of the caller's own
+    given = data is not None and (not isinstance(data, str) or is_folder(data))  # not a dataset's name
     if data is None and cfg.dataset == "custom":  # the run's own Dataset or tensors: its held-out test split
         data = _own_test_split(run, state, cfg)
     if is_folder(data):

@@ -42,6 +42,7 @@ from .worker import work
 
 WARM_STEPS = 3  # the first steps allocate, fault pages in and fill caches: not timed
 TIMED_STEPS = 8
+PROBE_STEPS = WARM_STEPS + TIMED_STEPS + 2  # a probe's run: the warm-up, the timed steps, and room to stop
 START_S = 2.0  # what starting N workers and their group costs before their first step (measured: 1-2 s)
 REPAY = 5  # a layout is measured only if its best case saves this many times what measuring it costs
 MARGIN = 1.05  # more workers must be this much faster: fewer processes start sooner and use less memory
@@ -58,9 +59,10 @@ def applies(cfg: TrainConfig, env: Environment, hardware: Hardware | None) -> bo
             and usable_cores() > 1)
 
 
-def one_worker() -> Hardware:
-    """The layout measured first, and the plan's until the choice: one process, every core a thread."""
-    return Hardware("cpu", 1, usable_cores(), "gloo")
+def layout(workers: int) -> Hardware:
+    """`workers` CPU processes sharing the cores. layout(1), one process with every core a thread, is
+    measured first, and is the plan's until the choice."""
+    return Hardware("cpu", workers, max(1, usable_cores() // workers), "gloo")
 
 
 def candidates(cores: int, batch: int) -> list[int]:
@@ -150,8 +152,7 @@ def probe(rank: int, world_size: int, local_rank: int, port: int | None, plan: R
 def measure(plan: RunPlan, hardware: Hardware) -> float:
     """Examples a second of the plan's training on this layout."""
     scratch = Path(tempfile.mkdtemp(prefix="paratrain-devices-"))
-    steps = WARM_STEPS + TIMED_STEPS + 2
-    cfg = plan.cfg.replace(out=str(scratch), resume=None, steps=steps, epochs=None, max_time=None, quiet=True,
+    cfg = plan.cfg.replace(out=str(scratch), resume=None, steps=PROBE_STEPS, epochs=None, max_time=None, quiet=True,
                            tensorboard=False, log_every=10**9, checkpoint_every=0, early_stopping=None,
                            histogram_every=0, max_restarts=0, compile=False)
     try:
@@ -164,8 +165,8 @@ def measure(plan: RunPlan, hardware: Hardware) -> float:
     return plan.cfg.batch_size / result["step_s"]
 
 
-def _layout(n: int, cores: int) -> str:
-    threads = max(1, cores // n)
+def _said(n: int) -> str:
+    threads = layout(n).threads_per_worker
     return f"{n} worker{'s' if n > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
 
 
@@ -177,34 +178,34 @@ def choose(plan: RunPlan, total_steps: int) -> tuple[RunPlan, dict[str, Any]]:
     key = cache_key(plan)
     known = cached_rates(key)
     rates = dict(known)
-    if not known and total_steps < SHORT * (WARM_STEPS + TIMED_STEPS + 2):
+    if not known and total_steps < SHORT * PROBE_STEPS:
         return plan, {"workers": 1, "threads_per_worker": cores, "rates": {}, "cost_s": 0.0, "cached": False,
                       "key": key, "not_measured": {"workers": 2, "steps": total_steps}}
     if 1 not in rates:
-        rates[1] = measure(plan, one_worker())
+        rates[1] = measure(plan, layout(1))
     run_s = total_steps * plan.cfg.batch_size / rates[1]
     if plan.cfg.max_time:
         run_s = min(run_s, plan.cfg.max_time)
     best, skipped = 1, None
     for n in candidates(cores, plan.cfg.batch_size):
         if n not in rates:
-            cost = START_S + (WARM_STEPS + TIMED_STEPS + 2) * plan.cfg.batch_size / rates[1]
+            cost = START_S + PROBE_STEPS * plan.cfg.batch_size / rates[1]
             if run_s * (1 - 1 / n) < REPAY * cost:
                 skipped = n
                 break
-            rates[n] = measure(plan, Hardware("cpu", n, max(1, cores // n), "gloo"))
+            rates[n] = measure(plan, layout(n))
         if rates[n] < rates[best] * MARGIN:
             break  # more processes only add all-reduces and contention from here
         best = n
     if best > 1 and 1 not in known:
         # measured again, now that nothing else starts: the first measurement ran as the forkserver imported
         # torch beside it (a disturbed 1-worker rate would choose workers that lose); the faster of the two
-        rates[1] = max(rates[1], measure(plan, one_worker()))
+        rates[1] = max(rates[1], measure(plan, layout(1)))
         best = max((n for n in rates if rates[n] >= rates[1] * (MARGIN if n > 1 else 1)), key=rates.get)
     measured = {n: r for n, r in rates.items() if n not in known}
     if measured:
         remember(key, measured)
-    chosen = Hardware("cpu", best, max(1, cores // best), "gloo")
+    chosen = layout(best)
     choice = {"workers": best, "threads_per_worker": chosen.threads_per_worker,
               "rates": {str(n): round(r, 1) for n, r in sorted(rates.items())},
               "cost_s": round(time.perf_counter() - started, 2), "cached": not measured, "key": key}
@@ -213,12 +214,12 @@ def choose(plan: RunPlan, total_steps: int) -> tuple[RunPlan, dict[str, Any]]:
     return (plan if best == 1 else with_hardware(plan, chosen)), choice
 
 
-def line(choice: dict[str, Any], cores: int) -> str:
+def line(choice: dict[str, Any]) -> str:
     """The one line a run prints about the choice."""
     rates = {int(n): r for n, r in choice["rates"].items()}
     best = choice["workers"]
-    others = ", ".join(f"{rates[n]:,.0f} on {_layout(n, cores)}" for n in sorted(rates) if n != best)
-    said = f"paratrain: --devices auto: {_layout(best, cores)}"
+    others = ", ".join(f"{rates[n]:,.0f} on {_said(n)}" for n in sorted(rates) if n != best)
+    said = f"paratrain: --devices auto: {_said(best)}"
     if best in rates:
         said += f", {rates[best]:,.0f} examples/s"
     if others:

@@ -23,15 +23,20 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first value of `field` in /proc/cpuinfo (None where there is no such file: not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def _memory_gib() -> float | None:
@@ -133,14 +138,7 @@ def device_map(hardware: Hardware, first: int = 0) -> tuple[str, ...]:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_cpuinfo("flags") or "").split())
 
 
 def precision_on(precision: str, hardware: Hardware) -> tuple[str, str | None]:

@@ -63,14 +63,14 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         if cfg.resume:  # config.yaml of the run carried on: its model and dataset, before any data is read
             _check_resumed(cfg)
         auto = autodevices.applies(cfg, env, hardware)  # measured below, on the plan's own network and data
-        plan = runplan.make(cfg, read_data, parts, hardware=autodevices.one_worker() if auto else hardware,
+        plan = runplan.make(cfg, read_data, parts, hardware=autodevices.layout(1) if auto else hardware,
                             devices=devices, report=report, env=env)
         length = run_length(plan.cfg, len(plan.data.train[1]))
         choice = None
         if auto:
             plan, choice = autodevices.choose(plan, length.total_steps)
             if not plan.cfg.quiet:
-                autodevices.say(autodevices.line(choice, autodevices.usable_cores()))
+                autodevices.say(autodevices.line(choice))
         cfg, parts = plan.cfg, plan.parts
         done = None if fresh else newest_step(out)  # no checkpoint is read here: each worker reads its own
         if done is not None:  # before config.yaml says otherwise (each worker checks the checkpoint it reads)

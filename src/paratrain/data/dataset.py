@@ -55,9 +55,7 @@ def from_dataset(dataset: Any, cache: Path, image_size: int | None, val_size: in
             manifest = _open_dataset_cache(cache, n, image_size, _fingerprint(dataset, n)) if reuse else None
             if manifest is None:
                 manifest = _build_from_dataset(dataset, n, cache, image_size, quiet)
-            rows = seeded_rows([str(i) for i in range(n)], val_size, test_size, "the dataset")
-            return dataclasses.replace(splits_of(cache, manifest, rows, "custom", manifest["classes"]),
-                                       split="index-hash")
+            return _held_out(cache, manifest, n, val_size, test_size)
     except OSError as e:
         raise UserError(f"cannot write the dataset's cache in {cache.parent} ({e.strerror or e}); set cache_dir "
                         "to a folder you can write") from None
@@ -66,14 +64,13 @@ def from_dataset(dataset: Any, cache: Path, image_size: int | None, val_size: in
 def reopen(cache: Path, val_size: int | None, test_size: int | None) -> Splits | None:
     """The splits of a run's Dataset from its decoded cache alone (the Dataset itself not needed), held out as
     the run held them out; None where the cache is gone or no longer one."""
-    try:
-        manifest = json.loads((cache / "manifest.json").read_text())
-        count = np.load(cache / "images.npy", mmap_mode="r").shape[0]
-    except (OSError, ValueError):
-        return None
-    if manifest.get("version") != CACHE_VERSION or manifest.get("count") != count:
-        return None
-    rows = seeded_rows([str(i) for i in range(count)], val_size, test_size, "the dataset")
+    found = _read_cache(cache)
+    return None if found is None else _held_out(cache, found[0], found[1].shape[0], val_size, test_size)
+
+
+def _held_out(cache: Path, manifest: dict, n: int, val_size: int | None, test_size: int | None) -> Splits:
+    """A Dataset cache's splits: validation and test items held out by a seeded hash of their index."""
+    rows = seeded_rows([str(i) for i in range(n)], val_size, test_size, "the dataset")
     return dataclasses.replace(splits_of(cache, manifest, rows, "custom", manifest["classes"]), split="index-hash")
 
 
@@ -87,14 +84,24 @@ def _fingerprint(dataset: Any, n: int) -> str:
     return hashlib.sha1(b"|".join(marks)).hexdigest()
 
 
-def _open_dataset_cache(cache: Path, n: int, image_size: int | None, fingerprint: str) -> dict | None:
+def _read_cache(cache: Path) -> tuple[dict, np.ndarray] | None:
+    """A Dataset cache's manifest and images (memory-mapped), where both are there and of this version and
+    agree on the count; None otherwise."""
     try:
         manifest = json.loads((cache / "manifest.json").read_text())
         images = np.load(cache / "images.npy", mmap_mode="r")
     except (OSError, ValueError):
         return None
-    ok = manifest.get("version") == CACHE_VERSION and manifest.get("count") == n == images.shape[0]
-    ok = ok and image_size in (None, images.shape[-1]) and manifest.get("fingerprint") == fingerprint
+    ok = manifest.get("version") == CACHE_VERSION and manifest.get("count") == images.shape[0]
+    return (manifest, images) if ok else None
+
+
+def _open_dataset_cache(cache: Path, n: int, image_size: int | None, fingerprint: str) -> dict | None:
+    found = _read_cache(cache)
+    if found is None:
+        return None
+    manifest, images = found
+    ok = images.shape[0] == n and image_size in (None, images.shape[-1]) and manifest.get("fingerprint") == fingerprint
     return manifest if ok else None
 
 
