@@ -98,7 +98,7 @@ def test_a_registry_model_on_ones_own_tensors_loads_back_without_them(tmp_path: 
      "images must be N x C x H x W like the training images"),
     (lambda p: paratrain.fit(Tiny, {**_data(), "test": (torch.zeros(4, 2, 8, 8), torch.zeros(4))}, _cfg(p)),
      "labels must be integers"),
-    (lambda p: paratrain.fit(Tiny, _data(), _cfg(p, devices="100000")), "--devices 100000"),
+    (lambda p: paratrain.fit(Tiny, _data(), _cfg(p, devices="100000")), "devices 100000 asks for more"),
     # a field set that the run's optimizer would not read, in the words of the TrainConfig (Adam by default)
     (lambda p: paratrain.fit(Tiny, _data(), _cfg(p, momentum=0.5)),
      "momentum is not read by optimizer adam, only by optimizer sgd or rmsprop: drop it, or choose one of those"),

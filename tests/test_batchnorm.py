@@ -111,7 +111,7 @@ def test_one_workers_summary_equals_evaluate_and_the_ema_averages_a_batchnorm_ne
 def test_the_tower_refuses_batchnorm_and_a_pipeline_refuses_sync(tmp_path: Path) -> None:
     with pytest.raises(paratrain.UserError, match="tower cannot train a network with BatchNorm"):
         fit(tmp_path / "t", "2", strategy="tower")
-    with pytest.raises(paratrain.UserError, match="pass --batchnorm local"):
+    with pytest.raises(paratrain.UserError, match="pass batchnorm local"):
         fit(tmp_path / "p", "2", strategy="pipeline", stages=2)
     with pytest.raises(paratrain.UserError, match="unknown batchnorm 'global'"):
         fit(tmp_path / "b", "1", batchnorm="global")

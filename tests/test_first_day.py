@@ -66,7 +66,7 @@ def test_a_run_without_checkpoint_is_not_offered_to_resume_and_torchrun_refuses_
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "step-notes.pt").write_text("")  # and a stray file: no crash on its name
     with pytest.raises(UserError, match="holds an unfinished run; it has no checkpoint to carry on from: pass a new "
-                                        "--out or add --overwrite"):
+                                        "out or add overwrite"):
         paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))
     # a run that ended before its first step (a script without the __main__ guard) left nothing to keep
     empty = tmp_path / "e"
@@ -78,7 +78,7 @@ def test_a_run_without_checkpoint_is_not_offered_to_resume_and_torchrun_refuses_
     for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(UserError, match="every torchrun start \\(and restart\\) carries on the run in --out"):
+    with pytest.raises(UserError, match="every torchrun start \\(and restart\\) carries on the run in out"):
         paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), overwrite=True, **QUICK))
     assert (run / "config.yaml").read_text() == "steps: 3\n"
 

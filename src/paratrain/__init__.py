@@ -25,3 +25,8 @@ def __getattr__(name: str) -> Any:
     from importlib import import_module
 
     return getattr(import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    # the names imported on first use are this module's too (dir() and tab completion list them)
+    return sorted({*globals(), *_WHERE})

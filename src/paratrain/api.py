@@ -107,8 +107,21 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     if cache_key is not None and not isinstance(data, torch.utils.data.Dataset):
         raise UserError("cache_key names the cache of a torch Dataset given as data; a folder's cache is found by "
                         "its path (and config.cache_dir), a dataset name's needs none")
-    return session.run(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key, env.in_group),
-                       Parts(model, optimizer, loss), env=env)
+    try:
+        return session.run(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key,
+                                                  env.in_group), Parts(model, optimizer, loss), env=env)
+    except UserError as e:  # the run's own words name flags (--resume RUN): a Python caller passes fields
+        e.args = (in_python(str(e)),)
+        raise
+
+
+def in_python(message: str) -> str:
+    """A run's message for a caller of fit: `--resume RUN` becomes the TrainConfig that carries RUN on, and
+    other flags the fields they set (`--batch-size` -> `batch_size`)."""
+    import re
+
+    message = re.sub(r"--resume ([^\s;,]+)", r"paratrain.fit(..., TrainConfig(resume='\1'))", message)
+    return C.in_python_words(message)
 
 
 def _check_callables(**given: Any) -> None:
@@ -193,6 +206,8 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
                                          **{s: (getattr(splits, s)[0][:0], getattr(splits, s)[1][:0])
                                             for s in ("train", "val")})
     else:
+        if dataset == "imagefolder" and "data" in state:
+            _check_folder(run, state, Path(cfg.data_dir))  # before decoding it, what its listing shows
         splits = as_splits(data if data is not None and not isinstance(data, str) else cfg.dataset, cfg)
         if whole and dataset == "imagefolder" and not len(splits.test[1]):  # no test/ sub-folder: every image
             splits = dataclasses.replace(splits, test=splits.train)
@@ -245,6 +260,26 @@ def _check_shapes(run: str | Path, state: dict, splits: Splits) -> None:
         raise UserError(f"{run} was trained on {trained_on} images of {c}x{side}x{side} in {k} classes; the "
                         f"{splits.name} test images are {splits.channels}x{splits.image_size}x{splits.image_size} "
                         f"in {splits.num_classes}: evaluate it on data like {trained_on}'s")
+
+
+FOLDER_PEEK = 16  # images whose headers are read before a folder is decoded for evaluation
+
+
+def _check_folder(run: str | Path, state: dict, root: Path) -> None:
+    """What a folder's listing and its first images' headers show cannot fit the network (more classes,
+    colour for a gray network), said before any image is decoded into a cache."""
+    from .data.decode import probe_many
+    from .data.folder import GRAY_MODES, list_folder
+
+    listing = list_folder(root)
+    saved, trained_on = state["data"], state["config"].get("dataset")
+    c, k = int(saved["channels"]), int(saved["num_classes"])
+    peeked = probe_many([str(listing.root / f) for f in listing.files[:FOLDER_PEEK]])
+    colour = any(isinstance(p, tuple) and p[1] not in GRAY_MODES for p in peeked)
+    if len(listing.classes) > k or (c == 1 and colour):
+        raise UserError(f"{run} was trained on {trained_on} images of {c} channel{'s' * (c > 1)} in {k} classes; "
+                        f"{root} holds {'colour' if colour else 'gray'} images in {len(listing.classes)} classes: "
+                        f"evaluate it on data like {trained_on}'s")
 
 
 def _model_name(cfg: C.TrainConfig, state: dict, model: Callable[[], nn.Module] | None) -> str:
@@ -315,5 +350,13 @@ def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | 
         net = model()
     else:
         net = make_model(cfg, splits, Parts(model) if model is not None else None)
-    checkpoint.load_weights(net, {**state, "model": state["ema_model"]} if ema else state, run)
+    try:
+        checkpoint.load_weights(net, {**state, "model": state["ema_model"]} if ema else state, run)
+    except UserError:
+        if model is None or cfg.model == "custom":
+            raise
+        from .userframes import name_of  # the factory given is what does not fit: name it, not the checkpoint's
+
+        raise UserError(f"{run} holds a {cfg.model} (a built-in network), and the network {name_of(model)} builds "
+                        "does not take its weights; leave out model= for a built-in network") from None
     return net

@@ -105,8 +105,7 @@ def check_fresh(path: str | Path, overwrite: bool) -> None:
         resumable = (Path(path) / "checkpoints" / "last.pt").is_file()
         how = f"carry it on with --resume {path}, pass a new --out," if resumable else \
             "it has no checkpoint to carry on from: pass a new --out"
-        raise UserError(f"--out {path} holds {what}; {how} or add --overwrite to clear it first (in Python: "
-                        "resume=, out=, overwrite=True)")
+        raise UserError(f"--out {path} holds {what}; {how} or add --overwrite to clear it first")  # fit: in fields
 
 
 def clear_run(path: Path) -> None:

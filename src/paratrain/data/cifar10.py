@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .fetch import refuse_image_folder, undone_on_failure
 from .mnist import read_bytes
 from .splits import Splits, hold_out
 
@@ -155,8 +156,6 @@ def fetch_archive(root: Path, url: str, name: str, title: str) -> None:
     """Download a CIFAR archive (torchvision checks its MD5); a failed one is not kept."""
     from torchvision.datasets.utils import download_url
 
-    from .fetch import undone_on_failure
-
     try:
         with undone_on_failure(root):
             download_url(url, str(root), name, ARCHIVE_MD5[name])  # checks the archive's MD5
@@ -171,6 +170,7 @@ def locate(root: Path, download: bool, layout: Any, archives: tuple[str, ...], u
     is there and extracting an official archive that is; None if neither."""
     found = layout(root)
     if found is None and download and not any((root / a).is_file() for a in archives):
+        refuse_image_folder(root, title)
         fetch_archive(root, url, archives[1], title)
     for archive in (root / a for a in archives):
         if found is None and archive.is_file():

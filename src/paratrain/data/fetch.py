@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import UserError
+
 
 @contextmanager
 def undone_on_failure(root: Path, *inside: str) -> Iterator[None]:
@@ -25,3 +27,16 @@ def undone_on_failure(root: Path, *inside: str) -> Iterator[None]:
                 except OSError:  # not empty: something else put files there meanwhile
                     pass
         raise
+
+
+def refuse_image_folder(root: Path, title: str) -> None:
+    """Before a download into `root`: a folder of class sub-folders of images is the user's own data, given
+    with the wrong --dataset; downloading beside it would mix a dataset into it."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    if not root.is_dir():
+        return
+    for sub in sorted(e for e in root.iterdir() if e.is_dir())[:50]:  # a few folders say enough
+        if any(f.suffix.lower() in IMG_EXTENSIONS for f in sub.iterdir() if f.is_file()):
+            raise UserError(f"{root} holds folders of images ({sub.name}/...), not {title}'s files: train on them with "
+                            f"--dataset imagefolder --data-dir {root}, or give {title}'s folder")

@@ -54,6 +54,9 @@ SPLIT_SCHEME = "name-hash"  # how the held-out sets are chosen; runs of an earli
 SPLITS = ("train", "val", "test")
 
 
+GRAY_MODES = ("1", "L", "I;16", "I", "F")  # PIL modes of one channel: a folder of only these is decoded gray
+
+
 @dataclass(frozen=True)
 class Listing:
     """The image files of a folder in a fixed order, with their class, and which split each one is in."""
@@ -188,7 +191,7 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
                             "--skip-bad-images, or check the files")
         sides = sorted(probes[i][0] for i in good)
         side = image_size or min(sides[len(sides) // 2], MAX_DEFAULT_SIZE)
-        channels = 1 if all(probes[i][1] in ("1", "L", "I;16", "I", "F") for i in good) else 3
+        channels = 1 if all(probes[i][1] in GRAY_MODES for i in good) else 3
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = private_name(folder, "building")
         tmp.mkdir()

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .fetch import refuse_image_folder, undone_on_failure
 from .splits import Splits, hold_out
 
 FILES = {
@@ -124,8 +125,6 @@ def _find(root: Path, stem: str, family: Family) -> Path | None:
 def _download(root: Path, family: Family) -> None:
     import torchvision
 
-    from .fetch import undone_on_failure
-
     try:
         with undone_on_failure(root, family.torchvision_name):
             for train in (True, False):  # torchvision checks each file's MD5
@@ -153,6 +152,7 @@ def load(data_dir: str, download: bool, val_size: int | None, name: str = "mnist
     paths = {key: _find(root, stem, family) for key, stem in FILES.items()}
     missing = [FILES[k] for k, p in paths.items() if p is None]
     if missing and download:
+        refuse_image_folder(root, family.title)
         _download(root, family)
         paths = {key: _find(root, stem, family) for key, stem in FILES.items()}
         missing = [FILES[k] for k, p in paths.items() if p is None]
