@@ -62,7 +62,11 @@ def test_grid_is_exactly_the_product() -> None:
     ([1, 2], "must be a mapping with 'params'"),
     ({"params": {}}, "must be a mapping with 'params'"),
     ({"params": {"neurons": [1, 2]}}, "'neurons' is not a `paratrain train` option"),
-    ({"params": {"out": ["a", "b"]}}, "'out' is not a `paratrain train` option that a search can set"),
+    ({"params": {"out": ["a", "b"]}}, "a space cannot search 'out': each trial runs in OUT/trials/NNNN"),
+    ({"fixed": {"seed": 3}, "params": {"width": [8, 16]}}, "cannot fix 'seed': the search's --seed seeds every trial"),
+    ({"fixed": {"devices": 2}, "params": {"width": [8, 16]}}, "cannot fix 'devices': the search's --devices-per-trial"),
+    ({"params": {"data_dir": ["a", "b"]}}, "data_dir can be fixed, not searched"),
+    ({"fixed": [1], "params": {"width": [8, 16]}}, "'fixed' must be a mapping"),
     ({"params": {"width": []}}, "needs a list of distinct choices"),
     ({"params": {"width": [8, 8]}}, "needs a list of distinct choices"),
     ({"params": {"lr": {"low": 0.1, "high": 0.01}}}, "range needs numbers low < high"),
@@ -120,6 +124,14 @@ def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
     best = run_cli("train", "--config", str(out / "best.yaml"), "--steps", "2", "--devices", "1", "--quiet",
                    "--out", str(tmp_path / "best"))
     assert best.returncode == 0, best.stderr  # best.yaml is a config `paratrain train` takes
+    # 6 trainings of 2 parameters say nothing of their importance: no plot, and a line that says why
+    assert "no parameter importance: 6 trainings finished, and 2 parameters need 10" in proc.stdout, proc.stdout
+    assert not (out / "importance.png").exists()
+    # --keep-trial-checkpoints best (the default): the best trial alone keeps step checkpoints
+    best_number = yaml.safe_load((out / "summary.yaml").read_text())["best_trial"]
+    with_steps = sorted(int(p.parent.parent.name) for p in (out / "trials").glob("*/checkpoints/step-*.pt"))
+    assert with_steps == [best_number], with_steps
+    assert len(list((out / "trials").glob("*/checkpoints/last.pt"))) == 6
 
 
 @pytest.mark.integration
@@ -433,7 +445,7 @@ def test_trials_that_hold_no_training_are_no_duplicates() -> None:
 def test_messages_name_what_differs_and_the_likely_key() -> None:
     from paratrain.search.study import _differences
 
-    with pytest.raises(UserError, match="'widht' is not a `paratrain train` option that a search can set; did you "
+    with pytest.raises(UserError, match="'widht' is not a `paratrain train` option; did you "
                                         "mean 'width'\\?"):
         space.parse({"params": {"widht": [8, 16]}})
     old = {"sampler": "random", "space": {"width": [8, 16]}, "base": {"steps": 5, "seed": 0}}
@@ -757,3 +769,13 @@ def test_best_yaml_leaves_out_what_the_best_trials_optimizer_does_not_read(tmp_p
     report.write(study, {"model": "mlp", "steps": 3}, tmp_path, 1.0)
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     assert best == {"model": "mlp", "steps": 3, "optimizer": "sgd", "momentum": 0.5}
+
+
+def test_a_space_may_fix_any_train_option_the_search_does_not_set_itself(tmp_path: Path) -> None:
+    sp = space.parse({"fixed": {"dataset": "mnist", "data-dir": str(tmp_path), "download": False,
+                                "max_restarts": 1, "log_every": 5}, "params": {"lr": [0.01, 0.02]}})
+    assert sp.fixed["data_dir"] == str(tmp_path) and sp.fixed["download"] is False
+    from paratrain.search.command import NOT_TRAIN_FLAGS
+
+    # what the search sets itself is named, with the flag of the search that sets it
+    assert set(space.SET_BY_SEARCH) >= NOT_TRAIN_FLAGS - {"strategy"}

@@ -17,6 +17,7 @@ from .errors import UserError
 from .rundir import step_checkpoints, writing
 
 REQUIRED = ("model", "optimizer", "step", "epoch", "config")
+WEIGHTS_KEPT = "weights"  # a checkpoint's "kept": only its weights were kept (search/keep.py), it cannot carry a run on
 # a link that fails for these would fail as a copy too; any other cause (EPERM on vfat, ENOSYS or EOPNOTSUPP on
 # FUSE and network mounts) means the file system has no hard links: last.pt is then written as a copy
 WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOENT)
@@ -209,3 +210,11 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path
                             + ", ".join(f"--{k}" for k in changed)) from None
         raise UserError(f"checkpoint {path} holds weights of another shape than this {saved.get('model', '?')} "
                         f"({detail})") from None
+
+
+def check_resumable(state: dict[str, Any], run: str | Path) -> None:
+    """A checkpoint that kept only its weights cannot carry a run on exactly: say so, and what would."""
+    if state.get("kept") == WEIGHTS_KEPT:
+        raise UserError(f"{run} kept only its weights (a search trial that was not the best; the search ran with "
+                        "--keep-trial-checkpoints best): evaluate or load it, or start a new run from its "
+                        "config.yaml; a search with --keep-trial-checkpoints all keeps every trial resumable")

@@ -49,6 +49,7 @@ def _read(plan: RunPlan) -> tuple[dict[str, Any] | None, str | None]:
 def check(state: dict[str, Any], cfg: TrainConfig, total_steps: int) -> None:
     """Whether the checkpoint `state` of the run in cfg.out can carry on the run `cfg` asks for."""
     run = cfg.out
+    checkpoint.check_resumable(state, run)
     if why := model_mismatch(state["config"].get("model"), cfg):
         raise UserError(why)
     if why := dataset_mismatch(state["config"].get("dataset"), cfg):

@@ -46,6 +46,10 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", action="store_true", help="join a study another `paratrain search` started")
     p.add_argument("--time-budget", type=float, help="seconds: start no trial after this much of the search's "
                                                      "wall time (the running ones finish); run it again to go on")
+    p.add_argument("--keep-trial-checkpoints", default="best", metavar="{none,best,all}",
+                   help="what a finished trial keeps: best (default): the best trial its checkpoints (it can be "
+                        "carried on), the others their last weights only; all: every trial its checkpoints; "
+                        "none: no trial a checkpoint")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and of every trial's training")
     p.add_argument("--out", required=True, help="output folder")
 
@@ -66,13 +70,16 @@ def _check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]
 
 
 def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
-    from . import report, space
+    from . import keep, report, space
     from . import study as studies
 
     sp = space.load(args.space)
     _check_sampler(args.sampler, args.strategy, studies.SAMPLERS)
     if args.pruner not in studies.PRUNERS:
         raise UserError(f"unknown --pruner '{args.pruner}'; choose one of: {', '.join(studies.PRUNERS)}")
+    if args.keep_trial_checkpoints not in keep.POLICIES:
+        raise UserError(f"unknown --keep-trial-checkpoints '{args.keep_trial_checkpoints}'; choose one of: "
+                        f"{', '.join(keep.POLICIES)}")
     if args.strategy is not None:
         train_values = {**train_values, "strategy": args.strategy}
     base, cfg = _base_config(args, train_values, sp)
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     settings = studies.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
                                _storage_url(args, out), args.study, str(out),
-                               args.seed, args.worker, args.pruner)
+                               args.seed, args.worker, args.pruner, args.keep_trial_checkpoints)
     budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
     from ..inputs import load_for
 
@@ -115,6 +122,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         if not args.worker:
             study.set_user_attr("wall_s", earlier + this_start)
     wall = earlier + this_start
+    keep.tidy(study, out, settings.keep)  # as the search stands now (a trial another machine finished last)
     done = studies.counts(study)[0]
     if args.time_budget and not args.worker and done < budget:
         print(f"search: the time budget of {args.time_budget:.0f} s is spent, {done} of {budget} trials done; run "
@@ -131,7 +139,11 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     print(f"search: best validation accuracy {result['best_val_accuracy']:.4f} (trial {result['best_trial']}); "
           f"its test accuracy {result['best_test_accuracy']:.4f}; {_trainings(result)} in {wall:.0f} s"
           f"{f' ({this_start:.0f} s in this start)' if wall > this_start else ''}; best.yaml, "
-          f"trials.csv, leaderboard.md, summary.yaml, fitness.png, importance.png in {out}")
+          f"trials.csv, leaderboard.md, summary.yaml, fitness.png"
+          f"{'' if result['no_importance'] else ', importance.png'} in {out}")
+    if result["no_importance"]:
+        print(f"search: {result['no_importance']}")
+    print(f"search: trial folders in {out / 'trials'}: {KEPT[settings.keep]}")
     return 0
 
 
@@ -143,6 +155,12 @@ def _trainings(result: dict[str, Any]) -> str:
     more += [f"{result['redrawn']} repeated a point in training and were drawn again"] if result["redrawn"] else []
     trained = result["complete"] + result["pruned"] + result["failed"]
     return f"{trained} trainings ({', '.join(parts)}{'; ' if more else ''}{'; '.join(more)})"
+
+
+KEPT = {"all": "each keeps its checkpoints (carry one on with paratrain train --resume TRIAL)",
+        "best": "the best keeps its checkpoints (paratrain train --resume TRIAL carries it on), the others their "
+                "last weights (paratrain eval TRIAL)",
+        "none": "no checkpoints kept (--keep-trial-checkpoints best or all keeps them)"}
 
 
 def _storage_url(args: argparse.Namespace, out: Any) -> str:

@@ -72,13 +72,13 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
     board = leaderboard(trials)
     (out / "leaderboard.md").write_text(board + "\n")
     _plot_fitness(trials, out / "fitness.png")
-    importances = _plot_importance(study, out / "importance.png")
+    importances, why_none = _plot_importance(study, len(done), len(names), out / "importance.png")
     summary = {"trials": len(trials), "complete": len(done), "failed": sum(r["state"] == "FAIL" for r in trials),
                "reused": sum(r["reused"] is not None for r in trials),
                "pruned": sum(r["state"] == "PRUNED" for r in trials),
                "best_trial": best["number"], "best_val_accuracy": best["value"], "best_params": best["params"],
                "best_test_accuracy": best["test_accuracy"], "wall_time_s": wall_s,
-               "time_budget_s": time_budget_s, "importance": importances,
+               "time_budget_s": time_budget_s, "importance": importances, "no_importance": why_none,
                # proposals that repeated a trained point and were drawn again instead of trained
                "redrawn": sum(t.user_attrs.get("duplicate_of") is not None and t.user_attrs.get("reused") is None
                               for t in study.get_trials(deepcopy=False)),
@@ -119,24 +119,50 @@ def _plot_fitness(trials: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_importance(study: Any, path: Path) -> dict[str, float] | None:
-    """Optuna's parameter importance (fANOVA), when the finished trials allow one."""
-    import matplotlib
+IMPORTANCE_TRIALS = 10  # trainings fANOVA needs at the least, and PER_PARAMETER for each searched parameter:
+IMPORTANCE_PER_PARAMETER = 5  # fewer fit a forest to noise (a 4-trial search showed 0.5 / 0.5)
 
-    matplotlib.use("Agg")
+
+def importance_needs(parameters: int) -> int:
+    """The finished trainings below which a parameter-importance plot would say nothing."""
+    return max(IMPORTANCE_TRIALS, IMPORTANCE_PER_PARAMETER * parameters)
+
+
+def _plot_importance(study: Any, trained: int, parameters: int,
+                     path: Path) -> tuple[dict[str, float] | None, str | None]:
+    """Optuna's parameter importance (fANOVA) and its plot, where `trained` finished trainings are enough;
+    else None and why not (a plot of an earlier start of the search is removed: it would mislead)."""
+    if trained < importance_needs(parameters):
+        path.unlink(missing_ok=True)
+        return None, (f"no parameter importance: {trained} trainings finished, and {parameters} parameters need "
+                      f"{importance_needs(parameters)} (fewer show noise)")
+    importances = _importances(study)
+    if not importances:
+        path.unlink(missing_ok=True)
+        return None, "no parameter importance: no searched parameter varied among the finished trials"
+    _plot_bars(importances, path)
+    return {k: float(v) for k, v in importances.items()}, None
+
+
+def _importances(study: Any) -> dict[str, float] | None:
     import warnings
 
-    import matplotlib.pyplot as plt
     import optuna
 
     try:
-        with warnings.catch_warnings():  # "too few trials": then the importances are equal, and plotted so
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            importances = optuna.importance.get_param_importances(study)
-    except (RuntimeError, ValueError):  # too few finished trials, or a parameter that never varied
+            return optuna.importance.get_param_importances(study)
+    except (RuntimeError, ValueError):  # a parameter that never varied, say
         return None
-    if not importances:
-        return None
+
+
+def _plot_bars(importances: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     names = list(importances)[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
     ax.barh(names, [importances[n] for n in names])
@@ -144,4 +170,3 @@ def _plot_importance(study: Any, path: Path) -> dict[str, float] | None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return {k: float(v) for k, v in importances.items()}

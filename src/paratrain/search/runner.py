@@ -19,6 +19,7 @@ from typing import Any
 from .. import config as C
 from ..errors import UserError
 from ..interrupt import Stopped
+from . import keep
 from .space import Space
 from .study import Settings, TrialReport, counts, described, make_sampler, open_study, over_budget
 
@@ -101,6 +102,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
             return
         redraws[0] += 1
         study.optimize(objective, n_trials=1)
+        keep.tidy(study, s.out, s.keep)  # the trial just finished may be the new best, or not
 
 
 MAX_REDRAWS = 100

@@ -23,7 +23,19 @@ from ..errors import UserError
 from ..strategies import checked
 
 ROUND_DIGITS = 4  # significant digits a searched float keeps: points closer than that are one point, trained once
-NOT_SEARCHABLE = {"out", "resume", "overwrite", "data_dir", "quiet", "tensorboard", "devices", "threads_per_worker"}
+# What the search itself sets for every trial, so a space may neither fix nor search it: why, and the search's
+# own flag for it
+SET_BY_SEARCH = {
+    "out": "each trial runs in OUT/trials/NNNN of the search's --out",
+    "resume": "a search run again carries its unfinished trials on by itself",
+    "overwrite": "a search run again carries its unfinished trials on by itself",
+    "devices": "the search's --devices-per-trial sets it",
+    "threads_per_worker": "the search divides the cores among the trials running at once (--parallel)",
+    "quiet": "trials run quiet (the search shows their progress)",
+    "tensorboard": "trials write no TensorBoard files (trials.csv and the plots hold their results)",
+    "seed": "the search's --seed seeds every trial",
+}
+NOT_SEARCHABLE = {*SET_BY_SEARCH, "data_dir"}  # a space may fix data_dir, not search it
 
 
 @dataclass(frozen=True)
@@ -121,13 +133,16 @@ def parse(data: Any, where: str = "the space") -> Space:
     unknown = set(data) - {"fixed", "params"}
     if unknown:
         raise UserError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}; use 'fixed' and 'params'")
+    if not isinstance(data.get("fixed") or {}, dict):
+        raise UserError(f"{where}: 'fixed' must be a mapping of `paratrain train` options to values, "
+                        "such as {model: cnn, epochs: 2}")
     fixed = {str(k).replace("-", "_"): v for k, v in (data.get("fixed") or {}).items()}
     for name in fixed:
-        _check_name(name, where)
+        _check_name(name, where, "fix")
     params = []
     for raw_name, spec in data["params"].items():
         name = str(raw_name).replace("-", "_")
-        _check_name(name, where)
+        _check_name(name, where, "search")
         if name in fixed:
             raise UserError(f"{where}: '{name}' is both fixed and searched; keep one")
         params.append(_param(name, spec, where))
@@ -142,11 +157,17 @@ def parse(data: Any, where: str = "the space") -> Space:
     return Space(fixed, tuple(params))
 
 
-def _check_name(name: str, where: str) -> None:
-    if name not in C.FIELDS or name in NOT_SEARCHABLE:
-        hint = C.did_you_mean(name, [f for f in C.FIELDS if f not in NOT_SEARCHABLE]) if name not in C.FIELDS else ""
-        raise UserError(f"{where}: '{name}' is not a `paratrain train` option that a search can set"
-                        + (hint or "; see `paratrain train --help`"))
+def _check_name(name: str, where: str, how: str) -> None:
+    """A key of 'fixed' (`how` "fix") or of 'params' ("search"): a `paratrain train` option the search leaves
+    to the space."""
+    if name in SET_BY_SEARCH:
+        raise UserError(f"{where}: a space cannot {how} '{name}': {SET_BY_SEARCH[name]}")
+    if name == "data_dir" and how == "search":
+        raise UserError(f"{where}: data_dir can be fixed, not searched (each pool process loads its data once)")
+    if name not in C.FIELDS:
+        hint = C.did_you_mean(name, [f for f in C.FIELDS if f not in NOT_SEARCHABLE])
+        raise UserError(f"{where}: '{name}' is not a `paratrain train` option" + (hint or "; see `paratrain train "
+                                                                                       "--help`"))
 
 
 def _param(name: str, spec: Any, where: str) -> Param:

@@ -37,6 +37,7 @@ class Settings:
     seed: int
     worker: bool
     pruner: str = "none"
+    keep: str = "best"  # --keep-trial-checkpoints (keep.py)
 
     def wanted(self) -> int:
         """The trials asked for (grid: at most these many)."""
