@@ -49,6 +49,43 @@ def test_speedups() -> None:
     assert rows[2]["speedup"] is None  # no gpu:1 baseline
 
 
+def test_the_workload_is_any_train_options_as_train_takes_them() -> None:
+    from paratrain.cli import build_parser
+    from paratrain.cli.bench import as_flags, workload
+
+    args = build_parser().parse_args(["bench", "--out", "o", "--model", "nets.py:build", "--dataset", "imagefolder",
+                                      "--data-dir", "imgs", "--image-size", "32", "--no-download", "--precision",
+                                      "bf16", "--steps", "5"])
+    values = workload(args)
+    assert values == {"model": "nets.py:build", "dataset": "imagefolder", "data_dir": "imgs", "download": False,
+                      "image_size": 32, "precision": "bf16", "steps": 5}
+    flags = as_flags(values)
+    assert build_parser().parse_args(["train", *flags]).model == "nets.py:build"  # train takes them back
+    assert "--no-download" in flags and flags[flags.index("--image-size") + 1] == "32"
+    assert workload(build_parser().parse_args(["bench", "--out", "o"])) == {"dataset": "mnist", "epochs": 2}
+    with pytest.raises(SystemExit):  # what each configuration sets is not the workload's
+        build_parser().parse_args(["bench", "--out", "o", "--devices", "2"])
+
+
+@pytest.mark.integration
+def test_a_bench_of_ones_own_network_on_an_image_folder(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import make_shapes
+
+    make_shapes.write(tmp_path / "shapes", per_class=10)
+    net = Path(__file__).resolve().parents[1] / "examples" / "residual_cnn.py"
+    proc = run_cli("bench", "--model", f"{net}:build", "--dataset", "imagefolder", "--data-dir",
+                   str(tmp_path / "shapes"), "--steps", "4", "--batch-size", "8", "--repeats", "1", "--configs", "cpu:1t,ddp-cpu:2",
+                   "--out", str(tmp_path / "b"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "b" / "results.json").read_text())["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"], [r.get("error") for r in rows]
+    summary = json.loads((tmp_path / "b" / "runs" / "ddp-cpu-2-r0" / "summary.json").read_text())
+    assert summary["dataset"] == "imagefolder" and summary["model"] == f"{net}:build" and summary["world_size"] == 2
+
+
 @pytest.mark.integration
 def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "report"

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from .. import config as C
 from ..rundir import check_writable
-from .parser import at_least_one
+from ..strategies import checked
+from .parser import add_train_flags, at_least_one
+
+# What each configuration sets (its devices and parallelism), or the bench itself (where the runs go, their
+# length and log); every other `paratrain train` option is the workload's, given as train takes it.
+BENCH_SETS = {"devices", "accelerator", "threads_per_worker", "strategy", "stages", "microbatches", "out", "resume",
+              "overwrite", "quiet", "tensorboard", "log_every", "time_phases", "epochs", "steps", "batch_size",
+              "oversubscribe"}
+DEFAULT_DATASET = "mnist"
 
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure the same training in every device configuration, with plots")
-    p.add_argument("--model", default="lenet5", choices=C.MODELS[:-1])  # not custom (Python only)
-    p.add_argument("--dataset", default="mnist", choices=C.DATASETS[:-1])
-    p.add_argument("--data-dir")
-    p.add_argument("--no-download", dest="download", action="store_false",
-                   help="never download: a missing dataset is an error")
     p.add_argument("--configs", help="e.g. cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2 (default: all here)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=int, default=None, help="epochs per run (default: 2)")
@@ -26,17 +30,39 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--oversubscribe", action="store_true",
                    help="run configurations with more CPU workers than cores (marked in the report)")
     p.add_argument("--out", required=True, help="report directory")
+    # the workload: any model (a network of yours, path/to/file.py:factory) and dataset (imagefolder with
+    # --data-dir) that train takes, and its other options (--precision, --optimizer, ...)
+    add_train_flags(p, skip=BENCH_SETS)
     p.set_defaults(run=run)
 
 
-def _train_flags(args: argparse.Namespace) -> list[str]:
-    """The `paratrain train` flags every configuration shares."""
-    flags = ["--model", args.model, "--dataset", args.dataset, "--log-every", "20"]
-    flags += ["--data-dir", args.data_dir] if args.data_dir else []
-    flags += [] if args.download else ["--no-download"]
-    flags += ["--steps", str(args.steps)] if args.steps else ["--epochs", str(args.epochs or 2)]
-    flags += ["--batch-size", str(args.batch_size)] if args.batch_size else []
-    return flags + (["--oversubscribe"] if args.oversubscribe else [])
+def workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The options every configuration trains with: the train flags given, the dataset (default mnist)."""
+    values = {name: getattr(args, name) for name in C.FIELDS
+              if name not in BENCH_SETS and getattr(args, name, None) is not None}
+    values.setdefault("dataset", DEFAULT_DATASET)
+    if args.steps:
+        values["steps"] = args.steps
+    else:
+        values["epochs"] = args.epochs or 2
+    if args.batch_size:
+        values["batch_size"] = args.batch_size
+    if args.oversubscribe:
+        values["oversubscribe"] = True
+    return values
+
+
+def as_flags(values: dict[str, Any]) -> list[str]:
+    """`paratrain train` flags that set `values` (TrainConfig fields)."""
+    flags = []
+    for name, value in values.items():
+        field = C.FIELDS[name]
+        flag = field.metadata.get("flag", "--" + name.replace("_", "-"))
+        if field.type == "bool":  # a switch sets the opposite of its default; the default needs no flag
+            flags += [flag] if value != field.default else []
+        else:
+            flags += [flag, str(value)]
+    return flags
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,10 +75,12 @@ def run(args: argparse.Namespace) -> int:
 
     configs = (bench.parse_configs(args.configs) if args.configs
                else bench.default_configs(devices.usable_cores(), torch.cuda.device_count()))
-    load_for(C.validate(C.TrainConfig(model=args.model, dataset=args.dataset, data_dir=args.data_dir,
-                                        download=args.download)))  # a missing dataset fails here, once
+    values = workload(args)
+    cfg = checked(C.validate(C.from_dict({**values, "log_every": 20})))  # checked once, here
+    C.check_read(cfg, values)
+    load_for(cfg)  # a missing dataset fails here, once (and an image folder is decoded once, for every run)
     out = Path(args.out)
-    report = bench.run_bench(configs, _train_flags(args), args.repeats, out)
+    report = bench.run_bench(configs, as_flags({**values, "log_every": 20}), args.repeats, out)
     path = plot.write_report(report, out)
     failed = [r["name"] for r in report["results"] if r["status"] != "ok"]
     print(f"bench: {len(configs) - len(failed)} of {len(configs)} configurations measured"
