@@ -61,11 +61,14 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     try:
         code = launcher.wait(timeout=20)
     except subprocess.TimeoutExpired:  # seen once in 12 runs, on a loaded machine: say what it was doing
+        launcher.send_signal(signal.SIGUSR1)  # the launcher's Python stacks, on its stderr (faulthandler)
+        time.sleep(1)
+        states = {pid: _state(pid) for pid in [launcher.pid, *workers]}
         for pid in [launcher.pid, *workers]:  # the workers hold the pipe open too
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _, err = launcher.communicate(timeout=10)
-        pytest.fail(f"the launcher did not exit within 20 s of SIGINT; its stderr: {err[-3000:]}")
+        pytest.fail(f"the launcher did not exit within 20 s of SIGINT; processes: {states}; its stderr: {err[-6000:]}")
     finally:
         launcher.kill()
     assert code == 130
@@ -74,3 +77,13 @@ def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
     assert [p for p in workers if alive(p)] == [], "workers outlived the launcher by more than 10 s"
     stderr = launcher.stderr.read()
     assert "Traceback" not in stderr, stderr
+
+
+def _state(pid: int) -> str:
+    """A process's state and the kernel function it waits in, for a failure message."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return "gone"
+    return " ".join(line for line in status if line.startswith(("Name", "State"))) + f" wchan {wchan}"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import faulthandler
 import os
+import signal
 import sys
 from typing import NoReturn
 
@@ -30,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if hasattr(signal, "SIGUSR1") and argv is None:  # the command, not a caller's main([...]): `kill -USR1 PID`
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # prints where every thread is (a stuck run)
     try:
         code = args.run(args)
     except UserError as e:
