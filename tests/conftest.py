@@ -27,6 +27,8 @@ def _own_devices_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     of the tests chooses from what another run, or the user's own training, measured."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PARATRAIN_DEVICES_CACHE", str(tmp_path_factory.mktemp("devices") / "devices.json"))
+        # decoded image folders and Datasets go to the user's cache folder: the session's own
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
         yield
 
 

@@ -172,3 +172,15 @@ def test_a_report_of_runs_draws_one_scaling_curve_per_workload(tmp_path: Path) -
     text = plot.write_report({"context": bench.context(), "results": rows}, tmp_path, rates="summary").read_text()
     assert "| b | 2 | 8,000 | 1.60x | 80% |" in text and "| c | 2 | 1,600 | - | - |" in text, text
     assert "the first 1-device run of the same workload" in text
+
+
+def test_a_configuration_the_workload_cannot_run_on_is_known_before_any_run(tmp_path: Path) -> None:
+    from paratrain.bench import run_bench
+    from paratrain.cli.bench import _refused
+
+    configs = parse_configs("tower-cpu:2,pipeline-cpu:2x2")
+    why = [_refused(c, {"dataset": "digits", "steps": 5, "compile": True}) for c in configs]
+    assert "--compile is available with --strategy ddp, not tower" in why[0] and "pipeline" in why[1], why
+    assert [_refused(c, {"dataset": "digits", "steps": 5}) for c in configs] == [None, None]
+    report = run_bench(configs, ["--steps", "5"], 1, tmp_path, refused=lambda c: "no")  # nothing is run
+    assert [r["status"] for r in report["results"]] == ["failed", "failed"] and not (tmp_path / "runs").exists()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import main_code
 from torch import nn
 
@@ -61,7 +62,7 @@ def test_a_python_run_into_a_used_folder_is_refused_in_fields(digits_run: Path) 
     with pytest.raises(UserError) as e:
         paratrain.fit(None, "digits", paratrain.TrainConfig(steps=5, out=str(digits_run), **QUICK))
     message = str(e.value)
-    assert f"TrainConfig(resume='{digits_run}')" in message and "add overwrite" in message, message
+    assert f"TrainConfig(resume='{digits_run}')" in message and "add overwrite=True" in message, message
     assert "--" not in message, message
 
 
@@ -127,3 +128,40 @@ def test_a_folder_without_images_may_still_take_a_download(tmp_path: Path) -> No
     (tmp_path / "cats" / "1.png").write_bytes(b"")
     with pytest.raises(UserError, match="holds folders of images"):
         fetch.refuse_image_folder(tmp_path, "CIFAR-10")
+
+
+def test_eval_with_a_factory_for_a_built_in_network_says_to_drop_the_flag(digits_run: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "nets.py").write_text("from torch import nn\n\ndef mine():\n    return nn.Linear(64, 10)\n")
+    code = main_code(["eval", str(digits_run), "--model", f"{tmp_path / 'nets.py'}:mine"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "holds a lenet5 (a built-in network, built from its checkpoint): drop --model" in err[0], err
+    assert "model=" not in err[0], err
+
+
+def test_evaluate_takes_the_summary_fit_returned_and_eval_scores_a_folder_whole(
+        tmp_path: Path, shapes: Path, capsys: pytest.CaptureFixture) -> None:
+    net = ROOT / "examples" / "residual_cnn.py"
+    summary = paratrain.fit(f"{net}:build", str(shapes), paratrain.TrainConfig(steps=2, batch_size=4,
+                                                                               out=str(tmp_path / "r"), **QUICK))
+    other = tmp_path / "other"
+    make_shapes.write(other, per_class=5, seed=1)
+    assert paratrain.evaluate(summary, other)["test_examples"] == 15  # every image of another folder
+    assert paratrain.evaluate(summary, shapes)["test_examples"] < 12  # its own folder: the images it held out
+    assert main_code(["eval", str(tmp_path / "r"), "--data-dir", str(other)]) == 0
+    assert "(15 imagefolder test images" in capsys.readouterr().out  # all of it, none held out
+    with pytest.raises(UserError, match="run must be a run's folder"):
+        paratrain.evaluate(3)
+
+
+def test_eval_data_dir_scores_that_folder_for_a_run_on_tensors(tmp_path: Path, shapes: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    net = ROOT / "examples" / "residual_cnn.py"
+    g = torch.Generator().manual_seed(0)
+    data = {s: (torch.randint(0, 255, (n, 3, 32, 32), dtype=torch.uint8, generator=g), torch.arange(n) % 3)
+            for s, n in (("train", 24), ("val", 6), ("test", 6))}
+    paratrain.fit(f"{net}:build", data, paratrain.TrainConfig(steps=2, batch_size=4, out=str(tmp_path / "r"), **QUICK))
+    capsys.readouterr()
+    assert main_code(["eval", str(tmp_path / "r"), "--model", f"{net}:build", "--data-dir", str(shapes)]) == 0
+    assert "(12 imagefolder test images" in capsys.readouterr().out  # the folder named, whole; not the run's 6

@@ -104,7 +104,7 @@ def test_compile_without_a_cpp_compiler_says_to_install_one(tmp_path: Path, monk
     import shutil
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    with pytest.raises(UserError, match="compile on the CPU needs a C\\+\\+ compiler.*install one"):
+    with pytest.raises(UserError, match="compile=True on the CPU needs a C\\+\\+ compiler.*install one"):
         paratrain.fit(data="digits", config=paratrain.TrainConfig(compile=True, devices="1", steps=1, accelerator="cpu",
                                                                   out=str(tmp_path / "run")))
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -66,7 +66,7 @@ def test_a_run_without_checkpoint_is_not_offered_to_resume_and_torchrun_refuses_
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / "step-notes.pt").write_text("")  # and a stray file: no crash on its name
     with pytest.raises(UserError, match="holds an unfinished run; it has no checkpoint to carry on from: pass a new "
-                                        "out or add overwrite"):
+                                        "out or add overwrite=True"):
         paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))
     # a run that ended before its first step (a script without the __main__ guard) left nothing to keep
     empty = tmp_path / "e"
@@ -223,7 +223,7 @@ def test_the_wrong_factory_or_dataset_is_named_as_such(tmp_path: Path, capsys) -
     assert _main(["eval", "--checkpoint", str(grey), "--dataset", "synthetic"]) == 0  # same shape: fine
     capsys.readouterr()
     with pytest.raises(UserError, match=r"trained on digits images of 1x28x28 in 10 classes; the custom test images "
-                                         r"are 3x28x28 in 10: evaluate it on data like digits's"):
+                                         r"are 3x28x28 in 10: evaluate it on images like those of digits"):
         x = torch.randint(0, 255, (8, 3, 28, 28), dtype=torch.uint8)
         pair = (x, torch.arange(8) % 10 + 2)
         paratrain.evaluate(grey, {"train": pair, "val": pair, "test": pair})

@@ -304,12 +304,14 @@ def test_the_memory_map_trains_as_the_same_images_in_memory(shapes: Path, tmp_pa
     b = paratrain.fit(None, in_memory, paratrain.TrainConfig(out=str(tmp_path / "b"), **cfg))
     assert max_abs_diff(weights(tmp_path / "a"), weights(tmp_path / "b")) == 0.0
     assert a["test_accuracy"] == b["test_accuracy"]
-    caches = sorted(p.name for p in (shapes / ".paratrain-cache").iterdir() if not p.name.startswith("."))
+    caches = sorted(p.name for p in folder.user_cache().joinpath("folders").iterdir() if not p.name.startswith("."))
     # the folder given to evaluate is scored whole (the run was given Splits: it does not know the folder),
     # from the cache training read
     every = sum(len(getattr(mapped, s)[1]) for s in ("train", "val", "test"))
     assert paratrain.evaluate(tmp_path / "a", shapes)["test_examples"] == every
-    assert sorted(p.name for p in (shapes / ".paratrain-cache").iterdir() if not p.name.startswith(".")) == caches
+    assert sorted(p.name for p in folder.user_cache().joinpath("folders").iterdir()
+                  if not p.name.startswith(".")) == caches
+    assert sorted(p.name for p in shapes.iterdir()) == sorted(make_shapes.CLASSES)  # nothing of ours in the folder
 
 
 # ---- the whole path, on 2 workers ----

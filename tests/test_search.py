@@ -66,6 +66,7 @@ def test_grid_is_exactly_the_product() -> None:
     ({"fixed": {"seed": 3}, "params": {"width": [8, 16]}}, "cannot fix 'seed': the search's --seed seeds every trial"),
     ({"fixed": {"devices": 2}, "params": {"width": [8, 16]}}, "cannot fix 'devices': the search's --devices-per-trial"),
     ({"params": {"data_dir": ["a", "b"]}}, "data_dir can be fixed, not searched"),
+    ({"params": {"image_size": [16, 32]}}, "image_size can be fixed, not searched"),
     ({"fixed": [1], "params": {"width": [8, 16]}}, "'fixed' must be a mapping"),
     ({"params": {"width": []}}, "needs a list of distinct choices"),
     ({"params": {"width": [8, 8]}}, "needs a list of distinct choices"),
@@ -778,4 +779,7 @@ def test_a_space_may_fix_any_train_option_the_search_does_not_set_itself(tmp_pat
     from paratrain.search.command import NOT_TRAIN_FLAGS
 
     # what the search sets itself is named, with the flag of the search that sets it
-    assert set(space.SET_BY_SEARCH) >= NOT_TRAIN_FLAGS - {"strategy"}
+    assert {*space.SET_BY_SEARCH, *space.FIXED_BY_SEARCH} >= NOT_TRAIN_FLAGS - {"strategy"}
+    assert space.parse({"params": {"seed": [0, 1]}}).params[0].name == "seed"  # a seed sweep
+    with pytest.raises(UserError, match="cannot fix 'seed'"):
+        space.parse({"fixed": {"seed": 1}, "params": {"lr": [0.01, 0.02]}})

@@ -50,7 +50,7 @@ def test_best_keeps_the_best_trials_checkpoints_and_the_others_weights(search: t
         assert checkpoint.load(_folder(out, n))["optimizer"] is not None
     for n in (0, 2):
         files = sorted(p.name for p in (_folder(out, n) / "checkpoints").iterdir())
-        assert files == ["last.pt"], files
+        assert files == ["last.pt", "weights-only.txt"], files
         state = checkpoint.load(_folder(out, n))
         assert state["optimizer"] is None and "scheduler" not in state and state["step"] == 4
         assert all(torch.equal(state["model"][k], before[n]["model"][k]) for k in state["model"])
@@ -61,9 +61,17 @@ def test_best_keeps_the_best_trials_checkpoints_and_the_others_weights(search: t
     assert main_code(["train", "--resume", str(_folder(out, 0)), "--steps", "6", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "kept only its weights" in err[0] and "--keep-trial-checkpoints all" in err[0], err
+    assert f"--config {_folder(out, 0) / 'config.yaml'} --out NEW" in err[0], err
+    assert "steps: 4" in (_folder(out, 0) / "config.yaml").read_text()  # refused before its record was rewritten
+    # a new run into the folder is not offered --resume
+    assert main_code(["train", "--steps", "2", "--quiet", "--out", str(_folder(out, 0))]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" not in err and "pass a new --out" in err, err
+    with pytest.raises(paratrain.UserError, match="kept only its weights"):  # and in Python
+        paratrain.fit(None, "digits", paratrain.TrainConfig(resume=str(_folder(out, 2)), steps=6, quiet=True))
     assert main_code(["train", "--resume", str(_folder(out, 1)), "--steps", "6", "--quiet"]) == 0  # the best goes on
     keep.tidy(study, out, "best")  # done again: nothing changes
-    assert sorted(p.name for p in (_folder(out, 0) / "checkpoints").iterdir()) == ["last.pt"]
+    assert sorted(p.name for p in (_folder(out, 0) / "checkpoints").iterdir()) == ["last.pt", "weights-only.txt"]
 
 
 def test_none_keeps_no_finished_trials_checkpoint_and_all_keeps_every_one(search: tuple) -> None:

@@ -29,4 +29,4 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     # the names imported on first use are this module's too (dir() and tab completion list them)
-    return sorted({*globals(), *_WHERE})
+    return sorted({*__all__, "__version__"})

@@ -23,7 +23,7 @@ from torch import nn
 from . import config as C
 from .data import Splits
 from .env import detect
-from .errors import NeedsFactory, UserError
+from .errors import NeedsFactory, NeedsNoFactory, UserError
 from .inputs import DataLike, as_splits, is_folder, load_for
 from .predict import Classifier
 from .rundir import check_writable
@@ -100,7 +100,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         raise UserError(C.in_python_words(str(e)), e.code) from None
     env = detect()
     if env.is_main:
-        check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
+        check_writable(cfg.out, "out")  # rank 0 writes the run directory (other nodes may not see it)
     if loss is not None and cfg.label_smoothing:
         raise UserError("config.label_smoothing smooths the built-in cross-entropy, and loss= replaces it: smooth "
                         "the targets in your loss, or leave label_smoothing at 0")
@@ -112,7 +112,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
                                                   env.in_group), Parts(model, optimizer, loss), env=env)
     except UserError as e:  # the run's own words name flags (--resume RUN): a Python caller passes fields
         e.args = (in_python(str(e)),)
-        raise
+        raise e.with_traceback(None) from None  # bad input: its message, not paratrain's insides
 
 
 def in_python(message: str) -> str:
@@ -120,7 +120,8 @@ def in_python(message: str) -> str:
     other flags the fields they set (`--batch-size` -> `batch_size`)."""
     import re
 
-    message = re.sub(r"--resume ([^\s;,]+)", r"paratrain.fit(..., TrainConfig(resume='\1'))", message)
+    # the advice "continue with --resume RUN" (and "carry it on with"), not a mention of the flag
+    message = re.sub(r"with --resume ([^\s;,]+)", r"with paratrain.fit(..., TrainConfig(resume='\1'))", message)
     return C.in_python_words(message)
 
 
@@ -162,10 +163,14 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     from .evaluation import evaluate as evaluate_on
 
     _check_callables(model=model, loss=loss)
+    run = _run_of(run)
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
     data = _as_test_pair(data)
-    given = data is not None and (not isinstance(data, str) or is_folder(data))  # not a dataset's name
+    if data is None and data_dir is not None and dataset is None and cfg.dataset == "custom":
+        data = data_dir  # a folder of test images for a run on a Dataset of yours (paratrain eval --data-dir)
+    # data the caller names is scored whole: not a dataset's name, nor the run's own folder (below)
+    given = (data is not None and (not isinstance(data, str) or is_folder(data))) or data_dir is not None
     if data is None and cfg.dataset == "custom":  # the run's own Dataset or tensors: its held-out test split
         data = _own_test_split(run, state, cfg)
     if is_folder(data):
@@ -259,7 +264,7 @@ def _check_shapes(run: str | Path, state: dict, splits: Splits) -> None:
     if splits.channels != c or (sized_by_data and splits.image_size != side) or splits.num_classes > k:
         raise UserError(f"{run} was trained on {trained_on} images of {c}x{side}x{side} in {k} classes; the "
                         f"{splits.name} test images are {splits.channels}x{splits.image_size}x{splits.image_size} "
-                        f"in {splits.num_classes}: evaluate it on data like {trained_on}'s")
+                        f"in {splits.num_classes}: evaluate it on images like those of {trained_on}")
 
 
 FOLDER_PEEK = 16  # images whose headers are read before a folder is decoded for evaluation
@@ -279,7 +284,7 @@ def _check_folder(run: str | Path, state: dict, root: Path) -> None:
     if len(listing.classes) > k or (c == 1 and colour):
         raise UserError(f"{run} was trained on {trained_on} images of {c} channel{'s' * (c > 1)} in {k} classes; "
                         f"{root} holds {'colour' if colour else 'gray'} images in {len(listing.classes)} classes: "
-                        f"evaluate it on data like {trained_on}'s")
+                        f"evaluate it on images like those of {trained_on}")
 
 
 def _model_name(cfg: C.TrainConfig, state: dict, model: Callable[[], nn.Module] | None) -> str:
@@ -291,6 +296,16 @@ def _model_name(cfg: C.TrainConfig, state: dict, model: Callable[[], nn.Module] 
     return (state.get("parts") or {}).get("model") or (name_of(model) if model is not None else "custom")
 
 
+def _run_of(run: Any) -> str | Path:
+    """A run's folder or checkpoint file, also given as the summary fit returned."""
+    if isinstance(run, dict) and "run_dir" in run:
+        return run["run_dir"]
+    if not isinstance(run, str | os.PathLike):
+        raise UserError(f"run must be a run's folder (or a .pt file, or the summary fit returned), not a "
+                        f"{type(run).__name__}")
+    return run
+
+
 def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:
     """The trained network of a run (its last checkpoint) or of a .pt file, on the CPU, in eval mode.
     A run of a user's network needs its factory; `ema`: the averaged weights (runs with --ema).
@@ -298,6 +313,7 @@ def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, em
     from . import checkpoint
 
     _check_callables(model=model)
+    run = _run_of(run)
     state = checkpoint.load(run)
     return _loaded(run, state, model, ema)[0]
 
@@ -313,6 +329,7 @@ def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = Non
     from .predict import CLASS_NAMES, Classifier
 
     _check_callables(model=model)
+    run = _run_of(run)
     state = checkpoint.load(run)
     use_ema = bool(state["config"].get("eval_ema")) and "ema_model" in state if ema is None else ema
     net, cfg, splits = _loaded(run, state, model, use_ema)
@@ -357,6 +374,5 @@ def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | 
             raise
         from .userframes import name_of  # the factory given is what does not fit: name it, not the checkpoint's
 
-        raise UserError(f"{run} holds a {cfg.model} (a built-in network), and the network {name_of(model)} builds "
-                        "does not take its weights; leave out model= for a built-in network") from None
+        raise NeedsNoFactory(run, cfg.model, name_of(model)) from None
     return net

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,7 @@ def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
     if proc.returncode:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
         raise RuntimeError(lines[-1][:300])
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # a measurement's: its figures are in the files kept
     return {**_read_run(out), "wall_s": wall}
 
 
@@ -234,11 +237,18 @@ def _setup(config: BenchConfig) -> tuple:
 
 
 def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, out: Path,
-              timeout: float = 3600) -> dict:
+              timeout: float = 3600, refused: Callable[[BenchConfig], str | None] | None = None) -> dict:
+    """Measure each configuration (`refused`: why the workload cannot run on one, known before any run: it
+    is reported failed without running)."""
     out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     measured: dict[tuple, dict] = {}  # resolved set-up -> its row: the same runs are never repeated
     for config in tqdm(configs, desc="bench", unit="config", disable=not sys.stderr.isatty()):
+        why = refused(config) if refused is not None else None
+        if why:
+            results.append({**asdict(config), "status": "failed", "error": why})
+            tqdm.write(f"bench: {config.name} left out: {why}")
+            continue
         same = measured.get(_setup(config))
         if same is not None:
             results.append({**same, **asdict(config), "same_as": same["name"]})
@@ -246,6 +256,9 @@ def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, 
         try:
             results.append(measure(config, train_flags, repeats, out, timeout))
             measured[_setup(config)] = results[-1]
+            if not sys.stderr.isatty():  # no bar: a line for each configuration measured
+                print(f"bench: {config.name}: {results[-1]['examples_per_sec']['mean']:,.0f} examples/s "
+                      f"({len(results)} of {len(configs)})", flush=True)
         except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as e:
             results.append({**asdict(config), "status": "failed", "error": str(e).strip()})
             tqdm.write(f"bench: {config.name} failed: {e}")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .errors import UserError
-from .rundir import step_checkpoints, writing
+from .rundir import step_checkpoints, weights_only, writing
 
 REQUIRED = ("model", "optimizer", "step", "epoch", "config")
 WEIGHTS_KEPT = "weights"  # a checkpoint's "kept": only its weights were kept (search/keep.py), it cannot carry a run on
@@ -213,8 +213,7 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path
 
 
 def check_resumable(state: dict[str, Any], run: str | Path) -> None:
-    """A checkpoint that kept only its weights cannot carry a run on exactly: say so, and what would."""
+    """A checkpoint that kept only its weights cannot carry a run on exactly: say so, and what would (the
+    launcher has said so already from the folder's mark, rundir.weights_only; this is for a mark gone)."""
     if state.get("kept") == WEIGHTS_KEPT:
-        raise UserError(f"{run} kept only its weights (a search trial that was not the best; the search ran with "
-                        "--keep-trial-checkpoints best): evaluate or load it, or start a new run from its "
-                        "config.yaml; a search with --keep-trial-checkpoints all keeps every trial resumable")
+        raise UserError(weights_only(run) or f"{run} kept only its weights, so it cannot be carried on")

@@ -20,6 +20,16 @@ class NeedsFactory(UserError):
         self.run = run
 
 
+class NeedsNoFactory(UserError):
+    """A factory was given for a checkpoint of a built-in network, and builds something its weights do not fit:
+    each caller says to leave it out in its own terms (model= in Python, --model on the command line)."""
+
+    def __init__(self, run: object, model: str, factory: str) -> None:
+        super().__init__(f"{run} holds a {model} (a built-in network), and the network {factory} builds does not "
+                         "take its weights; leave out model= for a built-in network")
+        self.run, self.model = run, model
+
+
 def closest(name: str, names: object) -> str | None:
     """The one of `names` that `name` most likely misspells, or None."""
     import difflib

@@ -64,6 +64,19 @@ def check_owned(path: Path, flag: str = "--out") -> None:
 
 
 # What a run writes into its folder; --overwrite removes these and nothing else.
+WEIGHTS_ONLY = "weights-only.txt"  # in checkpoints/: the checkpoint there kept only its weights (search/keep.py)
+
+
+def weights_only(run: str | Path) -> str | None:
+    """Why the run in `run` cannot be carried on, where its checkpoint kept only its weights; else None."""
+    if not (Path(run) / "checkpoints" / WEIGHTS_ONLY).is_file():
+        return None
+    return (f"{run} kept only its weights (a search trial that was not the best, under --keep-trial-checkpoints "
+            f"best), so it cannot be carried on: evaluate or load it, or train it again with paratrain train "
+            f"--config {Path(run) / 'config.yaml'} --out NEW (a search with --keep-trial-checkpoints all keeps "
+            "every trial resumable)")
+
+
 RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb")
 
 
@@ -102,7 +115,7 @@ def check_fresh(path: str | Path, overwrite: bool) -> None:
     step checkpoints left beside the new ones."""
     what = held_run(Path(path))
     if what is not None and not overwrite:
-        resumable = (Path(path) / "checkpoints" / "last.pt").is_file()
+        resumable = (Path(path) / "checkpoints" / "last.pt").is_file() and not weights_only(path)
         how = f"carry it on with --resume {path}, pass a new --out," if resumable else \
             "it has no checkpoint to carry on from: pass a new --out"
         raise UserError(f"--out {path} holds {what}; {how} or add --overwrite to clear it first")  # fit: in fields

@@ -29,7 +29,7 @@ from .devices import Hardware
 from .env import Environment, detect
 from .errors import UserError, WriteFailed
 from .resume import dataset_mismatch, model_mismatch
-from .rundir import check_fresh, check_owned, clear_run, held, newest_step, write_atomic
+from .rundir import check_fresh, check_owned, clear_run, held, newest_step, weights_only, write_atomic
 from .runlength import Length, check_not_past, run_length
 from .runlog import write_summary
 from .userparts import Parts
@@ -109,6 +109,8 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
 def _check_resumed(cfg: C.TrainConfig) -> None:
     """The run carried on must be of this model and dataset: config.yaml says (the workers check the
     checkpoint they read the same way, resume.check)."""
+    if why := weights_only(cfg.resume):  # a search trial's weights: before any data is read or record written
+        raise UserError(why)
     saved = C.load_yaml(Path(cfg.resume) / "config.yaml")
     for why in (model_mismatch(saved.get("model"), cfg), dataset_mismatch(saved.get("dataset"), cfg)):
         if why:

@@ -65,6 +65,20 @@ def as_flags(values: dict[str, Any]) -> list[str]:
     return flags
 
 
+def _refused(config: Any, values: dict[str, Any]) -> str | None:
+    """Why the workload cannot run as `config` (the tower refuses --compile, a pipeline --ema, ...), checked
+    as train would check it, before any process starts; None where it can."""
+    from ..errors import UserError
+
+    flags = dict(zip(config.flags[::2], config.flags[1::2], strict=True))
+    own = {flag[2:].replace("-", "_"): value for flag, value in flags.items() if flag != "--accelerator"}
+    try:
+        checked(C.validate(C.from_dict({**values, **own})))
+    except UserError as e:
+        return str(e)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import bench, devices, plot
     from ..inputs import load_for
@@ -80,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     C.check_read(cfg, values)
     load_for(cfg)  # a missing dataset fails here, once (and an image folder is decoded once, for every run)
     out = Path(args.out)
-    report = bench.run_bench(configs, as_flags({**values, "log_every": 20}), args.repeats, out)
+    report = bench.run_bench(configs, as_flags({**values, "log_every": 20}), args.repeats, out,
+                             refused=lambda config: _refused(config, values))
     path = plot.write_report(report, out)
     failed = [r["name"] for r in report["results"] if r["status"] != "ok"]
     print(f"bench: {len(configs) - len(failed)} of {len(configs)} configurations measured"

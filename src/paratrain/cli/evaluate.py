@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.run_dir is None) == (args.checkpoint is None):
         raise UserError("name one checkpoint: paratrain eval RUN_DIR (or --checkpoint RUN_DIR_OR_PT)")
-    from ..errors import NeedsFactory
+    from ..errors import NeedsFactory, NeedsNoFactory
     from ..import_path import is_import_path
 
     factory = None
@@ -44,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
     except NeedsFactory as e:  # the command line's terms, not Python's
         raise UserError(f"{e.run} holds a network of your own (its parts.yaml names it): pass --model FILE.py:FACTORY, "
                         "the file and function that build it") from None
+    except NeedsNoFactory as e:
+        raise UserError(f"{e.run} holds a {e.model} (a built-in network, built from its checkpoint): drop --model "
+                        f"{args.model}") from None
     print(f"test_accuracy {result['test_accuracy']:.4f}  test_loss {result['test_loss']:.4f}  "
           f"({result['test_examples']} {result['dataset']} test images, {result['model']}"
           f"{' EMA' if result['ema'] else ''} weights, step {result['step']})")

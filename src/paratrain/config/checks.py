@@ -151,10 +151,16 @@ def changed(cfg: TrainConfig) -> set[str]:
 
 def in_python_words(message: str) -> str:
     """A validation message for a Python caller: `--val-size` becomes `val_size`, the TrainConfig field
-    it set (flags that are not fields stay as they are)."""
+    it set, and a switch the value it sets (`--overwrite` -> `overwrite=True`, `--no-download` ->
+    `download=False`); flags that are not fields stay as they are."""
     import re
 
+    switches = {f.metadata.get("flag", "--" + name.replace("_", "-"))[2:]: f"{name}={not f.default}"
+                for name, f in FIELDS.items() if f.type == "bool"}
+
     def field(m: re.Match) -> str:
+        if m.group(1) in switches:
+            return switches[m.group(1)]
         name = m.group(1).replace("-", "_")
         return name if name in FIELDS else m.group(0)
 

@@ -184,6 +184,7 @@ def load(data_dir: str, download: bool, val_size: int | None) -> Splits:
     root = Path(data_dir)
     found = locate(root, download, _layout, ARCHIVES, URL, "CIFAR-10")
     if found is None:
+        refuse_image_folder(root, "CIFAR-10")  # the likelier mistake, said first
         raise UserError(f"CIFAR-10 batches (data_batch_1..5 and test_batch, .bin/.bin.gz or python) "
                         f"not found in {root}; pass --data-dir to the folder that holds them, "
                         "or allow the download")

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import UserError
 from .cifar10 import _ArraysOnly, locate
+from .fetch import refuse_image_folder
 from .mnist import read_bytes
 from .splits import Splits, hold_out
 
@@ -81,6 +82,7 @@ def load(data_dir: str, download: bool, val_size: int | None, labels: str = "fin
     root = Path(data_dir)
     found = locate(root, download, _layout, ARCHIVES, URL, "CIFAR-100")
     if found is None:
+        refuse_image_folder(root, "CIFAR-100")  # the likelier mistake, said first
         raise UserError(f"CIFAR-100 files (train and test, .bin/.bin.gz or python) not found in {root}; pass "
                         "--data-dir to the folder that holds them, or allow the download")
     kind, folder = found

@@ -37,6 +37,10 @@ def refuse_image_folder(root: Path, title: str) -> None:
     if not root.is_dir():
         return
     for sub in sorted(e for e in root.iterdir() if e.is_dir())[:50]:  # a few folders say enough
-        if any(f.suffix.lower() in IMG_EXTENSIONS for f in sub.iterdir() if f.is_file()):
+        try:
+            images = any(f.suffix.lower() in IMG_EXTENSIONS for f in sub.iterdir() if f.is_file())
+        except OSError:  # a folder of someone else's (/tmp's systemd-private-*): not the user's images
+            continue
+        if images:
             raise UserError(f"{root} holds folders of images ({sub.name}/...), not {title}'s files: train on them with "
                             f"--dataset imagefolder --data-dir {root}, or give {title}'s folder")

@@ -125,15 +125,11 @@ def stamp(root: Path, files: list[str]) -> list[list]:
 
 
 def cache_folder(root: Path, image_size: int | None, cache_dir: str | None) -> Path:
-    """Where the cache of `root` at `image_size` lives: under --cache-dir, else in the data folder, else (a
-    read-only data folder) in the user's cache folder."""
+    """Where the cache of `root` at `image_size` lives: under --cache-dir, else in the user's cache folder.
+    Never in the data folder: a folder of its own there would be one more class to torchvision's
+    ImageFolder (and to any tool that lists the classes' folders)."""
     key = hashlib.sha1(f"{root.resolve()}|{image_size}".encode()).hexdigest()[:16]
-    if cache_dir:
-        return Path(cache_dir).expanduser() / key
-    inside = root / ".paratrain-cache"
-    if os.access(root, os.W_OK) and (not inside.exists() or os.access(inside, os.W_OK)):
-        return inside / key
-    return user_cache() / key
+    return (Path(cache_dir).expanduser() if cache_dir else user_cache() / "folders") / key
 
 
 def user_cache() -> Path:

@@ -157,6 +157,7 @@ def load(data_dir: str, download: bool, val_size: int | None, name: str = "mnist
         paths = {key: _find(root, stem, family) for key, stem in FILES.items()}
         missing = [FILES[k] for k, p in paths.items() if p is None]
     if missing:
+        refuse_image_folder(root, family.title)  # the likelier mistake, said first
         raise UserError(f"{family.title} file(s) {', '.join(missing)} (or .gz) not found in {root}; "
                         "pass --data-dir to the folder that holds them, or allow the download")
     train_x, train_y = read_idx(paths["train_images"], 3, (28, 28)), read_idx(paths["train_labels"], 1)

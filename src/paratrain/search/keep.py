@@ -7,8 +7,9 @@ and loading (weights), or nothing.
     best   the best trial keeps them; every other finished trial keeps its last weights only (default)
     none   no finished trial keeps a checkpoint (trials.csv, their config.yaml and metrics stay)
 
-A trial still running, or left running by a stopped search, is never touched: a search run again carries
-it on from its checkpoint. Each pool process tidies after each trial it finishes, so the best of the moment
+A trial still running is never touched. One left running by a stopped search is queued again under a new
+number and trained afresh by the search run again; its old folder is then a finished (failed) trial's. Each
+pool process tidies after each trial it finishes, so the best of the moment
 keeps its checkpoints and the trial it overtook loses them; two processes tidying at once write the same
 files atomically.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from .. import checkpoint
 from ..errors import UserError
-from ..rundir import step_checkpoints
+from ..rundir import WEIGHTS_ONLY, step_checkpoints
 
 POLICIES = ("none", "best", "all")
 
@@ -60,5 +61,7 @@ def weights_only(folder: Path) -> None:
     if state is not None and state.get("kept") != checkpoint.WEIGHTS_KEPT:
         kept = {k: v for k, v in state.items() if k not in ("optimizer", "scheduler", "scaler")}
         checkpoint.save({**kept, "optimizer": None, "kept": checkpoint.WEIGHTS_KEPT}, folder / "last.pt")
+    (folder / WEIGHTS_ONLY).write_text("last.pt holds this trial's weights only: --resume refuses it "
+                                       "(paratrain search --keep-trial-checkpoints)\n")
     for _, path in steps:
         path.unlink(missing_ok=True)

@@ -27,15 +27,18 @@ ROUND_DIGITS = 4  # significant digits a searched float keeps: points closer tha
 # own flag for it
 SET_BY_SEARCH = {
     "out": "each trial runs in OUT/trials/NNNN of the search's --out",
-    "resume": "a search run again carries its unfinished trials on by itself",
-    "overwrite": "a search run again carries its unfinished trials on by itself",
+    "resume": "a search run again queues its unfinished trials again by itself",
+    "overwrite": "a search run again queues its unfinished trials again by itself",
     "devices": "the search's --devices-per-trial sets it",
     "threads_per_worker": "the search divides the cores among the trials running at once (--parallel)",
     "quiet": "trials run quiet (the search shows their progress)",
     "tensorboard": "trials write no TensorBoard files (trials.csv and the plots hold their results)",
-    "seed": "the search's --seed seeds every trial",
 }
-NOT_SEARCHABLE = {*SET_BY_SEARCH, "data_dir"}  # a space may fix data_dir, not search it
+FIXED_BY_SEARCH = {"seed": "the search's --seed seeds every trial (a space may search it)"}
+# each pool process loads the data once, for all its trials: a space may fix these, not search them
+DATA_OPTIONS = {"dataset", "data_dir", "image_size", "val_size", "test_size", "labels", "cache_dir", "skip_bad_images",
+                "download"}
+NOT_SEARCHABLE = {*SET_BY_SEARCH, *DATA_OPTIONS}
 
 
 @dataclass(frozen=True)
@@ -160,10 +163,11 @@ def parse(data: Any, where: str = "the space") -> Space:
 def _check_name(name: str, where: str, how: str) -> None:
     """A key of 'fixed' (`how` "fix") or of 'params' ("search"): a `paratrain train` option the search leaves
     to the space."""
-    if name in SET_BY_SEARCH:
-        raise UserError(f"{where}: a space cannot {how} '{name}': {SET_BY_SEARCH[name]}")
-    if name == "data_dir" and how == "search":
-        raise UserError(f"{where}: data_dir can be fixed, not searched (each pool process loads its data once)")
+    if name in SET_BY_SEARCH or (how == "fix" and name in FIXED_BY_SEARCH):
+        raise UserError(f"{where}: a space cannot {how} '{name}': {SET_BY_SEARCH.get(name) or FIXED_BY_SEARCH[name]}")
+    if name in DATA_OPTIONS and how == "search":
+        raise UserError(f"{where}: {name} can be fixed, not searched (each process of the search loads the data "
+                        "once, for all its trials)")
     if name not in C.FIELDS:
         hint = C.did_you_mean(name, [f for f in C.FIELDS if f not in NOT_SEARCHABLE])
         raise UserError(f"{where}: '{name}' is not a `paratrain train` option" + (hint or "; see `paratrain train "
