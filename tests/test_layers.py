@@ -14,7 +14,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "paratrain"
 # named on its own, as data.sharding is, belongs where it is named). The modules of one entry are siblings: none
 # imports another, except inside its own package.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("0 base", ("errors", "import_path", "clock", "env", "tcp_timeout", "oom", "_in_forkserver", "data.sharding")),
+    ("0 base", ("errors", "import_path", "clock", "tcp_timeout", "oom", "_in_forkserver", "data.sharding")),
+    ("0 base: who started this process", ("env",)),
     ("0 base: on errors and env", ("interrupt", "userframes", "proc", "prefork")),
     ("1 records", ("rundir", "devices", "dist")),
     ("1 records: the configuration and the checkpoint files", ("config", "checkpoint")),
@@ -27,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("5 worker: a run's state as it goes, and its summary", ("runstate",)),
     ("5 worker: the checkpoint a worker carries on from, the training loop", ("resume", "train")),
     ("5 worker", ("worker",)),
-    ("6 processes", ("launch",)),
+    ("6 processes", ("launch", "requeue")),
     ("6 processes: what --devices auto measures on them", ("autodevices",)),
     ("7 entries: the session that opens a run", ("session",)),
     ("7 entries", ("api", "search", "doctor", "bench", "forecast", "plot")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 from dataclasses import asdict, dataclass
@@ -117,17 +118,33 @@ def resolve(accelerator: str, devices: str, threads_per_worker: int | None, over
     return Hardware("cpu", workers, threads, "gloo")
 
 
-def for_group(env: Environment, accelerator: str, threads_per_worker: int | None) -> Hardware:
-    """The processes a launcher's group imposes (torchrun's): its world size, and this node's cores shared by
-    its local workers."""
+def for_group(env: Environment, accelerator: str, threads_per_worker: int | None, devices: str = "auto") -> Hardware:
+    """The processes a launcher's group imposes (torchrun's, or srun's tasks): its world size, and this node's
+    cores shared by its local workers. `devices`: --devices, which must agree with the group where it is set."""
     n_gpus = torch.cuda.device_count()
+    who = "srun" if env.launcher == "slurm" else "torchrun"
+    if devices != "auto" and int(devices) != env.world_size:
+        how = "--ntasks" if env.launcher == "slurm" else "--nnodes x --nproc-per-node"
+        raise UserError(f"{who} started {env.world_size} workers but --devices is {devices}: under {who} every "
+                        f"{'task' if env.launcher == 'slurm' else 'process'} is one worker; leave out --devices or "
+                        f"start {devices} with {how}")
     if accelerator == "auto":
         accelerator = "gpu" if n_gpus else "cpu"
-    if accelerator == "gpu" and env.local_rank >= n_gpus:
-        raise UserError(f"torchrun started {env.local_world_size} workers on this node but it has {n_gpus} GPU(s); "
-                        f"use --nproc-per-node {n_gpus} or --accelerator cpu")
-    threads = threads_per_worker or max(1, usable_cores() // env.local_world_size)
+    # a task that sees one GPU uses it (srun --gpus-per-task=1 shows each its own); else one GPU per local rank
+    if accelerator == "gpu" and n_gpus != 1 and env.local_rank >= n_gpus:
+        fix = "--ntasks-per-node" if env.launcher == "slurm" else "--nproc-per-node"
+        raise UserError(f"{who} started {env.local_world_size} workers on this node but it has {n_gpus} GPU(s); "
+                        f"use {fix} {n_gpus} or --accelerator cpu")
+    threads = threads_per_worker or env.cpus_per_task or max(1, usable_cores() // env.local_world_size)
     return Hardware(accelerator, env.world_size, threads, "nccl" if accelerator == "gpu" else "gloo")
+
+
+def group_devices(env: Environment, hardware: Hardware) -> tuple[str, ...]:
+    """This node's workers' devices, by local rank, in a launcher's group: a GPU each, or the one GPU every
+    task sees where the launcher gave each task its own."""
+    if hardware.accelerator == "gpu" and torch.cuda.device_count() == 1:
+        return ("cuda:0",) * env.local_world_size
+    return device_map(dataclasses.replace(hardware, workers=env.local_world_size))
 
 
 def device_map(hardware: Hardware, first: int = 0) -> tuple[str, ...]:

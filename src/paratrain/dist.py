@@ -85,14 +85,14 @@ def loopback_store(rank: int, world_size: int, port: int, timeout_s: float = 300
 
 
 def init(rank: int, world_size: int, device: str | torch.device, local_port: int | None = None,
-         timeout_s: float = 300.0) -> DistContext:
+         timeout_s: float = 300.0, init_method: str = "env://") -> DistContext:
     """Join (or, for one worker, skip) the process group: on this machine through a loopback rendezvous at
-    `local_port`, or (None) through torchrun's env://."""
+    `local_port`, or (None) through the launcher's `init_method` (torchrun's env://, Slurm's tcp://HOST:PORT)."""
     device = device_for(device)
     if world_size == 1:
         return DistContext(0, 1, device, None)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    where: dict[str, Any] = {"init_method": "env://"}
+    where: dict[str, Any] = {"init_method": init_method}
     if local_port is not None:
         where = {"store": loopback_store(rank, world_size, local_port, timeout_s)}
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),

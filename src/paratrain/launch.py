@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from . import prefork
 from .config import TrainConfig
 from .errors import UserError, one_line
-from .interrupt import Stopped
+from .interrupt import Stopped, signal_number
 from .oom import OomWatch
 from .proc import die_with_parent, end_process, free_port, name_process, on_loopback, worker_name
 from .rundir import newest_step
@@ -113,6 +113,11 @@ def run(plan: RunPlan, target: Target = work) -> dict[str, Any] | None:
                 raise
             # torchrun's summary names the first rank to exit: after a timeout, one that waited, not the culprit
             wait = agent_wait(cfg.collective_timeout) if env.nodes > 1 else ""
+            if env.launcher == "slurm":  # srun's tasks meet at the step's first host: it may not have answered
+                raise UserError(f"rank {env.rank}: the group did not form at {env.master_addr}:{env.master_port}, or "
+                                f"a collective waited more than --collective-timeout {cfg.collective_timeout:g} s for "
+                                "a task that stopped answering; where the first host does not resolve or the port "
+                                "is taken, set MASTER_ADDR or MASTER_PORT in the job script", code=1) from None
             raise UserError(f"rank {env.rank}: a collective waited more than --collective-timeout "
                             f"{cfg.collective_timeout:g} s for a worker that stopped answering"
                             f"{' or a node the network cut off' if env.nodes > 1 else ''} (torchrun's report names "
@@ -171,15 +176,19 @@ def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
     context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, steps, results,
                                                 dict(os.environ), prefork.streams(), target),
                                  nprocs=workers, join=False, start_method=method)
+    # in a Slurm job its warning before the end reaches every process of the step: the workers stop on it, and
+    # this launcher waits for them as on SIGTERM
+    also = signal_number(cfg.requeue_signal) if plan.env.slurm else None
     try:
-        return _join(context, results, steps, cfg)
+        return _join(context, results, steps, cfg, also)
     finally:
         results.close()  # its pipes now, not at the garbage collector's leisure
 
 
-def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig) -> dict[str, Any]:
-    """Wait for the workers; rank 0's summary, or the exception that says why the run ended."""
-    old_term = signal.signal(signal.SIGTERM, _raise_terminated)
+def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | None = None) -> dict[str, Any]:
+    """Wait for the workers; rank 0's summary, or the exception that says why the run ended. `also`: a signal
+    more that stops them (Slurm's requeue signal)."""
+    old_handlers = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, also) if s}
     watch = OomWatch()
     try:
         watch.note([p.pid for p in context.processes])
@@ -193,7 +202,8 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig) -> dict[str,
             raise said from None
         if isinstance(e, mp.ProcessRaisedException):  # a bug or a crash, not bad input: show its traceback
             raise _crashed(e) from None
-        if e.exit_code in (1, 2, 3, 130, 143):  # a worker's UserError (1: a failed write): its message was lost
+        # a worker's UserError (1: a failed write) or its stop on a signal (128 + its number): its message was lost
+        if e.exit_code in (1, 2, 3) or 128 < e.exit_code < 160:
             raise _unreported(e.exit_code, cfg) from None
         if e.exit_code == MAIN_GUARD_EXIT:
             raise UserError("the workers import your script again (processes are spawned), and it calls paratrain.fit "
@@ -201,11 +211,12 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig) -> dict[str,
         how = "stopped answering" if e.exit_code == TIMEOUT_EXIT else f"died ({e.msg})"
         raise WorkerFailed(f"worker {e.error_index} {how}") from None
     except (KeyboardInterrupt, _Terminated) as e:
-        signum = signal.SIGTERM if isinstance(e, _Terminated) else signal.SIGINT
+        signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
         stop_processes(context.processes, signum)
         raise _report_in(results) or _unreported(128 + signum, cfg) from None
     finally:
-        signal.signal(signal.SIGTERM, old_term)
+        for s, handler in old_handlers.items():
+            signal.signal(s, handler)
     if results.empty():
         raise UserError("the workers finished without a summary; see the lines above", code=1)
     return results.get()
@@ -245,7 +256,7 @@ def _report_in(results: Any) -> UserError | None:
 
 def _unreported(code: int, cfg: TrainConfig) -> UserError:
     """What is known when a worker left with `code` without saying why (a frozen worker, killed)."""
-    if code in (130, 143):
+    if code > 128:  # a stop signal: SIGINT, SIGTERM, Slurm's requeue signal
         return Stopped(f"stopped by {signal.Signals(code - 128).name}; a worker that did not stop within "
                        f"{STOP_WAIT_S} s was killed, so the last checkpoint in {cfg.out} may be older than the last "
                        f"step; continue with --resume {cfg.out}", code - 128)
@@ -254,11 +265,13 @@ def _unreported(code: int, cfg: TrainConfig) -> UserError:
 
 
 class _Terminated(Exception):
-    pass
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated
+    raise _Terminated(signum)
 
 
 STOP_WAIT_S = 8  # workers finish their step and save; then they are killed (the promise is 10 s)

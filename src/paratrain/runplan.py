@@ -25,7 +25,7 @@ from typing import Any
 from . import config as C
 from . import strategies
 from .data import Splits
-from .devices import Hardware, device_map, for_group, precision_on
+from .devices import Hardware, device_map, for_group, group_devices, precision_on
 from .devices import resolve as resolve_devices
 from .env import LOCAL, Environment
 from .errors import UserError
@@ -62,9 +62,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     cfg = strategy.defaults(cfg)
     if hardware is None:
         hardware = _hardware(cfg, env)
-    if devices is None:  # under torchrun: this node's workers, by local rank
-        devices = device_map(dataclasses.replace(hardware, workers=env.local_world_size) if env.in_group
-                             else hardware)
+    if devices is None:  # under a launcher's group: this node's workers, by local rank
+        devices = group_devices(env, hardware) if env.in_group else device_map(hardware)
     cfg, arranged, layout = strategy.arrange(cfg, hardware, env.in_group)
     if "replicas" in layout:  # devices driven from one process (the tower), named by their place in the map
         layout = {**layout, "replicas": [devices[i] for i in layout["replicas"]]}
@@ -107,7 +106,7 @@ def _check_compiler(accelerator: str) -> None:
 
 def _hardware(cfg: C.TrainConfig, env: Environment) -> Hardware:
     if env.in_group:
-        return for_group(env, cfg.accelerator, cfg.threads_per_worker)
+        return for_group(env, cfg.accelerator, cfg.threads_per_worker, cfg.devices)
     return resolve_devices(cfg.accelerator, cfg.devices, cfg.threads_per_worker, cfg.oversubscribe)
 
 

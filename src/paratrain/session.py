@@ -2,12 +2,13 @@
 `paratrain train`, `paratrain.fit` and each search trial.
 
     run(cfg, load_data)
-      env     the process environment, detected once (env.py): a local start, or one of torchrun's ranks
+      env     the process environment, detected once (env.py): a local start, or one of torchrun's or srun's ranks
       folder  held for the run's life (rundir.held); fresh / overwrite / resume decided here
       checks  what can be checked before any worker starts, from config.yaml and the checkpoints' names
       plan    runplan.make: processes, devices, batch split, data, the user's code tried once
       files   config.yaml and parts.yaml (rank 0), after every check: bad input leaves the old run as it was
-      launch  launch.run(plan): every worker carries on from the one checkpoint it finds (resume.py)
+      launch  launch.run(plan): every worker carries on from the one checkpoint it finds (resume.py); a stop on
+              Slurm's requeue signal requeues the job (requeue.py)
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from typing import Any
 
 import yaml
 
-from . import autodevices, clock, launch, runplan
+from . import autodevices, clock, launch, requeue, runplan
 from . import config as C
 from .data import Splits
 from .devices import Hardware
 from .env import Environment, detect
 from .errors import UserError, WriteFailed
+from .interrupt import Stopped
 from .resume import dataset_mismatch, model_mismatch
 from .rundir import check_fresh, check_owned, clear_run, held, newest_step, weights_only, write_atomic
 from .runlength import Length, check_not_past, run_length
@@ -52,9 +54,12 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         finally:
             marks["data_s"] = time.time() - started
 
-    fresh = not cfg.resume and not env.in_group  # torchrun's starts and restarts carry a run on
+    if env.slurm and env.slurm.restart_count and not env.in_group and not cfg.resume and \
+            (Path(cfg.out) / "config.yaml").is_file():  # Slurm started the requeued job again: carry the run on
+        cfg = cfg.replace(resume=cfg.out, overwrite=False)
+    fresh = not cfg.resume and not env.in_group  # torchrun's and srun's starts and restarts carry a run on
     if cfg.overwrite and env.in_group:
-        raise UserError("--overwrite clears a run before a fresh start, and every torchrun start (and restart) "
+        raise UserError(f"--overwrite clears a run before a fresh start, and every {env.launcher} start (and restart) "
                         "carries on the run in --out: clear the folder before launching, or pass a new --out")
     out = Path(cfg.out)
     with held(out) if env.is_main else contextlib.nullcontext():  # rank 0 writes it (other nodes may not see it)
@@ -85,7 +90,12 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
             if not cfg.quiet:
                 _announce(plan, length, done)
         marks["launched"] = time.time()
-        summary = launch.run(dataclasses.replace(plan, clock=marks))
+        try:
+            summary = launch.run(dataclasses.replace(plan, clock=marks))
+        except Stopped as e:  # Slurm's warning before the job's end: requeued, it carries on from the checkpoint
+            if requeue.applies(e, env, cfg):
+                raise requeue.requeue(e, env, cfg) from None
+            raise
     if summary is not None and not env.in_group:  # the workers have left: how long that took
         summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
         summary["devices_auto"] = choice

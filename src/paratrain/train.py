@@ -53,7 +53,7 @@ class Trainer:
         self.loss = self.parts.loss  # None: cross-entropy
         self.length = run_length(cfg, len(data.train[1]))
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
-        self.report = plan.report
+        self.report, self.env = plan.report, plan.env
         self.state = self._set_up(data, saved)
         # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
         self.data = data.to(ctx.device)
@@ -384,7 +384,9 @@ class Trainer:
         if not self.ctx.is_main:
             return None
         summary = summary_of(self, test, test_ema, added)
-        summary.update(waits)
+        summary.update(waits, launcher=self.env.launcher_name,  # who started the workers; Slurm's requeues
+                       slurm_job=self.env.slurm.job_id if self.env.slurm else None,
+                       requeues=self.env.slurm.restart_count if self.env.slurm else None)
         if state.steps_run == 0:  # a finished run evaluated again: its training's figures are the earlier start's
             summary.update(trained_figures(self.run_dir, state.step))
         if summary["straggler"] is not None:

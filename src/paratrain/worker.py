@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import dist, proc
-from .interrupt import StopRequest
+from .interrupt import StopRequest, signal_number
 from .resume import resume_point
 from .runplan import RunPlan
 from .train import Trainer
@@ -21,23 +21,25 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
          devices: list[str] | None, restarts: int = 0,
          on_step: Callable[[int], None] | None = None) -> dict[str, Any] | None:
     """This process as worker `rank` of `world_size`: tune it, join the group (through a loopback rendezvous
-    at `local_port`, or torchrun's env://), restore, train, leave. Returns rank 0's summary (None elsewhere).
+    at `local_port`, or the launcher's rendezvous), restore, train, leave. Returns rank 0's summary (None elsewhere).
     `devices`: every worker's device, for the summary; `restarts`: the launcher's count so far; `on_step(step)`:
     after each update."""
     cfg = plan.cfg
     entered = plan.clock.get("worker_entered", time.time())  # in-process: the launch, a moment ago
     proc.tune_malloc()
     proc.set_threads(plan.hardware.threads_per_worker)
-    ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout)
+    ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout,
+                    plan.env.init_method)
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": entered, "joined": time.time()})
     try:
         state, restarts = resume_point(ctx, plan, restarts)
         if state is not None:
-            if ctx.is_main and plan.env.in_group and not cfg.resume:  # torchrun's start found the run going on
+            if ctx.is_main and plan.env.in_group and not cfg.resume:  # a launcher's start found the run going on
                 print(f"paratrain: carrying on from the checkpoint of step {state['step']} found in {cfg.out}",
                       file=sys.stderr, flush=True)
             plan = dataclasses.replace(plan, cfg=cfg.replace(resume=cfg.out))
-        with StopRequest().installed() as stop:
+        also = signal_number(cfg.requeue_signal) if plan.env.slurm else None  # Slurm's warning before the end
+        with StopRequest(also).installed() as stop:
             return Trainer(ctx, plan, state, stop=stop, devices=devices, restarts=restarts, on_step=on_step).run()
     finally:
         dist.teardown(ctx)

@@ -15,11 +15,12 @@ from ..env import detect
 from ..errors import UserError, one_line
 from ..interrupt import Stopped
 from ..proc import end_process
-from . import bench, devices, doctor, evaluate, plan, recipes, report, search, train
+from . import bench, devices, doctor, evaluate, plan, recipes, report, search, submit, train
 from .parser import Parser
 from .train import resolve_config
 
-COMMANDS = (devices, doctor, recipes, train, bench, search, report, plan, evaluate)  # in the order --help lists them
+# in the order --help lists them
+COMMANDS = (devices, doctor, recipes, train, submit, bench, search, report, plan, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if hasattr(signal, "SIGUSR1") and argv is None:  # the command, not a caller's main([...]): `kill -USR1 PID`
-        faulthandler.register(signal.SIGUSR1, all_threads=True)  # prints where every thread is (a stuck run)
+    # the command, not a caller's main([...]): `kill -USR1 PID` prints where every thread is (a stuck run); in a
+    # Slurm job USR1 is the scheduler's warning before the end (--requeue-signal), never a dump
+    if hasattr(signal, "SIGUSR1") and argv is None and detect().slurm is None:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         code = args.run(args)
     except UserError as e:

@@ -24,9 +24,20 @@ from .fields import (
                      did_you_mean,
                      shown,
 )
-from .sources import MAX_YAML_BYTES, check_resume_out, from_dict, load_yaml, of_run, overlay, save_yaml, with_run_dir
+from .sources import (
+                     MAX_YAML_BYTES,
+                     check_resume_out,
+                     default_run_dir,
+                     from_dict,
+                     load_yaml,
+                     of_run,
+                     overlay,
+                     save_yaml,
+                     with_run_dir,
+)
 
 __all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "LR_SCHEDULES", "MAX_YAML_BYTES",
            "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY", "STRATEGIES", "TrainConfig",
            "UserError", "changed", "check_read", "check_resume_out", "did_you_mean", "from_dict", "in_python_words",
-           "load_yaml", "of_run", "overlay", "save_yaml", "shown", "unread", "validate", "with_run_dir"]
+           "load_yaml", "default_run_dir", "of_run", "overlay", "save_yaml", "shown", "unread", "validate",
+           "with_run_dir"]

@@ -70,7 +70,8 @@ def _check_numbers(cfg: TrainConfig) -> None:
                         ("test_size", cfg.test_size or 0),
                         ("warmup_steps", cfg.warmup_steps), ("crop_padding", cfg.crop_padding),
                         ("brightness", cfg.brightness), ("contrast", cfg.contrast),
-                        ("histogram_every", cfg.histogram_every), ("max_restarts", cfg.max_restarts)):
+                        ("histogram_every", cfg.histogram_every), ("max_restarts", cfg.max_restarts),
+                        ("max_requeues", cfg.max_requeues)):
         if value < 0:
             _bad(f"--{name.replace('_', '-')} must not be negative, not {value}")
     for name in ("beta1", "beta2", "label_smoothing"):  # torch's own ranges: a decay or a share, below 1

@@ -25,6 +25,8 @@ PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 BATCHNORM = ("sync", "local")
+# Slurm's pre-emption and time-limit warnings (USR2 where NCCL catches USR1; TERM is a stop, never a requeue)
+REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 # the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
 STRATEGIES = ("ddp", "tower", "pipeline", "hybrid")
 
@@ -71,6 +73,10 @@ class TrainConfig:
     threads_per_worker: int | None = _f(None, "CPU threads per worker (default: cores / workers)")
     max_restarts: int = _f(0, "restart every worker from the last checkpoint when one dies, up to this many times")
     collective_timeout: float = _f(300.0, "seconds a collective may wait for a worker before the run ends")
+    requeue_signal: str = _f("USR1", "Slurm: the signal (sbatch --signal=SIG@SECONDS) on which every task "
+                             "checkpoints, the job is requeued, and Slurm's next start carries the run on",
+                             choices=REQUEUE_SIGNALS)
+    max_requeues: int = _f(3, "Slurm: requeue a stopped job at most this many times, then stop with its checkpoint")
     oversubscribe: bool = _f(False, "allow more CPU workers than cores (much slower; for tests)",
                              flag="--oversubscribe")
     stages: int | None = _f(None, "pipeline/hybrid: stages the layers are cut into, a worker each")

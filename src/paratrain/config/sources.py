@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from ..env import detect
 from ..errors import UserError
 from ..import_path import is_import_path
 from ..rundir import write_atomic
@@ -69,16 +70,23 @@ def check_resume_out(resume: str, out: str | None, drop: str) -> None:
 
 
 def with_run_dir(cfg: TrainConfig) -> TrainConfig:
-    """The run directory: a resumed run's own folder, the given --out, or runs/<model>-<dataset>-<time>."""
+    """The run directory: a resumed run's own folder, the given --out, or runs/<model>-<dataset>-<time> (in a
+    Slurm job runs/<model>-<dataset>-job<id>: the same in every task and in every start of a requeued job)."""
     if cfg.resume:
         return cfg.replace(out=cfg.resume)
     if cfg.out:
         return cfg
+    job = detect().slurm
+    return cfg.replace(out=default_run_dir(cfg, f"job{job.job_id}" if job else time.strftime('%Y%m%d-%H%M%S')))
+
+
+def default_run_dir(cfg: TrainConfig, when: str) -> str:
+    """runs/<model>-<dataset>-<when>."""
     model = cfg.model
     if is_import_path(model):  # path/to/net.py:build -> net.build (a folder name, not a path)
         head, _, tail = model.rpartition(":")
         model = f"{Path(head).stem if head.endswith('.py') else head.rsplit('.', 1)[-1]}.{tail}"
-    return cfg.replace(out=str(Path("runs") / f"{model}-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    return str(Path("runs") / f"{model}-{cfg.dataset}-{when}")
 
 
 MAX_YAML_BYTES = 256 * 1024

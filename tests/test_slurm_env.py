@@ -1,0 +1,202 @@
+"""Slurm's environment as srun and sbatch set it, read without Slurm: host lists, tasks per node, the group a
+step of tasks forms, the checks of a task count against --devices, and the requeue on Slurm's warning signal
+(a stand-in scontrol on PATH records what it was asked)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+from pathlib import Path
+
+import pytest
+
+from paratrain import config as C
+from paratrain import requeue
+from paratrain.devices import for_group
+from paratrain.env import PORT_BASE, PORT_SPAN, detect, expand_hostlist, job_port, tasks_per_node
+from paratrain.errors import UserError
+from paratrain.interrupt import Stopped
+
+# What a real srun -n 2 set in each task on a one-node cluster (slurm-wlm 22.05), less the paths and ports
+# that do not matter here; task 1 differs in SLURM_PROCID and SLURM_LOCALID.
+SRUN_TASK = {
+    "SLURMD_NODENAME": "vm", "SLURM_CPUS_ON_NODE": "2", "SLURM_GTIDS": "0,1", "SLURM_JOBID": "41",
+    "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "vm", "SLURM_JOB_NUM_NODES": "1", "SLURM_LOCALID": "0",
+    "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "vm", "SLURM_NPROCS": "2", "SLURM_NTASKS": "2",
+    "SLURM_PROCID": "0", "SLURM_STEPID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "vm",
+    "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "2",
+    "SLURM_TASKS_PER_NODE": "2", "SLURM_SUBMIT_DIR": "/tmp", "SLURM_JOB_NAME": "job.sh",
+}
+# ... and in the batch script's own shell (no step): the job's variables only
+BATCH = {k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP") and k != "SLURM_GTIDS"}
+
+
+@pytest.mark.parametrize(("hostlist", "hosts"), [
+    ("vm", ["vm"]),
+    ("node[01-04,07]", ["node01", "node02", "node03", "node04", "node07"]),
+    ("gpu-a[1-2],gpu-b3", ["gpu-a1", "gpu-a2", "gpu-b3"]),
+    ("node[8-10]", ["node8", "node9", "node10"]),
+    ("node[08-10]", ["node08", "node09", "node10"]),
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+    ("a[1,3],b,c[5-6]", ["a1", "a3", "b", "c5", "c6"]),
+    ("", []),
+])
+def test_host_lists_expand_as_scontrol_show_hostnames_does(hostlist: str, hosts: list[str]) -> None:
+    assert expand_hostlist(hostlist) == hosts
+
+
+@pytest.mark.parametrize(("hostlist", "said"), [("node[1-2", "unbalanced '\\['"), ("node1-2]", "unbalanced '\\]'"),
+                                                ("node[a-b]", "is not N or N-M")])
+def test_a_host_list_that_does_not_parse_is_one_line(hostlist: str, said: str) -> None:
+    with pytest.raises(UserError, match=said):
+        expand_hostlist(hostlist)
+
+
+def test_tasks_per_node_in_full() -> None:
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("4") == [4]
+    with pytest.raises(UserError, match="is not N or N\\(xM\\)"):
+        tasks_per_node("2(3)")
+
+
+def test_two_srun_tasks_are_one_group_meeting_at_the_first_host() -> None:
+    for procid in (0, 1):
+        env = detect({**SRUN_TASK, "SLURM_PROCID": str(procid), "SLURM_LOCALID": str(procid)})
+        assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == \
+            ("slurm", procid, 2, procid, 2)
+        assert env.in_group and env.is_main == (procid == 0) and env.launcher_name == "slurm"
+        assert env.init_method == f"tcp://vm:{job_port('41')}" and env.master_port == PORT_BASE + 41
+        assert env.slurm is not None and env.slurm.job_id == "41" and env.slurm.restart_count == 0
+
+
+def test_a_task_on_the_second_of_two_nodes() -> None:
+    env = detect({**SRUN_TASK, "SLURMD_NODENAME": "gpu-b3", "SLURM_JOB_NODELIST": "gpu-a1,gpu-b3",
+                  "SLURM_STEP_NODELIST": "gpu-a1,gpu-b3", "SLURM_STEP_NUM_TASKS": "6", "SLURM_NODEID": "1",
+                  "SLURM_STEP_TASKS_PER_NODE": "4,2", "SLURM_PROCID": "5", "SLURM_LOCALID": "1"})
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (5, 6, 1, 2)
+    assert env.master_addr == "gpu-a1" and env.slurm.nodes == ("gpu-a1", "gpu-b3")
+
+
+def test_master_port_and_requeues_and_array_tasks() -> None:
+    env = detect({**SRUN_TASK, "MASTER_PORT": "29400", "SLURM_RESTART_COUNT": "2", "SLURM_ARRAY_TASK_ID": "3"})
+    assert env.master_port == 29400 and env.slurm.restart_count == 2 and env.slurm.array_task == 3
+    assert all(PORT_BASE <= job_port(j) < PORT_BASE + PORT_SPAN for j in ("1", "123456789", "77_3", ""))
+
+
+def test_the_batch_script_and_a_one_task_step_start_locally_inside_the_job() -> None:
+    """`paratrain train` in the batch script itself, or `srun -n 1`: paratrain lays its workers out itself,
+    and still knows the job (a requeued job carries its run on)."""
+    for environ in (BATCH, {**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}):
+        env = detect({**environ, "SLURM_RESTART_COUNT": "1"})
+        assert env.launcher == "local" and env.launcher_name == "spawn" and not env.in_group
+        assert env.slurm is not None and env.slurm.restart_count == 1
+
+
+def test_torchrun_under_srun_is_torchrun() -> None:
+    torchrun = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "gpu-a1", "MASTER_PORT": "29500"}
+    env = detect({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "2", **torchrun})
+    assert (env.launcher, env.rank, env.world_size, env.init_method) == ("torchrun", 3, 4, "env://")
+    assert env.slurm is not None and env.slurm.job_id == "41"
+
+
+def test_no_slurm_no_job() -> None:
+    env = detect({})
+    assert env.launcher == "local" and env.slurm is None and env.init_method == "env://"
+
+
+def test_a_task_count_against_devices_is_one_line() -> None:
+    env = detect(SRUN_TASK)
+    assert for_group(env, "cpu", None, "2").workers == 2
+    assert for_group(env, "cpu", None, "auto").threads_per_worker >= 1
+    with pytest.raises(UserError, match="srun started 2 workers but --devices is 4: under srun every task is "
+                                        "one worker; leave out --devices or start 4 with --ntasks"):
+        for_group(env, "cpu", None, "4")
+
+
+def test_a_task_past_the_nodes_gpus_is_one_line(fake_gpus) -> None:  # noqa: ANN001
+    fake_gpus(2)
+    env = detect({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "3", "SLURM_PROCID": "2",
+                  "SLURM_LOCALID": "2"})
+    with pytest.raises(UserError, match="srun started 3 workers on this node but it has 2 GPU\\(s\\); use "
+                                        "--ntasks-per-node 2"):
+        for_group(env, "gpu", None)
+
+
+# ---- the requeue ----
+
+
+@pytest.fixture
+def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in scontrol first on PATH that appends its arguments to a file (and fails on `requeue 13`)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls"
+    bin_dir.mkdir()
+    script = bin_dir / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                      '[ "$2" != 13 ] || { echo "Requeue disabled" >&2; exit 1; }\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def _stopped_in(run: Path, signum: int = signal.SIGUSR1) -> tuple[Stopped, C.TrainConfig]:
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000012.pt").write_bytes(b"")
+    cfg = C.TrainConfig(out=str(run))
+    return Stopped(f"stopped by SIGUSR1 at step 12; the checkpoint is in {run}", signum), cfg
+
+
+def test_the_requeue_signal_requeues_the_job_once_from_rank_0(scontrol: Path, tmp_path: Path) -> None:
+    stopped, cfg = _stopped_in(tmp_path / "run")
+    ranks = [detect({**SRUN_TASK, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}) for r in (0, 1)]
+    assert all(requeue.applies(stopped, env, cfg) for env in ranks)
+    said = [requeue.requeue(stopped, env, cfg) for env in ranks]
+    assert scontrol.read_text() == "requeue 41\n"  # once, by rank 0
+    assert str(said[0]) == (f"stopped by SIGUSR1 at step 12 (checkpointed in {cfg.out}); job 41 requeued (requeue 1 "
+                            "of at most 3): when Slurm starts it again, the same command carries the run on from "
+                            "that checkpoint")
+    assert said[0].code == said[1].code == 128 + signal.SIGUSR1
+    assert str(said[1]) == f"stopped by SIGUSR1 at step 12 (checkpointed in {cfg.out}); rank 0 requeues job 41"
+
+
+def test_ctrl_c_and_sigterm_never_requeue(tmp_path: Path) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        stopped, cfg = _stopped_in(tmp_path / signal.Signals(signum).name, signum)
+        assert not requeue.applies(stopped, detect(SRUN_TASK), cfg)
+    stopped, cfg = _stopped_in(tmp_path / "usr2")
+    assert not requeue.applies(stopped, detect(SRUN_TASK), cfg.replace(requeue_signal="USR2"))
+    assert not requeue.applies(stopped, detect({}), cfg)  # no Slurm job: a stop like any other
+
+
+def test_past_max_requeues_the_job_is_not_requeued(scontrol: Path, tmp_path: Path) -> None:
+    stopped, cfg = _stopped_in(tmp_path / "run")
+    said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_RESTART_COUNT": "3"}), cfg)
+    assert not scontrol.exists()
+    assert "job 41 was requeued 3 time(s) already (--max-requeues 3), so it is not requeued again; sbatch the same " \
+           f"script again (or run the same command with --resume {cfg.out})" in str(said)
+
+
+def test_no_scontrol_and_a_refused_requeue_are_one_line(scontrol: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped, cfg = _stopped_in(tmp_path / "run")
+    said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_JOB_ID": "13"}), cfg)
+    assert "scontrol requeue 13 failed (Requeue disabled; the cluster may not allow requeueing" in str(said)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    said = requeue.requeue(stopped, detect(SRUN_TASK), cfg)
+    assert "scontrol is not on PATH here (a container without Slurm's commands?), so job 41 was not requeued: add " \
+           "Slurm's client commands" in str(said)
+    assert "\n" not in str(said)
+
+
+def test_a_task_given_cores_uses_them_all() -> None:
+    env = detect({**SRUN_TASK, "SLURM_CPUS_PER_TASK": "6"})
+    assert env.cpus_per_task == 6 and for_group(env, "cpu", None).threads_per_worker == 6
+    assert for_group(env, "cpu", 2).threads_per_worker == 2  # --threads-per-worker still wins
+
+
+def test_the_default_run_folder_in_a_slurm_job_is_the_same_in_every_task_and_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {**SRUN_TASK, "SLURM_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(key, value)
+    assert C.with_run_dir(C.TrainConfig()).out == str(Path("runs") / "lenet5-digits-job41")

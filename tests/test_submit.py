@@ -1,0 +1,89 @@
+"""`paratrain submit`: the batch script it writes, the mistakes it refuses before a job waits in the queue, and
+what it hands sbatch (a stand-in sbatch on PATH records it). tests/test_slurm_cluster.py submits for real."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import main_code
+
+
+def test_the_dry_run_prints_a_requeueable_script_of_one_srun(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main_code(["submit", "--dry-run", "--nodes", "2", "--gpus-per-node", "4", "--time", "4:00:00",
+                      "--partition", "gpu", "--account", "lab", "train", "--epochs", "3", "--requeue-signal",
+                      "USR2"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --time=4:00:00", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
+                 "#SBATCH --signal=USR2@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                 f"#SBATCH --output={tmp_path / 'slurm-%j.out'}", f"cd {tmp_path}",
+                 f"srun --kill-on-bad-exit=1 {sys.executable} -m paratrain train --epochs 3 --requeue-signal USR2"):
+        assert line in lines, out
+    assert not any("cpus-per-task" in line for line in lines)
+    assert f"the run folder: {tmp_path / 'runs' / 'lenet5-digits-job{JOBID}'}" in err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["submit", "--dry-run"], "paratrain submit takes the command to run after its own flags"),
+    (["submit", "--dry-run", "train"], "a job without GPUs needs --cpus-per-task C"),
+    (["submit", "--dry-run", "--cpus-per-task", "4", "--nodes", "2", "train", "--devices", "3"],
+     "train's --devices 3 but the job has 2 task(s) (--nodes 2 x --ntasks-per-node 1); leave out --devices"),
+    (["submit", "--dry-run", "--gpus-per-node", "2", "--ntasks-per-node", "4", "train"],
+     "--ntasks-per-node 4 is more than --gpus-per-node 2"),
+    (["submit", "--dry-run", "--cpus-per-task", "4", "train", "--accelerator", "gpu"],
+     "train's --accelerator gpu needs GPUs in the job: add --gpus-per-node G"),
+    (["submit", "--dry-run", "--cpus-per-task", "0", "train"], "--cpus-per-task must be at least 1"),
+    (["submit", "--dry-run", "--cpus-per-task", "4", "train", "--lr", "-1"], "--lr"),
+])
+def test_mistakes_are_one_line_before_anything_is_queued(argv: list[str], said: str,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    assert main_code(argv) == 2
+    out, err = capsys.readouterr()
+    assert said in err and not out and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_train_flag_typo_is_refused_naming_train(capsys: pytest.CaptureFixture) -> None:
+    assert main_code(["submit", "--dry-run", "--cpus-per-task", "4", "train", "--epoch", "3"]) == 2
+    assert "unrecognized arguments: --epoch 3 (did you mean --epochs?)" in capsys.readouterr().err
+
+
+def _stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "sbatch"
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
+
+
+def test_submitting_hands_the_script_to_sbatch_and_names_the_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    _stand_in(tmp_path, monkeypatch, f'echo "$@" > {tmp_path}/args; cat > {tmp_path}/script; echo "4242;cluster"')
+    assert main_code(["submit", "--cpus-per-task", "2", "train", "--dataset", "mnist"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "args").read_text() == "--parsable\n"
+    assert (tmp_path / "script").read_text().startswith("#!/bin/bash\n")
+    assert out.strip() == (f"paratrain: submitted job 4242: 1 worker(s); its run folder "
+                           f"{tmp_path / 'runs' / 'lenet5-mnist-job4242'}; its output slurm-4242.out; "
+                           "squeue -j 4242 shows it")
+
+
+def test_sbatch_refusing_or_missing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    _stand_in(tmp_path, monkeypatch, 'echo "sbatch: error: invalid partition specified: gpu" >&2; exit 1')
+    assert main_code(["submit", "--cpus-per-task", "2", "--partition", "gpu", "train"]) == 2
+    assert "paratrain: error: sbatch refused the job: sbatch: error: invalid partition specified: gpu" in \
+        capsys.readouterr().err
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert main_code(["submit", "--cpus-per-task", "2", "train"]) == 2
+    assert "sbatch is not on PATH: submit from a machine of the Slurm cluster" in capsys.readouterr().err
