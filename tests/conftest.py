@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -217,3 +219,44 @@ class FakeGPUs:
 def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> FakeGPUs:
     """fake_gpus(N): torch.cuda reports N GPUs (see FakeGPUs)."""
     return FakeGPUs(monkeypatch)
+
+
+# ---- a throw-away PostgreSQL server (a search's study shared by several processes or jobs) ----
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for folder in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (folder / name).exists():
+            return str(folder / name)
+    return None
+
+
+@pytest.fixture
+def postgres() -> str:
+    """A throw-away PostgreSQL server from the system's binaries; its URL."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not (initdb and pg_ctl):
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; .ci/run installs them")
+    pytest.importorskip("psycopg", reason="the psycopg driver is not installed (pip install 'psycopg[binary]')")
+    # not under pytest's tmp_path: that is private to root, and the server runs as another user
+    folder = Path(tempfile.mkdtemp(prefix="paratrain-pg-"))
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        os.chmod(folder, 0o777)
+        run_as = ["runuser", "-u", "postgres", "--"]
+    data, port = folder / "data", free_port()
+    subprocess.run([*run_as, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
+                   capture_output=True)
+    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-w", "-o",
+                    f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
+    yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -5,18 +5,15 @@ from __future__ import annotations
 import csv
 import itertools
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 from paratrain.errors import UserError
 from paratrain.search import space
@@ -204,45 +201,6 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
 
 
 # ---- a study shared through a real PostgreSQL server ----
-
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    for folder in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
-        if (folder / name).exists():
-            return str(folder / name)
-    return None
-
-
-@pytest.fixture
-def postgres() -> str:
-    """A throw-away PostgreSQL server from the system's binaries; its URL."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not (initdb and pg_ctl):
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; .ci/run installs them")
-    pytest.importorskip("psycopg", reason="the psycopg driver is not installed (pip install 'psycopg[binary]')")
-    # not under pytest's tmp_path: that is private to root, and the server runs as another user
-    folder = Path(tempfile.mkdtemp(prefix="paratrain-pg-"))
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # the server refuses to run as root
-        os.chmod(folder, 0o777)
-        run_as = ["runuser", "-u", "postgres", "--"]
-    data, port = folder / "data", _free_port()
-    subprocess.run([*run_as, initdb, "-D", str(data), "-U", "postgres", "--auth=trust"], check=True,
-                   capture_output=True)
-    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-l", str(folder / "log"), "-w", "-o",
-                    f"-p {port} -k {folder} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
-    yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.integration
 def test_two_workers_share_a_postgresql_study(tmp_path: Path, postgres: str) -> None:
@@ -547,7 +505,7 @@ def test_a_storage_password_is_masked_in_every_spelling() -> None:
 def test_a_storage_password_is_in_no_output_and_no_file(tmp_path: Path, postgres: str) -> None:
     secret = "s3cretPW"
     refused = run_cli("search", "--space", _space_file(tmp_path), "--sampler", "grid", "--out", str(tmp_path / "a"),
-                      "--storage", f"postgresql://alice:{secret}@127.0.0.1:{_free_port()}/db", "--steps", "5")
+                      "--storage", f"postgresql://alice:{secret}@127.0.0.1:{free_port()}/db", "--steps", "5")
     assert refused.returncode == 2 and "cannot open the search storage postgresql://alice:***@" in refused.stderr
     # the server trusts every local connection, so a password in the URL connects too
     with_password = postgres.replace("postgres@", f"postgres:{secret}@", 1)

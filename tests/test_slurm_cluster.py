@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import logged_step, max_abs_diff, train, weights
-from slurm_cluster import Cluster, one_node_cluster
+from slurm_cluster import Cluster, one_node_cluster, two_node_cluster
 
 pytestmark = pytest.mark.integration
 
 EQUAL = ("--quiet", "--no-tensorboard", "--steps", "40", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",
          "--batch-size", "64")
-LONG = ("--quiet", "--no-tensorboard", "--steps", "300", "--optimizer", "adam", "--lr", "0.001", "--ema", "0.99",
+LONG = ("--quiet", "--no-tensorboard", "--steps", "600", "--optimizer", "adam", "--lr", "0.001", "--ema", "0.99",
         "--batch-size", "64", "--checkpoint-every", "10", "--log-every", "1")
 
 
@@ -37,8 +37,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     pytest.skip(f"a Slurm cluster cannot be started here ({reason})")
 
 
-def _job_script(out: Path, *args: str, tasks: int = 2) -> str:
-    return (f"#!/bin/bash\n#SBATCH --ntasks={tasks}\n#SBATCH --output={out.parent / (out.name + '-%j.out')}\n"
+def _job_script(out: Path, *args: str, resources: str = "--ntasks=2") -> str:
+    return (f"#!/bin/bash\n#SBATCH {resources}\n#SBATCH --output={out.parent / (out.name + '-%j.out')}\n"
             f"srun {sys.executable} -m paratrain train {' '.join(args)} --out {out}\n")
 
 
@@ -87,18 +87,132 @@ def test_a_preempted_job_is_requeued_and_ends_with_the_uninterrupted_weights(clu
     assert info["JobState"] == "PENDING" and info["Restarts"] == "1", (info, log[-3000:])
     assert f"job {job} requeued (requeue 1 of at most 3)" in log, log[-3000:]
     saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
-    assert 25 <= saved < 300
-    cluster.command("scontrol", "update", f"jobid={job}", "StartTime=now")
+    assert 25 <= saved < 600
+    cluster.start_again(job)
     info = cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED"})
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log[-3000:]
     assert f"carrying on from the checkpoint of step {saved}" in log, log[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["launcher"], summary["requeues"], summary["resumed_from_step"], summary["steps"]) == \
-        ("slurm", 1, saved, 300)
+        ("slurm", 1, saved, 600)
     a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (run, whole))
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
     assert max_abs_diff(a["ema_model"], b["ema_model"]) <= 1e-6
     moments = [{f"{k}.{m}": v[m] for k, v in s["optimizer"]["state"].items() for m in ("exp_avg", "exp_avg_sq")}
                for s in (a, b)]
     assert max_abs_diff(*moments) <= 1e-6
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+    try:
+        with two_node_cluster(tmp_path_factory.mktemp("slurm2")) as running:
+            yield running
+            return
+    except OSError as e:
+        reason = str(e)
+    pytest.skip(f"a two-node Slurm cluster cannot be made here ({reason})")
+
+
+def _sent(cluster: Cluster) -> list[int]:
+    """Bytes each node has sent through its link to the others."""
+    return [int(subprocess.run(["ip", "netns", "exec", ns, "cat", f"/sys/class/net/{link}/statistics/tx_bytes"],
+                               capture_output=True, text=True, check=True).stdout)
+            for ns, link in zip(cluster.namespaces, cluster.interfaces, strict=True)]
+
+
+def test_a_job_across_two_nodes_equals_one_device(two_nodes: Cluster, tmp_path: Path) -> None:
+    """sbatch -N 2 --ntasks-per-node 1: one task on node1, one on node2 (each a network namespace with its own
+    host name), meeting at node1 by name; the gradients cross the nodes' links."""
+    run = tmp_path / "slurm"
+    before = _sent(two_nodes)
+    job = two_nodes.sbatch(_job_script(run, *EQUAL, resources="--nodes=2 --ntasks-per-node=1 --cpus-per-task=1"))
+    info = two_nodes.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+    assert info["JobState"] == "COMPLETED", _output(run, job)[-3000:]
+    assert info["NodeList"] == "node[1-2]", info
+    sent = [after - b for after, b in zip(_sent(two_nodes), before, strict=True)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["launcher"], summary["world_size"], summary["slurm_job"]) == ("slurm", 2, job)
+    # 40 all-reduces of LeNet-5's 61,706 float32 gradients: each node sends at least half of them each step
+    assert min(sent) > 40 * 61_706 * 4 // 2, sent
+    train(tmp_path / "one", *EQUAL, "--devices", "1")
+    assert max_abs_diff(weights(run), weights(tmp_path / "one")) < 1e-4
+
+
+def test_the_doctor_in_a_two_node_job(two_nodes: Cluster, tmp_path: Path) -> None:
+    """`srun paratrain doctor` across the two nodes: the job as Slurm sees it against what paratrain uses, and
+    a sweep of all-reduces whose bytes crossed between the nodes; rank 0 speaks."""
+    script = ("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --cpus-per-task=1\n"
+              f"#SBATCH --output={tmp_path / 'doctor-%j.out'}\n"
+              f"srun {sys.executable} -m paratrain doctor --timeout 30 --out {tmp_path / 'report'}\n")
+    job = two_nodes.sbatch(script)
+    info = two_nodes.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+    log = (tmp_path / f"doctor-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    report = json.loads((tmp_path / "report" / "doctor.json").read_text())
+    assert report["passed"] and sorted(n["node"] for n in report["nodes"]) == [0, 1], report["nodes"]
+    assert sorted(n["host"] for n in report["nodes"]) == ["node1", "node2"]
+    assert report["slurm"]["job"] == job and report["slurm"]["nodes"] == ["node1", "node2"]
+    slurm = next(c for c in report["checks"] if c["name"] == "slurm")
+    assert slurm["status"] == "ok" and slurm["detail"].startswith(
+        f"job {job}: 2 node(s) (node1, node2), 2 task(s) (1 on this node), 1 --cpus-per-task; paratrain trains 2 "
+        "cpu worker(s) x 1 thread(s), 2 node(s) joined"), slurm
+    assert all(r["wrong"] == 0 for r in report["collectives"]["rows"])
+    assert "across 2 node(s)" in log and log.count("doctor: every check passed") == 1
+
+
+SPACE = "fixed: {model: mlp, dataset: synthetic}\nparams:\n  width: [16, 32]\n  lr: [0.001, 0.01]\n"
+
+
+def test_a_search_as_a_job_array_shares_one_study_and_loses_no_trial_to_a_requeue(cluster: Cluster, postgres: str,
+                                                                                 tmp_path: Path) -> None:
+    """`paratrain submit --array 2 ... search`: task 0 starts a 4-point grid's study in PostgreSQL, task 1 joins
+    it; USR1 to task 1 in the middle of a trial stops its pool, queues that trial again at once and requeues task
+    1 alone; Slurm starts it again, and every point of the grid completes exactly once."""
+    import optuna
+
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    submitted = subprocess.run(
+        [sys.executable, "-m", "paratrain", "submit", "--array", "2", "--cpus-per-task", "1", "--job-name", "grid",
+         "search", "--space", str(space), "--sampler", "grid", "--storage", postgres, "--study", "array",
+         "--parallel", "1", "--steps", "1000", "--out", str(tmp_path / "search")],
+        env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    array = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
+    tasks = [f"{array}_0", f"{array}_1"]
+
+    def running_on_task_1() -> bool:
+        """Task 1 is training a trial (its pool process, by `scontrol listpids`, holds a running trial)."""
+        try:
+            study = optuna.load_study(study_name="array", storage=postgres)
+        except KeyError:  # task 0 has not made it yet
+            return False
+        listed = cluster.command("scontrol", "listpids", cluster.job(tasks[1])["JobId"], check=False).split()
+        pids = {p for p in listed if p.isdigit()}
+        return any(t.state.name == "RUNNING" and str(t.user_attrs.get("worker", "")).split(":")[-1] in pids
+                   for t in study.get_trials())
+
+    deadline = time.monotonic() + 180
+    while not running_on_task_1():
+        assert time.monotonic() < deadline, (cluster.job(tasks[0]), cluster.job(tasks[1]))
+        time.sleep(0.2)
+    cluster.command("scancel", "--signal=USR1", tasks[1])
+    info = cluster.wait(tasks[1], {"PENDING", "COMPLETED", "FAILED"}, timeout=120)
+    log = (tmp_path / f"slurm-{array}_1.out").read_text()
+    assert info["JobState"] == "PENDING" and info["Restarts"] == "1", (info, log[-3000:])
+    # task 1 alone: `scontrol requeue ARRAY_1`, never the array's own id, which would requeue task 0 too
+    assert f"the trials that were running stopped, to be tried again; job {tasks[1]} requeued" in log, log[-3000:]
+    assert cluster.job(tasks[0])["Restarts"] == "0"
+    cluster.start_again(tasks[1])
+    for task in tasks:
+        info = cluster.wait(task, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+        assert info["JobState"] == "COMPLETED", (tmp_path / f"slurm-{task}.out").read_text()[-3000:]
+    study = optuna.load_study(study_name="array", storage=postgres)
+    done = [t for t in study.get_trials() if t.state.name == "COMPLETE" and not t.user_attrs.get("unused")]
+    seen = [(t.number, t.state.name, t.params, t.user_attrs.get("retry_of")) for t in study.get_trials()]
+    assert sorted((t.params["width"], t.params["lr"]) for t in done) == sorted(
+        (w, lr) for w in (16, 32) for lr in (0.001, 0.01)), seen  # each point once: none lost, none twice
+    assert any(t.user_attrs.get("retry_of") is not None for t in done), seen  # the stopped trial, tried again
+

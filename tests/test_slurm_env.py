@@ -13,10 +13,10 @@ import pytest
 
 from paratrain import config as C
 from paratrain import requeue
-from paratrain.devices import for_group
+from paratrain.devices import for_group, usable_cores
 from paratrain.env import PORT_BASE, PORT_SPAN, detect, expand_hostlist, job_port, tasks_per_node
 from paratrain.errors import UserError
-from paratrain.interrupt import Stopped
+from paratrain.interrupt import Stopped, StopRequest
 
 # What a real srun -n 2 set in each task on a one-node cluster (slurm-wlm 22.05), less the paths and ports
 # that do not matter here; task 1 differs in SLURM_PROCID and SLURM_LOCALID.
@@ -79,8 +79,12 @@ def test_a_task_on_the_second_of_two_nodes() -> None:
 
 
 def test_master_port_and_requeues_and_array_tasks() -> None:
-    env = detect({**SRUN_TASK, "MASTER_PORT": "29400", "SLURM_RESTART_COUNT": "2", "SLURM_ARRAY_TASK_ID": "3"})
+    env = detect({**SRUN_TASK, "MASTER_PORT": "29400", "SLURM_RESTART_COUNT": "2", "SLURM_ARRAY_TASK_ID": "3",
+                  "SLURM_ARRAY_JOB_ID": "38"})
     assert env.master_port == 29400 and env.slurm.restart_count == 2 and env.slurm.array_task == 3
+    # a task of an array by its array's id and index: `scontrol requeue 41` names it alone only by luck (one task
+    # of an array has the array's own id, and requeueing that id requeues them all)
+    assert env.slurm.name == "38_3" and detect(SRUN_TASK).slurm.name == "41"
     assert all(PORT_BASE <= job_port(j) < PORT_BASE + PORT_SPAN for j in ("1", "123456789", "77_3", ""))
 
 
@@ -109,7 +113,7 @@ def test_no_slurm_no_job() -> None:
 def test_a_task_count_against_devices_is_one_line() -> None:
     env = detect(SRUN_TASK)
     assert for_group(env, "cpu", None, "2").workers == 2
-    assert for_group(env, "cpu", None, "auto").threads_per_worker >= 1
+    assert for_group(env, "cpu", None, "auto").threads_per_worker == max(1, usable_cores() // 2)
     with pytest.raises(UserError, match="srun started 2 workers but --devices is 4: under srun every task is "
                                         "one worker; leave out --devices or start 4 with --ntasks"):
         for_group(env, "cpu", None, "4")
@@ -149,9 +153,8 @@ def _stopped_in(run: Path, signum: int = signal.SIGUSR1) -> tuple[Stopped, C.Tra
 
 def test_the_requeue_signal_requeues_the_job_once_from_rank_0(scontrol: Path, tmp_path: Path) -> None:
     stopped, cfg = _stopped_in(tmp_path / "run")
-    ranks = [detect({**SRUN_TASK, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}) for r in (0, 1)]
-    assert all(requeue.applies(stopped, env, cfg) for env in ranks)
-    said = [requeue.requeue(stopped, env, cfg) for env in ranks]
+    env = detect(SRUN_TASK)
+    said = [requeue.requeue(stopped, env, cfg, is_main=rank == 0) for rank in (0, 1)]
     assert scontrol.read_text() == "requeue 41\n"  # once, by rank 0
     assert str(said[0]) == (f"stopped by SIGUSR1 at step 12 (checkpointed in {cfg.out}); job 41 requeued (requeue 1 "
                             "of at most 3): when Slurm starts it again, the same command carries the run on from "
@@ -160,18 +163,16 @@ def test_the_requeue_signal_requeues_the_job_once_from_rank_0(scontrol: Path, tm
     assert str(said[1]) == f"stopped by SIGUSR1 at step 12 (checkpointed in {cfg.out}); rank 0 requeues job 41"
 
 
-def test_ctrl_c_and_sigterm_never_requeue(tmp_path: Path) -> None:
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        stopped, cfg = _stopped_in(tmp_path / signal.Signals(signum).name, signum)
-        assert not requeue.applies(stopped, detect(SRUN_TASK), cfg)
-    stopped, cfg = _stopped_in(tmp_path / "usr2")
-    assert not requeue.applies(stopped, detect(SRUN_TASK), cfg.replace(requeue_signal="USR2"))
-    assert not requeue.applies(stopped, detect({}), cfg)  # no Slurm job: a stop like any other
+def test_only_the_requeue_signal_of_a_slurm_job_requeues() -> None:
+    cfg = C.TrainConfig()
+    assert requeue.signal_for(detect(SRUN_TASK), cfg) == signal.SIGUSR1
+    assert requeue.signal_for(detect(BATCH), cfg.replace(requeue_signal="USR2")) == signal.SIGUSR2
+    assert requeue.signal_for(detect({}), cfg) is None  # no Slurm job: Ctrl-C and SIGTERM stop, never requeue
 
 
 def test_past_max_requeues_the_job_is_not_requeued(scontrol: Path, tmp_path: Path) -> None:
     stopped, cfg = _stopped_in(tmp_path / "run")
-    said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_RESTART_COUNT": "3"}), cfg)
+    said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_RESTART_COUNT": "3"}), cfg, True)
     assert not scontrol.exists()
     assert "job 41 was requeued 3 time(s) already (--max-requeues 3), so it is not requeued again; sbatch the same " \
            f"script again (or run the same command with --resume {cfg.out})" in str(said)
@@ -180,23 +181,80 @@ def test_past_max_requeues_the_job_is_not_requeued(scontrol: Path, tmp_path: Pat
 def test_no_scontrol_and_a_refused_requeue_are_one_line(scontrol: Path, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     stopped, cfg = _stopped_in(tmp_path / "run")
-    said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_JOB_ID": "13"}), cfg)
+    said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_JOB_ID": "13"}), cfg, True)
     assert "scontrol requeue 13 failed (Requeue disabled; the cluster may not allow requeueing" in str(said)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    said = requeue.requeue(stopped, detect(SRUN_TASK), cfg)
+    said = requeue.requeue(stopped, detect(SRUN_TASK), cfg, True)
     assert "scontrol is not on PATH here (a container without Slurm's commands?), so job 41 was not requeued: add " \
            "Slurm's client commands" in str(said)
     assert "\n" not in str(said)
 
 
 def test_a_task_given_cores_uses_them_all() -> None:
-    env = detect({**SRUN_TASK, "SLURM_CPUS_PER_TASK": "6"})
-    assert env.cpus_per_task == 6 and for_group(env, "cpu", None).threads_per_worker == 6
+    env = detect({**SRUN_TASK, "SLURM_CPUS_PER_TASK": "1"})
+    assert env.cpus_per_task == 1 and for_group(env, "cpu", None).threads_per_worker == 1
+    many = detect({**SRUN_TASK, "SLURM_CPUS_PER_TASK": "512"})  # never more threads than the cores it may use
+    assert for_group(many, "cpu", None).threads_per_worker == usable_cores()
     assert for_group(env, "cpu", 2).threads_per_worker == 2  # --threads-per-worker still wins
 
 
-def test_the_default_run_folder_in_a_slurm_job_is_the_same_in_every_task_and_start(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {**SRUN_TASK, "SLURM_RESTART_COUNT": "1"}.items():
-        monkeypatch.setenv(key, value)
-    assert C.with_run_dir(C.TrainConfig()).out == str(Path("runs") / "lenet5-digits-job41")
+def test_the_default_run_folder_in_a_slurm_job_is_the_same_in_every_task_and_start() -> None:
+    env = detect({**SRUN_TASK, "SLURM_RESTART_COUNT": "1"})
+    assert C.with_run_dir(C.TrainConfig(), env).out == str(Path("runs") / "lenet5-digits-job41")
+    assert C.with_run_dir(C.TrainConfig(), detect(BATCH)).out == str(Path("runs") / "lenet5-digits-job41")
+    later = detect({**SRUN_TASK, "SLURM_STEP_ID": "2"})  # a second srun in the job's script: a run of its own
+    assert C.with_run_dir(C.TrainConfig(), later).out == str(Path("runs") / "lenet5-digits-job41.2")
+    assert C.with_run_dir(C.TrainConfig(out="x"), env).out == "x"
+
+
+def test_a_variable_that_does_not_parse_is_one_line() -> None:
+    with pytest.raises(UserError, match="SLURM_PROCID='x' in the environment is not a whole number"):
+        detect({**SRUN_TASK, "SLURM_PROCID": "x"})
+
+
+def test_uneven_tasks_across_nodes_count_the_nodes() -> None:
+    env = detect({**SRUN_TASK, "SLURM_STEP_NODELIST": "a,b", "SLURM_STEP_NUM_TASKS": "6",
+                  "SLURM_STEP_TASKS_PER_NODE": "4,2", "SLURMD_NODENAME": "a"})
+    assert (env.nodes, env.local_world_size) == (2, 4)
+
+
+def test_one_visible_gpu_is_each_srun_tasks_own_but_never_torchruns(fake_gpus) -> None:  # noqa: ANN001
+    from paratrain.devices import group_devices
+
+    fake_gpus(1)
+    env = detect({**SRUN_TASK, "SLURM_PROCID": "1", "SLURM_LOCALID": "1"})
+    assert group_devices(env, for_group(env, "gpu", None)) == ("cuda:0", "cuda:0")
+    torchrun = detect({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    with pytest.raises(UserError, match="torchrun started 2 workers on this node but it has 1 GPU"):
+        for_group(torchrun, "gpu", None)
+
+
+def test_the_requeue_signal_stays_once_it_came() -> None:
+    stop = StopRequest(signal.SIGUSR1)
+    stop(signal.SIGUSR1, None)
+    stop(signal.SIGTERM, None)  # what Slurm sends after the requeue, or at the time limit
+    assert stop.signum == signal.SIGUSR1
+    plain = StopRequest()
+    plain(signal.SIGINT, None)
+    plain(signal.SIGTERM, None)
+    assert plain.signum == signal.SIGTERM
+
+
+def test_the_warning_that_came_while_the_run_started_stops_it_at_once() -> None:
+    """In a Slurm job the command holds the warning signals from its start; the run's handler finds one that came
+    before it was installed, and the run stops at its first step (and requeues) instead of the task dying."""
+    import os
+
+    from paratrain.interrupt import came_early, hold
+
+    old = signal.getsignal(signal.SIGUSR2)
+    try:
+        hold((signal.SIGUSR2,))
+        os.kill(os.getpid(), signal.SIGUSR2)  # kept, not fatal
+        assert came_early(signal.SIGUSR2) and not came_early(signal.SIGUSR1)
+        with StopRequest(signal.SIGUSR2).installed() as stop:
+            assert stop.signum == signal.SIGUSR2
+        with StopRequest().installed() as plain:  # outside a Slurm job nothing was held for it
+            assert plain.signum == 0
+    finally:
+        signal.signal(signal.SIGUSR2, old)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 EQUAL = ("--quiet", "--no-tensorboard", "--steps", "40", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",
          "--batch-size", "64")
 # long enough that a signal lands mid-run; Adam and the EMA keep state that a requeue must carry over exactly
-LONG = ("--quiet", "--no-tensorboard", "--steps", "300", "--optimizer", "adam", "--lr", "0.001", "--ema", "0.99",
+LONG = ("--quiet", "--no-tensorboard", "--steps", "600", "--optimizer", "adam", "--lr", "0.001", "--ema", "0.99",
         "--batch-size", "64", "--checkpoint-every", "10", "--log-every", "1")
 
 
@@ -124,13 +124,13 @@ def test_the_warning_signal_checkpoints_requeues_once_and_the_next_start_carries
     assert calls.read_text() == f"requeue {job}\n"  # once, by rank 0
     assert f"job {job} requeued (requeue 1 of at most 3)" in first[0][2], first[0][2][-2000:]
     saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
-    assert 25 <= saved < 300
+    assert 25 <= saved < 600
 
     again = _wait(_srun(run, LONG, job, bin_dir, restarts=1))  # Slurm starts the job again: the same command
     assert [code for code, _, _ in again] == [0, 0], again[0][2][-3000:]
     assert f"carrying on from the checkpoint of step {saved}" in again[0][2]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["resumed_from_step"] == saved and summary["steps"] == 300 and summary["requeues"] == 1
+    assert summary["resumed_from_step"] == saved and summary["steps"] == 600 and summary["requeues"] == 1
     a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (run, tmp_path / "whole"))
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
     assert max_abs_diff(a["ema_model"], b["ema_model"]) <= 1e-6

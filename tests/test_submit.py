@@ -41,7 +41,13 @@ def test_the_dry_run_prints_a_requeueable_script_of_one_srun(capsys: pytest.Capt
     (["submit", "--dry-run", "--cpus-per-task", "4", "train", "--accelerator", "gpu"],
      "train's --accelerator gpu needs GPUs in the job: add --gpus-per-node G"),
     (["submit", "--dry-run", "--cpus-per-task", "0", "train"], "--cpus-per-task must be at least 1"),
-    (["submit", "--dry-run", "--cpus-per-task", "4", "train", "--lr", "-1"], "--lr"),
+    (["submit", "--dry-run", "--cpus-per-task", "4", "train", "--lr", "-1"], "--lr must be a positive number, not -1"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "--array", "3", "search", "--space", "mlp-mnist", "--out", "s"],
+     "the tasks of a job array share one study: give the search --storage postgresql://"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "--nodes", "2", "search", "--space", "mlp-mnist", "--out", "s"],
+     "a search runs its trials on one node"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "--array", "2", "train"], "--array is for a search"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "plan"], "paratrain submit takes the command to run"),
 ])
 def test_mistakes_are_one_line_before_anything_is_queued(argv: list[str], said: str,
                                                          capsys: pytest.CaptureFixture) -> None:
@@ -87,3 +93,28 @@ def test_sbatch_refusing_or_missing_is_one_line(tmp_path: Path, capsys: pytest.C
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert main_code(["submit", "--cpus-per-task", "2", "train"]) == 2
     assert "sbatch is not on PATH: submit from a machine of the Slurm cluster" in capsys.readouterr().err
+
+
+def test_a_search_array_starts_the_study_in_task_0_and_joins_it_from_the_others(
+        capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PARATRAIN_STORAGE", "postgresql://me@db/paratrain")
+    assert main_code(["submit", "--dry-run", "--array", "4", "--cpus-per-task", "8", "search", "--space", "mlp-mnist",
+                      "--sampler", "grid", "--out", "grid1"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    search = (f"srun --kill-on-bad-exit=1 {sys.executable} -m paratrain search --space mlp-mnist --sampler grid "
+              "--out grid1")
+    for line in ("#SBATCH --array=0-3", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=8",
+                 f"#SBATCH --output={tmp_path / 'slurm-%A_%a.out'}", "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK",
+                 'if [ "$SLURM_ARRAY_TASK_ID" = 0 ]; then', f"  {search}", "else",
+                 f'  {search} --worker --out grid1-task"$SLURM_ARRAY_TASK_ID"', "fi"):
+        assert line in lines, out
+    assert f"the search folder: {tmp_path / 'grid1'}" in err
+
+
+def test_the_signal_of_a_config_file_is_the_one_slurm_sends(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("requeue_signal: USR2\n")
+    assert main_code(["submit", "--dry-run", "--cpus-per-task", "2", "train", "--config", str(config)]) == 0
+    assert "#SBATCH --signal=USR2@120" in capsys.readouterr().out.splitlines()

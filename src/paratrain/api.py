@@ -94,7 +94,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
         cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
     try:
-        cfg = checked(C.validate(C.with_run_dir(cfg)))
+        cfg = checked(C.validate(C.with_run_dir(cfg, detect())))
         C.check_read(cfg, C.changed(config or C.TrainConfig()))  # what the caller set, as flags are checked
     except UserError as e:  # in the words of the TrainConfig the caller wrote, not of the flags
         raise UserError(C.in_python_words(str(e)), e.code) from None

@@ -130,19 +130,26 @@ def for_group(env: Environment, accelerator: str, threads_per_worker: int | None
                         f"start {devices} with {how}")
     if accelerator == "auto":
         accelerator = "gpu" if n_gpus else "cpu"
-    # a task that sees one GPU uses it (srun --gpus-per-task=1 shows each its own); else one GPU per local rank
-    if accelerator == "gpu" and n_gpus != 1 and env.local_rank >= n_gpus:
+    if accelerator == "gpu" and env.local_rank >= n_gpus and not _own_gpu(env, n_gpus):
         fix = "--ntasks-per-node" if env.launcher == "slurm" else "--nproc-per-node"
         raise UserError(f"{who} started {env.local_world_size} workers on this node but it has {n_gpus} GPU(s); "
                         f"use {fix} {n_gpus} or --accelerator cpu")
-    threads = threads_per_worker or env.cpus_per_task or max(1, usable_cores() // env.local_world_size)
+    # srun --cpus-per-task binds a task to its cores where the cluster binds (task/affinity): never more threads
+    threads = threads_per_worker or (min(env.cpus_per_task, usable_cores()) if env.cpus_per_task else
+                                     max(1, usable_cores() // env.local_world_size))
     return Hardware(accelerator, env.world_size, threads, "nccl" if accelerator == "gpu" else "gloo")
 
 
+def _own_gpu(env: Environment, n_gpus: int) -> bool:
+    """srun gave each task a GPU of its own (--gpus-per-task=1: each sees just its own, as device 0). torchrun's
+    processes all see the machine's GPUs, so one visible GPU for several of them is a mistake, not this."""
+    return env.launcher == "slurm" and n_gpus == 1
+
+
 def group_devices(env: Environment, hardware: Hardware) -> tuple[str, ...]:
-    """This node's workers' devices, by local rank, in a launcher's group: a GPU each, or the one GPU every
-    task sees where the launcher gave each task its own."""
-    if hardware.accelerator == "gpu" and torch.cuda.device_count() == 1:
+    """This node's workers' devices, by local rank, in a launcher's group: a GPU each, or the one GPU each task
+    sees where srun gave each its own."""
+    if hardware.accelerator == "gpu" and _own_gpu(env, torch.cuda.device_count()):
         return ("cuda:0",) * env.local_world_size
     return device_map(dataclasses.replace(hardware, workers=env.local_world_size))
 

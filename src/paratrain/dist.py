@@ -38,6 +38,10 @@ class DistContext:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
+    def barrier(self) -> None:
+        """Wait until every worker is here (a tiny all-reduce: gloo and NCCL alike); a no-op for one worker."""
+        self.all_reduce_sum(torch.zeros(1, device=self.device))
+
     def generator(self) -> torch.Generator:
         """The default generator that dropout on this worker's device draws from."""
         if self.device.type == "cuda":

@@ -29,10 +29,18 @@ PORT_BASE, PORT_SPAN = 15000, 20000
 class SlurmJob:
     """The Slurm job this process runs in (any of its steps, the batch script's included)."""
 
-    job_id: str  # SLURM_JOB_ID (a task of a job array has its own; scontrol requeue takes it)
+    job_id: str  # SLURM_JOB_ID (a task of a job array has its own)
     restart_count: int = 0  # SLURM_RESTART_COUNT: how often Slurm requeued and started the job again
     array_task: int | None = None  # SLURM_ARRAY_TASK_ID
     nodes: tuple[str, ...] = ()  # the job's nodes (SLURM_JOB_NODELIST, expanded)
+    step: int | None = None  # SLURM_STEP_ID: which srun of the job's script (None: the script itself)
+    array_job: str | None = None  # SLURM_ARRAY_JOB_ID
+
+    @property
+    def name(self) -> str:
+        """This job as scontrol names it alone: an array's task as ARRAY_TASK (one of its tasks has the array's
+        own id as its SLURM_JOB_ID, and `scontrol requeue ID` would requeue every task of the array)."""
+        return f"{self.array_job}_{self.array_task}" if self.array_job and self.array_task is not None else self.job_id
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,8 @@ class Environment:
     master_port: int | None = None
     slurm: SlurmJob | None = None  # the Slurm job around this process, whichever launcher started it
     cpus_per_task: int | None = None  # the cores the launcher gave this process (srun --cpus-per-task)
+    node_rank: int = 0  # this node's place among the launcher's nodes
+    node_count: int | None = None  # the launcher's nodes, where it says (srun's tasks may be uneven across them)
 
     @property
     def in_group(self) -> bool:
@@ -63,7 +73,7 @@ class Environment:
 
     @property
     def nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
+        return self.node_count or max(1, self.world_size // max(1, self.local_world_size))
 
     @property
     def launcher_name(self) -> str:
@@ -91,9 +101,10 @@ def detect(environ: Mapping[str, str] | None = None) -> Environment:
         world = int(environ["WORLD_SIZE"])
         return Environment("torchrun", int(environ["RANK"]), world, int(environ["LOCAL_RANK"]),
                            int(environ.get("LOCAL_WORLD_SIZE", world)),
-                           int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), slurm=job)
+                           int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), slurm=job,
+                           node_rank=int(environ.get("GROUP_RANK", "0")))
     if job is not None and all(v in environ for v in SRUN_VARS):
-        tasks = int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or "1")
+        tasks = _int(environ, "SLURM_STEP_NUM_TASKS", None) or _int(environ, "SLURM_NTASKS", 1)
         if tasks > 1:  # a step of one task is a start like any other: paratrain lays its workers out itself
             return _srun_task(environ, job, tasks)
     return Environment(slurm=job)
@@ -102,10 +113,21 @@ def detect(environ: Mapping[str, str] | None = None) -> Environment:
 def slurm_job(environ: Mapping[str, str]) -> SlurmJob | None:
     if "SLURM_JOB_ID" not in environ:
         return None
-    array = environ.get("SLURM_ARRAY_TASK_ID")
-    return SlurmJob(environ["SLURM_JOB_ID"], int(environ.get("SLURM_RESTART_COUNT") or 0),
-                    int(array) if array not in (None, "") else None,
-                    tuple(expand_hostlist(environ.get("SLURM_JOB_NODELIST", ""))))
+    return SlurmJob(environ["SLURM_JOB_ID"], _int(environ, "SLURM_RESTART_COUNT", 0),
+                    _int(environ, "SLURM_ARRAY_TASK_ID", None),
+                    tuple(expand_hostlist(environ.get("SLURM_JOB_NODELIST", ""))),
+                    _int(environ, "SLURM_STEP_ID", None), environ.get("SLURM_ARRAY_JOB_ID") or None)
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = environ.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{name}={value!r} in the environment is not a whole number (Slurm sets it so): unset it, "
+                        "or run under Slurm as it starts jobs") from None
 
 
 def _srun_task(environ: Mapping[str, str], job: SlurmJob, tasks: int) -> Environment:
@@ -117,11 +139,11 @@ def _srun_task(environ: Mapping[str, str], job: SlurmJob, tasks: int) -> Environ
     here = environ.get("SLURMD_NODENAME")
     node = hosts.index(here) if here in hosts else int(environ.get("SLURM_NODEID", "0"))
     local_world = per_node[node] if node < len(per_node) else max(1, tasks // len(hosts))
-    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT") else job_port(job.job_id)
-    cpus = environ.get("SLURM_CPUS_PER_TASK")
-    return Environment("slurm", int(environ["SLURM_PROCID"]), tasks, int(environ["SLURM_LOCALID"]), local_world,
-                       master_addr=environ.get("MASTER_ADDR") or hosts[0], master_port=port, slurm=job,
-                       cpus_per_task=int(cpus) if cpus else None)
+    port = _int(environ, "MASTER_PORT", None) or job_port(job.job_id)
+    return Environment("slurm", _int(environ, "SLURM_PROCID", 0), tasks, _int(environ, "SLURM_LOCALID", 0),
+                       local_world, master_addr=environ.get("MASTER_ADDR") or hosts[0], master_port=port, slurm=job,
+                       cpus_per_task=_int(environ, "SLURM_CPUS_PER_TASK", None), node_rank=node,
+                       node_count=len(hosts))
 
 
 def job_port(job_id: str) -> int:

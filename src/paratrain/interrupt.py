@@ -11,6 +11,19 @@ from types import FrameType
 from .errors import UserError
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Slurm's warning signals that came before a run could act on them (hold): kept for the run, which stops on its
+# first step (a signal whose default action is to end the process would lose the job's requeue otherwise)
+_EARLY: set[int] = set()
+
+
+def hold(signals: tuple[int, ...]) -> None:
+    """From a Slurm job's start until a run installs its own handlers, keep these signals instead of dying."""
+    for signum in signals:
+        signal.signal(signum, lambda number, _frame: _EARLY.add(number))
+
+
+def came_early(signum: int | None) -> bool:
+    return signum in _EARLY
 
 
 class StopRequest:
@@ -19,15 +32,19 @@ class StopRequest:
 
     def __init__(self, also: int | None = None) -> None:
         self.signum = 0
+        self.also = also
         self.signals = SIGNALS + ((also,) if also else ())
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
+        if self.signum != self.also or not self.also:  # Slurm's warning, once come, stays: its SIGTERM may follow
+            self.signum = signum
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopRequest]:
         """Handle SIGINT, SIGTERM (and `also`) with this object while training (main thread only)."""
         old = {s: signal.signal(s, self) for s in self.signals}
+        if came_early(self.also):  # Slurm's warning came while the run started: it stops at its first step
+            self.signum = self.also
         try:
             yield self
         finally:

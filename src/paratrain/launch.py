@@ -20,10 +20,10 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from . import prefork
+from . import prefork, requeue
 from .config import TrainConfig
 from .errors import UserError, one_line
-from .interrupt import Stopped, signal_number
+from .interrupt import Stopped, came_early
 from .oom import OomWatch
 from .proc import die_with_parent, end_process, free_port, name_process, on_loopback, worker_name
 from .rundir import newest_step
@@ -178,7 +178,7 @@ def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
                                  nprocs=workers, join=False, start_method=method)
     # in a Slurm job its warning before the end reaches every process of the step: the workers stop on it, and
     # this launcher waits for them as on SIGTERM
-    also = signal_number(cfg.requeue_signal) if plan.env.slurm else None
+    also = requeue.signal_for(plan.env, cfg)
     try:
         return _join(context, results, steps, cfg, also)
     finally:
@@ -191,6 +191,8 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | 
     old_handlers = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, also) if s}
     watch = OomWatch()
     try:
+        if came_early(also):  # Slurm's warning came while the run started: the workers stop at their first step
+            raise _Terminated(also)
         watch.note([p.pid for p in context.processes])
         while not context.join(timeout=0.5, grace_period=5):
             watch.note([p.pid for p in context.processes if p.is_alive()])
@@ -212,7 +214,7 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | 
         raise WorkerFailed(f"worker {e.error_index} {how}") from None
     except (KeyboardInterrupt, _Terminated) as e:
         signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
-        stop_processes(context.processes, signum)
+        stop_processes(context.processes, signum, REQUEUE_WAIT_S if signum == also else STOP_WAIT_S)
         raise _report_in(results) or _unreported(128 + signum, cfg) from None
     finally:
         for s, handler in old_handlers.items():
@@ -275,15 +277,16 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 STOP_WAIT_S = 8  # workers finish their step and save; then they are killed (the promise is 10 s)
+REQUEUE_WAIT_S = 60  # Slurm's warning comes --signal-seconds (120 by default) before the end: a slow step may finish
 
 
-def stop_processes(processes: list, signum: int) -> None:
+def stop_processes(processes: list, signum: int, wait_s: float = STOP_WAIT_S) -> None:
     """Ctrl-C or SIGTERM: pass the signal on (each worker stops after its step, saves, exits), then make
     sure every worker is gone, so no process outlives the run."""
     for p in processes:
         if p.is_alive():
             os.kill(p.pid, signum)
-    deadline = time.monotonic() + STOP_WAIT_S
+    deadline = time.monotonic() + wait_s
     for p in processes:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
     for p in processes:

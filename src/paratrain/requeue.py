@@ -1,6 +1,9 @@
-"""Slurm's pre-emption and time limits: a run stopped by the job's requeue signal (after every worker
-checkpointed at the same step) asks Slurm, once, from rank 0, to requeue the job; Slurm starts it again with
-SLURM_RESTART_COUNT one higher, and the same command carries the run on from that checkpoint (session.py).
+"""Slurm's pre-emption and time limits: a run stopped by the job's requeue signal (every worker at the same
+step) asks Slurm, once, from rank 0, to requeue the job, while the group is still together (worker.py): the
+others wait until rank 0's checkpoint is written and the requeue asked, as srun --kill-on-bad-exit would end
+rank 0 as soon as another task left. Slurm starts the job again with SLURM_RESTART_COUNT one higher, and the
+same command carries the run on from that checkpoint (session.py). A search does the same from its own process
+once its trials have stopped (search/command.py).
 
 What Lightning's users met (the signal caught by NCCL, `scontrol` missing in a container) is one line each here.
 """
@@ -19,39 +22,46 @@ from .rundir import newest_step
 SCONTROL_TIMEOUT_S = 60.0
 
 
-def applies(stopped: Stopped, env: Environment, cfg: TrainConfig) -> bool:
-    """This stop is Slurm's warning before the end of a job (not Ctrl-C, not scancel's SIGTERM)."""
-    return env.slurm is not None and stopped.signum == signal_number(cfg.requeue_signal)
+def signal_for(env: Environment, cfg: TrainConfig) -> int | None:
+    """The signal that stops a run to requeue it: Slurm's warning before a job's end (--requeue-signal), in a
+    Slurm job; None elsewhere (Ctrl-C and SIGTERM stop, never requeue)."""
+    return signal_number(cfg.requeue_signal) if env.slurm is not None else None
 
 
-def requeue(stopped: Stopped, env: Environment, cfg: TrainConfig) -> Stopped:
-    """Requeue the job (rank 0 only; once per stop) and say what happens next; the Stopped to leave with."""
+def requeue(stopped: Stopped, env: Environment, cfg: TrainConfig, is_main: bool) -> Stopped:
+    """A training's stop: requeue the job (rank 0 only) and say what happens next; the Stopped to leave with."""
+    saved = f"stopped by {signal_name(stopped.signum)} at step {newest_step(Path(cfg.out))} (checkpointed in {cfg.out})"
+    return ask(env, cfg.max_requeues, stopped.signum, saved, is_main,
+               again=f"sbatch the same script again (or run the same command with --resume {cfg.out}) to carry the "
+                     "run on from that step",
+               next_start="the same command carries the run on from that checkpoint")
+
+
+def ask(env: Environment, max_requeues: int, signum: int, saved: str, is_main: bool, again: str,
+        next_start: str) -> Stopped:
+    """Requeue the job once (rank 0 only), unless it was requeued `max_requeues` times already; `saved`: what
+    was kept, `again`: how to go on by hand, `next_start`: what the job's next start does."""
     job = env.slurm
     assert job is not None
-    step = newest_step(Path(cfg.out))
-    saved = f"stopped by {signal_name(stopped.signum)} at step {step} (checkpointed in {cfg.out})"
-    again = ("sbatch the same script again (or run the same command with --resume "
-             f"{cfg.out}) to carry the run on from that step")
-    if job.restart_count >= cfg.max_requeues:
-        return Stopped(f"{saved}; job {job.job_id} was requeued {job.restart_count} time(s) already "
-                       f"(--max-requeues {cfg.max_requeues}), so it is not requeued again; {again}", stopped.signum)
-    if not env.is_main:  # rank 0 asks, once for the job
-        return Stopped(f"{saved}; rank 0 requeues job {job.job_id}", stopped.signum)
+    if job.restart_count >= max_requeues:
+        return Stopped(f"{saved}; job {job.name} was requeued {job.restart_count} time(s) already "
+                       f"(--max-requeues {max_requeues}), so it is not requeued again; {again}", signum)
+    if not is_main:  # rank 0 asks, once for the job
+        return Stopped(f"{saved}; rank 0 requeues job {job.name}", signum)
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return Stopped(f"{saved}; scontrol is not on PATH here (a container without Slurm's commands?), so job "
-                       f"{job.job_id} was not requeued: add Slurm's client commands (scontrol, with its "
-                       f"slurm.conf and munge socket) to the job's environment, or {again}", stopped.signum)
+                       f"{job.name} was not requeued: add Slurm's client commands (scontrol, with its "
+                       f"slurm.conf and munge socket) to the job's environment, or {again}", signum)
     try:
-        done = subprocess.run([scontrol, "requeue", job.job_id], capture_output=True, text=True,
+        done = subprocess.run([scontrol, "requeue", job.name], capture_output=True, text=True,
                               timeout=SCONTROL_TIMEOUT_S)
         why = done.stderr.strip().splitlines()[-1] if done.returncode and done.stderr.strip() else \
             (f"exit {done.returncode}" if done.returncode else "")
     except (OSError, subprocess.TimeoutExpired) as e:
         why = str(e)
     if why:
-        return Stopped(f"{saved}; scontrol requeue {job.job_id} failed ({why}; the cluster may not allow "
-                       f"requeueing: JobRequeue, or sbatch --requeue); {again}", stopped.signum)
-    return Stopped(f"{saved}; job {job.job_id} requeued (requeue {job.restart_count + 1} of at most "
-                   f"{cfg.max_requeues}): when Slurm starts it again, the same command carries the run on from "
-                   "that checkpoint", stopped.signum)
+        return Stopped(f"{saved}; scontrol requeue {job.name} failed ({why}; the cluster may not allow "
+                       f"requeueing: JobRequeue, or sbatch --requeue); {again}", signum)
+    return Stopped(f"{saved}; job {job.name} requeued (requeue {job.restart_count + 1} of at most "
+                   f"{max_requeues}): when Slurm starts it again, {next_start}", signum)

@@ -8,7 +8,7 @@
       plan    runplan.make: processes, devices, batch split, data, the user's code tried once
       files   config.yaml and parts.yaml (rank 0), after every check: bad input leaves the old run as it was
       launch  launch.run(plan): every worker carries on from the one checkpoint it finds (resume.py); a stop on
-              Slurm's requeue signal requeues the job (requeue.py)
+              Slurm's requeue signal requeues the job (worker.py, requeue.py)
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from typing import Any
 
 import yaml
 
-from . import autodevices, clock, launch, requeue, runplan
+from . import autodevices, clock, launch, runplan
 from . import config as C
 from .data import Splits
 from .devices import Hardware
 from .env import Environment, detect
 from .errors import UserError, WriteFailed
-from .interrupt import Stopped
 from .resume import dataset_mismatch, model_mismatch
 from .rundir import check_fresh, check_owned, clear_run, held, newest_step, weights_only, write_atomic
 from .runlength import Length, check_not_past, run_length
@@ -90,12 +89,7 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
             if not cfg.quiet:
                 _announce(plan, length, done)
         marks["launched"] = time.time()
-        try:
-            summary = launch.run(dataclasses.replace(plan, clock=marks))
-        except Stopped as e:  # Slurm's warning before the job's end: requeued, it carries on from the checkpoint
-            if requeue.applies(e, env, cfg):
-                raise requeue.requeue(e, env, cfg) from None
-            raise
+        summary = launch.run(dataclasses.replace(plan, clock=marks))
     if summary is not None and not env.in_group:  # the workers have left: how long that took
         summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
         summary["devices_auto"] = choice

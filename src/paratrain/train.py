@@ -385,7 +385,7 @@ class Trainer:
             return None
         summary = summary_of(self, test, test_ema, added)
         summary.update(waits, launcher=self.env.launcher_name,  # who started the workers; Slurm's requeues
-                       slurm_job=self.env.slurm.job_id if self.env.slurm else None,
+                       slurm_job=self.env.slurm.name if self.env.slurm else None,
                        requeues=self.env.slurm.restart_count if self.env.slurm else None)
         if state.steps_run == 0:  # a finished run evaluated again: its training's figures are the earlier start's
             summary.update(trained_figures(self.run_dir, state.step))

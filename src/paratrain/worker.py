@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import dist, proc
-from .interrupt import StopRequest, signal_number
+from . import dist, proc, requeue
+from .interrupt import Stopped, StopRequest
 from .resume import resume_point
 from .runplan import RunPlan
 from .train import Trainer
@@ -38,8 +38,17 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
                 print(f"paratrain: carrying on from the checkpoint of step {state['step']} found in {cfg.out}",
                       file=sys.stderr, flush=True)
             plan = dataclasses.replace(plan, cfg=cfg.replace(resume=cfg.out))
-        also = signal_number(cfg.requeue_signal) if plan.env.slurm else None  # Slurm's warning before the end
-        with StopRequest(also).installed() as stop:
-            return Trainer(ctx, plan, state, stop=stop, devices=devices, restarts=restarts, on_step=on_step).run()
+        also = requeue.signal_for(plan.env, cfg)  # Slurm's warning before the job's end
+        with StopRequest(also).installed() as stop:  # (installed until the group leaves: Slurm's SIGTERM after a
+            try:                                       # requeue finds the tasks already leaving)
+                return Trainer(ctx, plan, state, stop=stop, devices=devices, restarts=restarts,
+                               on_step=on_step).run()
+            except Stopped as e:
+                if also is None or e.signum != also:
+                    raise
+                ctx.barrier()  # rank 0's checkpoint is written
+                said = requeue.requeue(e, plan.env, cfg, ctx.is_main)
+                ctx.barrier()  # and the requeue asked, before any task leaves
+                raise said from None
     finally:
         dist.teardown(ctx)

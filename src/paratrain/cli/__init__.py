@@ -11,9 +11,10 @@ import signal
 import sys
 from typing import NoReturn
 
+from ..config import REQUEUE_SIGNALS
 from ..env import detect
 from ..errors import UserError, one_line
-from ..interrupt import Stopped
+from ..interrupt import Stopped, hold, signal_number
 from ..proc import end_process
 from . import bench, devices, doctor, evaluate, plan, recipes, report, search, submit, train
 from .parser import Parser
@@ -33,11 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # the command, not a caller's main([...]): `kill -USR1 PID` prints where every thread is (a stuck run); in a
-    # Slurm job USR1 is the scheduler's warning before the end (--requeue-signal), never a dump
-    if hasattr(signal, "SIGUSR1") and argv is None and detect().slurm is None:
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    env = None
     try:
+        env = detect()  # a Slurm variable that does not parse is one line too
+        # the command, not a caller's main([...]): `kill -USR1 PID` prints where every thread is (a stuck run); in
+        # a Slurm job USR1 is the scheduler's warning before the end (--requeue-signal), never a dump
+        if hasattr(signal, "SIGUSR1") and argv is None and env.slurm is None:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        if env.slurm is not None and argv is None:  # its warning may come while the run starts: kept for it
+            hold(tuple(signal_number(name) for name in REQUEUE_SIGNALS))
         code = args.run(args)
     except UserError as e:
         print(f"paratrain: {'' if isinstance(e, Stopped) else 'error: '}{one_line(e)}", file=sys.stderr)
@@ -45,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("paratrain: interrupted", file=sys.stderr)
         code = 130
-    if args.command == "train" and detect().in_group:
+    if args.command == "train" and env is not None and env.in_group:
         end_process(code)  # a worker of torchrun's group: leave without finalization (see proc.end_process)
     return code
 

@@ -12,7 +12,7 @@ from ..rundir import check_writable
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="check that multi-device training works here, and how fast the links are")
     p.add_argument("--devices", default="auto", help="the workers to check with (default: what --devices auto "
-                                                      "picks; under torchrun, its group)")
+                                                      "picks; under torchrun or srun, its group)")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.add_argument("--out", help="folder for doctor.json and link.json (the fitted link, for `paratrain plan "
                                  "--link FILE`)")

@@ -19,6 +19,7 @@ from .fields import (
                      OPTIMIZERS,
                      PIPELINE_SCHEDULES,
                      PRECISIONS,
+                     REQUEUE_SIGNALS,
                      STRATEGIES,
                      TrainConfig,
                      did_you_mean,
@@ -37,7 +38,8 @@ from .sources import (
 )
 
 __all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "LR_SCHEDULES", "MAX_YAML_BYTES",
-           "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY", "STRATEGIES", "TrainConfig",
+           "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY", "REQUEUE_SIGNALS", "STRATEGIES",
+           "TrainConfig",
            "UserError", "changed", "check_read", "check_resume_out", "did_you_mean", "from_dict", "in_python_words",
            "load_yaml", "default_run_dir", "of_run", "overlay", "save_yaml", "shown", "unread", "validate",
            "with_run_dir"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from ..env import detect
+from ..env import LOCAL, Environment
 from ..errors import UserError
 from ..import_path import is_import_path
 from ..rundir import write_atomic
@@ -69,15 +69,17 @@ def check_resume_out(resume: str, out: str | None, drop: str) -> None:
                         "there and resume that copy)")
 
 
-def with_run_dir(cfg: TrainConfig) -> TrainConfig:
+def with_run_dir(cfg: TrainConfig, env: Environment = LOCAL) -> TrainConfig:
     """The run directory: a resumed run's own folder, the given --out, or runs/<model>-<dataset>-<time> (in a
-    Slurm job runs/<model>-<dataset>-job<id>: the same in every task and in every start of a requeued job)."""
+    Slurm job (`env`) runs/<model>-<dataset>-job<id>[.<step>]: the same in every task and every start of a
+    requeued job, and apart for each srun of the job's script after its first)."""
     if cfg.resume:
         return cfg.replace(out=cfg.resume)
     if cfg.out:
         return cfg
-    job = detect().slurm
-    return cfg.replace(out=default_run_dir(cfg, f"job{job.job_id}" if job else time.strftime('%Y%m%d-%H%M%S')))
+    job = env.slurm
+    when = f"job{job.name}{f'.{job.step}' if job.step else ''}" if job else time.strftime('%Y%m%d-%H%M%S')
+    return cfg.replace(out=default_run_dir(cfg, when))
 
 
 def default_run_dir(cfg: TrainConfig, when: str) -> str:

@@ -196,7 +196,7 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
 
     import torch.distributed as dist
 
-    from ..devices import device_map, for_group
+    from ..devices import for_group, group_devices
     from ..dist import init, teardown
     from ..env import detect
     from .collectives import JOIN_TIMEOUT_S, own_cap, prepare_nccl, sweep, timed_group
@@ -204,8 +204,13 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
 
     env = detect()
     rank, world, local_rank = env.rank, env.world_size, env.local_rank
-    plan = for_group(env, "auto", None)
-    info = inventory()
+    info = inventory(env.node_rank)
+    try:
+        plan = for_group(env, "auto", None)
+    except UserError as e:  # more tasks on a node than it has GPUs, say: the finding, from every rank
+        checks = [Check(env.launcher, "failed", str(e))]
+        return {"nodes": [info], "devices": None, "collectives": None, "equivalence": [], "rank": rank,
+                "checks": [asdict(c) for c in checks], "passed": False}
     report: dict[str, Any] = {"nodes": [info], "devices": asdict(plan), "collectives": None, "equivalence": [],
                               "rank": rank}
     nodes = env.nodes
@@ -214,10 +219,10 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
                         "to 127.x), which other nodes cannot reach", "set GLOO_SOCKET_IFNAME to the interface that "
                         "joins the nodes (`ip -br addr` lists them) and run again")]
         return {**report, "checks": [asdict(c) for c in checks], "passed": False}
-    devices = device_map(dataclasses.replace(plan, workers=env.local_world_size))
+    devices = group_devices(env, plan)
     prepare_nccl()
     try:
-        ctx = init(rank, world, devices[local_rank], None, max(timeout_s, JOIN_TIMEOUT_S))
+        ctx = init(rank, world, devices[local_rank], None, max(timeout_s, JOIN_TIMEOUT_S), env.init_method)
     except Exception as e:  # noqa: BLE001 (the rendezvous or the backend's set-up failed: the finding)
         checks = [Check("network", "failed", f"rank {rank} could not join the group: {type(e).__name__}: "
                         f"{' '.join(str(e).split())[:300]}", "check MASTER_ADDR and that every node reaches it; set "
@@ -242,7 +247,30 @@ def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
     checks = [dataclasses.replace(c, detail=f"{c.detail} ({where})") for c in checks]
     if nodes > 1:
         checks.append(partition_check(report["nodes"]))
+    if env.slurm is not None:
+        report["slurm"] = {"job": env.slurm.name, "nodes": list(env.slurm.nodes), "tasks": world,
+                           "tasks_here": env.local_world_size, "cpus_per_task": env.cpus_per_task,
+                           "gpus_a_task_sees": len(info["gpus"])}
+        checks.insert(0, slurm_check(env, plan, len(report["nodes"])))
     return {**report, "checks": [asdict(c) for c in checks], "passed": all(c.status != "failed" for c in checks)}
+
+
+def slurm_check(env: Any, plan: Any, nodes_joined: int) -> Check:
+    """The job as Slurm sees it against what paratrain trains on it."""
+    from ..devices import usable_cores
+
+    job = env.slurm
+    seen = (f"job {job.name}: {len(job.nodes)} node(s) ({', '.join(job.nodes)}), {env.world_size} task(s) "
+            f"({env.local_world_size} on this node), {env.cpus_per_task or 'unset'} --cpus-per-task; paratrain "
+            f"trains {plan.workers} {plan.accelerator} worker(s) x {plan.threads_per_worker} thread(s), "
+            f"{nodes_joined} node(s) joined")
+    if nodes_joined != env.nodes:
+        return Check("slurm", "failed", seen, f"{env.nodes} node(s) should have joined: run `srun` with "
+                     "--ntasks-per-node, or check each node's host name")
+    if plan.accelerator == "cpu" and plan.threads_per_worker * env.local_world_size > usable_cores():
+        return Check("slurm", "slow", seen, "the tasks' threads oversubscribe this node's cores: give the job "
+                     "--cpus-per-task")
+    return Check("slurm", "ok", seen)
 
 
 def _loopback_host() -> bool:

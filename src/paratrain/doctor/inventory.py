@@ -4,7 +4,6 @@ what `--devices auto` picks."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket
@@ -80,12 +79,13 @@ def link(gpus: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
-def inventory() -> dict[str, Any]:
+def inventory(node: int = 0) -> dict[str, Any]:
+    """This machine's devices, versions and settings; `node`: its rank among a launcher's nodes."""
     from ..devices import describe
 
     info = describe()
     info["host"] = socket.gethostname()
-    info["node"] = int(os.environ.get("GROUP_RANK", 0))  # torchrun's node rank (hosts may share a name)
+    info["node"] = node  # hosts may share a name
     info["versions"] = versions()
     info["cpu"]["threads"] = torch.get_num_threads()
     info["peer_access"] = peer_pairs(len(info["gpus"]))

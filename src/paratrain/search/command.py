@@ -11,7 +11,10 @@ import time
 from typing import Any
 
 from .. import config as C
+from .. import requeue
+from ..env import detect
 from ..errors import UserError
+from ..interrupt import came_early, signal_name
 from ..rundir import check_writable
 from ..strategies import checked
 from .urls import masked
@@ -115,8 +118,20 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     devices = device_plan(accelerator, parallel, args.devices_per_trial, threads)
     print(f"search: devices: {devices['described']}", flush=True)
     start, earlier = time.perf_counter(), study.user_attrs.get("wall_s") or 0.0
+    env = detect()
+    # in a Slurm job, its warning before the end stops the pool (its trials as on Ctrl-C: left to be tried again)
+    # and requeues the job from here; the pool's processes leave the signal to this one
+    warned = requeue.signal_for(env, cfg)
+    pool: list[int] = []  # the pool's processes, as they start
     try:
-        _pool(settings, sp, base, parallel, threads, accelerator, study, budget)
+        with _raising_on(warned):
+            _pool(settings, sp, base, parallel, threads, accelerator, study, budget, warned, pool)
+    except _Warned:  # the pool has stopped: its trials are queued again now, for whichever worker comes first
+        studies.requeue_abandoned(study, {f"{socket.gethostname()}:{pid}" for pid in pool})
+        raise requeue.ask(env, cfg.max_requeues, warned, f"stopped by {signal_name(warned)}: the trials that were "
+                          "running stopped, to be tried again", env.is_main,
+                          again="sbatch the same script again to go on with the search",
+                          next_start="the same command goes on with the search") from None
     finally:  # also when stopped (Ctrl-C, a signal): a search run again goes on, its wall time every start's
         this_start = time.perf_counter() - start
         if not args.worker:
@@ -245,8 +260,29 @@ def _pool_size(args: argparse.Namespace, cfg: Any) -> tuple[str, int, int, int]:
     return "gpu" if gpus else "cpu", gpus, parallel, max(1, cores // (parallel * workers))
 
 
+class _Warned(BaseException):
+    """Slurm's requeue signal reached the search (a BaseException, as Ctrl-C is: the pool stops on it)."""
+
+
+@contextlib.contextmanager
+def _raising_on(signum: int | None) -> Any:
+    import signal
+
+    def warned(_signum: int, _frame: Any) -> None:
+        raise _Warned
+
+    old = signal.signal(signum, warned) if signum else None
+    try:
+        if came_early(signum):  # it came while the search started
+            raise _Warned
+        yield
+    finally:
+        if signum:
+            signal.signal(signum, old)
+
+
 def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
-          budget: int) -> None:
+          budget: int, ignored: int | None = None, started: list[int] | None = None) -> None:
     """P worker processes run the trials; this one shows the progress (polling the storage), starts a new
     process where one died (its trial is tried once more, then failed: see studies.after_death), and makes
     sure none of them outlives the search."""
@@ -263,8 +299,10 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
     spawn = multiprocessing.get_context("spawn")
 
     def start(index: int) -> Any:
-        process = spawn.Process(target=runner.pool_worker, args=(index, s, sp, base, threads, accelerator))
+        process = spawn.Process(target=runner.pool_worker, args=(index, s, sp, base, threads, accelerator, ignored))
         process.start()
+        if started is not None:
+            started.append(process.pid)
         return process
 
     processes = {i: start(i) for i in range(parallel)}

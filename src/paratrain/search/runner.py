@@ -10,6 +10,7 @@ once. The fitness is the validation accuracy; the test accuracy is kept aside an
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -170,9 +171,13 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
 
 
 def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,
-                accelerator: str) -> None:
+                accelerator: str, ignored: int | None = None) -> None:
     """The entry point of a pool process (torch.multiprocessing passes its index): a user error is one line
-    and its exit code, Ctrl-C exit code 130."""
+    and its exit code, Ctrl-C exit code 130. `ignored`: a signal the search handles for it (Slurm's requeue
+    signal reaches every process of the job; the search then stops this one as on Ctrl-C), and so do the
+    processes it starts."""
+    if ignored:
+        signal.signal(ignored, signal.SIG_IGN)
     try:
         worker(index, s, space, base, threads, accelerator)
     except UserError as e:

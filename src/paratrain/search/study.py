@@ -263,16 +263,18 @@ def described(study: Any) -> dict[str, Any] | None:
     return saved
 
 
-def requeue_abandoned(study: Any) -> int:
+def requeue_abandoned(study: Any, workers: set[str] | None = None) -> int:
     """Trials that a killed or interrupted search left unfinished (this machine's own SQLite study): still
     marked running, or failed without a training error (Ctrl-C). Their parameters are queued again, once, so
-    they run again and nothing that finished runs twice."""
+    they run again and nothing that finished runs twice. `workers` (host:pid): only the running trials of
+    these pool processes, which have stopped (a search stopped by Slurm's requeue signal, in a shared study)."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials} | {t.system_attrs.get("failed_trial") for t in trials}
-    abandoned = [t for t in trials if t.state == TrialState.RUNNING or (
-        t.state == TrialState.FAIL and "error" not in t.user_attrs and t.number not in retried)]
+    abandoned = [t for t in trials if (t.state == TrialState.RUNNING or (
+        t.state == TrialState.FAIL and "error" not in t.user_attrs and t.number not in retried))
+        and (workers is None or t.user_attrs.get("worker") in workers)]
     for t in abandoned:
         if t.state == TrialState.RUNNING:
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
