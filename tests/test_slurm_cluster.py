@@ -216,3 +216,19 @@ def test_a_search_as_a_job_array_shares_one_study_and_loses_no_trial_to_a_requeu
         (w, lr) for w in (16, 32) for lr in (0.001, 0.01)), seen  # each point once: none lost, none twice
     assert any(t.user_attrs.get("retry_of") is not None for t in done), seen  # the stopped trial, tried again
 
+
+
+def test_srun_torchrun_keeps_working(cluster: Cluster, tmp_path: Path) -> None:
+    """`srun torchrun ...`, one task that starts torchrun's workers: torchrun's variables win over Slurm's, and
+    the run equals one device."""
+    run = tmp_path / "torchrun"
+    script = (f"#!/bin/bash\n#SBATCH --ntasks=1 --cpus-per-task=2\n#SBATCH --output={tmp_path / 'torchrun-%j.out'}\n"
+              f"srun {sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2 -m paratrain train "
+              f"{' '.join(EQUAL)} --threads-per-worker 1 --out {run}\n")
+    job = cluster.sbatch(script)
+    info = cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+    assert info["JobState"] == "COMPLETED", (tmp_path / f"torchrun-{job}.out").read_text()[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["launcher"], summary["world_size"], summary["slurm_job"]) == ("torchrun", 2, job)
+    train(tmp_path / "one", *EQUAL, "--devices", "1")
+    assert max_abs_diff(weights(run), weights(tmp_path / "one")) < 1e-4

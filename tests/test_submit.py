@@ -47,7 +47,21 @@ def test_the_dry_run_prints_a_requeueable_script_of_one_srun(capsys: pytest.Capt
     (["submit", "--dry-run", "--cpus-per-task", "2", "--nodes", "2", "search", "--space", "mlp-mnist", "--out", "s"],
      "a search runs its trials on one node"),
     (["submit", "--dry-run", "--cpus-per-task", "2", "--array", "2", "train"], "--array is for a search"),
-    (["submit", "--dry-run", "--cpus-per-task", "2", "plan"], "paratrain submit takes the command to run"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "plan"], "paratrain submit runs train or search, not 'plan'"),
+    (["submit", "--cpus-per-task", "2", "train", "--epochs", "1", "--dry-run"],
+     "--dry-run is paratrain submit's own: put it before train"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "--signal-seconds", "70000", "train"],
+     "--signal-seconds is at most 65535"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "search", "--space", "nosuch", "--out", "s"],
+     "cannot read the space file nosuch"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "search", "--space", "mlp-mnist", "--sampler", "gentic",
+      "--out", "s"], "unknown --sampler 'gentic'"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "--array", "2", "search", "--space", "mlp-mnist", "--worker",
+      "--storage", "postgresql://h/d", "--out", "s"], "leave out --worker: in a job array task 0 starts the study"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "search", "--space", "mlp-mnist", "--storage",
+      "postgresql://me:secret@h/d", "--out", "s"], "--storage holds a password, which the job script would keep"),
+    (["submit", "--dry-run", "--cpus-per-task", "2", "--array", "2", "search", "--space", "mlp-mnist", "--storage",
+      "postgres://h/d", "--out", "s"], "write postgresql://"),
 ])
 def test_mistakes_are_one_line_before_anything_is_queued(argv: list[str], said: str,
                                                          capsys: pytest.CaptureFixture) -> None:
@@ -118,3 +132,13 @@ def test_the_signal_of_a_config_file_is_the_one_slurm_sends(capsys: pytest.Captu
     config.write_text("requeue_signal: USR2\n")
     assert main_code(["submit", "--dry-run", "--cpus-per-task", "2", "train", "--config", str(config)]) == 0
     assert "#SBATCH --signal=USR2@120" in capsys.readouterr().out.splitlines()
+
+
+def test_a_config_files_folder_and_signal_are_checked_and_named(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    folder, bad = tmp_path / "o.yaml", tmp_path / "k.yaml"
+    folder.write_text(f"out: {tmp_path / 'fixed'}\n")
+    assert main_code(["submit", "--dry-run", "--cpus-per-task", "2", "train", "--config", str(folder)]) == 0
+    assert f"the run folder: {tmp_path / 'fixed'}" in capsys.readouterr().err
+    bad.write_text("requeue_signal: KILL\n")  # a signal that cannot be caught would checkpoint nothing
+    assert main_code(["submit", "--dry-run", "--cpus-per-task", "2", "train", "--config", str(bad)]) == 2
+    assert "unknown requeue_signal 'KILL'; choose one of: USR1, USR2, URG, HUP" in capsys.readouterr().err

@@ -63,9 +63,21 @@ class Work:
     storage: str | None = None
 
 
+MAX_SIGNAL_S = 65535  # sbatch --signal=SIG@TIME takes at most this
+
+# submit's own flags, refused after the command (where argparse would call them the command's unknown flags)
+OWN_FLAGS = ("--dry-run", "--array", "--nodes", "--gpus-per-node", "--ntasks-per-node", "--cpus-per-task", "--time",
+             "--partition", "--account", "--job-name", "--signal-seconds")
+
+
 def run(args: argparse.Namespace) -> int:
-    if not args.command or args.command[0] not in ("train", "search"):
+    if not args.command:
         raise UserError(USAGE)
+    if args.command[0] not in ("train", "search"):
+        raise UserError(f"paratrain submit runs train or search, not {args.command[0]!r}: {USAGE}")
+    if misplaced := [a for a in args.command[1:] if a.split("=")[0] in OWN_FLAGS]:
+        raise UserError(f"{misplaced[0].split('=')[0]} is paratrain submit's own: put it before "
+                        f"{args.command[0]} (paratrain submit {misplaced[0]} ... {args.command[0]} ...)")
     work = _work(args.command[0], args.command[1:])
     tasks = _check(args, work)
     script = batch_script(args, work, tasks, Path.cwd())
@@ -81,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     done = subprocess.run([sbatch, "--parsable"], input=script, capture_output=True, text=True)
     if done.returncode:
         raise UserError(f"sbatch refused the job: {done.stderr.strip() or f'exit {done.returncode}'}")
+    if done.stderr.strip():  # sbatch's warnings (a limit it lowered, say)
+        print(done.stderr.strip(), file=sys.stderr)
     job = done.stdout.strip().split(";")[0]
     folder = Path.cwd() / work.folder.replace("{JOBID}", job)
     if work.command == "train":
@@ -101,13 +115,31 @@ def _work(command: str, argv: list[str]) -> Work:
     add_train(sub)
     add_search(sub)
     parsed = parser.parse_args([command, *argv])
-    signal = parsed.requeue_signal or C.TrainConfig.requeue_signal
     if command == "search":
-        return Work(command, argv, parsed.out, signal, accelerator=parsed.accelerator or "auto",
-                    storage=parsed.storage or os.environ.get("PARATRAIN_STORAGE"))
+        return _search_work(parsed, argv)
     cfg = resolve_config(parsed)
-    folder = cfg.out if parsed.out or parsed.resume else C.default_run_dir(cfg, "job{JOBID}")
+    named = parsed.out or parsed.resume or (parsed.config and C.load_yaml(parsed.config).get("out"))
+    folder = cfg.out if named else C.default_run_dir(cfg, "job{JOBID}")
     return Work(command, argv, folder, cfg.requeue_signal, cfg.devices, cfg.accelerator)
+
+
+def _search_work(parsed: argparse.Namespace, argv: list[str]) -> Work:
+    """A search's flags, checked as far as they can be away from the cluster: its space and sampler."""
+    from urllib.parse import urlsplit
+
+    from ..search import command, space, study
+
+    space.load(parsed.space)
+    command.check_sampler(parsed.sampler, parsed.strategy, study.SAMPLERS)
+    if parsed.worker:
+        raise UserError("leave out --worker: in a job array task 0 starts the study and the other tasks join it")
+    if parsed.storage and urlsplit(parsed.storage).password:
+        raise UserError("--storage holds a password, which the job script would keep in plain text: export "
+                        "PARATRAIN_STORAGE=postgresql://USER:PASSWORD@HOST/DB instead (sbatch hands your environment "
+                        "to the job) and leave out --storage")
+    storage = parsed.storage or os.environ.get("PARATRAIN_STORAGE")
+    return Work("search", argv, parsed.out, parsed.requeue_signal or C.TrainConfig.requeue_signal,
+                accelerator=parsed.accelerator or "auto", storage=storage)
 
 
 def _check(args: argparse.Namespace, work: Work) -> int:
@@ -116,6 +148,8 @@ def _check(args: argparse.Namespace, work: Work) -> int:
         value, least = getattr(args, name), 0 if name == "gpus_per_node" else 1
         if value is not None and value < least:
             raise UserError(f"--{name.replace('_', '-')} must be at least {least}")
+    if args.signal_seconds > MAX_SIGNAL_S:
+        raise UserError(f"--signal-seconds is at most {MAX_SIGNAL_S} (Slurm's limit)")
     if not args.gpus_per_node and not args.cpus_per_task:
         raise UserError("a job without GPUs needs --cpus-per-task C: the cores each task's worker uses (Slurm "
                         "gives a task one core otherwise)")
@@ -125,6 +159,8 @@ def _check(args: argparse.Namespace, work: Work) -> int:
         if args.nodes != 1 or (args.ntasks_per_node or 1) != 1:
             raise UserError("a search runs its trials on one node (--parallel, --devices-per-trial): leave out "
                             "--nodes and --ntasks-per-node, and give --array N for N nodes' worth of searching")
+        if args.array and (work.storage or "").startswith("postgres://"):
+            raise UserError("the search's storage URL starts postgres://: write postgresql:// (SQLAlchemy's name)")
         if args.array and not (work.storage or "").startswith("postgresql"):
             raise UserError("the tasks of a job array share one study: give the search --storage postgresql://... "
                             "(or PARATRAIN_STORAGE); a SQLite file on a network file system is unsafe: its locks "

@@ -35,7 +35,8 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("activation", cfg.activation), ("accelerator", cfg.accelerator),
                         ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
                         ("strategy", cfg.strategy), ("param_device", cfg.param_device),
-                        ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm), ("labels", cfg.labels)):
+                        ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm), ("labels", cfg.labels),
+                        ("requeue_signal", cfg.requeue_signal)):
         choices = FIELDS[name].metadata["choices"]
         if name == "model" and is_import_path(value):
             continue

@@ -57,7 +57,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output folder")
 
 
-def _check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]) -> None:
+def check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]) -> None:
     """--sampler picks how trials are chosen; --strategy is each trial's parallelism (it once meant the
     sampler here)."""
     from ..strategies import REGISTRY
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     from . import study as studies
 
     sp = space.load(args.space)
-    _check_sampler(args.sampler, args.strategy, studies.SAMPLERS)
+    check_sampler(args.sampler, args.strategy, studies.SAMPLERS)
     if args.pruner not in studies.PRUNERS:
         raise UserError(f"unknown --pruner '{args.pruner}'; choose one of: {', '.join(studies.PRUNERS)}")
     if args.keep_trial_checkpoints not in keep.POLICIES:
