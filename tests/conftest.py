@@ -108,6 +108,11 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
 
 
+def adam_moments(state: dict) -> dict[str, torch.Tensor]:
+    """A checkpoint's Adam moments, by parameter: what a resumed run must carry over exactly."""
+    return {f"{k}.{m}": v[m] for k, v in state["optimizer"]["state"].items() for m in ("exp_avg", "exp_avg_sq")}
+
+
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     gap = max((a[k].double() - b[k].double()).abs().max().item() for k in a) if a else 0.0

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import descendants, logged_step, max_abs_diff, veth_namespaces
+from conftest import adam_moments, descendants, logged_step, max_abs_diff, veth_namespaces
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +79,13 @@ def _start_pod(ns: str, index: int, job: dict, volume: Path, folder: Path) -> su
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _kill(pod: subprocess.Popen) -> None:
+    """kill -9 of every process in the pod (torchrun's workers have sessions of their own)."""
+    for pid in [pod.pid, *descendants(pod.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _finish(pods: list[subprocess.Popen], folder: Path, timeout: float = 180) -> None:
     try:
         for pod in pods:
@@ -86,9 +93,7 @@ def _finish(pods: list[subprocess.Popen], folder: Path, timeout: float = 180) ->
     finally:
         for pod in pods:
             if pod.poll() is None:
-                for pid in [pod.pid, *descendants(pod.pid)]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                _kill(pod)
     logs = "".join((folder / f"worker-{i}.log").read_text()[-2000:] for i in (0, 1))
     assert [pod.returncode for pod in pods] == [0, 0], logs
 
@@ -111,9 +116,7 @@ def test_the_pytorchjob_command_forms_the_group_and_carries_on_after_a_pod_is_ki
                 assert time.monotonic() < deadline and all(p.poll() is None for p in started), \
                     (folder / "worker-0.log").read_text()[-3000:]
                 time.sleep(0.01)
-            for pid in [started[1].pid, *descendants(started[1].pid)]:  # the pod is gone, every process in it
-                with contextlib.suppress(ProcessLookupError):  # (torchrun's workers have sessions of their own)
-                    os.kill(pid, signal.SIGKILL)
+            _kill(started[1])  # the pod is gone, every process in it
             started[1].wait()
             started[1] = _start_pod(pods[1], 1, job, volume, folder)  # restartPolicy OnFailure: it comes back
         _finish(started, folder)
@@ -123,6 +126,4 @@ def test_the_pytorchjob_command_forms_the_group_and_carries_on_after_a_pod_is_ki
     assert summary["restarts"] >= 1 and 100 <= summary["resumed_from_step"] < 600, summary
     a, b = (torch.load(r / "checkpoints" / "last.pt", weights_only=True) for r in (runs["killed"], runs["whole"]))
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
-    moments = [{f"{k}.{m}": v[m] for k, v in s["optimizer"]["state"].items() for m in ("exp_avg", "exp_avg_sq")}
-               for s in (a, b)]
-    assert max_abs_diff(*moments) <= 1e-6
+    assert max_abs_diff(adam_moments(a), adam_moments(b)) <= 1e-6

@@ -11,11 +11,13 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from conftest import logged_step, max_abs_diff, train, weights
+from conftest import adam_moments, logged_step, max_abs_diff, train, weights
 from slurm_cluster import Cluster, one_node_cluster, two_node_cluster
 
 pytestmark = pytest.mark.integration
@@ -26,15 +28,20 @@ LONG = ("--quiet", "--no-tensorboard", "--steps", "600", "--optimizer", "adam", 
         "--batch-size", "64", "--checkpoint-every", "10", "--log-every", "1")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
+def _started(make: Callable[[Path], Any], folder: Path, what: str) -> Iterator[Cluster]:
+    """A cluster for a module's tests, or a skip saying why it cannot be started here."""
     try:
-        with one_node_cluster(tmp_path_factory.mktemp("slurm")) as running:
+        with make(folder) as running:
             yield running
             return
     except OSError as e:
         reason = str(e)
-    pytest.skip(f"a Slurm cluster cannot be started here ({reason})")
+    pytest.skip(f"{what} cannot be started here ({reason})")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    yield from _started(one_node_cluster, tmp_path_factory.mktemp("slurm"), "a Slurm cluster")
 
 
 def _job_script(out: Path, *args: str, resources: str = "--ntasks=2") -> str:
@@ -99,20 +106,12 @@ def test_a_preempted_job_is_requeued_and_ends_with_the_uninterrupted_weights(clu
     a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (run, whole))
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
     assert max_abs_diff(a["ema_model"], b["ema_model"]) <= 1e-6
-    moments = [{f"{k}.{m}": v[m] for k, v in s["optimizer"]["state"].items() for m in ("exp_avg", "exp_avg_sq")}
-               for s in (a, b)]
-    assert max_abs_diff(*moments) <= 1e-6
+    assert max_abs_diff(adam_moments(a), adam_moments(b)) <= 1e-6
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
-    try:
-        with two_node_cluster(tmp_path_factory.mktemp("slurm2")) as running:
-            yield running
-            return
-    except OSError as e:
-        reason = str(e)
-    pytest.skip(f"a two-node Slurm cluster cannot be made here ({reason})")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    yield from _started(two_node_cluster, tmp_path_factory.mktemp("slurm2"), "a two-node Slurm cluster")
 
 
 def _sent(cluster: Cluster) -> list[int]:

@@ -258,3 +258,10 @@ def test_the_warning_that_came_while_the_run_started_stops_it_at_once() -> None:
             assert plain.signum == 0
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_a_negative_requeue_limit_is_one_line(capsys: pytest.CaptureFixture) -> None:
+    from conftest import main_code
+
+    assert main_code(["train", "--max-requeues", "-1", "--steps", "1"]) == 2
+    assert "--max-requeues must not be negative, not -1" in capsys.readouterr().err

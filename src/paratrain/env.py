@@ -137,7 +137,7 @@ def _srun_task(environ: Mapping[str, str], job: SlurmJob, tasks: int) -> Environ
         raise UserError("srun started this task without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST")
     per_node = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", ""))
     here = environ.get("SLURMD_NODENAME")
-    node = hosts.index(here) if here in hosts else int(environ.get("SLURM_NODEID", "0"))
+    node = hosts.index(here) if here in hosts else _int(environ, "SLURM_NODEID", 0)
     local_world = per_node[node] if node < len(per_node) else max(1, tasks // len(hosts))
     port = _int(environ, "MASTER_PORT", None) or job_port(job.job_id)
     return Environment("slurm", _int(environ, "SLURM_PROCID", 0), tasks, _int(environ, "SLURM_LOCALID", 0),

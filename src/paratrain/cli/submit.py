@@ -119,7 +119,7 @@ def _work(command: str, argv: list[str]) -> Work:
         return _search_work(parsed, argv)
     cfg = resolve_config(parsed)
     named = parsed.out or parsed.resume or (parsed.config and C.load_yaml(parsed.config).get("out"))
-    folder = cfg.out if named else C.default_run_dir(cfg, "job{JOBID}")
+    folder = cfg.out if named else C.default_run_dir(cfg, C.job_tag("{JOBID}", None))  # the script's one srun
     return Work(command, argv, folder, cfg.requeue_signal, cfg.devices, cfg.accelerator)
 
 

@@ -35,14 +35,15 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     values = C.load_yaml(args.config) if args.config else {}
     flags = {name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None}
     keys = C.changed(C.from_dict(values)) - set(flags)  # the file's own settings (not its copies of the defaults)
-    cfg = checked(C.validate(C.with_run_dir(C.overlay(C.overlay(base, values), flags), detect())))
+    env = detect()
+    cfg = checked(C.validate(C.with_run_dir(C.overlay(C.overlay(base, values), flags), env)))
     C.check_read(cfg, flags)
     # a file may come from elsewhere (another run's config.yaml): what it sets in vain is a warning
     said = [f"{C.in_python_words(clause)}, in {args.config}; it is ignored" for clause in C.unread(cfg, keys).values()]
     if {"lr_decay_steps", "lr_decay_epochs"} <= keys:
         said.append(f"lr_decay_steps and lr_decay_epochs are both set: the steps are the decay period, in "
                     f"{args.config}")
-    if detect().is_main:  # once, not once per rank
+    if env.is_main:  # once, not once per rank
         for line in said:
             print(f"paratrain: warning: {line}", file=sys.stderr, flush=True)
     return cfg

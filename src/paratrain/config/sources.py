@@ -78,8 +78,13 @@ def with_run_dir(cfg: TrainConfig, env: Environment = LOCAL) -> TrainConfig:
     if cfg.out:
         return cfg
     job = env.slurm
-    when = f"job{job.name}{f'.{job.step}' if job.step else ''}" if job else time.strftime('%Y%m%d-%H%M%S')
+    when = job_tag(job.name, job.step) if job else time.strftime('%Y%m%d-%H%M%S')
     return cfg.replace(out=default_run_dir(cfg, when))
+
+
+def job_tag(name: str, step: int | None) -> str:
+    """A Slurm job's part of its default run folder: job<name>, and .<step> for an srun after the script's first."""
+    return f"job{name}{f'.{step}' if step else ''}"
 
 
 def default_run_dir(cfg: TrainConfig, when: str) -> str:
