@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("0 base: who started this process", ("env",)),
     ("0 base: on errors and env", ("interrupt", "userframes", "proc", "prefork")),
     ("1 records", ("rundir", "devices", "dist")),
+    ("1 records: sharded checkpoints' folders", ("sharded",)),
     ("1 records: the configuration and the checkpoint files", ("config", "checkpoint")),
     ("1 records: on the configuration", ("runlength", "recipes", "requeue")),
     ("2 components", ("data", "models", "batchnorm", "phases")),

@@ -14,7 +14,7 @@ from .data import Splits
 from .data.transforms import Augment, BatchPipeline
 from .models import build_model, convolutional, input_size
 from .models.imported import call_factory
-from .optim import make_ema, make_optimizer, make_scheduler
+from .optim import make_optimizer, make_scheduler
 from .userparts import Parts
 
 
@@ -49,11 +49,10 @@ def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) 
 
 
 def optimizer_parts(cfg: TrainConfig, module: nn.Module, parts: Parts, total_steps: int,
-                    per_epoch: int, device: torch.device) -> tuple[torch.optim.Optimizer, Any, Any, Any]:
-    """The optimizer over `module` (the user's factory or the configuration's), its learning-rate schedule,
-    the gradient scaler (16-mixed only) and the weight average (--ema)."""
+                    per_epoch: int, device: torch.device) -> tuple[torch.optim.Optimizer, Any, Any]:
+    """The optimizer over `module` (the user's factory or the configuration's), its learning-rate schedule
+    and the gradient scaler (16-mixed only). The weight average (--ema) is the strategy's (Strategy.average)."""
     optimizer = (parts.optimizer or partial(make_optimizer, cfg))(module.parameters())
     scheduler = make_scheduler(cfg, optimizer, total_steps, per_epoch)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "16-mixed")
-    ema = make_ema(module, cfg.ema) if cfg.ema else None
-    return optimizer, scheduler, scaler, ema
+    return optimizer, scheduler, scaler

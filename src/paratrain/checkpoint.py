@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from . import sharded
 from .errors import UserError
 from .rundir import step_checkpoints, weights_only, writing
 
@@ -70,7 +71,7 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
     return step_path
 
 
-def newest_loadable(folder: str | Path) -> dict[str, Any] | None:
+def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | None:
     """The checkpoint of the highest step in `folder` (a run's checkpoints/) that loads; None where it holds
     none. One line on stderr names the newer ones that did not load, and why; a UserError when none loads.
 
@@ -80,7 +81,7 @@ def newest_loadable(folder: str | Path) -> dict[str, Any] | None:
     skipped: list[tuple[Path, str]] = []
     for path in _newest_first(folder):
         try:
-            state = load(path)
+            state = load(path, whole)
         except UserError as e:
             skipped.append((path, str(e)))
             continue
@@ -111,22 +112,31 @@ def _newest_first(folder: Path) -> list[Path]:
     return found
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
     """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused. A run
-    directory: the newest of its checkpoints that loads (newest_loadable)."""
+    directory: the newest of its checkpoints that loads (newest_loadable). A sharded checkpoint's folder
+    (sharded.py): its meta.pt, with "sharded" naming the folder, and (`whole`) its whole weights and EMA read
+    in this process; a sharded strategy's workers read their own shards instead (whole=False)."""
     path = Path(path)
-    if path.is_dir():  # a run directory
-        state = newest_loadable(path / "checkpoints")
+    if path.is_dir() and not sharded.is_sharded(path):  # a run directory
+        state = newest_loadable(path / "checkpoints", whole)
         if state is not None:
             return state
         path = path / "checkpoints" / "last.pt"
-    if not path.is_file():
+    is_sharded = sharded.is_sharded(path)
+    if not path.is_file() and not is_sharded:
         raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
-    with open(path, "rb") as f:  # opened once: the check of its kind and the load read the same file
+    with open(path / sharded.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
         state = _load_open(f, path)
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
+    needed = [k for k in REQUIRED if not (is_sharded and k in sharded.TENSORS)]
+    if not isinstance(state, dict) or any(k not in state for k in needed):
         raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
-                        f"{', '.join(k for k in REQUIRED if not isinstance(state, dict) or k not in state)})")
+                        f"{', '.join(k for k in needed if not isinstance(state, dict) or k not in state)})")
+    if is_sharded:
+        sharded.check_version(state, path)
+        state["sharded"] = str(path)
+        if whole:
+            state.update(sharded.whole(path))
     return state
 
 

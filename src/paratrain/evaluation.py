@@ -15,27 +15,32 @@ from .dist import DistContext
 
 
 def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-             batch_size: int, loss: Any = None, flip: bool = False) -> tuple[float, float]:
+             batch_size: int, loss: Any = None, flip: bool = False, lockstep: bool = False) -> tuple[float, float]:
     """Accuracy and mean loss over the whole set: each worker takes a contiguous, unpadded share and
     the sums are all-reduced, so the figures are exactly those of the full set. `flip`: the outputs are
-    the mean of the image's and its mirror image's (test-time augmentation, --test-flip)."""
+    the mean of the image's and its mirror image's (test-time augmentation, --test-flip). `lockstep`: every
+    forward is a collective (a sharded model gathers its weights), so every worker runs as many, a worker
+    whose share is shorter by one example running an empty batch last."""
     with torch.no_grad():  # not a decorator: mutation testing (mutmut) leaves decorated functions alone
-        return _evaluate(model, pair, prep, ctx, batch_size, loss, flip)
+        return _evaluate(model, pair, prep, ctx, batch_size, loss, flip, lockstep)
 
 
 def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-              batch_size: int, loss: Any, flip: bool) -> tuple[float, float]:
+              batch_size: int, loss: Any, flip: bool, lockstep: bool) -> tuple[float, float]:
     x_all, y_all = pair
     share = eval_range(len(y_all), ctx.rank, ctx.world_size)
+    longest = len(eval_range(len(y_all), 0, ctx.world_size)) if lockstep else len(share)  # rank 0's is longest
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
     was_training = model.training
     model.eval()
-    for start in range(share.start, share.stop, batch_size):
-        stop = min(start + batch_size, share.stop)
+    for start in range(share.start, share.start + longest, batch_size):
+        start, stop = min(start, share.stop), min(start + batch_size, share.stop)
         x = prep.eval(x_all[start:stop])
         logits = model(x)
         if flip:
             logits = (logits + model(x.flip(3))) / 2
+        if stop == start:  # lock-step's empty batch: its forward ran, it adds nothing
+            continue
         y = y_all[start:stop]
         if loss is None:
             sums[0] += F.cross_entropy(logits, y, reduction="sum").double()

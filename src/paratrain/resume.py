@@ -34,7 +34,8 @@ def _read(plan: RunPlan) -> tuple[dict[str, Any] | None, str | None]:
     """This worker's newest loadable checkpoint of the run, or why it cannot carry the run on."""
     cfg = plan.cfg
     try:
-        state = checkpoint.newest_loadable(Path(cfg.out) / "checkpoints")
+        # a sharded checkpoint's tensors are read by the strategy, each rank its own shards (Strategy.load)
+        state = checkpoint.newest_loadable(Path(cfg.out) / "checkpoints", whole=False)
     except UserError as e:
         return None, str(e)
     if state is None:

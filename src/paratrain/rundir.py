@@ -81,10 +81,12 @@ RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "chec
 
 
 def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """The step checkpoints (`step-NNNNNNNN.pt`) in a run's checkpoints folder, by step, oldest first."""
+    """The step checkpoints in a run's checkpoints folder (`step-NNNNNNNN.pt` files, or the folders of a sharded
+    strategy's), by step, oldest first."""
     if not folder.is_dir():
         return []
-    found = [(int(p.stem[5:]), p) for p in folder.glob("step-*.pt") if p.stem[5:].isdigit()]
+    found = [(int(p.name[5:].removesuffix(".pt")), p) for p in folder.glob("step-*")
+             if p.name[5:].removesuffix(".pt").isdigit() and (p.suffix == ".pt") != p.is_dir()]
     return sorted(found, key=lambda found: found[0])
 
 
@@ -115,7 +117,7 @@ def check_fresh(path: str | Path, overwrite: bool) -> None:
     step checkpoints left beside the new ones."""
     what = held_run(Path(path))
     if what is not None and not overwrite:
-        resumable = (Path(path) / "checkpoints" / "last.pt").is_file() and not weights_only(path)
+        resumable = newest_step(Path(path)) is not None and not weights_only(path)
         how = f"carry it on with --resume {path}, pass a new --out," if resumable else \
             "it has no checkpoint to carry on from: pass a new --out"
         raise UserError(f"--out {path} holds {what}; {how} or add --overwrite to clear it first")  # fit: in fields

@@ -64,7 +64,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         hardware = _hardware(cfg, env)
     if devices is None:  # under a launcher's group: this node's workers, by local rank
         devices = group_devices(env, hardware) if env.in_group else device_map(hardware)
-    cfg, arranged, layout = strategy.arrange(cfg, hardware, env.in_group)
+    cfg, arranged, layout = strategy.arrange(cfg, hardware, env)
     if "replicas" in layout:  # devices driven from one process (the tower), named by their place in the map
         layout = {**layout, "replicas": [devices[i] for i in layout["replicas"]]}
     devices = tuple(d if arranged.accelerator == "gpu" else "cpu" for d in devices[:arranged.workers])
@@ -126,6 +126,6 @@ def _check_own(cfg: C.TrainConfig, data: Splits, parts: Parts | None,
 def with_hardware(plan: RunPlan, hardware: Hardware) -> RunPlan:
     """The plan on other processes (what `--devices auto` measured and chose): the strategy arranges the batch
     over them again; the data, the user's code and what `prepare` decided stay."""
-    cfg, arranged, layout = strategies.get(plan.cfg.strategy).arrange(plan.cfg, hardware, plan.env.in_group)
+    cfg, arranged, layout = strategies.get(plan.cfg.strategy).arrange(plan.cfg, hardware, plan.env)
     return dataclasses.replace(plan, cfg=cfg, hardware=arranged, devices=device_map(arranged),
                                layout={**plan.layout, **layout})

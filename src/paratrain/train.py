@@ -88,7 +88,8 @@ class Trainer:
         if memory_format(cfg) == torch.channels_last:  # before DDP lays out its buckets and the EMA copies it
             module.to(memory_format=torch.channels_last)
         state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
-                                                  self.length.per_epoch, self.ctx.device))
+                                                  self.length.per_epoch, self.ctx.device),
+                         self.strategy.average(cfg.ema) if cfg.ema else None)
         if saved is not None:
             self._restore(state, saved)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
@@ -98,11 +99,10 @@ class Trainer:
         return state
 
     def _restore(self, state: RunState, saved: dict[str, Any]) -> None:
-        self.strategy.restore(state.optimizer, saved["optimizer"])
+        self.strategy.restore(state.optimizer, state.ema, saved)
         state.scheduler.load_state_dict(saved.get("scheduler", {"last_epoch": saved["step"]}))
         state.scaler.load_state_dict(saved.get("scaler", {}))
-        if state.ema is not None and "ema_model" in saved:
-            state.ema.module.load_state_dict(saved["ema_model"])
+        if state.ema is not None and saved.get("ema_n_averaged") is not None:  # restore() loaded its weights
             state.ema.n_averaged.fill_(saved["ema_n_averaged"])
         state.step = state.first_step = int(saved["step"])
         # a checkpoint of an earlier version: its epochs count as validated
@@ -293,7 +293,7 @@ class Trainer:
         """Save the run's state (a collective: the strategy decides who writes what)."""
         state = self.state
         self._agree_buffers()
-        self.strategy.save(state.optimizer, lambda: self._extras(epoch), self.ckpt_dir, state.step,
+        self.strategy.save(state.optimizer, state.ema, lambda: self._extras(epoch), self.ckpt_dir, state.step,
                            self.cfg.keep_checkpoints)
         state.saved_step = state.step
 
@@ -306,8 +306,7 @@ class Trainer:
                   "validated": state.validated, "early_stopping": (state.best_val_loss, state.since_best)}
         if self.parts.record:
             extras["parts"] = self.parts.record  # which network, optimizer and loss of the user's ran
-        if state.ema is not None:
-            extras["ema_model"] = {k: v.detach().cpu() for k, v in state.ema.module.state_dict().items()}
+        if state.ema is not None:  # its weights are the strategy's to save
             extras["ema_n_averaged"] = int(state.ema.n_averaged)
         return extras
 
@@ -321,7 +320,8 @@ class Trainer:
                       f"{self.ckpt_dir}; continue with --resume {self.run_dir}", signum)
 
     def _evaluate(self, model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
-        return evaluate(model, pair, self.prep, self.ctx, self.cfg.eval_batch_size, self.loss, self.cfg.test_flip)
+        return evaluate(model, pair, self.prep, self.ctx, self.cfg.eval_batch_size, self.loss, self.cfg.test_flip,
+                        self.strategy.lockstep)
 
     def _validate(self, epoch: int, epoch_time: float) -> None:
         state, t_eval = self.state, time.perf_counter()

@@ -28,7 +28,7 @@ BATCHNORM = ("sync", "local")
 # Slurm's pre-emption and time-limit warnings (USR2 where NCCL catches USR1; TERM is a stop, never a requeue)
 REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 # the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
-STRATEGIES = ("ddp", "tower", "pipeline", "hybrid")
+STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -65,7 +65,9 @@ class TrainConfig:
     # where to run
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
     strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
-                       "pipeline: the layers cut into --stages, a process each; hybrid: data x pipeline",
+                       "pipeline: the layers cut into --stages, a process each; hybrid: data x pipeline; fsdp: "
+                       "sharded data parallel (each worker holds 1/N of the weights, gradients and optimizer "
+                       "state); hsdp: fsdp within groups of --shard-size workers, replicated across them",
                        choices=STRATEGIES)
     param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
                            choices=("auto", "cpu", "cuda:0"))
@@ -83,6 +85,16 @@ class TrainConfig:
     microbatches: int = _f(4, "pipeline/hybrid: micro-batches each worker's batch is cut into")
     schedule: str = _f("gpipe", "pipeline/hybrid: the pipeline schedule", choices=PIPELINE_SCHEDULES)
     split: str = _f("auto", "pipeline/hybrid: auto (balance the counted cost) or cut points, e.g. 3,5")
+    shard_modules: str | None = _f(None, "fsdp/hsdp: the blocks sharded (and gathered) one at a time, as "
+                                   "module names, e.g. layers.0,layers.1 (default: the model's blocks)")
+    reshard_after_forward: bool = _f(True, "fsdp/hsdp: free each block's gathered weights after its forward "
+                                     "(gather again in the backward)", flag="--no-reshard-after-forward",
+                                     off_help="fsdp/hsdp: keep each block's gathered weights from its forward "
+                                     "to its backward (more memory, less traffic)")
+    shard_size: int | None = _f(None, "hsdp: workers each tensor is sharded over (the rest are copies; "
+                                "default: the workers of one node)")
+    cpu_offload: bool = _f(False, "fsdp/hsdp on GPUs: keep the sharded weights, gradients and optimizer state "
+                           "in CPU memory", flag="--cpu-offload")
     batchnorm: str = _f("sync", "BatchNorm statistics: sync (over the whole global batch, as on one device) or "
                         "local (each worker's share, as the classic tower recipe; does not equal one device)",
                         choices=BATCHNORM)

@@ -21,6 +21,8 @@ REGISTRY = {
     "tower": "paratrain.strategies.tower:TowerStrategy",
     "pipeline": "paratrain.strategies.pipeline:PipelineStrategy",
     "hybrid": "paratrain.strategies.hybrid:Hybrid",
+    "fsdp": "paratrain.strategies.fsdp:FSDP",
+    "hsdp": "paratrain.strategies.fsdp:HSDP",
 }
 
 

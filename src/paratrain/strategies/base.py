@@ -9,11 +9,11 @@ a sharded strategy would read its shards), `wrap` it; every step `forward_backwa
 `clip_grad_norm`; and `save`, `whole_model` and `summary` for checkpoints, evaluation and summary.json.
 
 The hooks leave room for a strategy whose workers do not hold the whole model: `build` returns whatever
-module this worker updates (a pipeline stage here; sharded tensors under FSDP2), `save` decides who writes
-what (rank 0 writes one whole-model file here; a sharded strategy would have every rank write its shard
-through torch.distributed.checkpoint), and `whole_model`/`clip_grad_norm` gather or reduce across workers
-where needed. Not yet routed through a strategy: the EMA (a copy of the module this worker trains, saved by
-rank 0) and the weight histograms; pipelines refuse --ema for that reason.
+module this worker updates (a pipeline stage; sharded tensors under FSDP2), `average` makes the weight
+average (--ema) of it, `save` decides who writes what (rank 0 writes one whole-model file here; fsdp has
+every rank write its shards through torch.distributed.checkpoint), `load`/`restore` read them back, and
+`whole_model`/`clip_grad_norm` gather or reduce across workers where needed. Not routed through a strategy:
+the weight histograms. Pipelines refuse --ema (their stages do not average a whole model).
 Adding a strategy: a module with a subclass, and one line in strategies/__init__.py.
 """
 
@@ -29,11 +29,13 @@ from ..errors import UserError
 if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.checked calls `check` without it
     import torch
     from torch import nn
+    from torch.optim.swa_utils import AveragedModel
 
     from ..config import TrainConfig
     from ..data import Splits
     from ..devices import Hardware
     from ..dist import DistContext
+    from ..env import Environment
     from ..phases import PhaseTimer
     from ..userparts import Parts
 
@@ -44,6 +46,8 @@ class Strategy:
     name: ClassVar[str]
     unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages
     pipelined: ClassVar[bool] = False  # cuts the layers into stages (--stages, --split, --print-split)
+    sharded: ClassVar[bool] = False  # writes sharded checkpoints (sharded.py), not one whole-model file
+    lockstep: ClassVar[bool] = False  # every forward is a collective: evaluation runs as many on every worker
 
     # ---- before launch, in the launching process ----
 
@@ -69,7 +73,7 @@ class Strategy:
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
-                in_group: bool) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
         """The batch split over the workers, checked once before any process starts; the processes to
         start; and the strategy's layout (what its workers read from the run's plan)."""
         copies = cls.copies(cfg, hardware.workers)
@@ -116,11 +120,24 @@ class Strategy:
         whole model, as `save` writes it)."""
         from .. import checkpoint
 
+        if "sharded" in saved:
+            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} is sharded (written by --strategy "
+                            f"{saved['config'].get('strategy')}); carry it on with --strategy fsdp or hsdp, or "
+                            "write its weights to one file with paratrain export")
         checkpoint.load_weights(self.module, saved, self.cfg.resume, self.cfg.to_dict())
 
-    def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        """Load a whole-model optimizer state (a checkpoint's) into this worker's optimizer."""
-        optimizer.load_state_dict(state)
+    def average(self, decay: float) -> AveragedModel:
+        """The weight average (--ema) of what this worker trains (after `load`: it starts from those weights)."""
+        from ..optim import make_ema
+
+        return make_ema(self.module, decay)
+
+    def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
+        """Load a checkpoint's whole-model optimizer state into this worker's optimizer, and its weight
+        average into `ema`."""
+        optimizer.load_state_dict(saved["optimizer"])
+        if ema is not None and "ema_model" in saved:
+            ema.module.load_state_dict(saved["ema_model"])
 
     def wrap(self) -> None:
         """Wrap the module for training, once its state is restored."""
@@ -163,17 +180,19 @@ class Strategy:
         """The whole model with the current weights, for evaluation (collective where the model is split)."""
         return self.module
 
-    def save(self, optimizer: torch.optim.Optimizer, extras: Callable[[], dict[str, Any]], directory: Path,
-             step: int, keep: int) -> None:
-        """Write a checkpoint (collective): rank 0 writes the whole model and optimizer state with `extras()`
-        (scheduler, EMA, step, config; built on the writing rank only), so every strategy's checkpoint is
-        the same file."""
+    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
+             extras: Callable[[], dict[str, Any]], directory: Path, step: int, keep: int) -> None:
+        """Write a checkpoint (collective): rank 0 writes the whole model, optimizer state and weight average
+        with `extras()` (scheduler, step, config; built on the writing rank only), so every unsharded
+        strategy's checkpoint is the same file."""
         from .. import checkpoint
 
         weights, optimizer_state = self._whole_state(optimizer)
         if self.ctx.is_main:
             state = {"model": {k: v.detach().cpu() for k, v in weights.state_dict().items()},
                      "optimizer": optimizer_state, **extras()}
+            if ema is not None:
+                state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
             checkpoint.save_step(state, directory, step, keep)
 
     def _whole_state(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict | None]:

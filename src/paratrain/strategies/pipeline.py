@@ -13,10 +13,12 @@ from .base import Strategy
 if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.checked calls `check` without it)
     import torch
     from torch import nn
+    from torch.optim.swa_utils import AveragedModel
 
     from ..config import TrainConfig
     from ..data import Splits
     from ..devices import Hardware
+    from ..env import Environment
     from ..phases import PhaseTimer
     from ..userparts import Parts
     from .stages import Pipeline
@@ -54,8 +56,8 @@ class PipelineStrategy(Strategy):
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
-                in_group: bool) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
-        cfg, hardware, layout = super().arrange(cfg, hardware, in_group)
+                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        cfg, hardware, layout = super().arrange(cfg, hardware, env)
         copies = cls.copies(cfg, hardware.workers)
         if (cfg.batch_size // copies) % cfg.microbatches:
             raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
@@ -143,8 +145,8 @@ class PipelineStrategy(Strategy):
         mine = {k: v for k, v in saved["model"].items() if k.split(".", 1)[0] in names}
         checkpoint.load_weights(self.module, {**saved, "model": mine}, self.cfg.resume, self.cfg.to_dict())
 
-    def restore(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        self.stage.load_optimizer(optimizer, state)
+    def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
+        self.stage.load_optimizer(optimizer, saved["optimizer"])  # no EMA: pipelines refuse --ema
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ..config import TrainConfig
     from ..data import Splits
     from ..devices import Hardware
+    from ..env import Environment
     from ..userparts import Parts
 
 
@@ -22,13 +23,13 @@ class TowerStrategy(Strategy):
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
-                in_group: bool) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
         """One process whose device is the parameter device; its replicas are the run's devices (GPUs,
         or copies on the CPU), in the layout."""
         from .. import devices
 
-        cfg, hardware, layout = super().arrange(cfg, hardware, in_group)
-        if in_group:
+        cfg, hardware, layout = super().arrange(cfg, hardware, env)
+        if env.in_group:
             raise UserError("--strategy tower runs in one process; start it without torchrun")
         on_cpu = hardware.accelerator == "cpu" or cfg.param_device == "cpu"
         # the cores its workers would have had (a search trial's share of the pool, not every core)
