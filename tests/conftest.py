@@ -105,7 +105,10 @@ def logged_step(run: Path) -> int:
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["model"]
+    """The weights of a run's newest checkpoint (one file, or a sharded strategy's folder read whole)."""
+    from paratrain import checkpoint
+
+    return checkpoint.load(run_dir)["model"]
 
 
 def adam_moments(state: dict) -> dict[str, torch.Tensor]:

@@ -74,6 +74,33 @@ def sync_waits(t: Any) -> dict[str, Any]:
     return {"sync_wait_s": [round(w, 3) for w in waits], "straggler": straggler}
 
 
+def _local_bytes(tensor: torch.Tensor) -> int:
+    """The bytes of `tensor` this worker holds: its own shard of a sharded (DTensor) one."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def memory_figures(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: Any) -> dict[str, Any]:
+    """For each worker: the bytes of the model state it holds (its parameters, their gradients, which exist
+    during every step, and its optimizer state: its shards under fsdp), and its peak memory (the GPU's
+    allocated bytes, or the process's resident set on the CPU). A collective: every worker calls it."""
+    import resource
+
+    params = sum(_local_bytes(p) for p in module.parameters())
+    grads = sum(_local_bytes(p) for p in module.parameters() if p.requires_grad)
+    state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    on_gpu = ctx.device.type == "cuda"
+    peak = torch.cuda.max_memory_allocated(ctx.device) if on_gpu else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts it in KiB
+    rows = torch.zeros(ctx.world_size, 4, dtype=torch.float64, device=ctx.device)
+    rows[ctx.rank] = torch.tensor([params, grads, state, peak], dtype=torch.float64)
+    ctx.all_reduce_sum(rows)
+    held = [{"parameters": int(p), "gradients": int(g), "optimizer": int(o), "total": int(p + g + o)}
+            for p, g, o, _ in rows.tolist()]
+    return {"model_state_bytes": held, "peak_memory_bytes": [int(r[3]) for r in rows.tolist()],
+            "peak_memory_of": "gpu allocated" if on_gpu else "process rss"}
+
+
 def summary_of(t: Any, test: tuple[float, float], test_ema: tuple[float, float] | None,
                added: dict[str, Any]) -> dict[str, Any]:
     cfg, state, per_update = t.cfg, t.state, t.cfg.batch_size * t.cfg.accumulate

@@ -55,7 +55,8 @@ def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, An
             building.mkdir(parents=True)
     ctx.barrier()  # the folder exists before any rank writes into it
     with writing(final), _quiet():
-        dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed)
+        written = dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed)
+    _check_shared(ctx, building, written)
     if ctx.is_main:
         with writing(final):
             _publish(building, final, {**meta(), "sharded": FORMAT, "torch": str(torch.__version__)})
@@ -63,6 +64,20 @@ def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, An
                 _remove(old)
     ctx.barrier()  # no rank goes on (or leaves on a signal) before the checkpoint is whole
     return final
+
+
+def _check_shared(ctx: Any, building: Path, written: Any) -> None:
+    """Every rank's shards must be in rank 0's folder: on several nodes without a shared file system they land
+    on each node's own disk, and the checkpoint could never be read. Agreed by all (collective)."""
+    missing = torch.zeros(1, device=ctx.device)
+    if ctx.is_main:
+        files = {item.relative_path for item in (written.storage_data or {}).values()}
+        missing.fill_(sum(not (building / name).is_file() for name in files))
+    ctx.all_reduce_sum(missing)
+    if missing.item():
+        raise UserError(f"the shards of a sharded checkpoint did not all reach {building.parent}: the nodes do not "
+                        "share it; pass an --out on a file system every node mounts (fsdp and hsdp write each "
+                        "rank's shards there)")
 
 
 def _publish(building: Path, final: Path, meta: dict[str, Any]) -> None:
@@ -117,19 +132,23 @@ def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
     """Load the checkpoint's pieces that `into` asks for into its tensors, in place, whatever shards they are
     (collective where `distributed`: every rank calls it)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     with _quiet():
         try:
             dcp.load(into, checkpoint_id=Path(path), no_dist=not distributed)
-        except Exception as e:  # noqa: BLE001 (DCP raises CheckpointException and others for a missing piece)
-            first = " ".join(str(e).split())[:200]
+        except (Exception, CheckpointException) as e:  # a BaseException: a rank's failure, wrapped
+            cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
+            cause = getattr(cause, "exc", cause)  # DCP's record of a rank's exception holds it as .exc
+            first = " ".join(f"{type(cause).__name__}: {cause}".split())[:200]
             raise UserError(f"checkpoint {path} could not be read into this run's shards ({first}); it is "
                             "damaged, or of another network") from None
 
 
-def whole(path: str | Path) -> dict[str, dict[str, torch.Tensor]]:
-    """The checkpoint's whole tensors on the CPU, in one process (no group): {"model": {name: tensor}, and
-    "ema_model" where it has one}, for evaluation, export and load_model."""
+def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model")) -> dict[str, dict[str, torch.Tensor]]:
+    """The checkpoint's whole tensors of `parts` on the CPU, in one process (no group): {"model": {name:
+    tensor}, and "ema_model" where it has one}, for evaluation, export and load_model. The optimizer's are
+    named by their place in its state dict ("state.NAME.exp_avg")."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -137,7 +156,7 @@ def whole(path: str | Path) -> dict[str, dict[str, torch.Tensor]]:
     into: dict[str, dict[str, torch.Tensor]] = {}
     for key, item in metadata.state_dict_metadata.items():
         top, _, name = key.partition(".")
-        if top in ("model", "ema_model") and isinstance(item, TensorStorageMetadata):
+        if top in parts and isinstance(item, TensorStorageMetadata):
             into.setdefault(top, {})[name] = torch.empty(item.size, dtype=item.properties.dtype)
     read(path, into, distributed=False)
     return into

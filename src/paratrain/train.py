@@ -35,7 +35,7 @@ from .rundir import step_checkpoints
 from .runlength import run_length, step_seed
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
-from .runstate import RunState, quiet_compiler, summary_of, sync_waits, trained_figures, training_loss
+from .runstate import RunState, memory_figures, quiet_compiler, summary_of, sync_waits, trained_figures, training_loss
 from .userparts import Parts
 
 
@@ -380,7 +380,7 @@ class Trainer:
         self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
                          "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
         added = self.strategy.summary()  # a collective for some strategies: every worker calls it
-        waits = sync_waits(self)  # every worker holds every worker's waits: no collective
+        waits = {**sync_waits(self), **memory_figures(state.model, state.optimizer, self.ctx)}  # a collective
         if not self.ctx.is_main:
             return None
         summary = summary_of(self, test, test_ema, added)

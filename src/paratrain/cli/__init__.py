@@ -16,12 +16,12 @@ from ..env import detect
 from ..errors import UserError, one_line
 from ..interrupt import Stopped, hold, signal_number
 from ..proc import end_process
-from . import bench, devices, doctor, evaluate, plan, recipes, report, search, submit, train
+from . import bench, devices, doctor, evaluate, export, plan, recipes, report, search, submit, train
 from .parser import Parser
 from .train import resolve_config
 
 # in the order --help lists them
-COMMANDS = (devices, doctor, recipes, train, submit, bench, search, report, plan, evaluate)
+COMMANDS = (devices, doctor, recipes, train, submit, bench, search, report, plan, evaluate, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,163 @@
+"""Sharded data parallelism in one process: the sharded checkpoint's folder (written whole or not at all,
+read whole or into shards), evaluation in lock-step, the options fsdp and hsdp refuse, a one-worker fsdp run
+resumed exactly, `paratrain export`, and summary.json's model_state_bytes. The several-worker promises
+(equivalence, resharding resumes, kill -9) are in test_fsdp_workers.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import main_code, max_abs_diff, weights
+from torch import nn
+
+from paratrain import checkpoint, sharded
+from paratrain.dist import DistContext
+from paratrain.errors import UserError
+from paratrain.evaluation import evaluate
+from paratrain.rundir import step_checkpoints
+
+ONE = DistContext(0, 1, torch.device("cpu"), None)
+
+
+def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, step: int, keep: int = 2) -> Path:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    weights_, state = get_state_dict(model, optimizer)
+    meta = {"step": step, "epoch": 0, "config": {"model": "custom"}}
+    return sharded.save_step(ONE, {"model": weights_, "optimizer": state}, lambda: meta, folder, step, keep)
+
+
+def test_a_sharded_checkpoint_is_a_step_folder_read_whole_or_left_to_the_strategy(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    folders = [_save(model, optimizer, tmp_path, step, keep=2) for step in (10, 20, 30)]
+    assert [p.name for _, p in step_checkpoints(tmp_path)] == ["step-00000020", "step-00000030"]  # kept 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000020", "step-00000030"]  # no .tmp left over
+    _save(model, optimizer, tmp_path, 30)  # the same step again (a finished run's last save) replaces it
+    whole = checkpoint.load(folders[-1])
+    assert whole["step"] == 30 and whole["sharded"] == str(folders[-1]) and whole["torch"] == str(torch.__version__)
+    assert max_abs_diff(whole["model"], model.state_dict()) == 0.0
+    lean = checkpoint.newest_loadable(tmp_path, whole=False)  # a worker's: the tensors are its strategy's to read
+    assert lean["step"] == 30 and "model" not in lean and lean["sharded"] == str(folders[-1])
+    moments = sharded.whole(folders[-1], ("optimizer",))["optimizer"]
+    assert max_abs_diff({k: v for k, v in moments.items() if k.endswith("exp_avg")},
+                        {f"state.{n}.exp_avg": optimizer.state[p]["exp_avg"]
+                         for n, p in model.named_parameters()}) == 0.0
+
+
+def test_a_sharded_checkpoint_of_a_newer_torch_is_refused_in_one_line(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    folder = _save(model, optimizer, tmp_path, 5)
+    meta = torch.load(folder / sharded.META, weights_only=True)
+    torch.save({**meta, "torch": "99.1.0"}, folder / sharded.META)
+    with pytest.raises(UserError, match=r"written by torch 99.1.0, newer than this torch .*install torch>=99.1.0"):
+        checkpoint.load(folder)
+
+
+def test_a_folder_missing_a_ranks_shards_is_one_line(tmp_path: Path) -> None:
+    model, optimizer = _trained()
+    folder = _save(model, optimizer, tmp_path, 5)
+    for shard in folder.glob("*.distcp"):
+        shard.unlink()
+    with pytest.raises(UserError, match="could not be read into this run's shards"):
+        checkpoint.load(folder)
+
+
+class _Counting(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.linear(x.flatten(1))
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_evaluation_in_lockstep_runs_as_many_forwards_on_every_worker(lockstep: bool) -> None:
+    """10 examples over 3 workers, 3 a batch: shares of 4, 3, 3 take 2, 1, 1 batches; in lock-step (a sharded
+    model's every forward is a collective) each runs 2, the shorter shares an empty batch, counted nowhere."""
+    from paratrain.data.transforms import BatchPipeline
+
+    x, y = torch.randn(10, 1, 2, 2), torch.randint(0, 3, (10,))
+    prep = BatchPipeline((0.0,), (1.0,), 2, torch.device("cpu"))
+    calls, sums = [], []
+    for rank in range(3):
+        model = _Counting()
+        ctx = DistContext(rank, 3, torch.device("cpu"), None)  # no group: each share's own figures
+        sums.append(evaluate(model, (x, y), prep, ctx, 3, lockstep=lockstep))
+        calls.append(model.calls)
+    assert calls == ([2, 2, 2] if lockstep else [2, 1, 1])
+    assert all(0.0 <= acc <= 1.0 for acc, _ in sums)  # no empty batch made a NaN
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--strategy", "fsdp", "--precision", "16-mixed"), "not available with --strategy fsdp (FSDP casts"),
+    (("--strategy", "hsdp", "--time-phases"), "--time-phases times DDP's all-reduce; under --strategy hsdp"),
+    (("--strategy", "fsdp", "--shard-size", "2"), "--shard-size is for --strategy hsdp"),
+    (("--strategy", "hsdp", "--shard-size", "3", "--devices", "2"), "--shard-size 3 does not divide the 2 workers"),
+    (("--strategy", "fsdp", "--shard-modules", "0,body"), "--shard-modules names 'body', which this network does"),
+    (("--strategy", "fsdp", "--cpu-offload"), "--cpu-offload moves the shards off the GPUs"),
+    (("--strategy", "fsdp", "--stages", "2"), "--stages is for --strategy pipeline or hybrid, not fsdp"),
+])
+def test_fsdp_and_hsdp_refuse_what_they_cannot_take_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                 args: tuple, message: str) -> None:
+    code = main_code(["train", "--model", "mlp", "--steps", "1", "--out", str(tmp_path / "r"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+ARGS = ("--quiet", "--no-tensorboard", "--strategy", "fsdp", "--devices", "1", "--optimizer", "adam", "--lr",
+        "0.001", "--ema", "0.9", "--batch-size", "32", "--checkpoint-every", "5")
+
+
+def test_one_fsdp_worker_resumes_exactly_and_exports_one_plain_state_dict(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    assert main_code(["train", *ARGS, "--steps", "12", "--out", str(straight)]) == 0
+    assert main_code(["train", *ARGS, "--steps", "7", "--out", str(run)]) == 0
+    assert main_code(["train", "--resume", str(run), "--steps", "12", "--quiet"]) == 0
+    a, b = checkpoint.load(run), checkpoint.load(straight)
+    assert a["step"] == b["step"] == 12 and a["sharded"].endswith("step-00000012")
+    assert max_abs_diff(a["model"], b["model"]) == 0.0 and max_abs_diff(a["ema_model"], b["ema_model"]) == 0.0
+    moments = [sharded.whole(s["sharded"], ("optimizer",))["optimizer"] for s in (a, b)]
+    assert len(moments[0]) > 10 and max_abs_diff(*moments) == 0.0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == "fsdp" and summary["resumed_from_step"] == 7
+    capsys.readouterr()
+    assert main_code(["export", str(run), "--out", str(tmp_path / "model.pt")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    plain = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert max_abs_diff(plain, b["model"]) == 0.0
+    assert main_code(["export", str(run), "--out", str(tmp_path / "ema.pt"), "--ema"]) == 0
+    assert max_abs_diff(torch.load(tmp_path / "ema.pt", weights_only=True), b["ema_model"]) == 0.0
+    assert main_code(["export", str(run), "--out", str(tmp_path)]) == 2
+    assert "is a folder; name the file to write" in capsys.readouterr().err
+    # carried on by a strategy that reads one whole-model file: one line, not a traceback
+    assert main_code(["train", "--resume", str(run), "--steps", "14", "--strategy", "ddp", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is sharded (written by --strategy fsdp); carry it on with --strategy fsdp or hsdp" in err, err
+
+
+def test_summary_counts_the_model_state_each_worker_holds(tmp_path: Path) -> None:
+    assert main_code(["train", "--quiet", "--no-tensorboard", "--steps", "2", "--out", str(tmp_path / "r")]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    params = sum(t.numel() for t in weights(tmp_path / "r").values()) * 4  # LeNet-5, float32
+    held = summary["model_state_bytes"]
+    assert len(held) == 1 and held[0]["parameters"] == held[0]["gradients"] == params
+    assert params * 2 <= held[0]["optimizer"] <= params * 2 + 64 * 10  # Adam: two moments, a step count each
+    assert held[0]["total"] == sum(held[0][k] for k in ("parameters", "gradients", "optimizer"))
+    assert summary["peak_memory_bytes"][0] > params and summary["peak_memory_of"] == "process rss"
