@@ -130,8 +130,9 @@ def test_a_killed_fsdp_worker_restarts_to_the_weights_of_the_untouched_run(runs:
     """kill -9 one of 2 workers mid-run, --max-restarts 1: every worker restarts from the newest sharded
     checkpoint and the run ends with the weights, EMA and momentum of the run nobody touched."""
     run = tmp_path / "killed"
-    launcher = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(run), *BASE, *SGD,
-                                 *FSDP, "--max-restarts", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(run), *BASE, *SGD, *FSDP,
+               "--max-restarts", "1"]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while logged_step(run) < 12:
