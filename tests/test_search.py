@@ -559,13 +559,16 @@ def test_a_fixed_pipeline_is_checked_against_the_devices_of_a_trial(tmp_path: Pa
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("strategy", "flags"), [("pipeline", []), ("hybrid", ["--devices-per-trial", "4"])])
-def test_pipeline_and_hybrid_trials_equal_the_same_run_alone(tmp_path: Path, strategy: str, flags: list[str]) -> None:
+@pytest.mark.parametrize(("strategy", "flags"), [("pipeline", []), ("hybrid", ["--devices-per-trial", "4"]),
+                                               ("fsdp", ["--devices-per-trial", "2"])])
+def test_pipeline_hybrid_and_fsdp_trials_equal_the_same_run_alone(tmp_path: Path, strategy: str,
+                                                                  flags: list[str]) -> None:
     import torch
 
     from paratrain import checkpoint
 
-    path = _space_file(tmp_path, f"fixed: {{model: mlp, dataset: digits, strategy: {strategy}, stages: 2}}\n"
+    stages = ", stages: 2" if strategy != "fsdp" else ""
+    path = _space_file(tmp_path, f"fixed: {{model: mlp, dataset: digits, strategy: {strategy}{stages}}}\n"
                                  "params:\n  lr: [0.01, 0.003]\n")
     proc = run_cli("search", "--space", path, "--sampler", "grid", "--out", str(tmp_path / "s"), "--parallel", "1",
                    "--steps", "10", "--batch-size", "32", "--microbatches", "2", "--oversubscribe", *flags)

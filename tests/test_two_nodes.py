@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,9 +71,10 @@ def _free_port() -> int:
 
 
 def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0,
-           command: tuple[str, ...] | None = None, rdzv: str = "") -> list[subprocess.Popen]:
-    """One torchrun agent per node, node 0 hosting the rendezvous; node i writes into out/node{i}. The
-    command is a training of TRAIN and `extra`, or `command` (paratrain's arguments)."""
+           command: tuple[str, ...] | None = None, rdzv: str = "", shared: bool = False) -> list[subprocess.Popen]:
+    """One torchrun agent per node, node 0 hosting the rendezvous; node i writes into out/node{i}, or (`shared`:
+    a file system both nodes mount, as sharded checkpoints need) into out. The command is a training of TRAIN
+    and `extra`, or `command` (paratrain's arguments)."""
     port = _free_port()  # free here; in the namespaces every port is free
     job = uuid.uuid4().hex[:8]
     agents = []
@@ -86,7 +88,7 @@ def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0,
                "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{nodes[0].address}:{port}", "--rdzv-id", job,
                "--rdzv-conf", f"is_host={int(i == 0)}{rdzv}", "--local-addr", node.address, "--max-restarts",
                str(restarts), "--monitor-interval", "0.5", "-m", "paratrain",
-               *(command or ("train", *TRAIN, *extra)), "--out", str(out / f"node{i}")]
+               *(command or ("train", *TRAIN, *extra)), "--out", str(out if shared else out / f"node{i}")]
         agents.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                        start_new_session=True))
     return agents
@@ -132,6 +134,26 @@ def test_two_nodes_equal_one_device(two_node_run: Path, tmp_path: Path) -> None:
     assert min(SENT.values()) > 40 * 61_706 * 4 // 2, SENT
     train(tmp_path / "one", *TRAIN, "--devices", "1")
     assert max_abs_diff(weights(two_node_run), weights(tmp_path / "one")) < 1e-4  # measured 1.1e-6
+
+
+def test_fsdp_on_two_nodes_equals_one_device_and_carries_on_with_one(nodes: list[Node], tmp_path: Path) -> None:
+    """fsdp across the two nodes, its sharded checkpoints in one folder both mount: the weights of one device
+    (in fsdp's memory layout); carried on from its step-20 checkpoint by one worker, the same weights again."""
+    out = tmp_path / "fsdp"
+    _finish(_start(nodes, out, "--strategy", "fsdp", shared=True))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["strategy"] == "fsdp" and summary["world_size"] == 2 and summary["launcher"] == "torchrun"
+    assert {p.name for p in (out / "checkpoints" / "step-00000040").glob("*.distcp")} == {"__0_0.distcp",
+                                                                                          "__1_0.distcp"}
+    one = tmp_path / "one"
+    train(one, *TRAIN, "--devices", "1", "--memory-format", "contiguous")
+    print(f"two-node fsdp vs one device: {max_abs_diff(weights(out), weights(one)):.3g}", file=sys.stderr)
+    assert max_abs_diff(weights(out), weights(one)) < 1e-4  # measured 1.1e-6
+    carried = tmp_path / "carried"  # as if the job had ended after its step-20 checkpoint
+    shutil.copytree(out, carried, ignore=shutil.ignore_patterns("step-0000003*", "step-0000004*", "summary.json"))
+    train(carried, "--resume", str(carried), "--devices", "1")
+    print(f"carried on by one worker: {max_abs_diff(weights(carried), weights(out)):.3g}", file=sys.stderr)
+    assert max_abs_diff(weights(carried), weights(out)) < 1e-4  # measured 1.1e-6
 
 
 def _worker_of(agent: subprocess.Popen) -> int | None:

@@ -59,9 +59,13 @@ def weights_only(folder: Path) -> None:
     except UserError:  # none loads: nothing worth keeping
         state = None
     if state is not None and state.get("kept") != checkpoint.WEIGHTS_KEPT:
-        kept = {k: v for k, v in state.items() if k not in ("optimizer", "scheduler", "scaler")}
+        # a sharded checkpoint (read whole here) becomes one file like any other: its folder goes with the rest
+        kept = {k: v for k, v in state.items() if k not in ("optimizer", "scheduler", "scaler", "sharded")}
         checkpoint.save({**kept, "optimizer": None, "kept": checkpoint.WEIGHTS_KEPT}, folder / "last.pt")
     (folder / WEIGHTS_ONLY).write_text("last.pt holds this trial's weights only: --resume refuses it "
                                        "(paratrain search --keep-trial-checkpoints)\n")
     for _, path in steps:
-        path.unlink(missing_ok=True)
+        if path.is_dir():  # a sharded strategy's step folder
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
