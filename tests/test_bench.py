@@ -184,3 +184,12 @@ def test_a_configuration_the_workload_cannot_run_on_is_known_before_any_run(tmp_
     assert [_refused(c, {"dataset": "digits", "steps": 5}) for c in configs] == [None, None]
     report = run_bench(configs, ["--steps", "5"], 1, tmp_path, refused=lambda c: "no")  # nothing is run
     assert [r["status"] for r in report["results"]] == ["failed", "failed"] and not (tmp_path / "runs").exists()
+
+
+def test_fsdp_rows_train_the_sharded_strategy() -> None:
+    cpu, gpu = parse_configs("fsdp-cpu:2,fsdp-gpu:4")
+    assert (cpu.family, cpu.devices) == ("fsdp-cpu", 2)
+    assert cpu.flags == ("--accelerator", "cpu", "--devices", "2", "--strategy", "fsdp")
+    assert gpu.flags == ("--accelerator", "gpu", "--devices", "4", "--strategy", "fsdp")
+    with pytest.raises(UserError, match="fsdp-cpu:N"):
+        parse_configs("fsdp:2")

@@ -89,3 +89,29 @@ def test_plan_checks_itself_against_measured_gloo_workers(tmp_path: Path) -> Non
     assert check["predicted"] == pytest.approx(expected, rel=1e-9) and check["predicted"] > 0
     assert 0.5 < check["colocation_slowdown"] < 5  # measured here: two 1-thread processes on 2 cores
     assert "ddp-cpu:2" in proc.stdout and "error" in proc.stdout
+
+
+def test_fsdp_moves_one_and_a_half_times_the_bytes_and_updates_a_shard() -> None:
+    from paratrain.forecast import sharded_traffic_s, validate
+
+    nbytes, bw = 4e8, 1e10
+    assert sharded_traffic_s(1, nbytes, bw, 1e-5, 5) == 0.0
+    # bytes alone (no latency): 1.5x the ring all-reduce's on every count
+    for n in (2, 4, 64):
+        assert sharded_traffic_s(n, nbytes, bw, 0.0, 5) == pytest.approx(1.5 * ring_allreduce_s(n, nbytes, bw, 0.0))
+    # one message per block for each of the three collectives
+    assert sharded_traffic_s(2, 0.0, bw, 1e-5, 5) == pytest.approx(3 * 1 * 1e-5 * 5)
+    w = Workload(1e-4, 0.010, nbytes, optimizer_per_step_s=0.008, blocks=5)
+    plain = step_time_s(w, 4, 64, bw, 0.0, overlap=False)
+    sharded = step_time_s(w, 4, 64, bw, 0.0, overlap=False, sharded=True)
+    # the optimizer's 8 ms falls to 2 ms; the traffic grows by half of the all-reduce's
+    assert sharded - plain == pytest.approx(-0.006 + 0.5 * ring_allreduce_s(4, nbytes, bw, 0.0))
+    assert predict(w, 1, bw, 0.0, False, per_device_batch=64, sharded=True)["efficiency"] == pytest.approx(1.0)
+    # a bench's fsdp-cpu row is predicted with the sharded model, beside its ddp-cpu twin
+    rows = [{"name": name, "status": "ok", "family": family, "devices": 2, "global_batch_size": 128,
+             "examples_per_sec": {"mean": 1000.0}} for name, family in (("ddp-cpu:2", "ddp-cpu"),
+                                                                         ("fsdp-cpu:2", "fsdp-cpu"))]
+    checks = {c["name"]: c for c in validate({"results": rows}, w, bw, 0.0)}
+    assert checks["fsdp-cpu:2"]["predicted"] != checks["ddp-cpu:2"]["predicted"]
+    assert checks["fsdp-cpu:2"]["predicted"] == pytest.approx(
+        predict(w, 2, bw, 0.0, False, global_batch=128, sharded=True)["examples_per_sec"])

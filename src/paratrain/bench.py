@@ -26,7 +26,7 @@ from tqdm import tqdm
 from . import devices
 from .errors import UserError
 
-_SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu):(\d+)(t?)$")
+_SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu|fsdp-cpu|fsdp-gpu):(\d+)(t?)$")
 _PIPE_SPEC = re.compile(r"^(pipeline|hybrid)-(cpu|gpu):(\d+)x(\d+)$")
 
 
@@ -49,8 +49,8 @@ def parse_configs(spec: str) -> list[BenchConfig]:
         m = _SPEC.match(token)
         if not m or (m.group(1) == "cpu") != (m.group(3) == "t") or int(m.group(2)) < 1:
             raise UserError(f"--configs: cannot read '{token}'; write cpu:Kt (one process, K threads), "
-                            "ddp-cpu:N, gpu:N, tower-cpu:N, tower-gpu:N, pipeline-cpu:KxM (K stages, M "
-                            "micro-batches), pipeline-gpu:KxM or hybrid-cpu:KxR (R copies of K stages)")
+                            "ddp-cpu:N, gpu:N, tower-cpu:N, tower-gpu:N, fsdp-cpu:N, fsdp-gpu:N, pipeline-cpu:KxM "
+                            "(K stages, M micro-batches), pipeline-gpu:KxM or hybrid-cpu:KxR (R copies of K stages)")
         kind, n = m.group(1), int(m.group(2))
         if kind == "cpu":
             flags = ("--accelerator", "cpu", "--devices", "1", "--threads-per-worker", str(n))
@@ -58,8 +58,8 @@ def parse_configs(spec: str) -> list[BenchConfig]:
             continue
         accel = "gpu" if kind.endswith("gpu") else "cpu"
         flags = ("--accelerator", accel, "--devices", str(n))
-        if kind.startswith("tower"):
-            flags += ("--strategy", "tower")
+        if kind.startswith(("tower", "fsdp")):
+            flags += ("--strategy", kind.split("-")[0])
         out.append(BenchConfig(token, kind, n, flags))
     if not out:
         raise UserError("--configs is empty; name at least one configuration, e.g. ddp-cpu:1,ddp-cpu:2")
@@ -123,8 +123,10 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
     rates = [r for run in runs for r in (run["window_rates"][1:] or run["window_rates"])]
     epochs = [run["epoch_times"] for run in runs]
     steady = [t for times in epochs for t in (times[1:] or times)]
-    pipelined = "--stages" in config.flags  # no --time-phases there: the bubble is measured instead
-    phased = None if pipelined else _train([*train_flags, *config.flags, "--time-phases", "--steps", "30",
+    # no --time-phases for a pipeline (the bubble is measured instead) nor fsdp (its collectives run inside the
+    # forward and backward)
+    untimed = "--stages" in config.flags or config.family.startswith("fsdp")
+    phased = None if untimed else _train([*train_flags, *config.flags, "--time-phases", "--steps", "30",
                                             "--log-every", "10"],
                                            out / "runs" / f"{config.name.replace(':', '-')}-phases", timeout)
     first = runs[0]["summary"]
@@ -140,6 +142,9 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
         "world_size": first["world_size"], "global_batch_size": first["global_batch_size"],
         "oversubscribed": "cpu" in config.family and config.devices > devices.usable_cores(),
         "devices_used": first["devices"],
+        # each worker's parameters, gradients and optimizer state (the largest), and its peak memory
+        "model_state_bytes": max((w["total"] for w in first.get("model_state_bytes") or []), default=None),
+        "peak_memory_bytes": max(first.get("peak_memory_bytes") or [], default=None),
     }
 
 

@@ -5,6 +5,9 @@ Cost model (every assumption is printed with the table):
   taken as linear in b) + a fixed per-step cost (data indexing + optimizer, measured);
 - the gradient all-reduce is a ring: 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency (alpha-beta), plus
   paratrain's one 24-byte all-reduce per step (the loss, time-up and stop flags) at the same cost;
+- fsdp (sharded) instead all-gathers each block's weights in the forward and again in the backward and
+  reduce-scatters its gradients: 3 x (N-1)/N x bytes (1.5x the all-reduce's) and 3(N-1) latencies per block;
+  its optimizer updates 1/N of the weights;
 - with overlap, the all-reduce runs during the backward pass (2/3 of the compute) and only what sticks
   out of it adds to the step; without overlap it adds whole;
 - weak scaling (a fixed batch per device) unless a global batch is given (strong scaling);
@@ -15,6 +18,7 @@ Cost model (every assumption is printed with the table):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -31,6 +35,8 @@ LINKS = {
     "ib-ndr": (45e9, 5e-6),  # InfiniBand NDR 400 Gb/s between nodes
     "ethernet-25g": (2.8e9, 30e-6),  # 25 GbE with TCP
 }
+DATA_PARALLEL = ("ddp-cpu", "gpu", "fsdp-cpu", "fsdp-gpu")  # the bench's rows the model predicts
+CPU_WORKERS = ("ddp-cpu", "fsdp-cpu")  # worker processes sharing this host's cores (no overlap; co-located)
 FLAG_BYTES = 24  # the per-step all-reduce of the training loop: [loss, time up, stop] in float64
 BACKWARD_FRACTION = 2 / 3  # backward ~ 2x forward: the window an all-reduce can hide in
 
@@ -41,29 +47,48 @@ def ring_allreduce_s(n: int, nbytes: float, bandwidth: float, latency: float) ->
     return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
 
 
+def sharded_traffic_s(n: int, nbytes: float, bandwidth: float, latency: float, blocks: int) -> float:
+    """fsdp's collectives a step: two ring all-gathers of the weights (forward, backward) and a ring
+    reduce-scatter of the gradients, (N-1)/N x bytes each, in one message per block each."""
+    if n <= 1:
+        return 0.0
+    return 3 * (n - 1) / n * nbytes / bandwidth + 3 * (n - 1) * latency * blocks
+
+
 @dataclass(frozen=True)
 class Workload:
     compute_per_example_s: float
-    fixed_per_step_s: float
+    fixed_per_step_s: float  # data and optimizer
     grad_bytes: float
+    optimizer_per_step_s: float = 0.0  # the optimizer's part of fixed_per_step_s (sharded: 1/N of it)
+    blocks: int = 1  # the blocks fsdp shards one at a time (and the root)
 
 
 def step_time_s(w: Workload, n: int, per_device_batch: float, bandwidth: float, latency: float,
-                overlap: bool) -> float:
+                overlap: bool, sharded: bool = False) -> float:
     compute = per_device_batch * w.compute_per_example_s
-    comm = ring_allreduce_s(n, w.grad_bytes, bandwidth, latency)
-    exposed = max(0.0, comm - BACKWARD_FRACTION * compute) if overlap else comm
+    fixed = w.fixed_per_step_s
+    if sharded:
+        comm = sharded_traffic_s(n, w.grad_bytes, bandwidth, latency, w.blocks)
+        fixed -= w.optimizer_per_step_s * (1 - 1 / n)
+    else:
+        comm = ring_allreduce_s(n, w.grad_bytes, bandwidth, latency)
+    # with overlap the collectives run beside the compute (fsdp prefetches the next block's weights)
+    window = (1.0 if sharded else BACKWARD_FRACTION) * compute
+    exposed = max(0.0, comm - window) if overlap else comm
     flags = ring_allreduce_s(n, FLAG_BYTES, bandwidth, latency)  # after backward: never hidden
-    return compute + w.fixed_per_step_s + exposed + flags
+    return compute + fixed + exposed + flags
 
 
 def predict(w: Workload, n: int, bandwidth: float, latency: float, overlap: bool,
-            per_device_batch: float | None = None, global_batch: float | None = None) -> dict[str, float]:
-    """Throughput and scaling efficiency on n devices (against the same model on one device)."""
+            per_device_batch: float | None = None, global_batch: float | None = None,
+            sharded: bool = False) -> dict[str, float]:
+    """Throughput and scaling efficiency on n devices (against the same model on one device), data parallel
+    or (`sharded`) fsdp."""
     b = global_batch / n if global_batch else per_device_batch
     one_b = global_batch if global_batch else per_device_batch
-    rate = n * b / step_time_s(w, n, b, bandwidth, latency, overlap)
-    rate_1 = one_b / step_time_s(w, 1, one_b, bandwidth, latency, overlap)
+    rate = n * b / step_time_s(w, n, b, bandwidth, latency, overlap, sharded)
+    rate_1 = one_b / step_time_s(w, 1, one_b, bandwidth, latency, overlap, sharded)
     return {"devices": n, "examples_per_sec": rate, "speedup": rate / rate_1, "efficiency": rate / rate_1 / n}
 
 
@@ -75,10 +100,13 @@ def workload_from_bench(results: dict) -> tuple[Workload, dict]:
     if base is None:
         raise UserError("the bench has no 1-device row with a step breakdown (gpu:1, cpu:1t or ddp-cpu:1); "
                         "run `paratrain bench` with one of them")
+    from .strategies.fsdp import blocks
+
     net, _, _ = _bench_network(bench_model(results))
     params = sum(p.numel() for p in net.parameters())
     phases = base["step_phases_s"]
-    w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"], 4.0 * params)
+    w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"], 4.0 * params,
+                 phases["optimizer"], len(blocks(net, None)) + 1)
     return w, base
 
 
@@ -184,12 +212,13 @@ def validate(results: dict, w: Workload, bandwidth: float, latency: float,
     `slowdown[n]` scales the compute of n co-located CPU workers (measure_colocation)."""
     out = []
     for r in results["results"]:
-        if r["status"] != "ok" or r["family"] not in ("ddp-cpu", "gpu") or r["devices"] < 2:
+        if r["status"] != "ok" or r["family"] not in DATA_PARALLEL or r["devices"] < 2:
             continue
-        factor = (slowdown or {}).get(r["devices"], 1.0) if r["family"] == "ddp-cpu" else 1.0
-        wr = Workload(w.compute_per_example_s * factor, w.fixed_per_step_s, w.grad_bytes)
-        predicted = predict(wr, r["devices"], bandwidth, latency, overlap=r["family"] == "gpu",
-                            global_batch=r["global_batch_size"])["examples_per_sec"]
+        factor = (slowdown or {}).get(r["devices"], 1.0) if r["family"] in CPU_WORKERS else 1.0
+        wr = dataclasses.replace(w, compute_per_example_s=w.compute_per_example_s * factor)
+        predicted = predict(wr, r["devices"], bandwidth, latency, overlap=r["family"] not in CPU_WORKERS,
+                            global_batch=r["global_batch_size"],
+                            sharded=r["family"].startswith("fsdp"))["examples_per_sec"]
         measured = r["examples_per_sec"]["mean"]
         out.append({"name": r["name"], "measured": measured, "predicted": predicted,
                     "colocation_slowdown": factor, "error": predicted / measured - 1})

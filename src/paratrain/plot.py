@@ -179,13 +179,15 @@ def plan_curve(rows: list, path: Path, link: str) -> None:
 
     plt = _plt()
     fig, (ax, eff) = plt.subplots(1, 2, figsize=(11, 4.5))
-    ns = [plain["devices"] for plain, _ in rows]
-    ax.plot(ns, [p["examples_per_sec"] for p, _ in rows], marker="o", label="no overlap")
-    ax.plot(ns, [o["examples_per_sec"] for _, o in rows], marker="s", label="all-reduce overlapped")
+    ns = [row[0]["devices"] for row in rows]
+    ax.plot(ns, [row[0]["examples_per_sec"] for row in rows], marker="o", label="no overlap")
+    ax.plot(ns, [row[1]["examples_per_sec"] for row in rows], marker="s", label="all-reduce overlapped")
+    ax.plot(ns, [row[2]["examples_per_sec"] for row in rows], marker="^", label="fsdp, overlapped")
     ax.plot(ns, [rows[0][0]["examples_per_sec"] * n for n in ns], "--", color="gray", label="ideal (linear)")
     ax.set(yscale="log", ylabel="examples / second", title=f"Predicted data-parallel throughput ({link})")
-    eff.plot(ns, [100 * p["efficiency"] for p, _ in rows], marker="o", label="no overlap")
-    eff.plot(ns, [100 * o["efficiency"] for _, o in rows], marker="s", label="all-reduce overlapped")
+    eff.plot(ns, [100 * row[0]["efficiency"] for row in rows], marker="o", label="no overlap")
+    eff.plot(ns, [100 * row[1]["efficiency"] for row in rows], marker="s", label="all-reduce overlapped")
+    eff.plot(ns, [100 * row[2]["efficiency"] for row in rows], marker="^", label="fsdp, overlapped")
     eff.set(ylabel="scaling efficiency (%)", ylim=(0, 105), title="Scaling efficiency (throughput / (N x one))")
     for a in (ax, eff):
         a.set_xscale("log", base=2)

@@ -54,19 +54,23 @@ def _predictions(args: argparse.Namespace, plan: Any, w: Any, b: int, bw: float,
     rows, n = [], 1
     while n <= args.max_devices:
         kw = {"global_batch": args.global_batch} if args.global_batch else {"per_device_batch": b}
-        rows.append((plan.predict(w, n, bw, lat, False, **kw), plan.predict(w, n, bw, lat, True, **kw)))
+        rows.append((plan.predict(w, n, bw, lat, False, **kw), plan.predict(w, n, bw, lat, True, **kw),
+                     plan.predict(w, n, bw, lat, True, sharded=True, **kw)))
         n *= 2
-    print(f"{'devices':>8}{'ex/s (no overlap)':>20}{'efficiency':>12}{'ex/s (overlap)':>18}{'efficiency':>12}")
-    for plain, over in rows:
+    print(f"{'devices':>8}{'ex/s (no overlap)':>20}{'efficiency':>12}{'ex/s (overlap)':>18}{'efficiency':>12}"
+          f"{'fsdp ex/s (overlap)':>22}{'efficiency':>12}")
+    for plain, over, sharded in rows:
         print(f"{plain['devices']:>8}{plain['examples_per_sec']:>20,.0f}{plain['efficiency']:>12.1%}"
-              f"{over['examples_per_sec']:>18,.0f}{over['efficiency']:>12.1%}")
+              f"{over['examples_per_sec']:>18,.0f}{over['efficiency']:>12.1%}"
+              f"{sharded['examples_per_sec']:>22,.0f}{sharded['efficiency']:>12.1%}")
     return rows
 
 
 def _validate(plan: Any, results: dict, w: Any, base: dict, link: tuple[float, float], measured: bool) -> list[dict]:
     """Predict the bench's multi-device rows. CPU workers are checked against this host's measured gloo
     link and their measured co-location slowdown; GPU rows against the chosen link."""
-    cpu_rows = [r for r in results["results"] if r["status"] == "ok" and r["family"] == "ddp-cpu" and r["devices"] > 1]
+    cpu_rows = [r for r in results["results"]
+                if r["status"] == "ok" and r["family"] in plan.CPU_WORKERS and r["devices"] > 1]
     local = link if measured or not cpu_rows else plan.measure_link()
     slowdown = {r["devices"]: plan.measure_colocation(plan.bench_model(results), base["global_batch_size"],
                                                       r["global_batch_size"] // r["devices"], r["devices"])
@@ -98,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
           "2(N-1)/N x bytes / bandwidth + 2(N-1) x latency")
     print("assumptions: compute per example is constant (linear in the batch); one more 24-byte all-reduce per "
           "step (loss and stop flags); with overlap the gradient all-reduce hides "
-          f"in the backward pass ({plan.BACKWARD_FRACTION:.0%} of compute); "
+          f"in the backward pass ({plan.BACKWARD_FRACTION:.0%} of compute); fsdp moves 1.5x the bytes (weights "
+          f"all-gathered in forward and backward, gradients reduce-scattered; {w.blocks} blocks, a message "
+          "each), hides them behind all of the compute, and updates 1/N of the weights; "
           + (f"strong scaling, global batch {args.global_batch}" if args.global_batch
              else f"weak scaling, {b} examples per device"))
     rows = _predictions(args, plan, w, b, bw, lat)
