@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU acceptance: on a machine with GPUs, the GPU tests, `paratrain doctor`, a bench over cpu / gpu:1 /
-# gpu:N / tower-gpu:N, and the fastest CIFAR-10 recipe there is (time-capped), into one report.
+# gpu:N / tower-gpu:N / fsdp-gpu:N, and the fastest CIFAR-10 recipe there is (time-capped), into one report.
 #
 #   benchmarks/gpu_acceptance.sh [OUT]          (default OUT: gpu-acceptance; the report is OUT/report.md)
 #   DATA=../shared/data RECIPE=cifar10-tutorial MAX_TIME=600 benchmarks/gpu_acceptance.sh
@@ -32,7 +32,7 @@ run $PY -m pytest -q -m gpu tests -p no:cacheprovider
 section "paratrain doctor"
 run $PY -m paratrain doctor --out "$OUT/doctor"
 CONFIGS="cpu:1t,gpu:1"
-[ "$GPUS" -gt 1 ] && CONFIGS="$CONFIGS,gpu:$GPUS,tower-gpu:$GPUS"
+[ "$GPUS" -gt 1 ] && CONFIGS="$CONFIGS,gpu:$GPUS,tower-gpu:$GPUS,fsdp-gpu:$GPUS"
 if [ -n "${DATA:-}" ] && [ -d "$DATA/cifar-10-batches-bin" ]; then
     BENCH_DATA=(--model cifar10-net --dataset cifar10 --data-dir "$DATA/cifar-10-batches-bin")
 else

@@ -69,3 +69,20 @@ def test_the_doctor_passes_on_two_gpus_with_nccl(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "doctor.json").read_text())
     assert report["devices"]["backend"] == "nccl" and all(r["wrong"] == 0 for r in report["collectives"]["rows"])
     assert [e["strategy"] for e in report["equivalence"]] == ["ddp", "tower", "pipeline"]
+
+
+@needs_gpu
+def test_fsdp_on_gpus_equals_one_gpu_and_offloads_its_shards(tmp_path: Path) -> None:
+    """fsdp on NCCL (every GPU, or one: the plain module, its checkpoint sharded) equals one GPU; with
+    --cpu-offload each shard lives in CPU memory, so a GPU's allocated peak falls."""
+    n = torch.cuda.device_count()
+    args = ("--accelerator", "gpu", "--model", "mlp", "--width", "2048", "--steps", "10", "--optimizer", "sgd",
+            "--lr", "0.01", "--batch-size", str(64 * n))
+    train(tmp_path / "one", *args, "--devices", "1")
+    sharded = train(tmp_path / "fsdp", *args, "--devices", str(n), "--strategy", "fsdp")
+    assert sharded["strategy"] == "fsdp" and sharded["world_size"] == n
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "fsdp")) < 1e-4
+    if n > 1:
+        offloaded = train(tmp_path / "offload", *args, "--devices", str(n), "--strategy", "fsdp", "--cpu-offload")
+        assert max_abs_diff(weights(tmp_path / "offload"), weights(tmp_path / "fsdp")) < 1e-5
+        assert max(offloaded["peak_memory_bytes"]) < max(sharded["peak_memory_bytes"])

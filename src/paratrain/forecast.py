@@ -65,11 +65,13 @@ class Workload:
 
 
 def step_time_s(w: Workload, n: int, per_device_batch: float, bandwidth: float, latency: float,
-                overlap: bool, sharded: bool = False) -> float:
+                overlap: bool, sharded: bool = False, traffic_s: float | None = None) -> float:
+    """One step on each of n devices; `traffic_s`: fsdp's collectives as measured (measure_sharded_traffic)
+    rather than modelled."""
     compute = per_device_batch * w.compute_per_example_s
     fixed = w.fixed_per_step_s
     if sharded:
-        comm = sharded_traffic_s(n, w.grad_bytes, bandwidth, latency, w.blocks)
+        comm = sharded_traffic_s(n, w.grad_bytes, bandwidth, latency, w.blocks) if traffic_s is None else traffic_s
         fixed -= w.optimizer_per_step_s * (1 - 1 / n)
     else:
         comm = ring_allreduce_s(n, w.grad_bytes, bandwidth, latency)
@@ -82,12 +84,12 @@ def step_time_s(w: Workload, n: int, per_device_batch: float, bandwidth: float, 
 
 def predict(w: Workload, n: int, bandwidth: float, latency: float, overlap: bool,
             per_device_batch: float | None = None, global_batch: float | None = None,
-            sharded: bool = False) -> dict[str, float]:
+            sharded: bool = False, traffic_s: float | None = None) -> dict[str, float]:
     """Throughput and scaling efficiency on n devices (against the same model on one device), data parallel
     or (`sharded`) fsdp."""
     b = global_batch / n if global_batch else per_device_batch
     one_b = global_batch if global_batch else per_device_batch
-    rate = n * b / step_time_s(w, n, b, bandwidth, latency, overlap, sharded)
+    rate = n * b / step_time_s(w, n, b, bandwidth, latency, overlap, sharded, traffic_s)
     rate_1 = one_b / step_time_s(w, 1, one_b, bandwidth, latency, overlap, sharded)
     return {"devices": n, "examples_per_sec": rate, "speedup": rate / rate_1, "efficiency": rate / rate_1 / n}
 
@@ -100,14 +102,78 @@ def workload_from_bench(results: dict) -> tuple[Workload, dict]:
     if base is None:
         raise UserError("the bench has no 1-device row with a step breakdown (gpu:1, cpu:1t or ddp-cpu:1); "
                         "run `paratrain bench` with one of them")
+    sizes = block_sizes(results)
+    phases = base["step_phases_s"]
+    w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"],
+                 4.0 * sum(sizes), phases["optimizer"], len(sizes))
+    return w, base
+
+
+def block_sizes(results: dict) -> list[int]:
+    """The weights of each piece fsdp gathers at once in the bench's model: its blocks, then the root's own."""
     from .strategies.fsdp import blocks
 
-    net, _, _ = _bench_network(bench_model(results))
-    params = sum(p.numel() for p in net.parameters())
-    phases = base["step_phases_s"]
-    w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"], 4.0 * params,
-                 phases["optimizer"], len(blocks(net, None)) + 1)
-    return w, base
+    net, _, _ = _bench_network(bench_model(results), bench_shape(results))
+    sizes = [sum(p.numel() for p in block.parameters()) for block in blocks(net, None)]
+    return [*sizes, sum(p.numel() for p in net.parameters()) - sum(sizes)]
+
+
+def measure_sharded_traffic(model: str, shape: dict[str, Any], n: int, repeats: int = 15) -> float:
+    """Seconds a step of fsdp costs beyond the computation among n local gloo processes: the bench's model
+    sharded as fsdp shards it, its forward and backward on a small batch, less the same unsharded in the same
+    processes. That holds its collectives (two all-gathers of each block's weights, a reduce-scatter of its
+    gradients: on gloo the reduce-scatter costs more than an all-reduce of the same bytes) and what FSDP2
+    spends around them a block (hooks, copies into and out of the gathered buffers), which the ring model's
+    bytes cannot say."""
+    import torch.multiprocessing as mp
+
+    from .proc import free_port
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_time_sharded, args=(free_port(), model, shape, n, repeats, queue), nprocs=n,
+                       start_method="spawn")
+    return queue.get()
+
+
+def _time_sharded(rank: int, port: int, model: str, shape: dict[str, Any], n: int, repeats: int,
+                  queue) -> None:  # noqa: ANN001
+    import copy
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from .dist import loopback_store
+    from .proc import on_loopback
+    from .strategies.fsdp import blocks
+
+    torch.set_num_threads(1)
+    on_loopback()
+    dist.init_process_group("gloo", store=loopback_store(rank, n, port), rank=rank, world_size=n)
+    net, channels, side = _bench_network(model, shape)
+    plain = copy.deepcopy(net)
+    mesh = init_device_mesh("cpu", (n,))
+    for block in blocks(net, None):
+        fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh, reshard_after_forward=False)
+    x, y = torch.randn(8, channels, side, side), torch.randint(0, 10, (8,))
+
+    def median_step(m: Any) -> float:
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            m.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples[2:])  # the first steps allocate
+
+    extra = median_step(net) - median_step(plain)
+    if rank == 0:
+        queue.put(max(extra, 0.0))
+    dist.destroy_process_group()
 
 
 def measure_link(sizes: tuple[int, ...] = (1, 2**14, 2**18, 2**21), repeats: int = 20) -> tuple[float, float]:
@@ -151,7 +217,8 @@ def _time_allreduce(rank: int, port: int, sizes: tuple[int, ...], repeats: int, 
     dist.destroy_process_group()
 
 
-def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: int = 30) -> float:
+def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: int = 30,
+                       shape: dict[str, Any] | None = None) -> float:
     """Compute time per example of n 1-thread processes that each run forward + backward at `batch` on this
     host at once (no communication: they share only caches and memory bandwidth), over that of one process
     alone at `base_batch` (the bench's 1-device row). Both timings come from the same processes, one right
@@ -162,14 +229,14 @@ def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: i
 
     queue = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_time_compute, args=(free_port(), n, model, (base_batch, batch),
-                                            steps, queue), nprocs=n, start_method="spawn")
+                                            steps, queue, shape), nprocs=n, start_method="spawn")
     results = [queue.get() for _ in range(n)]
     alone = next(t for rank, t, _ in results if rank == 0)
     return statistics.fmean(t for _, _, t in results) / batch / (alone / base_batch)
 
 
 def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, int], steps: int,
-                  queue) -> None:  # noqa: ANN001
+                  queue, shape: dict[str, Any] | None = None) -> None:  # noqa: ANN001
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -178,7 +245,7 @@ def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, 
 
     torch.set_num_threads(1)
     tune_malloc()  # as in a training worker
-    net, channels, side = _bench_network(model)
+    net, channels, side = _bench_network(model, shape)
 
     def median_step(batch: int) -> float:
         x, y = torch.randn(batch, channels, side, side), torch.randint(0, 10, (batch,))
@@ -207,9 +274,10 @@ def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, 
 
 
 def validate(results: dict, w: Workload, bandwidth: float, latency: float,
-             slowdown: dict[int, float] | None = None) -> list[dict]:
-    """The model's prediction for every measured multi-device DDP row of the bench, beside the measurement.
-    `slowdown[n]` scales the compute of n co-located CPU workers (measure_colocation)."""
+             slowdown: dict[int, float] | None = None, traffic: dict[int, float] | None = None) -> list[dict]:
+    """The model's prediction for every measured multi-device data-parallel row of the bench (ddp and fsdp),
+    beside the measurement. `slowdown[n]` scales the compute of n co-located CPU workers (measure_colocation);
+    `traffic[n]`: fsdp's collectives among n CPU workers as measured (measure_sharded_traffic)."""
     out = []
     for r in results["results"]:
         if r["status"] != "ok" or r["family"] not in DATA_PARALLEL or r["devices"] < 2:
@@ -217,22 +285,33 @@ def validate(results: dict, w: Workload, bandwidth: float, latency: float,
         factor = (slowdown or {}).get(r["devices"], 1.0) if r["family"] in CPU_WORKERS else 1.0
         wr = dataclasses.replace(w, compute_per_example_s=w.compute_per_example_s * factor)
         predicted = predict(wr, r["devices"], bandwidth, latency, overlap=r["family"] not in CPU_WORKERS,
-                            global_batch=r["global_batch_size"],
-                            sharded=r["family"].startswith("fsdp"))["examples_per_sec"]
+                            global_batch=r["global_batch_size"], sharded=r["family"].startswith("fsdp"),
+                            traffic_s=(traffic or {}).get(r["devices"]) if r["family"] in CPU_WORKERS
+                            else None)["examples_per_sec"]
         measured = r["examples_per_sec"]["mean"]
         out.append({"name": r["name"], "measured": measured, "predicted": predicted,
                     "colocation_slowdown": factor, "error": predicted / measured - 1})
     return out
 
 
-def _bench_network(model: str) -> tuple[Any, int, int]:
-    """The bench's model as built for its own kind of image (channels, side): the network, channels, side."""
+def _bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any, int, int]:
+    """The bench's model as built for its own kind of image (channels, side), with the bench's shaping options
+    (`shape`: --width, --depth, ...): the network, channels, side."""
     from .data import synthetic_side
     from .models import build_model, input_size, native_channels
 
     channels = native_channels(model)
     side = input_size(model, synthetic_side(channels))
-    return build_model(model, channels, side, 10), channels, side
+    return build_model(model, channels, side, 10, **(shape or {})), channels, side
+
+
+SHAPES = {"--width": int, "--depth": int, "--activation": str, "--filters": int, "--kernel": int}
+
+
+def bench_shape(results: dict) -> dict[str, Any]:
+    """The options the bench's flags set that shape its model (an MLP's --width: its gradients' bytes)."""
+    flags = results["train_flags"]
+    return {flag[2:]: kind(flags[flags.index(flag) + 1]) for flag, kind in SHAPES.items() if flag in flags}
 
 
 def bench_model(results: dict) -> str:

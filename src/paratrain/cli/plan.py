@@ -73,13 +73,18 @@ def _validate(plan: Any, results: dict, w: Any, base: dict, link: tuple[float, f
                 if r["status"] == "ok" and r["family"] in plan.CPU_WORKERS and r["devices"] > 1]
     local = link if measured or not cpu_rows else plan.measure_link()
     slowdown = {r["devices"]: plan.measure_colocation(plan.bench_model(results), base["global_batch_size"],
-                                                      r["global_batch_size"] // r["devices"], r["devices"])
+                                                      r["global_batch_size"] // r["devices"], r["devices"],
+                                                      shape=plan.bench_shape(results))
                 for r in cpu_rows}
-    checks = [c for c in plan.validate(results, w, *local, slowdown) if c["name"] in {r["name"] for r in cpu_rows}]
+    traffic = {n: plan.measure_sharded_traffic(plan.bench_model(results), plan.bench_shape(results), n)
+               for n in {r["devices"] for r in cpu_rows if r["family"].startswith("fsdp")}}
+    checks = [c for c in plan.validate(results, w, *local, slowdown, traffic)
+              if c["name"] in {r["name"] for r in cpu_rows}]
     checks += [c for c in plan.validate(results, w, *link) if c["name"] not in {r["name"] for r in cpu_rows}]
     if checks:
         print("validation against the bench (strong scaling at its global batch; CPU rows: measured gloo link, no "
-              "overlap (gloo shares the cores with backward), compute x its measured per-worker rate on this host):")
+              "overlap (gloo shares the cores with backward), compute x its measured per-worker rate on this host; "
+              "fsdp's CPU rows: what sharding adds to a step, timed on this host's gloo):")
         for c in checks:
             print(f"  {c['name']:<12} measured {c['measured']:>9,.0f} ex/s  predicted {c['predicted']:>9,.0f}  "
                   f"(compute x{c['colocation_slowdown']:.2f})  error {c['error']:+.1%}")

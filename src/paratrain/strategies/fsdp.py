@@ -91,9 +91,14 @@ class FSDP(Strategy):
     # ---- in each worker ----
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+        """The model, sharded: each block's weights cut into this worker's share, which fully_shard moves to
+        the mesh's device (a GPU holds its shard, never the whole model; with --cpu-offload the shard stays
+        in CPU memory). The whole model is built first, on the CPU, so every worker count starts from the
+        one device's initial weights: it takes 4 bytes a weight there until it is sharded."""
         from ..batchnorm import has_batchnorm, synchronise
 
-        module = super().build(model, data, loss)
+        self.loss = loss
+        module = model if self.ctx.distributed else model.to(self.ctx.device)
         if self.ctx.distributed and self.cfg.batchnorm == "sync" and has_batchnorm(module):
             module = synchronise(module, self.ctx.device)  # over the global batch, as one device would
         # the EMA's copy, unsharded: FSDP's modules refuse deepcopy (average() shards it like the model)
