@@ -76,7 +76,8 @@ def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | 
     none. One line on stderr names the newer ones that did not load, and why; a UserError when none loads.
 
     last.pt is a hard link to the newest step file, so damage to one is damage to both: the step files
-    kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on."""
+    kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on. A
+    sharded strategy's step folders (sharded.py) have no last.pt: the newest complete one is taken."""
     folder = Path(folder)
     skipped: list[tuple[Path, str]] = []
     for path in _newest_first(folder):
@@ -118,23 +119,30 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
     (sharded.py): its meta.pt, with "sharded" naming the folder, and (`whole`) its whole weights and EMA read
     in this process; a sharded strategy's workers read their own shards instead (whole=False)."""
     path = Path(path)
-    if path.is_dir() and not sharded.is_sharded(path):  # a run directory
+    if path.is_dir() and not sharded.is_sharded(path) and not path.name.startswith("step-"):  # a run directory
         state = newest_loadable(path / "checkpoints", whole)
         if state is not None:
             return state
         path = path / "checkpoints" / "last.pt"
     is_sharded = sharded.is_sharded(path)
+    if path.is_dir() and not is_sharded:
+        raise UserError(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is missing); "
+                        "use another one")
     if not path.is_file() and not is_sharded:
         raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
-    with open(path / sharded.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
-        state = _load_open(f, path)
+    try:
+        with open(path / sharded.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
+            state = _load_open(f, path)
+    except OSError as e:  # removed while being read (a pruning, a search tidying its trials)
+        raise UserError(f"checkpoint {path} is unreadable ({e.strerror or e}); use another one") from None
     needed = [k for k in REQUIRED if not (is_sharded and k in sharded.TENSORS)]
     if not isinstance(state, dict) or any(k not in state for k in needed):
         raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
                         f"{', '.join(k for k in needed if not isinstance(state, dict) or k not in state)})")
     if is_sharded:
         sharded.check_version(state, path)
-        state["sharded"] = str(path)
+        sharded.check_complete(path)
+        state["sharded"] = str(path)  # in memory: the folder its strategy reads its shards from
         if whole:
             state.update(sharded.whole(path))
     return state

@@ -24,7 +24,7 @@ from .errors import UserError
 from .rundir import step_checkpoints, writing
 
 META = "meta.pt"  # rank 0's part of a sharded checkpoint: everything but the tensors
-FORMAT = "dcp"  # a checkpoint's "sharded": how its tensors are stored (torch.distributed.checkpoint)
+FORMAT = "dcp"  # meta.pt's "format": how the tensors are stored (torch.distributed.checkpoint)
 TENSORS = ("model", "optimizer", "ema_model")  # what a sharded checkpoint's DCP part holds
 
 
@@ -46,24 +46,36 @@ def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, An
     """Write the step's sharded checkpoint (collective: every rank of the group `ctx` calls it, with its own
     shards in `tensors`); keep the `keep` newest step checkpoints. `meta()` is built on rank 0 only."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     folder = Path(folder)
     final, building = folder / f"step-{step:08d}", folder / f".step-{step:08d}.tmp"
     if ctx.is_main:
         with writing(final):
-            shutil.rmtree(building, ignore_errors=True)
+            for stale in folder.glob(".step-*"):  # a save or a pruning that a kill cut off
+                shutil.rmtree(stale, ignore_errors=True)
             building.mkdir(parents=True)
     ctx.barrier()  # the folder exists before any rank writes into it
     with writing(final), _quiet():
-        written = dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed)
+        try:
+            written = dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed)
+        except CheckpointException as e:  # a BaseException around a rank's OSError (a full disk): unwrapped
+            raise _cause(e) from None
     _check_shared(ctx, building, written)
     if ctx.is_main:
         with writing(final):
-            _publish(building, final, {**meta(), "sharded": FORMAT, "torch": str(torch.__version__)})
+            _publish(building, final, {**meta(), "format": FORMAT, "torch": str(torch.__version__)})
             for _, old in step_checkpoints(folder)[:-keep]:
-                _remove(old)
+                remove(old)
     ctx.barrier()  # no rank goes on (or leaves on a signal) before the checkpoint is whole
     return final
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException (DCP keeps it as .exc)."""
+    failures = getattr(e, "failures", None) or {}
+    first = next(iter(failures.values()), e)
+    return getattr(first, "exc", first)
 
 
 def _check_shared(ctx: Any, building: Path, written: Any) -> None:
@@ -81,35 +93,73 @@ def _check_shared(ctx: Any, building: Path, written: Any) -> None:
 
 
 def _publish(building: Path, final: Path, meta: dict[str, Any]) -> None:
-    """Add rank 0's meta.pt, make every file durable, then show the folder under its step's name at once."""
-    with open(building / META, "wb") as f:
-        torch.save(meta, f)
+    """Add rank 0's meta.pt, make every file durable, then show the folder under its step's name at once.
+    The same step saved again (a finished run's last save, after its step's own) holds the same tensors:
+    only its meta.pt is replaced, by a rename, so the step is never absent."""
+    _write_durably(building / META, meta)
     for path in building.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    if final.exists():  # the same step saved again (a finished run's last checkpoint): set the old one aside
-        old = final.with_name(f".{final.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(building, final)
-        shutil.rmtree(old, ignore_errors=True)
+        _fsync(path)
+    if final.exists():
+        os.replace(building / META, final / META)
+        shutil.rmtree(building, ignore_errors=True)
     else:
         os.replace(building, final)
-    dir_fd = os.open(final.parent, os.O_RDONLY)
+    _fsync(final.parent)
+
+
+def _write_durably(path: Path, value: Any) -> None:
+    with open(path, "wb") as f:
+        torch.save(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
+def remove(path: Path) -> None:
+    """Remove a step checkpoint: a file, or a sharded folder renamed out of sight first (a kill in the middle
+    of its removal leaves no half folder under a step's name)."""
+    if not path.is_dir():
         path.unlink(missing_ok=True)
+        return
+    hidden = path.with_name(f".{path.name}.removing")
+    try:
+        os.replace(path, hidden)
+    except OSError:
+        return
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def _metadata(path: Path) -> Any:
+    """DCP's metadata of the checkpoint folder `path` (where each piece of every tensor lies)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        return dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 (a truncated or foreign .metadata fails in many ways)
+        raise UserError(f"checkpoint {path} is unreadable (its .metadata: {type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:120]}); use another one") from None
+
+
+def check_complete(path: Path) -> None:
+    """Every file the metadata names is there and long enough: a folder that lost a rank's shards is refused
+    here, before a run commits to it, so the one before is carried on from instead."""
+    ends: dict[str, int] = {}
+    for item in (_metadata(path).storage_data or {}).values():
+        ends[item.relative_path] = max(ends.get(item.relative_path, 0), item.offset + item.length)
+    for name, end in ends.items():
+        try:
+            size = (path / name).stat().st_size
+        except OSError:
+            size = -1
+        if size < end:
+            raise UserError(f"checkpoint {path} is incomplete ({name} is missing or cut short); use another one")
 
 
 def check_version(meta: dict[str, Any], path: Path) -> None:
@@ -149,10 +199,9 @@ def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model")) -> 
     """The checkpoint's whole tensors of `parts` on the CPU, in one process (no group): {"model": {name:
     tensor}, and "ema_model" where it has one}, for evaluation, export and load_model. The optimizer's are
     named by their place in its state dict ("state.NAME.exp_avg")."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    metadata = _metadata(Path(path))
     into: dict[str, dict[str, torch.Tensor]] = {}
     for key, item in metadata.state_dict_metadata.items():
         top, _, name = key.partition(".")

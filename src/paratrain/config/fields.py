@@ -147,8 +147,8 @@ class TrainConfig:
     overwrite: bool = _f(False, "clear a run already in --out (its config, checkpoints, logs) and start anew",
                          flag="--overwrite")
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0: only at the end)")
-    keep_checkpoints: int = _f(2, "how many step checkpoints to keep (last.pt is the newest of them); a "
-                               "damaged newest one leaves the one before to carry on from")
+    keep_checkpoints: int = _f(2, "how many step checkpoints to keep (files, or fsdp's folders; last.pt is the "
+                               "newest file); a damaged newest one leaves the one before to carry on from")
     log_every: int = _f(50, "log training loss/accuracy every N steps")
     time_phases: bool = _f(False, "time data/compute/all-reduce/optimizer per step (no comm. overlap)",
                            flag="--time-phases")

@@ -34,7 +34,7 @@ def _train(folder: Path, accelerator: str, strategy: str, n: int, threads: int, 
                                              devices=str(devices), threads_per_worker=threads, out=str(folder)))
     folder.mkdir(parents=True, exist_ok=True)
     launch.run(runplan.make(cfg, lambda: data))
-    return checkpoint.load(folder / "checkpoints" / "last.pt")["model"]
+    return checkpoint.load(folder)["model"]  # the newest checkpoint, a file or a sharded folder
 
 
 def check(accelerator: str, n: int, threads: int) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint
+from .. import checkpoint, sharded
 from ..errors import UserError
 from ..rundir import WEIGHTS_ONLY, step_checkpoints
 
@@ -65,7 +65,4 @@ def weights_only(folder: Path) -> None:
     (folder / WEIGHTS_ONLY).write_text("last.pt holds this trial's weights only: --resume refuses it "
                                        "(paratrain search --keep-trial-checkpoints)\n")
     for _, path in steps:
-        if path.is_dir():  # a sharded strategy's step folder
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        sharded.remove(path)  # a file, or a sharded strategy's step folder

@@ -29,7 +29,9 @@ REGISTRY = {
 def checked(cfg: TrainConfig) -> TrainConfig:
     """`cfg`, once its strategy has checked the options it cannot take (a UserError otherwise): the
     configuration's own checks (config.validate) know nothing of the strategies."""
-    get(cfg.strategy).check(cfg)
+    strategy = get(cfg.strategy)
+    strategy.check_foreign(cfg)
+    strategy.check(cfg)
     return cfg
 
 

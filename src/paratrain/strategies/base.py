@@ -46,7 +46,6 @@ class Strategy:
     name: ClassVar[str]
     unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages
     pipelined: ClassVar[bool] = False  # cuts the layers into stages (--stages, --split, --print-split)
-    sharded: ClassVar[bool] = False  # writes sharded checkpoints (sharded.py), not one whole-model file
     lockstep: ClassVar[bool] = False  # every forward is a collective: evaluation runs as many on every worker
 
     # ---- before launch, in the launching process ----
@@ -60,6 +59,15 @@ class Strategy:
                                                         "channels_last")):
             if on and cfg.strategy != "ddp":
                 raise UserError(f"{flag} is available with --strategy ddp, not {cfg.strategy}; leave it out")
+
+    @classmethod
+    def check_foreign(cls, cfg: TrainConfig) -> None:
+        """Raise UserError for another strategy's own options (every strategy's, whatever its `check`)."""
+        sharding = ((cfg.shard_modules, "--shard-modules"), (cfg.shard_size is not None, "--shard-size"),
+                    (not cfg.reshard_after_forward, "--no-reshard-after-forward"), (cfg.cpu_offload, "--cpu-offload"))
+        for on, flag in sharding:
+            if on and cfg.strategy not in ("fsdp", "hsdp"):
+                raise UserError(f"{flag} is for --strategy fsdp or hsdp, not {cfg.strategy}")
 
     @classmethod
     def defaults(cls, cfg: TrainConfig) -> TrainConfig:

@@ -17,7 +17,7 @@ import contextlib
 import copy
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from .base import Strategy
@@ -51,7 +51,6 @@ def blocks(model: nn.Module, names: str | None) -> list[nn.Module]:
 
 class FSDP(Strategy):
     name = "fsdp"
-    sharded: ClassVar[bool] = True
     lockstep = True  # every forward is a collective: every worker runs as many (evaluation.evaluate)
 
     @classmethod
@@ -63,8 +62,13 @@ class FSDP(Strategy):
         if cfg.time_phases:
             raise UserError(f"--time-phases times DDP's all-reduce; under --strategy {cfg.strategy} the gradients "
                             "are reduce-scattered inside the backward: leave it out")
+        if cfg.histogram_every:
+            raise UserError(f"--histogram-every draws rank 0's whole weights; under --strategy {cfg.strategy} each "
+                            "worker holds a shard of them: leave it out")
         if cfg.shard_size is not None and cfg.strategy != "hsdp":
             raise UserError("--shard-size is for --strategy hsdp")
+        if cfg.shard_size is not None and cfg.shard_size < 1:
+            raise UserError(f"--shard-size {cfg.shard_size}: give a positive number of workers")
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
@@ -73,6 +77,9 @@ class FSDP(Strategy):
         if cfg.cpu_offload and hardware.accelerator != "gpu":
             raise UserError("--cpu-offload moves the shards off the GPUs; on the CPU they are there already: "
                             "leave it out")
+        if cfg.cpu_offload and hardware.workers == 1:
+            raise UserError("--cpu-offload keeps fsdp's shards in CPU memory; one worker trains the whole model "
+                            "unsharded: use 2 or more --devices, or leave it out")
         return cfg, hardware, {**layout, "mesh": cls.mesh_shape(cfg, hardware.workers, env)}
 
     @classmethod
@@ -82,10 +89,13 @@ class FSDP(Strategy):
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+        import torch
+
         from ..build import make_model
 
         if cfg.shard_modules:  # a misspelt name is one line before any process starts
-            blocks(make_model(cfg, data, parts), cfg.shard_modules)
+            with torch.device("meta"):  # its names only: no memory for its weights
+                blocks(make_model(cfg, data, parts), cfg.shard_modules)
         return cfg, {}
 
     # ---- in each worker ----
@@ -166,8 +176,8 @@ class FSDP(Strategy):
     def _sharded_path(self, saved: dict) -> Path:
         if "sharded" not in saved:
             raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole model (written "
-                            f"by --strategy {saved['config'].get('strategy', 'ddp')}); carry it on with that "
-                            "strategy, or start a new run from its weights")
+                            f"by --strategy {saved['config'].get('strategy', 'ddp')}); carry it on with --strategy "
+                            f"{saved['config'].get('strategy', 'ddp')}")
         return Path(saved["sharded"])
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
@@ -208,7 +218,8 @@ class HSDP(FSDP):
         """[copies, shard size]: each tensor sharded over --shard-size workers (default: one node's), whole in
         each of workers / shard size groups."""
         size = cfg.shard_size or (env.local_world_size if env.in_group else workers)
-        if size < 1 or workers % size:
-            raise UserError(f"--shard-size {size} does not divide the {workers} workers; use a divisor of "
+        if workers % size:
+            given = f"--shard-size {size}" if cfg.shard_size else f"the default shard size, {size} (a node's workers)"
+            raise UserError(f"{given} does not divide the {workers} workers; pass --shard-size with a divisor of "
                             f"{workers} (the workers of one node, say)")
         return [workers // size, size]
