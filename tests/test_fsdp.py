@@ -166,10 +166,26 @@ def test_one_fsdp_worker_resumes_exactly_and_exports_one_plain_state_dict(tmp_pa
     assert max_abs_diff(torch.load(tmp_path / "ema.pt", weights_only=True), b["ema_model"]) == 0.0
     assert main_code(["export", str(run), "--out", str(tmp_path)]) == 2
     assert "is a folder; name the file to write" in capsys.readouterr().err
-    # carried on by a strategy that reads one whole-model file: one line, not a traceback
+    # carried on by a strategy that reads one whole-model file: one line, and the run's record left as it was
+    record = (run / "config.yaml").read_text()
     assert main_code(["train", "--resume", str(run), "--steps", "14", "--strategy", "ddp", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "is sharded (written by --strategy fsdp); carry it on with --strategy fsdp or hsdp" in err, err
+    assert "is sharded (written by --strategy fsdp or hsdp); carry it on with --strategy fsdp or hsdp" in err, err
+    assert (run / "config.yaml").read_text() == record
+
+
+def test_an_hsdp_run_carries_on_under_fsdp_without_its_shard_size(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main_code(["train", *ARGS[:2], "--strategy", "hsdp", "--shard-size", "1", "--devices", "1", "--steps",
+                      "5", "--out", str(run)]) == 0
+    assert main_code(["train", "--resume", str(run), "--strategy", "fsdp", "--steps", "8", "--quiet"]) == 0
+    assert "shard_size: null" in (run / "config.yaml").read_text()
+    whole = tmp_path / "whole"
+    assert main_code(["train", *ARGS[:2], "--devices", "1", "--steps", "5", "--out", str(whole)]) == 0
+    capsys.readouterr()
+    assert main_code(["train", "--resume", str(whole), "--strategy", "fsdp", "--steps", "8", "--quiet"]) == 2
+    assert "holds one whole model, which --strategy fsdp does not read" in capsys.readouterr().err
 
 
 def test_summary_counts_the_model_state_each_worker_holds(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from .devices import Hardware
 from .env import Environment, detect
 from .errors import UserError, WriteFailed
 from .resume import dataset_mismatch, model_mismatch
-from .rundir import check_fresh, check_owned, clear_run, held, newest_step, weights_only, write_atomic
+from .rundir import check_fresh, check_owned, clear_run, held, newest_step, step_checkpoints, weights_only, write_atomic
 from .runlength import Length, check_not_past, run_length
 from .runlog import write_summary
 from .userparts import Parts
@@ -79,6 +79,7 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         done = None if fresh else newest_step(out)  # no checkpoint is read here: each worker reads its own
         if done is not None:  # before config.yaml says otherwise (each worker checks the checkpoint it reads)
             check_not_past(done, length.total_steps, cfg.out)
+            _check_form(out, cfg.strategy)
         if env.is_main and fresh:  # last: any bad input above leaves the old run as it was
             clear_run(out)  # --overwrite's run, or the leftovers of one that never took a step
         # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again
@@ -121,6 +122,19 @@ def _check_resumed(cfg: C.TrainConfig) -> None:
             raise UserError(why)
 
 
+def _check_form(out: Path, strategy: str) -> None:
+    """The newest checkpoint's form (a sharded folder or one whole-model file, by its name) is one the strategy
+    reads: a run is refused before its config.yaml would say another strategy."""
+    sharded = step_checkpoints(out / "checkpoints")[-1][1].is_dir()
+    if sharded and strategy not in C.SHARDED:
+        raise UserError(f"the checkpoint in {out} is sharded (written by --strategy fsdp or hsdp); carry it on with "
+                        "--strategy fsdp or hsdp (or without --strategy), or write its weights to one file with "
+                        "paratrain export")
+    if not sharded and strategy in C.SHARDED:
+        raise UserError(f"the checkpoint in {out} holds one whole model, which --strategy {strategy} does not read; "
+                        "carry it on with the strategy that wrote it (without --strategy)")
+
+
 def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     check_owned(out)  # again: another user could have made it since check_writable
@@ -143,5 +157,9 @@ def _announce(plan: runplan.RunPlan, length: Length, done: int | None) -> None:
               "--warmup-steps", flush=True)
     name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
     hw = plan.hardware
+    mesh = plan.layout.get("mesh")  # fsdp's shards (hsdp: copies x shards)
+    how = "" if cfg.strategy == "ddp" else f" ({cfg.strategy}" + (
+        f": {' copies x '.join(map(str, mesh))} shards" if mesh and len(mesh) == 2 else
+        f": each holds 1/{mesh[0]} of the model" if mesh else "") + ")"
     print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "
-          f"{hw.threads_per_worker} thread(s), global batch {cfg.batch_size}, run dir {cfg.out}", flush=True)
+          f"{hw.threads_per_worker} thread(s){how}, global batch {cfg.batch_size}, run dir {cfg.out}", flush=True)

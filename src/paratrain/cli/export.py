@@ -30,5 +30,6 @@ def run(args: argparse.Namespace) -> int:
     checkpoint.save(weights, out)
     count = sum(t.numel() for t in weights.values() if t.is_floating_point())
     print(f"paratrain: wrote {out}: {len(weights)} tensors, {count:,} weights, step {state['step']}"
-          f"{' (EMA)' if args.ema else ''}; load it with model.load_state_dict(torch.load('{out}'))")
+          f"{' (EMA)' if args.ema else ''}, of a {state['config'].get('model')}; load it into that network with "
+          f"net.load_state_dict(torch.load('{out}')) (paratrain.load_model('{args.run_dir}') builds it with them)")
     return 0

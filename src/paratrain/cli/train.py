@@ -14,7 +14,7 @@ from .parser import add_train_flags
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model with data, pipeline or hybrid parallelism")
+    p = sub.add_parser("train", help="train a model with data (replicated or sharded), pipeline or hybrid parallelism")
     add_train_flags(p)
     p.add_argument("--print-split", action="store_true",
                    help="pipeline/hybrid: show the stages, their parameters and counted cost, and exit")
@@ -30,6 +30,8 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     if args.resume:
         C.check_resume_out(args.resume, args.out, f"--out {args.out}")
         base = C.of_run(args.resume, f"--resume {args.resume}")
+        if args.strategy is not None:  # carried on by another strategy: the old one's own options stay behind
+            base = C.for_strategy(base, args.strategy)
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))
     values = C.load_yaml(args.config) if args.config else {}

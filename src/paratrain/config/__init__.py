@@ -20,9 +20,11 @@ from .fields import (
                      PIPELINE_SCHEDULES,
                      PRECISIONS,
                      REQUEUE_SIGNALS,
+                     SHARDED,
                      STRATEGIES,
                      TrainConfig,
                      did_you_mean,
+                     for_strategy,
                      shown,
 )
 from .sources import (
@@ -39,7 +41,8 @@ from .sources import (
 )
 
 __all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "LR_SCHEDULES", "MAX_YAML_BYTES",
-           "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY", "REQUEUE_SIGNALS", "STRATEGIES",
+           "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY", "REQUEUE_SIGNALS", "SHARDED",
+           "STRATEGIES", "for_strategy",
            "TrainConfig",
            "UserError", "changed", "check_read", "check_resume_out", "did_you_mean", "from_dict", "in_python_words",
            "load_yaml", "default_run_dir", "job_tag", "of_run", "overlay", "save_yaml", "shown", "unread", "validate",

@@ -164,6 +164,17 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+SHARDING = ("shard_modules", "reshard_after_forward", "cpu_offload")  # fsdp's and hsdp's own options
+SHARDED = ("fsdp", "hsdp")
+
+
+def for_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
+    """`cfg` (a resumed run's) for `strategy`: the options only its old strategy took back at their defaults
+    (an hsdp run's shard size does not follow it to fsdp)."""
+    drop = ([] if strategy == "hsdp" else ["shard_size"]) + ([] if strategy in SHARDED else list(SHARDING))
+    return cfg.replace(**{name: FIELDS[name].default for name in drop})
+
+
 # Sizes that suit each dataset: the 1,437 digits need small batches to get enough steps.
 DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "digits": {"batch_size": 64, "epochs": 10},
