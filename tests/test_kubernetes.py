@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "kubernetes" / "pytorchjob.yaml"
 # appended to the manifest's command (argparse: the last wins): a short run with checkpoints to carry on from,
 # 1 thread a pod (both "nodes" share this machine's cores)
-SHORT = ("--steps", "300", "--batch-size", "64", "--checkpoint-every", "50", "--log-every", "1",
+SHORT = ("--steps", "200", "--batch-size", "64", "--checkpoint-every", "50", "--log-every", "1",
          "--threads-per-worker", "1", "--quiet", "--no-tensorboard")
 
 
@@ -122,8 +122,8 @@ def test_the_pytorchjob_command_forms_the_group_and_carries_on_after_a_pod_is_ki
         _finish(started, folder)
         runs[case] = run
     summary = json.loads((runs["killed"] / "summary.json").read_text())
-    assert (summary["launcher"], summary["world_size"], summary["steps"]) == ("torchrun", 2, 300)
-    assert summary["restarts"] >= 1 and 100 <= summary["resumed_from_step"] < 300, summary
+    assert (summary["launcher"], summary["world_size"], summary["steps"]) == ("torchrun", 2, 200)
+    assert summary["restarts"] >= 1 and 100 <= summary["resumed_from_step"] < 200, summary
     a, b = (torch.load(r / "checkpoints" / "last.pt", weights_only=True) for r in (runs["killed"], runs["whole"]))
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
     assert max_abs_diff(adam_moments(a), adam_moments(b)) <= 1e-6
