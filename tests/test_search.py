@@ -652,7 +652,7 @@ def test_a_trial_that_kills_its_process_is_tried_once_more_then_failed(tmp_path:
     path = _space_file(tmp_path, "fixed: {model: mlp, dataset: digits}\nparams:\n  lr: [0.001, 0.003, 0.01]\n")
     out = tmp_path / "s"
     search = subprocess.Popen([sys.executable, "-m", "paratrain", "search", "--space", path, "--sampler", "grid",
-                               "--parallel", "1", "--steps", "1500", "--out", str(out)],
+                               "--parallel", "1", "--steps", "1000", "--out", str(out)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed: list[tuple[int, float]] = []  # (trial, lr): the first trial seen running, then its second try
     deadline = time.monotonic() + 300
