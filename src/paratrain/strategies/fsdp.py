@@ -6,7 +6,7 @@ the whole model, on a CPU or GPU DeviceMesh (a CPU mesh is asked for by name: on
 would otherwise pick a CUDA mesh under a gloo group). hsdp shards within groups of --shard-size workers and
 replicates across the groups (a 2-D mesh: the layout for several nodes). Checkpoints go through
 torch.distributed.checkpoint (sharded.py): each rank writes its own shards, and a later run of any worker
-count reads them into its own (the step-per-worker count may change on resume). The EMA is a second sharded
+count reads them into its own (the worker count may change on resume). The EMA is a second sharded
 copy, made before the model is sharded (FSDP modules cannot be deep-copied). Evaluation runs the sharded
 model itself, in lock-step (every forward is a collective).
 """
@@ -101,10 +101,11 @@ class FSDP(Strategy):
     # ---- in each worker ----
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
-        """The model, sharded: each block's weights cut into this worker's share, which fully_shard moves to
-        the mesh's device (a GPU holds its shard, never the whole model; with --cpu-offload the shard stays
-        in CPU memory). The whole model is built first, on the CPU, so every worker count starts from the
-        one device's initial weights: it takes 4 bytes a weight there until it is sharded."""
+        """The model, sharded (on 2 or more workers; one trains the plain module): each block's weights cut
+        into this worker's share, which fully_shard moves to the mesh's device (a GPU holds its shard, never
+        the whole model; with --cpu-offload the shard stays in CPU memory). The whole model is built first, on
+        the CPU, so every worker count starts from the one device's initial weights: it takes 4 bytes a weight
+        there until it is sharded."""
         from ..batchnorm import has_batchnorm, synchronise
 
         self.loss = loss
