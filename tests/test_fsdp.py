@@ -166,11 +166,15 @@ def test_one_fsdp_worker_resumes_exactly_and_exports_one_plain_state_dict(tmp_pa
     assert max_abs_diff(torch.load(tmp_path / "ema.pt", weights_only=True), b["ema_model"]) == 0.0
     assert main_code(["export", str(run), "--out", str(tmp_path)]) == 2
     assert "is a folder; name the file to write" in capsys.readouterr().err
-    # carried on by a strategy that reads one whole-model file: one line, and the run's record left as it was
+    # carried on by ddp, which reads a sharded checkpoint whole: the run fsdp would have made
+    assert main_code(["train", "--resume", str(run), "--steps", "14", "--strategy", "ddp", "--quiet"]) == 0
+    assert main_code(["train", *ARGS, "--steps", "14", "--out", str(tmp_path / "fourteen")]) == 0
+    assert max_abs_diff(checkpoint.load(run)["model"], checkpoint.load(tmp_path / "fourteen")["model"]) < 1e-6
+    # ddp's whole-model file is not fsdp's to read: one line, and the run's record left as it was
     record = (run / "config.yaml").read_text()
-    assert main_code(["train", "--resume", str(run), "--steps", "14", "--strategy", "ddp", "--quiet"]) == 2
+    assert main_code(["train", "--resume", str(run), "--steps", "16", "--strategy", "fsdp", "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "is sharded (written by --strategy fsdp or hsdp); carry it on with --strategy fsdp or hsdp" in err, err
+    assert "holds one whole model, which --strategy fsdp does not read" in err, err
     assert (run / "config.yaml").read_text() == record
 
 

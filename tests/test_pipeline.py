@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,6 @@ from paratrain.strategies.stages import (
     Layout,
     balanced_cuts,
     layer_costs,
-    merge_optimizer_states,
     parse_split,
     slice_optimizer_state,
     stage_bounds,
@@ -49,18 +49,17 @@ def test_layer_costs_count_lenet5() -> None:
     assert costs[1] == 6 * 28 * 28  # ReLU: one op per element
 
 
-def test_optimizer_state_slices_merge_back() -> None:
+def test_optimizer_state_slices_for_a_stage() -> None:
+    """A stage's part of a whole-model file's optimizer state: its parameters' entries, renumbered from 0."""
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     opt = torch.optim.Adam(model.parameters())
     model(torch.ones(2, 3)).sum().backward()
     opt.step()
     full = opt.state_dict()
-    parts = [(0, slice_optimizer_state(full, 0, 2)), (2, slice_optimizer_state(full, 2, 2))]
-    assert list(parts[1][1]["state"]) == [0, 1] and parts[1][1]["param_groups"][0]["params"] == [0, 1]
-    merged = merge_optimizer_states(parts, 4)
-    assert merged["param_groups"] == full["param_groups"]
-    assert merged["state"].keys() == full["state"].keys()
-    assert all(torch.equal(merged["state"][i]["exp_avg"], full["state"][i]["exp_avg"]) for i in range(4))
+    second = slice_optimizer_state(full, 2, 2)
+    assert list(second["state"]) == [0, 1] and second["param_groups"][0]["params"] == [0, 1]
+    assert second["param_groups"][0]["lr"] == full["param_groups"][0]["lr"]
+    assert all(torch.equal(second["state"][i]["exp_avg"], full["state"][i + 2]["exp_avg"]) for i in range(2))
 
 
 def test_layout_and_bubble_formula() -> None:
@@ -68,9 +67,19 @@ def test_layout_and_bubble_formula() -> None:
     assert theoretical_bubble(2, 1) == pytest.approx(0.5) and theoretical_bubble(4, 8) == pytest.approx(3 / 11)
 
 
-# 10 SGD steps of LeNet-5 (no dropout) on MNIST, the same seed and global batch everywhere.
+# 10 SGD steps of LeNet-5 (no dropout) on MNIST, the same seed and global batch everywhere. Evaluated with
+# --test-flip: a pipeline evaluates through its schedule, the mirror images as a second pass (the plain pass is
+# checked against one process's evaluation in test_pipeline_checkpoint_is_a_whole_model_for_eval_and_resume).
 EQUIV = ("--model", "lenet5", "--dataset", "mnist", "--steps", "10", "--optimizer", "sgd", "--lr", "0.05",
-         "--batch-size", "64", "--no-tensorboard")
+         "--batch-size", "64", "--no-tensorboard", "--test-flip")
+
+
+def _evaluated_alike(run: dict, single: Path) -> None:
+    """The same test figures as one device's: 10,000 test images in batches of a pipeline copy's training
+    batch, the last one padded (10,000 is no multiple of 64 or of 32)."""
+    one = json.loads((single / "summary.json").read_text())
+    assert run["test_accuracy"] == one["test_accuracy"]
+    assert abs(run["test_loss"] - one["test_loss"]) < 1e-5 and abs(run["val_loss"] - one["val_loss"]) < 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +98,7 @@ def test_pipeline_equals_one_device(tmp_path: Path, mnist_dir: Path, single_mnis
                     "--microbatches", str(microbatches), "--schedule", schedule)
     assert summary["strategy"] == "pipeline" and summary["world_size"] == 2
     assert max_abs_diff(weights(single_mnist), weights(run)) < 2e-6  # measured 1.5e-8
+    _evaluated_alike(summary, single_mnist)
     bubble = summary["pipeline"]["bubble"]
     assert bubble["theoretical"] == pytest.approx(1 / (microbatches + 1))
     assert len(bubble["measured_idle_fraction"]) == 2 and all(0 <= f < 1 for f in bubble["measured_idle_fraction"])
@@ -103,6 +113,7 @@ def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_
                     "--devices", "4", "--microbatches", "2", "--oversubscribe")
     assert summary["strategy"] == "hybrid" and summary["world_size"] == 4
     assert max_abs_diff(weights(single_mnist), weights(run)) < 2e-6  # measured 1.5e-8
+    _evaluated_alike(summary, single_mnist)
 
 
 @pytest.mark.integration

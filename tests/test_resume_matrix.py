@@ -23,7 +23,7 @@ import pytest
 import torch
 from conftest import training_workers
 
-from paratrain import checkpoint, config, launch, runplan
+from paratrain import checkpoint, config, launch, runplan, sharded
 from paratrain.data import load_dataset
 from paratrain.devices import Hardware
 from paratrain.interrupt import Stopped
@@ -60,15 +60,20 @@ def _run(cfg: config.TrainConfig, workers: int, data: Any, resume: dict | None =
     return launch.run(runplan.make(cfg, lambda: data, hardware=Hardware("cpu", workers, 1, "gloo")))
 
 
-def _state(run: Path, name: str = "last.pt") -> dict:
-    return checkpoint.load(run / "checkpoints" / name)
+def _state(run: Path) -> dict:
+    """The run's newest checkpoint (a file, or a pipeline's sharded folder read whole)."""
+    return checkpoint.load(run)
 
 
 def _tensors(state: dict) -> dict[str, torch.Tensor]:
     """Weights, every optimizer state tensor and the EMA weights of a checkpoint, by name."""
     out = {f"model.{k}": v for k, v in state["model"].items()}
-    for i, s in state["optimizer"]["state"].items():
-        out.update({f"optimizer.{i}.{k}": torch.as_tensor(v) for k, v in s.items()})
+    if "sharded" in state:  # the optimizer state by parameter name ("state.NAME.momentum_buffer")
+        out.update({f"optimizer.{k}": v for k, v in sharded.whole(state["sharded"], ("optimizer",))["optimizer"]
+                    .items()})
+    else:
+        for i, s in state["optimizer"]["state"].items():
+            out.update({f"optimizer.{i}.{k}": torch.as_tensor(v) for k, v in s.items()})
     out.update({f"ema.{k}": v for k, v in state.get("ema_model", {}).items()})
     return out
 
@@ -240,13 +245,13 @@ def test_killed_worker_restarts_to_the_same_weights(tmp_path: Path, digits: Any,
 @pytest.mark.parametrize(("strategy", "workers"), [("pipeline", 2), ("hybrid", 4)])
 def test_pipeline_resume_is_exact(tmp_path: Path, digits: Any, strategy: str, workers: int) -> None:
     """A 2-stage pipeline (and 2 copies of it), SGD with momentum: stopped at step 10, resumed to 20,
-    the same weights and optimizer state as not stopping."""
+    the same weights and optimizer state as not stopping. Each stage wrote its own part of the checkpoint."""
     kw = dict(strategy=strategy, stages=2, split="3", microbatches=2, steps=20, oversubscribe=workers > 2)
     whole = tmp_path / "whole"
     _run(_cfg(whole, "sgd-momentum", **kw), workers, digits)
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    shutil.copy(whole / "checkpoints" / "step-00000010.pt", run / "checkpoints" / "last.pt")
+    shutil.copytree(whole / "checkpoints" / "step-00000010", run / "checkpoints" / "step-00000010")
+    assert len(list((run / "checkpoints" / "step-00000010").glob("*.distcp"))) >= 2  # a part from each stage
     summary = _run(_cfg(run, "sgd-momentum", **kw), workers, digits, _state(run))
     assert summary["resumed_from_step"] == 10 and summary["strategy"] == strategy
     assert _gap(_state(run), _state(whole)) <= EXACT

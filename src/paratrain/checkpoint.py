@@ -67,7 +67,7 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
                 raise
             save(state, last)  # a filesystem without hard links: write it again
     for _, old in step_checkpoints(folder)[:-keep]:
-        old.unlink(missing_ok=True)
+        sharded.remove(old)  # a file, or a sharded folder of the steps before the run changed strategy
     return step_path
 
 

@@ -41,14 +41,24 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
             logits = (logits + model(x.flip(3))) / 2
         if stop == start:  # lock-step's empty batch: its forward ran, it adds nothing
             continue
-        y = y_all[start:stop]
-        if loss is None:
-            sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
-        else:  # a user's loss is the batch mean
-            sums[0] += loss(logits.float(), y).double() * (stop - start)
-        sums[1] += (logits.argmax(1) == y).sum()
-        sums[2] += stop - start
+        sums += batch_sums(logits, y_all[start:stop], loss)
     model.train(was_training)
+    return totals(sums, ctx)
+
+
+def batch_sums(logits: torch.Tensor, y: torch.Tensor, loss: Any = None) -> torch.Tensor:
+    """One batch's (loss sum, correct, count), in float64: summed over batches and workers they give the
+    figures of the whole set exactly."""
+    if loss is None:
+        loss_sum = F.cross_entropy(logits, y, reduction="sum").double()
+    else:  # a user's loss is the batch mean
+        loss_sum = loss(logits.float(), y).double() * len(y)
+    correct = (logits.argmax(1) == y).sum().double()
+    return torch.stack([loss_sum, correct, torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)])
+
+
+def totals(sums: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
+    """Accuracy and mean loss from every worker's sums (collective)."""
     loss_sum, correct, count = ctx.all_reduce_sum(sums).tolist()
     if count == 0:
         return math.nan, math.nan

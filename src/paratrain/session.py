@@ -123,13 +123,10 @@ def _check_resumed(cfg: C.TrainConfig) -> None:
 
 
 def _check_form(out: Path, strategy: str) -> None:
-    """The newest checkpoint's form (a sharded folder or one whole-model file, by its name) is one the strategy
-    reads: a run is refused before its config.yaml would say another strategy."""
+    """The newest checkpoint's form is one the strategy reads: every strategy reads a sharded folder (fsdp's,
+    hsdp's, a pipeline's), fsdp and hsdp no whole-model file. A run is refused before its config.yaml would say
+    another strategy."""
     sharded = step_checkpoints(out / "checkpoints")[-1][1].is_dir()
-    if sharded and strategy not in C.SHARDED:
-        raise UserError(f"the checkpoint in {out} is sharded (written by --strategy fsdp or hsdp); carry it on with "
-                        "--strategy fsdp or hsdp (or without --strategy), or write its weights to one file with "
-                        "paratrain export")
     if not sharded and strategy in C.SHARDED:
         raise UserError(f"the checkpoint in {out} holds one whole model, which --strategy {strategy} does not read; "
                         "carry it on with the strategy that wrote it (without --strategy)")

@@ -41,6 +41,15 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def state_dict_options() -> Any:
+    """How the strategies take their state dicts for these checkpoints: the optimizer state flattened to one
+    key per parameter name ("state.NAME.exp_avg", "param_groups.NAME.lr"), so that ranks that hold different
+    parameters (a pipeline's stages) write parts that never collide, and any strategy's ranks read theirs."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], folder: str | Path,
               step: int, keep: int) -> Path:
     """Write the step's sharded checkpoint (collective: every rank of the group `ctx` calls it, with its own

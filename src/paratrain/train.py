@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from . import strategies
 from .build import make_batch_transforms, make_model, memory_format, optimizer_parts
@@ -319,16 +318,19 @@ class Trainer:
         raise Stopped(f"stopped by {signal_name(signum)} at step {self.state.step}; the checkpoint is in "
                       f"{self.ckpt_dir}; continue with --resume {self.run_dir}", signum)
 
-    def _evaluate(self, model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor]) -> tuple[float, float]:
-        return evaluate(model, pair, self.prep, self.ctx, self.cfg.eval_batch_size, self.loss, self.cfg.test_flip,
-                        self.strategy.lockstep)
+    def _evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], ema: bool = False) -> tuple[float, float]:
+        """The model being trained (the strategy evaluates it where it lies), or its weight average."""
+        cfg = self.cfg
+        if ema:
+            return evaluate(self.state.ema.module, pair, self.prep, self.ctx, cfg.eval_batch_size, self.loss,
+                            cfg.test_flip, self.strategy.lockstep)
+        return self.strategy.evaluate(pair, self.prep, cfg.eval_batch_size, self.loss, cfg.test_flip)
 
     def _validate(self, epoch: int, epoch_time: float) -> None:
         state, t_eval = self.state, time.perf_counter()
         self._agree_buffers()
         if len(self.data.val[1]):
-            state.val = self._evaluate(state.ema.module if self.cfg.eval_ema else self.strategy.whole_model(),
-                                       self.data.val)
+            state.val = self._evaluate(self.data.val, ema=self.cfg.eval_ema)
         state.eval_time += time.perf_counter() - t_eval
         self.log.epoch(step=state.step, epoch=epoch + 1, epochs=self.length.epochs, val_accuracy=state.val[0],
                        val_loss=state.val[1], epoch_time_s=epoch_time)
@@ -370,8 +372,8 @@ class Trainer:
         """Test, save the last checkpoint, and (rank 0) write the summary."""
         state, t_eval = self.state, time.perf_counter()
         self._agree_buffers()
-        test = self._evaluate(self.strategy.whole_model(), self.data.test)
-        test_ema = self._evaluate(state.ema.module, self.data.test) if state.ema is not None else None
+        test = self._evaluate(self.data.test)
+        test_ema = self._evaluate(self.data.test, ema=True) if state.ema is not None else None
         state.eval_time += time.perf_counter() - t_eval
         t_saved = time.perf_counter()
         self._checkpoint(self.length.epochs)

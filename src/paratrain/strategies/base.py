@@ -4,16 +4,18 @@ Before launch (classmethods, in the launching process, without torch; runplan.ma
 options, fill in `defaults`, `arrange` the batch split over the `copies` of the model, `prepare` what needs the
 data (a pipeline's cuts). What the workers must know of these decisions is the plan's `layout`, given to
 the instance. In each worker (an instance): `build` the part of the model this worker trains, `load` a
-checkpoint's weights into it and `restore` its optimizer state (a strategy owns loading as it owns saving:
-a sharded strategy would read its shards), `wrap` it; every step `forward_backward`, `reduce_gradients`,
-`clip_grad_norm`; and `save`, `whole_model` and `summary` for checkpoints, evaluation and summary.json.
+checkpoint's weights into it and `restore` its optimizer state (a strategy owns loading as it owns saving),
+`wrap` it; every step `forward_backward`, `reduce_gradients`,
+`clip_grad_norm`; and `save`, `evaluate` and `summary` for checkpoints, evaluation and summary.json.
 
 The hooks leave room for a strategy whose workers do not hold the whole model: `build` returns whatever
 module this worker updates (a pipeline stage; sharded tensors under FSDP2), `average` makes the weight
-average (--ema) of it, `save` decides who writes what (rank 0 writes one whole-model file here; fsdp has
-every rank write its shards through torch.distributed.checkpoint), `load`/`restore` read them back, and
-`whole_model`/`clip_grad_norm` gather or reduce across workers where needed. Not routed through a strategy:
-the weight histograms. Pipelines refuse --ema (their stages do not average a whole model).
+average (--ema) of it, `save` decides who writes what (rank 0 writes one whole-model file here; fsdp and the
+pipelines have every rank write its own part through torch.distributed.checkpoint, `_save_sharded`),
+`load`/`restore` read either form back (every strategy reads a sharded checkpoint: what it holds of it), and
+`evaluate`/`clip_grad_norm` run or reduce across workers where needed (a pipeline evaluates through its
+schedule; no strategy gathers the whole model). Not routed through a strategy: the weight histograms.
+Pipelines refuse --ema (their stages do not average a whole model).
 Adding a strategy: a module with a subclass, and one line in strategies/__init__.py.
 """
 
@@ -33,6 +35,7 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
 
     from ..config import TrainConfig
     from ..data import Splits
+    from ..data.transforms import BatchPipeline
     from ..devices import Hardware
     from ..dist import DistContext
     from ..env import Environment
@@ -124,15 +127,14 @@ class Strategy:
         return self.module
 
     def load(self, saved: dict) -> None:
-        """Load a checkpoint's weights into what this worker trains (after `build`; the checkpoint holds the
-        whole model, as `save` writes it)."""
+        """Load a checkpoint's weights into what this worker trains (after `build`): one whole-model file, or
+        a sharded checkpoint's folder (fsdp's or a pipeline's), of which this worker reads what it holds."""
         from .. import checkpoint
 
         if "sharded" in saved:
-            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} is sharded (written by --strategy "
-                            f"{saved['config'].get('strategy')}); carry it on with --strategy fsdp or hsdp, or "
-                            "write its weights to one file with paratrain export")
-        checkpoint.load_weights(self.module, saved, self.cfg.resume, self.cfg.to_dict())
+            self._read_sharded_weights(saved)
+        else:
+            checkpoint.load_weights(self.module, saved, self.cfg.resume, self.cfg.to_dict())
 
     def average(self, decay: float) -> AveragedModel:
         """The weight average (--ema) of what this worker trains (after `load`: it starts from those weights)."""
@@ -141,11 +143,55 @@ class Strategy:
         return make_ema(self.module, decay)
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
-        """Load a checkpoint's whole-model optimizer state into this worker's optimizer, and its weight
-        average into `ema`."""
+        """Load a checkpoint's optimizer state into this worker's optimizer, and its weight average into
+        `ema` (a whole-model file's, or this worker's part of a sharded checkpoint's)."""
+        if "sharded" in saved:
+            self._read_sharded_state(optimizer, ema, saved)
+            return
         optimizer.load_state_dict(saved["optimizer"])
         if ema is not None and "ema_model" in saved:
             ema.module.load_state_dict(saved["ema_model"])
+
+    # ---- sharded checkpoints (sharded.py): every rank writes and reads its own part, named as in the whole
+    # model; the optimizer state flattened to one key per parameter ("state.NAME.exp_avg", "param_groups.NAME.lr")
+    # so that ranks holding different parameters (a pipeline's stages) write parts that never collide ----
+
+    def _read_sharded_weights(self, saved: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        from .. import sharded
+
+        weights = get_model_state_dict(self.module)
+        sharded.read(saved["sharded"], {"model": weights}, self.ctx.distributed)
+        set_model_state_dict(self.module, weights)
+
+    def _read_sharded_state(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        from .. import sharded
+
+        options = sharded.state_dict_options()
+        into: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.module, optimizer, options=options)}
+        if ema is not None and saved.get("ema_n_averaged") is not None:
+            into["ema_model"] = ema.module.state_dict()
+        sharded.read(saved["sharded"], into, self.ctx.distributed)
+        set_optimizer_state_dict(self.module, optimizer, into["optimizer"], options=options)
+        if "ema_model" in into:
+            ema.module.load_state_dict(into["ema_model"])
+
+    def _save_sharded(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
+                      extras: Callable[[], dict[str, Any]], directory: Path, step: int, keep: int) -> None:
+        """Every rank writes its part of the weights, optimizer state and EMA (sharded.save_step; replicas'
+        parts once); rank 0 adds `extras()`. No rank gathers the whole model."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from .. import sharded
+
+        weights, optimizer_state = get_state_dict(self.module, optimizer, options=sharded.state_dict_options())
+        tensors = {"model": weights, "optimizer": optimizer_state}
+        if ema is not None:
+            tensors["ema_model"] = ema.module.state_dict()
+        sharded.save_step(self.ctx, tensors, extras, directory, step, keep)
 
     def wrap(self) -> None:
         """Wrap the module for training, once its state is restored."""
@@ -184,28 +230,27 @@ class Strategy:
 
         clip_grad_norm_(self.module.parameters(), max_norm)
 
-    def whole_model(self) -> nn.Module:
-        """The whole model with the current weights, for evaluation (collective where the model is split)."""
-        return self.module
+    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
+                 flip: bool) -> tuple[float, float]:
+        """Accuracy and mean loss of the model being trained over a whole split (collective: every worker
+        evaluates its share, the sums are all-reduced)."""
+        from ..evaluation import evaluate
+
+        return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep)
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], directory: Path, step: int, keep: int) -> None:
-        """Write a checkpoint (collective): rank 0 writes the whole model, optimizer state and weight average
-        with `extras()` (scheduler, step, config; built on the writing rank only), so every unsharded
-        strategy's checkpoint is the same file."""
+        """Write a checkpoint: rank 0 writes the whole model, optimizer state and weight average with
+        `extras()` (scheduler, step, config; built on the writing rank only) to one file; a strategy whose
+        workers hold parts of the model writes a sharded checkpoint instead (`_save_sharded`)."""
         from .. import checkpoint
 
-        weights, optimizer_state = self._whole_state(optimizer)
         if self.ctx.is_main:
-            state = {"model": {k: v.detach().cpu() for k, v in weights.state_dict().items()},
-                     "optimizer": optimizer_state, **extras()}
+            state = {"model": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+                     "optimizer": optimizer.state_dict(), **extras()}
             if ema is not None:
                 state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
             checkpoint.save_step(state, directory, step, keep)
-
-    def _whole_state(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict | None]:
-        """The whole model and its optimizer state on rank 0 (a collective where the model is split)."""
-        return self.module, optimizer.state_dict() if self.ctx.is_main else None
 
     def summary(self) -> dict[str, Any]:
         """What the strategy adds to summary.json (collective where it measures across workers)."""

@@ -162,50 +162,18 @@ class FSDP(Strategy):
             self.module.set_requires_gradient_sync(sync)
         return super().forward_backward(x, y, sync, backward)
 
-    # ---- checkpoints ----
+    # ---- checkpoints: sharded (base's _save_sharded; every strategy reads them) ----
 
     def load(self, saved: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
-        from .. import sharded
-
-        path = self._sharded_path(saved)
-        weights = get_model_state_dict(self.module)
-        sharded.read(path, {"model": weights}, self.ctx.distributed)
-        set_model_state_dict(self.module, weights)
-
-    def _sharded_path(self, saved: dict) -> Path:
         if "sharded" not in saved:
             raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole model (written "
                             f"by --strategy {saved['config'].get('strategy', 'ddp')}); carry it on with --strategy "
                             f"{saved['config'].get('strategy', 'ddp')}")
-        return Path(saved["sharded"])
-
-    def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-        from .. import sharded
-
-        into: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.module, optimizer)}
-        if ema is not None and saved.get("ema_n_averaged") is not None:
-            into["ema_model"] = ema.module.state_dict()
-        sharded.read(self._sharded_path(saved), into, self.ctx.distributed)
-        set_optimizer_state_dict(self.module, optimizer, into["optimizer"])
-        if "ema_model" in into:
-            ema.module.load_state_dict(into["ema_model"])
+        super().load(saved)
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], directory: Path, step: int, keep: int) -> None:
-        """Every rank writes its shards (sharded.save_step); rank 0 adds `extras()`."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        from .. import sharded
-
-        weights, optimizer_state = get_state_dict(self.module, optimizer)
-        tensors = {"model": weights, "optimizer": optimizer_state}
-        if ema is not None:
-            tensors["ema_model"] = ema.module.state_dict()
-        sharded.save_step(self.ctx, tensors, extras, directory, step, keep)
+        self._save_sharded(optimizer, ema, extras, directory, step, keep)
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "strategy": self.name, "mesh": list(self.layout["mesh"])}

@@ -1,9 +1,11 @@
 """Model parallelism: the layers cut into K stages, a worker each, micro-batches flowing through them.
-The machinery (where to cut, the stage, its schedule, gathering the whole model) is in stages.py."""
+The machinery (where to cut, the stage, its schedule, evaluation through it) is in stages.py. No worker holds
+the whole model: each evaluates and checkpoints its own stage."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
@@ -17,6 +19,7 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
 
     from ..config import TrainConfig
     from ..data import Splits
+    from ..data.transforms import BatchPipeline
     from ..devices import Hardware
     from ..env import Environment
     from ..phases import PhaseTimer
@@ -138,15 +141,22 @@ class PipelineStrategy(Strategy):
             broadcast_buffers(module, group=self.stage.dp_group)
 
     def load(self, saved: dict) -> None:
-        """This stage's layers of the whole model's weights (the stage names its layers as the whole does)."""
+        """This stage's layers: its part of a sharded checkpoint (base), or of a whole model's file (the stage
+        names its layers as the whole model does)."""
         from .. import checkpoint
 
+        if "sharded" in saved:
+            super().load(saved)
+            return
         names = dict(self.stage.module.named_children())
         mine = {k: v for k, v in saved["model"].items() if k.split(".", 1)[0] in names}
         checkpoint.load_weights(self.module, {**saved, "model": mine}, self.cfg.resume, self.cfg.to_dict())
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
-        self.stage.load_optimizer(optimizer, saved["optimizer"])  # no EMA: pipelines refuse --ema
+        if "sharded" in saved:
+            super().restore(optimizer, None, saved)  # no EMA: pipelines refuse --ema
+        else:
+            self.stage.load_optimizer(optimizer, saved["optimizer"])
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -155,11 +165,19 @@ class PipelineStrategy(Strategy):
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         self.stage.average_gradients()
 
-    def whole_model(self) -> nn.Module:
-        return self.stage.gather_model()
+    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
+                 flip: bool) -> tuple[float, float]:
+        """Through the schedule, forward only, in batches of a copy's training batch (the stages' shapes are
+        fixed: `batch_size` does not apply); the copies share the split out."""
+        from ..evaluation import totals
 
-    def _whole_state(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict | None]:
-        return self.stage.gather_model(), self.stage.gather_optimizer(optimizer)  # collectives: every stage
+        return totals(self.stage.evaluate(pair, prep, loss, flip), self.ctx)
+
+    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
+             extras: Callable[[], dict[str, Any]], directory: Path, step: int, keep: int) -> None:
+        """Each stage writes its own layers and their optimizer state (one copy's, under hybrid): a sharded
+        checkpoint, which every strategy reads."""
+        self._save_sharded(optimizer, ema, extras, directory, step, keep)
 
     def summary(self) -> dict[str, Any]:
         cfg, cuts = self.cfg, ",".join(map(str, self.layout["cuts"]))

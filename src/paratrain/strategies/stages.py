@@ -1,10 +1,11 @@
 """The pipeline machinery that strategies/pipeline.py and hybrid.py use: where to cut the layers (pure
 functions), one process's stage and its schedule (torch.distributed.pipelining, GPipe or 1F1B) on a 2-D
-DeviceMesh (dp x pp), and the whole model and optimizer state gathered from the stages.
+DeviceMesh (dp x pp), and evaluation through that schedule.
 
-Every process builds the whole model from the same seed (cheap for these models) and keeps only its
-stage's layers for training. The whole model is gathered over the pipeline for evaluation and
-checkpoints, so a pipeline checkpoint is the same file as a data-parallel one.
+Every process builds the whole model from the same seed on the CPU (so every layout starts from one
+device's weights) and keeps only its stage's layers, which it moves to its device. No process holds the
+whole model after that: evaluation runs the schedule forward only, and checkpoints are sharded, each stage
+writing its own layers under the whole model's names (strategies/base.py, sharded.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..data.sharding import eval_range
 from ..dist import average_gradients
 from ..errors import UserError
 
@@ -159,15 +161,7 @@ def theoretical_bubble(k: int, m: int) -> float:
     return (k - 1) / (m + k - 1)
 
 
-# ---- the optimizer state of one stage <-> that of the whole model (pure functions) ----
-
-def merge_optimizer_states(parts: list[tuple[int, dict]], total_params: int) -> dict:
-    """Stage optimizers' state dicts (with the index of each stage's first parameter in the whole model)
-    -> the state dict an optimizer over the whole model would have: the data-parallel checkpoint format."""
-    state = {offset + int(i): v for offset, sd in parts for i, v in sd["state"].items()}
-    groups = [{**g, "params": list(range(total_params))} for g in parts[0][1]["param_groups"]]
-    return {"state": state, "param_groups": groups}
-
+# ---- the optimizer state of one stage from a whole-model checkpoint file (a pure function) ----
 
 def slice_optimizer_state(full: dict, offset: int, count: int) -> dict:
     """The part of a whole-model optimizer state dict that belongs to parameters offset..offset+count-1."""
@@ -218,6 +212,13 @@ class _TimedStage(PipelineStage):
         return self._timed(super().backward_one_chunk, *args, **kwargs)
 
 
+def _padded(t: torch.Tensor, size: int) -> torch.Tensor:
+    """`t` with zero rows added to make `size` rows."""
+    if len(t) == size:
+        return t
+    return torch.cat([t, t.new_zeros((size - len(t), *t.shape[1:]))])
+
+
 class Pipeline:
     """This process's stage of a K-stage pipeline (one of R copies) and its schedule."""
 
@@ -228,13 +229,10 @@ class Pipeline:
         mesh = init_device_mesh(device.type, (R, K), mesh_dim_names=("dp", "pp"))
         self.pp_group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
         lo, hi = stage_bounds(cuts, len(full))[layout.stage]
-        # The whole model, for evaluation only; the stage trains its own layers (named as in the whole). It
-        # holds the initial weights until gather_model fills it: every reader goes through gather_model.
-        self.full = copy.deepcopy(full).to(device)
-        # named as in the whole model, so that the stages' weights gather into it (and a checkpoint loads back)
+        # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
         self.module = nn.Sequential(OrderedDict(list(full.named_children())[lo:hi])).to(device)
-        counts = [sum(1 for _ in full[i].parameters()) for i in range(len(full))]
-        self.param_offset, self.param_total = sum(counts[:lo]), sum(counts)
+        self.param_offset = sum(1 for i in range(lo) for _ in full[i].parameters())
+        self.micro = example.shape[0]  # the stage's static shapes: evaluation runs batches of micro x microbatches
         with torch.no_grad():  # the shape of a micro-batch where it enters this stage
             inp = nn.Sequential(*list(full)[:lo])(example)
         self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
@@ -265,19 +263,46 @@ class Pipeline:
         if self.layout.replicas > 1:
             average_gradients(self.module.parameters(), self.layout.replicas, self.dp_group)
 
-    def gather_model(self) -> nn.Module:
-        """Every stage's weights into the whole model on every process of this pipeline (collective)."""
-        mine = {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-        parts: list[Any] = [None] * self.layout.stages
-        dist.all_gather_object(parts, mine, group=self.pp_group)
-        self.full.load_state_dict({k: v for part in parts for k, v in part.items()})
-        return self.full
+    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: Any, loss: Any, flip: bool) -> torch.Tensor:
+        """This copy's share of the split through the schedule, forward only: the last stage's sums (loss sum,
+        correct, count; zeros on the other stages). The stage's shapes are fixed, so the share goes in batches
+        of one copy's training batch, the last one padded with zeros and its padding's outputs dropped (in
+        evaluation mode every example's output is its own). The measured bubble leaves this time out."""
+        from ..evaluation import batch_sums
 
-    def gather_optimizer(self, optimizer: torch.optim.Optimizer) -> dict:
-        """The stages' optimizer states as one whole-model state dict (collective)."""
-        parts: list[Any] = [None] * self.layout.stages
-        dist.all_gather_object(parts, (self.param_offset, optimizer.state_dict()), group=self.pp_group)
-        return merge_optimizer_states(parts, self.param_total)
+        x_all, y_all = pair
+        share = eval_range(len(y_all), self.layout.replica, self.layout.replicas)
+        size = self.micro * self.microbatches
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        busy, was_training = self.stage.busy_s, self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                for start in range(share.start, share.stop, size):
+                    n = min(size, share.stop - start)
+                    x = _padded(prep.eval(x_all[start:start + n]), size) if self.is_first else None
+                    y = _padded(y_all[start:start + n].to(self.device), size) if self.is_last else None
+                    logits = self._forward(x, y)
+                    if flip:  # test-time augmentation: the mean with the mirror image's outputs
+                        mirrored = self._forward(x.flip(3) if x is not None else None, y)
+                        logits = (logits + mirrored) / 2 if self.is_last else None
+                    if self.is_last:
+                        sums += batch_sums(logits[:n], y[:n], loss)
+        finally:
+            self.module.train(was_training)
+            self.stage.busy_s = busy
+        return sums
+
+    def _forward(self, x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+        """One batch through the schedule, forward only: the logits on the last stage (which also needs the
+        targets: the schedule computes its loss there), None on the others."""
+        if self.is_first:
+            self.schedule.eval(x)
+            return None
+        if self.is_last:
+            return self.schedule.eval(target=y)
+        self.schedule.eval()
+        return None
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
         optimizer.load_state_dict(slice_optimizer_state(full, self.param_offset, len(list(self.module.parameters()))))
