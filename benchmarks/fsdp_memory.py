@@ -4,13 +4,13 @@ train within a memory limit per worker (issue 37).
     python benchmarks/fsdp_memory.py [--width 4096] [--limit-gb 2] [--only bytes|largest] [--layouts ddp:2,...]
 
 bytes    An MLP of --width on synthetic 28 x 28 images (depth 3: 784 -> W -> W -> W -> 10; 37.6M weights at
-         4096), Adam, a few steps, as ddp on 1 and 2 workers and fsdp on 2 and 4: summary.json's
+         4096), Adam, a few steps, as ddp on 1 and 2 workers, fsdp on 2 and 4, a 2-stage pipeline: summary.json's
          model_state_bytes (parameters, gradients, optimizer state) of the largest worker and its peak RSS,
          and the state's ratio to ddp's on as many workers.
 largest  Each worker in a memory cgroup of its own (--limit-gb; cgroup v1 or v2, as root), a binary search
-         over the MLP's width for the widest that trains 3 steps and saves, for ddp on 2 workers and fsdp
-         on 2 and 4 (--layouts). A worker over its limit is killed by the kernel (exit 137), or thrashes
-         until the trial's time is up: that is what "does not fit" means here.
+         over the MLP's width for the widest that trains 3 steps and saves, for ddp on 2 workers, fsdp
+         on 2 and 4 and a 2-stage pipeline (--layouts). A worker over its limit is killed by the kernel (exit
+         137), or thrashes until the trial's time is up: that is what "does not fit" means here.
 Each run is `paratrain train` in a fresh process, one at a time, 1 thread a worker (4 workers on 2 cores are
 oversubscribed: memory, not speed, is measured). Prints tables.
 """
@@ -39,7 +39,8 @@ def train_flags(width: int, depth: int, steps: int) -> list[str]:
 
 LAYOUTS = {"ddp:1": ["--devices", "1"], "ddp:2": ["--devices", "2"],
            "fsdp:2": ["--strategy", "fsdp", "--devices", "2"],
-           "fsdp:4": ["--strategy", "fsdp", "--devices", "4", "--oversubscribe"]}
+           "fsdp:4": ["--strategy", "fsdp", "--devices", "4", "--oversubscribe"],
+           "pipeline:2": ["--strategy", "pipeline", "--stages", "2", "--devices", "2"]}
 
 
 def command(out: Path, flags: list[str]) -> list[str]:
@@ -186,7 +187,7 @@ def largest(limit_gb: float, scratch: Path, layouts: list[str]) -> None:
                 mid = (low + high) // 2 // 128 * 128
                 low, high = (mid, high) if fits(mid, LAYOUTS[name], workers, groups, scratch) else (low, mid)
             weights = 784 * low + low + 3 * (low * low + low) + low * 10 + 10
-            per_worker = weights * 16 / (workers if name.startswith("fsdp") else 1)
+            per_worker = weights * 16 / (1 if name.startswith("ddp") else workers)  # a stage: about 1/K
             print(f"{name:<8}{low:>8}{weights:>14,}{per_worker / MB:>17.0f}{high:>20}", flush=True)
     finally:
         groups.close()
@@ -197,7 +198,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--limit-gb", type=float, default=2.0)
     parser.add_argument("--only", choices=("bytes", "largest"))
-    parser.add_argument("--layouts", default="ddp:2,fsdp:2,fsdp:4", help=f"largest: of {', '.join(LAYOUTS)}")
+    parser.add_argument("--layouts", default="ddp:2,fsdp:2,fsdp:4,pipeline:2", help=f"largest: of {', '.join(LAYOUTS)}")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         if args.only in (None, "bytes"):

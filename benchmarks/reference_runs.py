@@ -106,14 +106,39 @@ def hashed(value: object) -> str:
 
 
 def fingerprint(run: Path, work: Path) -> dict[str, str]:
-    state = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)
-    found = {"weights": hashed(state["model"]), "optimizer": hashed(state["optimizer"]), "step": str(state["step"])}
+    from paratrain import checkpoint
+
+    state = checkpoint.load(run)  # the newest checkpoint: a whole-model file, or a sharded folder read whole
+    found = {"weights": hashed(state["model"]), "optimizer": hashed(optimizer_by_name(state)),
+             "step": str(state["step"])}
     if "ema_model" in state:
         found["ema"] = hashed(state["ema_model"])
     if (run / "config.yaml").is_file():  # the work folder's path out: it differs between runs of this script
         found["config.yaml"] = hashlib.sha256((run / "config.yaml").read_text().replace(str(work), "WORK")
                                               .encode()).hexdigest()[:16]
     return found
+
+
+def optimizer_by_name(state: dict) -> dict:
+    """The optimizer's per-parameter state as {parameter name: {key: value}}, whichever form the checkpoint holds
+    (a whole-model file numbers the parameters; a sharded checkpoint names them), so that the two forms of one
+    run's state hash alike. A file's numbers are named by the model's keys where the model has no buffers (its
+    keys are then its parameters, in order); elsewhere they stay numbers."""
+    from paratrain import sharded
+
+    if "sharded" in state:
+        flat = sharded.whole(state["sharded"], ("optimizer",)).get("optimizer", {})
+        named: dict[str, dict] = {}
+        for key, value in flat.items():  # "state.NAME.momentum_buffer"
+            name, _, what = key.removeprefix("state.").rpartition(".")
+            named.setdefault(name, {})[what] = value
+        return named
+    numbered = state["optimizer"]["state"]
+    params = [i for group in state["optimizer"]["param_groups"] for i in group["params"]]
+    names = list(state["model"])
+    if len(names) != len(params):
+        return numbered
+    return {names[i]: numbered[i] for i in params if i in numbered}
 
 
 def record(work: Path) -> dict[str, dict[str, str]]:
@@ -132,7 +157,9 @@ def _trial_key(run: Path) -> str:
     if (run / "config.yaml").is_file():
         cfg = yaml.safe_load((run / "config.yaml").read_text())
     else:
-        cfg = torch.load(run / "checkpoints" / "last.pt", map_location="cpu", weights_only=True)["config"]
+        from paratrain import checkpoint
+
+        cfg = checkpoint.load(run, whole=False)["config"]
     return f"lr={cfg['lr']:g},width={cfg['width']}"
 
 
