@@ -49,14 +49,14 @@ def command(out: Path, flags: list[str]) -> list[str]:
 
 def held_bytes(width: int, scratch: Path) -> None:
     print(f"\nmodel state per worker, MLP width {width}, depth 3, Adam (bytes of the largest worker)")
-    print(f"{'layout':<8}{'weights':>12}{'params MB':>11}{'grads MB':>10}{'optim MB':>10}{'total MB':>10}"
+    print(f"{'layout':<11}{'weights':>12}{'params MB':>11}{'grads MB':>10}{'optim MB':>10}{'total MB':>10}"
           f"{'x ddp':>7}{'peak RSS MB':>13}")
     ddp_total: dict[int, float] = {}
     for name, layout in LAYOUTS.items():
         out = scratch / name.replace(":", "-")
         proc = subprocess.run(command(out, [*train_flags(width, 3, 3), *layout]), capture_output=True, text=True)
         if proc.returncode:
-            print(f"{name:<8} failed: {proc.stderr.strip().splitlines()[-1][:200]}")
+            print(f"{name:<11} failed: {proc.stderr.strip().splitlines()[-1][:200]}")
             continue
         summary = json.loads((out / "summary.json").read_text())
         worst = max(summary["model_state_bytes"], key=lambda w: w["total"])
@@ -66,7 +66,7 @@ def held_bytes(width: int, scratch: Path) -> None:
         ratio = worst["total"] / ddp_total.get(workers, ddp_total.get(1, worst["total"]))
         weights = sum(w["parameters"] for w in summary["model_state_bytes"]) // 4 // (workers if
                                                                                      name.startswith("ddp") else 1)
-        print(f"{name:<8}{weights:>12,}{worst['parameters'] / MB:>11.1f}{worst['gradients'] / MB:>10.1f}"
+        print(f"{name:<11}{weights:>12,}{worst['parameters'] / MB:>11.1f}{worst['gradients'] / MB:>10.1f}"
               f"{worst['optimizer'] / MB:>10.1f}{worst['total'] / MB:>10.1f}{ratio:>7.2f}"
               f"{max(summary['peak_memory_bytes']) / MB:>13.0f}")
         shutil.rmtree(out, ignore_errors=True)
@@ -176,7 +176,7 @@ def largest(limit_gb: float, scratch: Path, layouts: list[str]) -> None:
         return
     print(f"\nthe widest MLP (depth 4: 784 -> W x4 -> 10, Adam) that trains with each worker in a {limit_gb:g} GiB "
           "memory cgroup")
-    print(f"{'layout':<8}{'width':>8}{'weights':>14}{'state/worker MB':>17}{'next width (fails)':>20}")
+    print(f"{'layout':<11}{'width':>8}{'weights':>14}{'state/worker MB':>17}{'next width (fails)':>20}")
     try:
         for name in layouts:
             workers = int(name.split(":")[1])
@@ -188,7 +188,7 @@ def largest(limit_gb: float, scratch: Path, layouts: list[str]) -> None:
                 low, high = (mid, high) if fits(mid, LAYOUTS[name], workers, groups, scratch) else (low, mid)
             weights = 784 * low + low + 3 * (low * low + low) + low * 10 + 10
             per_worker = weights * 16 / (1 if name.startswith("ddp") else workers)  # a stage: about 1/K
-            print(f"{name:<8}{low:>8}{weights:>14,}{per_worker / MB:>17.0f}{high:>20}", flush=True)
+            print(f"{name:<11}{low:>8}{weights:>14,}{per_worker / MB:>17.0f}{high:>20}", flush=True)
     finally:
         groups.close()
 

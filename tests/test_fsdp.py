@@ -34,7 +34,7 @@ def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
 def _save(model: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, step: int, keep: int = 2) -> Path:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    weights_, state = get_state_dict(model, optimizer)
+    weights_, state = get_state_dict(model, optimizer, options=sharded.state_dict_options())
     meta = {"step": step, "epoch": 0, "config": {"model": "custom"}}
     return sharded.save_step(ONE, {"model": weights_, "optimizer": state}, lambda: meta, folder, step, keep)
 
@@ -54,6 +54,39 @@ def test_a_sharded_checkpoint_is_a_step_folder_read_whole_or_left_to_the_strateg
     assert max_abs_diff({k: v for k, v in moments.items() if k.endswith("exp_avg")},
                         {f"state.{n}.exp_avg": optimizer.state[p]["exp_avg"]
                          for n, p in model.named_parameters()}) == 0.0
+
+
+class _Code:
+    """An object whose unpickling calls a function: what a hostile checkpoint would hold."""
+
+    def __reduce__(self) -> tuple:
+        return (print, ("ran the checkpoint's code",))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP, saving in this one process
+def test_a_sharded_checkpoint_whose_pickles_carry_code_is_refused(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path / "hostile"
+    dcp.save({"model": {"w": torch.ones(2)}, "optimizer": {"param_groups.w.lr": _Code()}}, checkpoint_id=folder,
+             no_dist=True)
+    with pytest.raises(UserError, match=r"could not be read .*Weights only load failed"):
+        sharded.read(folder, {"optimizer": {"param_groups.w.lr": 0.1}}, distributed=False)
+    assert "ran the checkpoint's code" not in capsys.readouterr().out
+
+
+def test_one_step_is_kept_in_one_form_when_a_run_changes_strategy(tmp_path: Path) -> None:
+    """A finished fsdp run carried on by ddp saves its step again as a file, and the folder goes; an fsdp run
+    after a ddp one leaves no last.pt naming an older step."""
+    model, optimizer = _trained()
+    _save(model, optimizer, tmp_path, 30)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 30, "epoch": 0, "config": {}}
+    checkpoint.save_step(state, tmp_path, 30, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-00000030.pt"]
+    _save(model, optimizer, tmp_path, 40)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000030.pt", "step-00000040"]
+    assert checkpoint.newest_loadable(tmp_path)["step"] == 40
 
 
 def test_a_sharded_checkpoint_of_a_newer_torch_is_refused_in_one_line(tmp_path: Path) -> None:

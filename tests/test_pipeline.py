@@ -69,7 +69,7 @@ def test_layout_and_bubble_formula() -> None:
 
 # 10 SGD steps of LeNet-5 (no dropout) on MNIST, the same seed and global batch everywhere. Evaluated with
 # --test-flip: a pipeline evaluates through its schedule, the mirror images as a second pass (the plain pass is
-# checked against one process's evaluation in test_pipeline_checkpoint_is_a_whole_model_for_eval_and_resume).
+# checked against one process's evaluation in test_a_pipeline_checkpoint_evaluates_in_one_process_...).
 EQUIV = ("--model", "lenet5", "--dataset", "mnist", "--steps", "10", "--optimizer", "sgd", "--lr", "0.05",
          "--batch-size", "64", "--no-tensorboard", "--test-flip")
 
@@ -117,19 +117,21 @@ def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_
 
 
 @pytest.mark.integration
-def test_pipeline_checkpoint_is_a_whole_model_for_eval_and_resume(tmp_path: Path) -> None:
-    """Saved by a 2-stage pipeline, evaluated on one device, resumed by DDP: the same as never switching
-    (SGD with momentum, so the optimizer state must come through whole too: without the momentum these
-    16 steps end 0.018 away). Not Adam: its first steps move each weight by about lr whatever the
-    gradient's size, so the last-bit differences of micro-batched sums grew to 1.6e-3 by step 16 on one
-    machine; with momentum SGD the gap measured 1.5e-8 with 1 and with 2 threads."""
+def test_a_pipeline_checkpoint_evaluates_in_one_process_and_carries_on_under_ddp(tmp_path: Path) -> None:
+    """Saved by a 2-stage pipeline (each stage its own layers), evaluated whole in one process with the figures
+    the pipeline's own evaluation (through its schedule) gave, resumed by DDP: the same as never switching (SGD
+    with momentum, so the optimizer state must come through whole too: without the momentum these 16 steps end
+    0.018 away). Not Adam: its first steps move each weight by about lr whatever the gradient's size, so the
+    last-bit differences of micro-batched sums grew to 1.6e-3 by step 16 on one machine; with momentum SGD the
+    gap measured 1.5e-8 with 1 and with 2 threads."""
     args = ("--steps", "8", "--batch-size", "64", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",
             "--no-tensorboard")
     pipe = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2")
     assert pipe["pipeline"]["cuts"] == "3"  # --split auto: conv1 | the rest, by counted cost
+    assert (tmp_path / "pipe" / "checkpoints" / "step-00000008" / "__1_0.distcp").is_file()  # stage 1's part
     proc = run_cli("eval", "--checkpoint", str(tmp_path / "pipe"))
     assert proc.returncode == 0, proc.stderr
-    assert f"{pipe['test_accuracy']:.4f}" in proc.stdout
+    assert f"test_accuracy {pipe['test_accuracy']:.4f}  test_loss {pipe['test_loss']:.4f}" in proc.stdout
 
     train(tmp_path / "pipe", "--resume", str(tmp_path / "pipe"), "--steps", "16", "--strategy", "ddp",
           "--devices", "1")

@@ -66,6 +66,7 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
             if e.errno in WRITE_FAILURES:  # a full or read-only disk: reported, not tried again as a copy
                 raise
             save(state, last)  # a filesystem without hard links: write it again
+    sharded.remove(folder / f"step-{step:08d}")  # the same step's sharded folder, where the run changed strategy
     for _, old in step_checkpoints(folder)[:-keep]:
         sharded.remove(old)  # a file, or a sharded folder of the steps before the run changed strategy
     return step_path
@@ -76,8 +77,8 @@ def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | 
     none. One line on stderr names the newer ones that did not load, and why; a UserError when none loads.
 
     last.pt is a hard link to the newest step file, so damage to one is damage to both: the step files
-    kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on. A
-    sharded strategy's step folders (sharded.py) have no last.pt: the newest complete one is taken."""
+    kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on. Sharded
+    step folders (sharded.py: fsdp's, hsdp's, a pipeline's) have no last.pt: the newest complete one is taken."""
     folder = Path(folder)
     skipped: list[tuple[Path, str]] = []
     for path in _newest_first(folder):
@@ -117,7 +118,7 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
     """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused. A run
     directory: the newest of its checkpoints that loads (newest_loadable). A sharded checkpoint's folder
     (sharded.py): its meta.pt, with "sharded" naming the folder, and (`whole`) its whole weights and EMA read
-    in this process; a sharded strategy's workers read their own shards instead (whole=False)."""
+    in this process; the workers that carry a run on read their own parts instead (whole=False)."""
     path = Path(path)
     if path.is_dir() and not sharded.is_sharded(path) and not path.name.startswith("step-"):  # a run directory
         state = newest_loadable(path / "checkpoints", whole)

@@ -74,6 +74,10 @@ def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, An
     if ctx.is_main:
         with writing(final):
             _publish(building, final, {**meta(), "format": FORMAT, "torch": str(torch.__version__)})
+            # a run that wrote whole-model files before (carried on under another strategy): the same step's file
+            # and last.pt would name another checkpoint than the newest
+            for other in (folder / f"step-{step:08d}.pt", folder / "last.pt"):
+                other.unlink(missing_ok=True)
             for _, old in step_checkpoints(folder)[:-keep]:
                 remove(old)
     ctx.barrier()  # no rank goes on (or leaves on a signal) before the checkpoint is whole
@@ -97,8 +101,8 @@ def _check_shared(ctx: Any, building: Path, written: Any) -> None:
     ctx.all_reduce_sum(missing)
     if missing.item():
         raise UserError(f"the shards of a sharded checkpoint did not all reach {building.parent}: the nodes do not "
-                        "share it; pass an --out on a file system every node mounts (fsdp and hsdp write each "
-                        "rank's shards there)")
+                        "share it; pass an --out on a file system every node mounts (fsdp, hsdp and the pipelines "
+                        "write each rank's part there)")
 
 
 def _publish(building: Path, final: Path, meta: dict[str, Any]) -> None:
@@ -187,6 +191,24 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(numbers)
 
 
+def _weights_only_planner() -> Any:
+    """A load planner that refuses code in the checkpoint's pickles (built here: DCP is imported where a read
+    needs it)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class WeightsOnlyPlanner(DefaultLoadPlanner):
+        """DCP unpickles a checkpoint's items that are not tensors (an optimizer's hyper-parameters) with
+        weights_only=False; each is first loaded with weights_only=True, so a pickle that carries code is refused
+        before DCP opens it (as checkpoint.load refuses one)."""
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            torch.load(value, weights_only=True)
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return WeightsOnlyPlanner()
+
+
 def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
     """Load the checkpoint's pieces that `into` asks for into its tensors, in place, whatever shards they are
     (collective where `distributed`: every rank calls it)."""
@@ -195,7 +217,7 @@ def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
 
     with _quiet():
         try:
-            dcp.load(into, checkpoint_id=Path(path), no_dist=not distributed)
+            dcp.load(into, checkpoint_id=Path(path), planner=_weights_only_planner(), no_dist=not distributed)
         except (Exception, CheckpointException) as e:  # a BaseException: a rank's failure, wrapped
             cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
             cause = getattr(cause, "exc", cause)  # DCP's record of a rank's exception holds it as .exc

@@ -102,7 +102,8 @@ class TrainConfig:
     batch_size: int | None = _f(None, "GLOBAL batch size, split evenly across workers (default: per dataset)")
     batch_per_worker: int | None = _f(None, "batch per worker instead: the global batch is this x workers")
     accumulate: int = _f(1, "micro-batches of --batch-size per optimizer step (gradient accumulation)")
-    eval_batch_size: int = _f(2048, "batch size per worker for evaluation")
+    eval_batch_size: int = _f(2048, "batch size per worker for evaluation (a pipeline evaluates in "
+                                  "batches of its training batch: its stages' shapes are fixed)")
     epochs: int | None = _f(None, "training epochs (default: per dataset; --steps overrides it)")
     steps: int | None = _f(None, "training steps (optimizer updates); overrides --epochs")
     max_time: float | None = _f(None, "stop training after this many seconds, then evaluate and save")

@@ -70,9 +70,14 @@ class PipelineStrategy(Strategy):
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+        from torch.distributed.pipelining import ScheduleGPipe
+
         from ..batchnorm import has_batchnorm
         from ..build import make_model
 
+        if not hasattr(ScheduleGPipe, "eval"):  # evaluation runs the schedule forward only
+            raise UserError(f"--strategy {cfg.strategy} evaluates through the pipeline schedule's eval(), which this "
+                            "torch lacks; install torch>=2.9")
         model = make_model(cfg, data, parts)
         if cfg.batchnorm == "sync" and has_batchnorm(model):
             raise UserError(f"--strategy {cfg.strategy} cannot keep --batchnorm sync: a stage normalises each "

@@ -267,7 +267,8 @@ class Pipeline:
         """This copy's share of the split through the schedule, forward only: the last stage's sums (loss sum,
         correct, count; zeros on the other stages). The stage's shapes are fixed, so the share goes in batches
         of one copy's training batch, the last one padded with zeros and its padding's outputs dropped (in
-        evaluation mode every example's output is its own). The measured bubble leaves this time out."""
+        evaluation mode every example's output is its own). The measured bubble leaves this time out (the
+        schedule's setting itself up for training again, a small exchange in the next step, counts there)."""
         from ..evaluation import batch_sums
 
         x_all, y_all = pair
