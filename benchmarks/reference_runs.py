@@ -133,6 +133,8 @@ def optimizer_by_name(state: dict) -> dict:
             name, _, what = key.removeprefix("state.").rpartition(".")
             named.setdefault(name, {})[what] = value
         return named
+    if state.get("optimizer") is None:  # a search trial's kept weights
+        return {}
     numbered = state["optimizer"]["state"]
     params = [i for group in state["optimizer"]["param_groups"] for i in group["params"]]
     names = list(state["model"])

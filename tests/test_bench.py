@@ -78,10 +78,10 @@ def test_a_bench_of_ones_own_network_on_an_image_folder(tmp_path: Path) -> None:
     net = Path(__file__).resolve().parents[1] / "examples" / "residual_cnn.py"
     proc = run_cli("bench", "--model", f"{net}:build", "--dataset", "imagefolder", "--data-dir",
                    str(tmp_path / "shapes"), "--steps", "4", "--batch-size", "8", "--repeats", "1", "--configs",
-                   "cpu:1t,ddp-cpu:2", "--out", str(tmp_path / "b"), timeout=600)
+                   "ddp-cpu:2", "--out", str(tmp_path / "b"), timeout=600)  # one row: the bench's own test is above
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((tmp_path / "b" / "results.json").read_text())["results"]
-    assert [r["status"] for r in rows] == ["ok", "ok"], [r.get("error") for r in rows]
+    assert [r["status"] for r in rows] == ["ok"], [r.get("error") for r in rows]
     summary = json.loads((tmp_path / "b" / "runs" / "ddp-cpu-2-r0" / "summary.json").read_text())
     assert summary["dataset"] == "imagefolder" and summary["model"] == f"{net}:build" and summary["world_size"] == 2
 
