@@ -89,6 +89,30 @@ def test_one_step_is_kept_in_one_form_when_a_run_changes_strategy(tmp_path: Path
     assert checkpoint.newest_loadable(tmp_path)["step"] == 40
 
 
+def test_a_checkpoint_of_fsdps_first_release_is_read_as_it_was_written(tmp_path: Path) -> None:
+    """Its optimizer state was not flattened (the parameter groups one list): any strategy reads it still."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from paratrain.config import TrainConfig
+    from paratrain.strategies.base import Strategy
+
+    model, optimizer = _trained()
+    weights_, state = get_state_dict(model, optimizer)  # as fsdp saved before the pipelines shared its format
+    meta = {"step": 5, "epoch": 0, "config": {"model": "custom"}}
+    folder = sharded.save_step(ONE, {"model": weights_, "optimizer": state}, lambda: meta, tmp_path, 5, 2)
+    torch.manual_seed(1)
+    fresh = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    again = torch.optim.Adam(fresh.parameters(), lr=0.5)
+    strategy = Strategy(ONE, TrainConfig())
+    strategy.module = fresh
+    saved = checkpoint.load(folder, whole=False)
+    strategy.load(saved)
+    strategy.restore(again, None, saved)
+    assert max_abs_diff(fresh.state_dict(), model.state_dict()) == 0.0 and again.param_groups[0]["lr"] == 0.01
+    assert all(torch.equal(again.state[q]["exp_avg"], optimizer.state[p]["exp_avg"])
+               for p, q in zip(model.parameters(), fresh.parameters(), strict=True))
+
+
 def test_a_sharded_checkpoint_of_a_newer_torch_is_refused_in_one_line(tmp_path: Path) -> None:
     model, optimizer = _trained()
     folder = _save(model, optimizer, tmp_path, 5)

@@ -41,13 +41,16 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def state_dict_options() -> Any:
+def state_dict_options(path: str | Path | None = None) -> Any:
     """How the strategies take their state dicts for these checkpoints: the optimizer state flattened to one
     key per parameter name ("state.NAME.exp_avg", "param_groups.NAME.lr"), so that ranks that hold different
-    parameters (a pipeline's stages) write parts that never collide, and any strategy's ranks read theirs."""
+    parameters (a pipeline's stages) write parts that never collide, and any strategy's ranks read theirs. The
+    checkpoint at `path`, where given, is read as it was written: fsdp's first checkpoints kept the parameter
+    groups by number (the group's "params" list names its parameters)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(flatten_optimizer_state_dict=True)
+    flat = path is None or "optimizer.param_groups.0.params" not in _metadata(Path(path)).state_dict_metadata
+    return StateDictOptions(flatten_optimizer_state_dict=flat)
 
 
 def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], folder: str | Path,
