@@ -128,8 +128,9 @@ def _check_form(out: Path, strategy: str) -> None:
     another strategy."""
     sharded = step_checkpoints(out / "checkpoints")[-1][1].is_dir()
     if not sharded and strategy in C.SHARDED:
-        raise UserError(f"the checkpoint in {out} holds one whole model, which --strategy {strategy} does not read; "
-                        "carry it on with the strategy that wrote it (without --strategy)")
+        raise UserError(f"the checkpoint in {out} holds one whole model, which --strategy {strategy} does not read "
+                        "(it reads sharded checkpoints); carry it on with ddp, tower or pipeline (without --strategy: "
+                        f"the one that wrote it), or start a new run under --strategy {strategy}")
 
 
 def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:

@@ -50,8 +50,8 @@ class TrainConfig:
                                "(default: a tenth)")
     image_size: int | None = _f(None, "imagefolder: the side images are resized and centre-cropped to "
                                 "(default: the median, at most 224)")
-    cache_dir: str | None = _f(None, "imagefolder: where the decoded images are cached (default: inside "
-                               "--data-dir, or the user's cache folder when it is read-only)")
+    cache_dir: str | None = _f(None, "imagefolder: where the decoded images are cached (default: "
+                               "~/.cache/paratrain/folders, or $XDG_CACHE_HOME's; never inside --data-dir)")
     skip_bad_images: bool = _f(False, "imagefolder: leave out images that cannot be decoded (counted and "
                                "listed in the cache's manifest) instead of stopping")
     # model options (used by the models that have them)

@@ -167,8 +167,9 @@ class FSDP(Strategy):
     def load(self, saved: dict) -> None:
         if "sharded" not in saved:
             raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole model (written "
-                            f"by --strategy {saved['config'].get('strategy', 'ddp')}); carry it on with --strategy "
-                            f"{saved['config'].get('strategy', 'ddp')}")
+                            f"by --strategy {saved['config'].get('strategy', 'ddp')}), which --strategy "
+                            f"{self.cfg.strategy} does not read; carry it on with ddp, tower or pipeline, or start a "
+                            f"new run under --strategy {self.cfg.strategy}")
         super().load(saved)
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
