@@ -296,7 +296,7 @@ def test_spawned_workers_that_fail_in_the_users_script_say_why(tmp_path: Path, g
      "data has no 'val' (is 'valid' meant to be 'val'?)"),
     (lambda: paratrain.fit(Small, {"train": PAIR, "test": PAIR}), "data has no 'val'; give a dict"),
     (lambda: paratrain.fit(Small, {"train": PAIR, "val": PAIR[0], "test": PAIR}),
-     r"data\['val'\] must be an \(images, labels\) pair"),
+     r"data\['val'\] must be an \(inputs, targets\) pair"),
     (lambda: paratrain.load_model("runs/x", model=Small()), "pass Small, not Small()"),
 ])
 def test_python_mistakes_are_user_errors(make, message: str) -> None:  # noqa: ANN001

@@ -336,6 +336,9 @@ def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = Non
     if splits is None:
         raise UserError(f"checkpoint {run} predates the record of its data's normalisation; evaluate it with "
                         "paratrain.evaluate(run, data, model=...)")
+    if not splits.images:
+        raise UserError(f"{run} was trained on tensors, not images: load its network with paratrain.load_model(run"
+                        + (", model=...)" if cfg.model == "custom" else ")") + " and call it on inputs like its data's")
     pipeline = make_batch_transforms(cfg, splits, torch.device("cpu"))
     pipeline.memory_format = torch.contiguous_format  # transform() hands users batches in the usual layout
     names = list(splits.classes) if splits.classes else CLASS_NAMES.get(cfg.dataset)

@@ -3,6 +3,7 @@ the learning-rate schedule, the weight average, and the batch transforms."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any
 
@@ -11,7 +12,8 @@ from torch import nn
 
 from .config import TrainConfig
 from .data import Splits
-from .data.transforms import Augment, BatchPipeline
+from .data.transforms import Augment, BatchPipeline, TensorPipeline
+from .errors import UserError
 from .models import build_model, convolutional, input_size
 from .models.imported import call_factory
 from .optim import make_optimizer, make_scheduler
@@ -22,10 +24,48 @@ def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None
     """The user's network (from their factory) or the registry's, on the CPU; the registry's needs `data`
     (its shapes: `Splits.shaped_like` makes empty splits of a checkpoint's)."""
     if parts is not None and parts.model is not None:  # the same rule as a factory named by import path
-        return call_factory(parts.model, data.channels, data.image_size, data.num_classes)
+        if not data.images:
+            return call_factory(parts.model, None, None, data.num_classes, input_shape=data.input_shape,
+                                num_outputs=data.num_outputs)
+        return call_factory(parts.model, data.channels, data.image_size, data.num_classes,
+                            input_shape=data.input_shape, num_outputs=data.num_outputs)
+    if not data.images:
+        return _tensor_model(cfg, data)
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
                        width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
                        filters=cfg.filters, kernel=cfg.kernel)
+
+
+class Reshape(nn.Module):
+    """A batch's rows reshaped to one example's target shape (a regression's () or K x L targets)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # a copy, not a view: FSDP warns of a root module whose output is a view (an in-place op on it would
+        # skip its hooks); the copy is one number an example
+        return x.reshape(len(x), *self.shape).clone()
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}"
+
+
+def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
+    """The registry's network for data that is not images: the MLP, over the flattened input (any width),
+    with an output per class, or per target element in the targets' shape."""
+    if cfg.model != "mlp":
+        raise UserError(f"model '{cfg.model}' takes images; this data is tensors of shape {data.input_shape} an "
+                        "example: use model 'mlp' or a network of your own (paratrain.fit(model=make_net, ...))")
+    if not data.train[0].dtype.is_floating_point:
+        raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype} (token ids, say): give "
+                        "a network of your own that embeds them")
+    net = build_model("mlp", math.prod(data.input_shape), 1, data.num_outputs, width=cfg.width, depth=cfg.depth,
+                      activation=cfg.activation, dropout=cfg.dropout)
+    if not data.classification:
+        net.append(Reshape(data.target_shape))
+    return net
 
 
 def memory_format(cfg: TrainConfig) -> torch.memory_format:
@@ -41,8 +81,11 @@ def memory_format(cfg: TrainConfig) -> torch.memory_format:
     return torch.channels_last if wanted else torch.contiguous_format
 
 
-def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline:
-    """Normalisation and the training augmentation, applied to whole batches on the device."""
+def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline | TensorPipeline:
+    """Normalisation and the training augmentation, applied to whole batches on the device (images; other
+    tensors go to the network as they are)."""
+    if not data.images:
+        return TensorPipeline()
     augment = Augment(cfg.random_crop, cfg.crop_padding, cfg.hflip, cfg.brightness, cfg.contrast)
     return BatchPipeline(data.mean, data.std, input_size(cfg.model, data.image_size), device, augment,
                          memory_format(cfg))

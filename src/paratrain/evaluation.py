@@ -30,7 +30,7 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
     x_all, y_all = pair
     share = eval_range(len(y_all), ctx.rank, ctx.world_size)
     longest = len(eval_range(len(y_all), 0, ctx.world_size)) if lockstep else len(share)  # rank 0's is longest
-    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count
+    sums = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)
     was_training = model.training
     model.eval()
     for start in range(share.start, share.start + longest, batch_size):
@@ -46,20 +46,38 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
     return totals(sums, ctx)
 
 
+SUMS = 4  # a batch's loss sum, correct predictions, examples, and examples with a class to predict
+
+
+def classified(logits: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether accuracy means something for this batch: a score per class, and one class index an example."""
+    return logits.dim() == 2 and y.dim() == 1 and not y.is_floating_point()
+
+
 def batch_sums(logits: torch.Tensor, y: torch.Tensor, loss: Any = None) -> torch.Tensor:
-    """One batch's (loss sum, correct, count), in float64: summed over batches and workers they give the
-    figures of the whole set exactly."""
+    """One batch's (loss sum, correct, count, classified count), in float64: summed over batches and workers they
+    give the figures of the whole set exactly. `loss`: the batch mean (None: cross-entropy)."""
     if loss is None:
         loss_sum = F.cross_entropy(logits, y, reduction="sum").double()
     else:  # a user's loss is the batch mean
         loss_sum = loss(logits.float(), y).double() * len(y)
-    correct = (logits.argmax(1) == y).sum().double()
-    return torch.stack([loss_sum, correct, torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)])
+    n = torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)
+    if not classified(logits, y):  # a regression's, say: no accuracy
+        return torch.stack([loss_sum, torch.zeros_like(n), n, torch.zeros_like(n)])
+    return torch.stack([loss_sum, (logits.argmax(1) == y).sum().double(), n, n])
+
+
+def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A training batch's figures in batch_sums' slots, from its mean loss."""
+    n = torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)
+    if not classified(logits, y):
+        return torch.stack([loss.double() * n, torch.zeros_like(n), n, torch.zeros_like(n)])
+    return torch.stack([loss.double() * n, (logits.argmax(1) == y).sum().double(), n, n])
 
 
 def totals(sums: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
-    """Accuracy and mean loss from every worker's sums (collective)."""
-    loss_sum, correct, count = ctx.all_reduce_sum(sums).tolist()
+    """Accuracy (NaN where the task has no classes) and mean loss from every worker's sums (collective)."""
+    loss_sum, correct, count, with_class = ctx.all_reduce_sum(sums).tolist()
     if count == 0:
         return math.nan, math.nan
-    return correct / count, loss_sum / count
+    return (correct / with_class if with_class else math.nan), loss_sum / count

@@ -54,7 +54,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
                                    quiet=cfg.quiet)
     if not isinstance(data, dict):
         raise UserError(f"data must be a dataset name, an image folder's path, a torch Dataset of (image, label) "
-                        f"pairs, a Splits, or a dict with 'train', 'val' and 'test' (images, labels) pairs; not a "
+                        f"pairs, a Splits, or a dict with 'train', 'val' and 'test' (inputs, targets) pairs; not a "
                         f"{type(data).__name__}")
     missing = [k for k in ("train", "val", "test") if k not in data]
     if missing:
@@ -62,11 +62,13 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
         meant = next(((k, m) for k in extra if (m := closest(k, missing))), None)
         hint = f" (is '{meant[0]}' meant to be '{meant[1]}'?)" if meant else ""
         raise UserError(f"data has no {', '.join(repr(k) for k in missing)}{hint}; give a dict with 'train', 'val' "
-                        "and 'test' (images, labels) pairs (a validation set may hold zero images)")
+                        "and 'test' (inputs, targets) pairs (a validation set may hold zero examples)")
     for name in ("train", "val", "test"):
         pair = data[name]
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
-            raise UserError(f"data['{name}'] must be an (images, labels) pair of tensors")
+            raise UserError(f"data['{name}'] must be an (inputs, targets) pair of tensors")
+    if not _images(data):
+        return tensor_splits({name: tuple(data[name]) for name in ("train", "val", "test")})
     x = data["train"][0]
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[2] != x.shape[3] or not len(x):
         raise UserError("data['train'] images must be a non-empty tensor of square images N x C x H x H; got "
@@ -85,3 +87,47 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
     classes = max(int(p[1].max()) for p in pairs.values() if len(p[1])) + 1
     return Splits("custom", pairs["train"], pairs["val"], pairs["test"], tuple(mean.tolist()), tuple(std.tolist()),
                   classes)
+
+
+def _images(data: dict[str, Any]) -> bool:
+    """Images with class labels: square N x C x H x H inputs (uint8, or floats in 0..1) and one integer label
+    each, which get everything images get (normalisation, augmentation, the image networks). Anything else is
+    tensors (tensor_splits)."""
+    x, y = data["train"]
+    return x.dim() == 4 and x.shape[2] == x.shape[3] and y.dim() == 1 and not y.is_floating_point() and \
+        not y.is_complex() and y.dtype != torch.bool
+
+
+def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str = "custom") -> Splits:
+    """Inputs and targets of any shape (kind "tensors"), checked: the same shape an example in every split, a
+    target for every input, every number finite. Float inputs and targets become float32 (a network's weights
+    are), integers int64 (token ids, class indices). Targets that are one integer an example are class indices
+    0..K-1 (accuracy means something, and cross-entropy is the default loss); any other targets are the loss's
+    to judge (MSE by default, for floats)."""
+    x, y = pairs["train"]
+    if not len(x):
+        raise UserError("data['train'] holds no examples; give it one or more")
+    checked = {}
+    for split, (inputs, targets) in pairs.items():
+        if len(inputs) != len(targets):
+            raise UserError(f"data['{split}'] has {len(inputs)} inputs and {len(targets)} targets; give one target "
+                            "per input")
+        for what, t, like in (("inputs", inputs, x), ("targets", targets, y)):
+            if t.shape[1:] != like.shape[1:]:
+                raise UserError(f"data['{split}'] {what} are {tuple(t.shape[1:])} an example, the training "
+                                f"{what} {tuple(like.shape[1:])}; give every split the same shapes")
+            if t.is_complex() or t.dtype == torch.bool:
+                raise UserError(f"data['{split}'] {what} are {t.dtype}; give real numbers (float) or integers")
+            if t.is_floating_point() and len(t) and not torch.isfinite(t).all():
+                row = int((~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero()[0])
+                raise UserError(f"data['{split}'] {what} hold NaN or inf (row {row} the first); drop or fill "
+                                "those rows")
+        checked[split] = tuple(t.float() if t.is_floating_point() else t.long() for t in (inputs, targets))
+    classes = 0
+    if y.dim() == 1 and not y.is_floating_point():
+        lowest = min(int(t.min()) for _, t in checked.values() if len(t))
+        if lowest < 0:
+            raise UserError(f"the targets are one integer an example, class indices, and must be 0..K-1; one is "
+                            f"{lowest} (give float targets for a regression)")
+        classes = max(int(t.max()) for _, t in checked.values() if len(t)) + 1
+    return Splits(name, checked["train"], checked["val"], checked["test"], (), (), classes, kind="tensors")

@@ -102,25 +102,30 @@ class RunLog:
         if not self.active:
             return
         self._write({"step": step, **fields})
-        self.say(f"step {step}/{self.total_steps}  loss {fields['loss']:.4f}  train_accuracy "
-                 f"{fields['train_accuracy']:.4f}  {fields['examples_per_sec']:,.0f} examples/sec  "
-                 f"{sec_per_batch:.3f} sec/batch  lr {fields['lr']:.3g}")
+        acc = fields["train_accuracy"]  # None where the task has no classes (a regression)
+        self.say(f"step {step}/{self.total_steps}  loss {fields['loss']:.4f}  "
+                 + (f"train_accuracy {acc:.4f}  " if acc is not None else "")
+                 + f"{fields['examples_per_sec']:,.0f} examples/sec  {sec_per_batch:.3f} sec/batch  "
+                 f"lr {fields['lr']:.3g}")
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{fields['loss']:.4g}", acc=f"{fields['train_accuracy']:.4f}", refresh=False)
+            shown = {"loss": f"{fields['loss']:.4g}", **({"acc": f"{acc:.4f}"} if acc is not None else {})}
+            self.bar.set_postfix(**shown, refresh=False)
         if self.tb is not None:
             self._scalars(step, {f"train/{key}": fields[key] for key in ("loss", "train_accuracy", "lr",
-                                                                         "examples_per_sec")})
+                                                                         "examples_per_sec")
+                                 if fields[key] is not None})
 
     def epoch(self, *, step: int, epoch: int, epochs: int, **fields: Any) -> None:
         if not self.active:
             return
         self._write({"step": step, "epoch": epoch, **fields})
-        validated = math.isfinite(fields["val_accuracy"])  # not with --val-size 0 (no validation set)
-        val = (f"val_accuracy {fields['val_accuracy']:.4f}  val_loss {fields['val_loss']:.4f}" if validated
+        acc, loss = fields["val_accuracy"], fields["val_loss"]  # both NaN: no validation set (--val-size 0)
+        validated = not (math.isnan(acc) and math.isnan(loss))
+        val = ((f"val_accuracy {acc:.4f}  " if not math.isnan(acc) else "") + f"val_loss {loss:.4f}" if validated
                else "no validation set" + (" (--val-size 0)" if self.no_val_flag else ""))
         self.say(f"epoch {epoch}/{epochs}  {val}  {fields['epoch_time_s']:.2f}s")
         if self.tb is not None and validated:
-            self._scalars(step, {"val/accuracy": fields["val_accuracy"], "val/loss": fields["val_loss"]})
+            self._scalars(step, {"val/accuracy": acc, "val/loss": loss} if not math.isnan(acc) else {"val/loss": loss})
 
     def histograms(self, step: int, model: nn.Module) -> None:
         if self.tb is None:

@@ -80,10 +80,22 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     if (cfg.early_stopping is not None or report is not None) and not len(data.val[1]):
         raise UserError("early stopping and a search's pruner watch the validation set, and this data has none: "
                         "give it validation images")
+    if not data.images:
+        _check_for_tensors(cfg)
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
     cfg, parts = _check_own(cfg, data, parts, env.is_main)
     cfg, more = strategy.prepare(cfg, data, parts)
     return RunPlan(cfg, arranged, devices, data, parts, {**layout, **more}, report, env=env)
+
+
+def _check_for_tensors(cfg: C.TrainConfig) -> None:
+    """What only images take, refused for data that is not images (which goes to the network as it is)."""
+    for on, flag in ((cfg.random_crop, "--random-crop"), (cfg.hflip, "--hflip"), (cfg.brightness, "--brightness"),
+                     (cfg.contrast, "--contrast"), (cfg.test_flip, "--test-flip"), (cfg.image_size, "--image-size"),
+                     (cfg.memory_format == "channels_last", "--memory-format channels_last")):
+        if on:
+            raise UserError(f"{flag} is for images; this data is tensors (inputs of any shape, given to the network as "
+                            "they are): leave it out")
 
 
 def _check_compiler(accelerator: str) -> None:

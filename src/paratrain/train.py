@@ -27,7 +27,7 @@ from .data import Splits
 from .data.sharding import epoch_permutation, global_batch, worker_part
 from .dist import DistContext
 from .errors import UserError, WriteFailed
-from .evaluation import evaluate
+from .evaluation import SUMS, evaluate, step_sums
 from .interrupt import Stopped, StopRequest, signal_name
 from .phases import PhaseTimer
 from .rundir import step_checkpoints
@@ -49,7 +49,8 @@ class Trainer:
         self.ctx, self.cfg, self.stop_request, self.on_step = ctx, cfg, stop, on_step
         self.devices, self.restarts = devices, restarts
         self.parts = plan.parts or Parts()
-        self.loss = self.parts.loss  # None: cross-entropy
+        self.loss = self.parts.loss  # None: cross-entropy (class indices), else the mean squared error
+        self.eval_loss = self.loss if self.loss is not None or data.classification else training_loss(cfg, False)
         self.length = run_length(cfg, len(data.train[1]))
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report, self.env = plan.report, plan.env
@@ -63,7 +64,7 @@ class Trainer:
                           self.state.validated)
         self.timer = PhaseTimer(ctx, cfg.time_phases)
         self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
-        self.window = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count since log
+        self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
         self.to_means = torch.tensor([self.strategy.shard[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
         self.t_start = self.t_window = 0.0
@@ -81,7 +82,8 @@ class Trainer:
     def _set_up(self, data: Splits, saved: dict[str, Any] | None) -> RunState:
         cfg = self.cfg  # `saved`: read by this process (resume.py), its own to update in place
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
-        module = self.strategy.build(make_model(cfg, data, self.parts), data, self.loss or training_loss(cfg))
+        module = self.strategy.build(make_model(cfg, data, self.parts), data,
+                                     self.loss or training_loss(cfg, data.classification))
         if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
             self.strategy.load(saved)
         if memory_format(cfg) == torch.channels_last:  # before DDP lays out its buckets and the EMA copies it
@@ -194,10 +196,7 @@ class Trainer:
             if loss is None:  # a pipeline stage before the last
                 continue
             step_loss += loss.detach().double()
-            # Accumulate on the device; read back only at log steps (an .item() per batch stalls a GPU).
-            self.window[0] += loss.detach().double() * len(y)
-            self.window[1] += (logits.detach().argmax(1) == y).sum()
-            self.window[2] += len(y)
+            self.window += step_sums(loss.detach(), logits.detach(), y)  # read back at log steps only (no stall)
         self.busy += (self.strategy.gradients_ready_at() or time.perf_counter()) - t_start
         return step_loss
 
@@ -271,12 +270,13 @@ class Trainer:
 
     def _log_step(self, epoch: int) -> None:
         """The training loss and accuracy since the last log line, over all workers (a collective)."""
-        loss_sum, correct, count = self.ctx.all_reduce_sum(self.window).tolist()
+        loss_sum, correct, count, with_class = self.ctx.all_reduce_sum(self.window).tolist()
         now = time.perf_counter()
         elapsed, per_update = now - self.t_window, self.cfg.batch_size * self.cfg.accumulate
-        self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / count, train_accuracy=correct / count,
-                      examples_per_sec=count / elapsed, lr=self.state.optimizer.param_groups[0]["lr"],
-                      time_s=elapsed, sec_per_batch=elapsed * per_update / count)
+        self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / count, examples_per_sec=count / elapsed,
+                      train_accuracy=correct / with_class if with_class else None,
+                      lr=self.state.optimizer.param_groups[0]["lr"], time_s=elapsed,
+                      sec_per_batch=elapsed * per_update / count)
         self.window.zero_()
         self.t_window = now
 
@@ -319,12 +319,13 @@ class Trainer:
                       f"{self.ckpt_dir}; continue with --resume {self.run_dir}", signum)
 
     def _evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], ema: bool = False) -> tuple[float, float]:
-        """The model being trained (the strategy evaluates it where it lies), or its weight average."""
+        """The model being trained (the strategy evaluates it where it lies), or its weight average; judged by
+        the user's loss, the plain cross-entropy (evaluation.batch_sums' None), or the mean squared error."""
         cfg = self.cfg
         if ema:
-            return evaluate(self.state.ema.module, pair, self.prep, self.ctx, cfg.eval_batch_size, self.loss,
+            return evaluate(self.state.ema.module, pair, self.prep, self.ctx, cfg.eval_batch_size, self.eval_loss,
                             cfg.test_flip, self.strategy.lockstep)
-        return self.strategy.evaluate(pair, self.prep, cfg.eval_batch_size, self.loss, cfg.test_flip)
+        return self.strategy.evaluate(pair, self.prep, cfg.eval_batch_size, self.eval_loss, cfg.test_flip)
 
     def _validate(self, epoch: int, epoch_time: float) -> None:
         state, t_eval = self.state, time.perf_counter()

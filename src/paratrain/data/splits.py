@@ -1,15 +1,20 @@
-"""The in-memory dataset every loader returns: uint8 images and int64 labels, split three ways."""
+"""The in-memory dataset every loader returns, split three ways: uint8 images and int64 labels (kind "images",
+every dataset of the registry's, image folders, Datasets of images), or tensors of any shape and type with
+targets of any shape and type (kind "tensors": a regression's floats, a sequence's token ids)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-# (uint8 images N x C x H x W, int64 labels N); the images in memory, or rows of a cache file (source.py)
+# (uint8 images N x C x H x W, int64 labels N); the images in memory, or rows of a cache file (source.py); or
+# (inputs N x ..., targets N x ...) of kind "tensors"
 Pair = tuple[Any, torch.Tensor]
+KINDS = ("images", "tensors")
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,11 @@ class Splits:
     num_classes: int = 10
     classes: tuple[str, ...] | None = None  # the class names, where the data has them (an image folder's)
     split: str | None = None  # how the held-out sets were chosen, where paratrain chose them (checkpoints keep it)
+    kind: str = "images"  # or "tensors": no normalisation, augmentation or image shapes (KINDS)
+
+    @property
+    def images(self) -> bool:
+        return self.kind == "images"
 
     @property
     def channels(self) -> int:
@@ -32,8 +42,33 @@ class Splits:
     def image_size(self) -> int:
         return self.train[0].shape[-1]
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One example's input shape (C x H x W for images)."""
+        return tuple(self.train[0].shape[1:])
+
+    @property
+    def target_shape(self) -> tuple[int, ...]:
+        """One example's target shape: () for a class index or a single number."""
+        return tuple(self.train[1].shape[1:])
+
+    @property
+    def classification(self) -> bool:
+        """The targets are class indices (integers 0..num_classes-1, one an example): accuracy means something,
+        and cross-entropy is the default loss."""
+        return self.num_classes > 0
+
+    @property
+    def num_outputs(self) -> int:
+        """What a network's last layer gives an example: a score per class, or one number per target element."""
+        return self.num_classes if self.classification else math.prod(self.target_shape)
+
     def shape_info(self) -> dict:
         """What a model is built for and fed with (saved in checkpoints): no images."""
+        if not self.images:
+            return {"kind": self.kind, "input_shape": list(self.input_shape), "input_dtype": str(self.train[0].dtype),
+                    "target_shape": list(self.target_shape), "target_dtype": str(self.train[1].dtype),
+                    "num_classes": self.num_classes, "mean": [], "std": []}
         info = {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
                 "mean": list(self.mean), "std": list(self.std)}
         if self.classes is not None:
@@ -48,6 +83,12 @@ class Splits:
     @classmethod
     def shaped_like(cls, name: str, info: dict) -> Splits:
         """Empty splits of a checkpoint's shapes: enough to build its model and its batch transforms."""
+        if info.get("kind", "images") != "images":
+            dtype = lambda name: getattr(torch, name.removeprefix("torch."))  # noqa: E731
+            inputs = torch.zeros(0, *info["input_shape"], dtype=dtype(info["input_dtype"]))
+            targets = torch.zeros(0, *info["target_shape"], dtype=dtype(info["target_dtype"]))
+            return cls(name, (inputs, targets), (inputs, targets), (inputs, targets), (), (),
+                       int(info["num_classes"]), kind=info["kind"])
         c, s = int(info["channels"]), int(info["image_size"])
         empty = (torch.zeros(0, c, s, s, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64))
         classes = tuple(info["classes"]) if info.get("classes") else None

@@ -98,3 +98,16 @@ class BatchPipeline:
             m = x.mean(dim=(2, 3), keepdim=True)
             x = (x - m) * factor + m
         return self._normalise(x)
+
+
+class TensorPipeline:
+    """Data that is not images (kind "tensors") goes to the network as it is: no normalisation, no augmentation
+    (a regression's features, a sequence's token ids). The same calls as BatchPipeline."""
+
+    def eval(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    __call__ = eval
+
+    def train(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        return x

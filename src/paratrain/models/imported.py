@@ -78,18 +78,30 @@ def _import_module(head: str) -> Any:
         raise failed(f"--model: importing {head} failed", e) from None
 
 
-def call_factory(factory: Callable[..., Any], channels: int, image_size: int, num_classes: int) -> Any:
-    """Call a network factory with the data's shapes it asks for by name."""
-    given = {"channels": channels, "image_size": image_size, "num_classes": num_classes}
+IMAGE_ONLY = ("channels", "image_size")  # what a factory is given only where the data is images
+
+
+def call_factory(factory: Callable[..., Any], channels: int | None, image_size: int | None, num_classes: int,
+                 **shapes: Any) -> Any:
+    """Call a network factory with the data's shapes it asks for by name: `channels`, `image_size` (images),
+    `num_classes`, and in `shapes` `input_shape` (one example's) and `num_outputs` (what the last layer gives
+    an example). Data that is not images has no channels or image size: a factory that asks is told so."""
+    given = {"channels": channels, "image_size": image_size, "num_classes": num_classes, **shapes}
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin or C extension without a signature: call it bare
         return factory()
-    named = {k: v for k, v in given.items() if k in params}
+    asked = [k for k in IMAGE_ONLY if k in params and given[k] is None and
+             params[k].default is inspect.Parameter.empty]
+    if asked:
+        raise UserError(f"your model factory asks for {' and '.join(asked)}, which only images have; this data is "
+                        f"tensors of shape {tuple(shapes.get('input_shape') or ())} an example: take input_shape "
+                        "(and num_outputs, num_classes) instead")
+    named = {k: v for k, v in given.items() if k in params and v is not None}
     if not named and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         # torchvision's models (resnet18(**kwargs)) hand kwargs on to the network's class, which takes
         # num_classes but not the data's channels or size
-        return factory(num_classes=num_classes)
+        return factory(num_classes=num_classes) if num_classes else factory()
     return factory(**named)
 
 

@@ -91,14 +91,11 @@ class PipelineStrategy(Strategy):
             model: nn.Module | None = None) -> tuple[TrainConfig, str]:
         """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
         table that --print-split shows. `model`: the network, where the caller has built it already."""
-        import torch
 
         from ..build import make_model
-        from ..models import input_size
         from . import stages
 
-        side = input_size(cfg.model, data.image_size)
-        example = torch.zeros(1, data.channels, side, side)
+        example = stages.example_batch(cfg, data, 1)
         model = stages.layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model, example)
         try:
             cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, example)
@@ -118,18 +115,15 @@ class PipelineStrategy(Strategy):
         return self.stage.layout.replica, self.stage.layout.replicas  # every stage of a copy sees its batch
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
-        import torch
 
         from ..batchnorm import has_batchnorm
-        from ..models import input_size
-        from .stages import Layout, Pipeline, layers_of
+        from .stages import Layout, Pipeline, example_batch, layers_of
 
         cfg, ctx = self.cfg, self.ctx
         layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
-        side = input_size(cfg.model, data.image_size)
         micro = cfg.batch_size // layout.replicas // cfg.microbatches
         cuts = self.layout["cuts"]  # resolved once before launch (prepare)
-        example = torch.zeros(micro, data.channels, side, side)
+        example = example_batch(cfg, data, micro)
         self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, layout, ctx.device, cfg.microbatches,
                               cfg.schedule, example, loss)
         self.module = self.model = self.stage.module

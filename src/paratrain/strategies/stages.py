@@ -47,6 +47,17 @@ def layers_of(model: nn.Module, name: str, example: torch.Tensor) -> nn.Sequenti
                     f"order); '{name}' is not one")
 
 
+def example_batch(cfg: Any, data: Any, n: int) -> torch.Tensor:
+    """A batch of `n` zero examples as the first stage takes them: images at the model's input size, or the
+    data's own inputs (kind "tensors"), whose shapes fix the stages' buffers."""
+    if not data.images:
+        return torch.zeros(n, *data.input_shape, dtype=data.train[0].dtype)
+    from ..models import input_size
+
+    side = input_size(cfg.model, data.image_size)
+    return torch.zeros(n, data.channels, side, side)
+
+
 def _same_output(model: nn.Module, layers: nn.Sequential, example: torch.Tensor) -> bool:
     """Whether the children in order compute what the model does: on a seeded random batch of the example's
     shape (zeros would hide a scaling of the input or a residual around it), in evaluation mode and, on
@@ -269,12 +280,12 @@ class Pipeline:
         of one copy's training batch, the last one padded with zeros and its padding's outputs dropped (in
         evaluation mode every example's output is its own). The measured bubble leaves this time out (the
         schedule's setting itself up for training again, a small exchange in the next step, counts there)."""
-        from ..evaluation import batch_sums
+        from ..evaluation import SUMS, batch_sums
 
         x_all, y_all = pair
         share = eval_range(len(y_all), self.layout.replica, self.layout.replicas)
         size = self.micro * self.microbatches
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(SUMS, dtype=torch.float64, device=self.device)
         busy, was_training = self.stage.busy_s, self.module.training
         self.module.eval()
         try:

@@ -1,0 +1,227 @@
+"""Tasks other than image classification, through paratrain.fit: tensors of any shape (kind "tensors"), the loss
+deciding the task (cross-entropy for class indices, the mean squared error for floats, any loss of the user's),
+accuracy only where it means something. The regression and the sequence model are the examples' own
+(examples/regression.py, examples/sequences.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import logged_step, max_abs_diff, training_workers, weights
+from torch import nn
+
+import paratrain
+from paratrain.data import Splits
+from paratrain.errors import UserError
+from paratrain.inputs import tensor_splits
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+import regression  # noqa: E402
+import sequences  # noqa: E402
+
+QUICK = {"quiet": True, "tensorboard": False, "threads_per_worker": 1, "log_every": 1}
+# far from divergence: Adam at 0.003 on the regression, SGD with momentum where a test wants it
+REGRESSION = {"steps": 40, "batch_size": 64, "optimizer": "adam", "lr": 0.003, "checkpoint_every": 10,
+              "keep_checkpoints": 100}
+SEQUENCES = {"steps": 30, "batch_size": 60, "optimizer": "adam", "lr": 0.01}
+
+
+def _fit(net, data, out: Path, **options) -> dict:  # noqa: ANN001
+    return paratrain.fit(net, data, paratrain.TrainConfig(out=str(out), **{**QUICK, **options}))
+
+
+# ---- the data: checked in one line each ----
+
+def _pairs(**changed: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    base = {"train": (torch.randn(8, 3), torch.randn(8)), "val": (torch.randn(2, 3), torch.randn(2)),
+            "test": (torch.randn(2, 3), torch.randn(2))}
+    return {**base, **changed}
+
+
+@pytest.mark.parametrize(("changed", "message"), [
+    ({"train": (torch.randn(0, 3), torch.randn(0))}, r"data\['train'\] holds no examples"),
+    ({"val": (torch.randn(3, 3), torch.randn(2))}, r"data\['val'\] has 3 inputs and 2 targets"),
+    ({"test": (torch.randn(2, 4), torch.randn(2))}, r"data\['test'\] inputs are \(4,\) an example, the training "
+                                                     r"inputs \(3,\)"),
+    ({"val": (torch.randn(2, 3), torch.randn(2, 2))}, r"data\['val'\] targets are \(2,\) an example"),
+    ({"train": (torch.tensor([[0.0, 1.0, float("nan")]] * 8), torch.randn(8))}, r"inputs hold NaN or inf \(row 0"),
+    ({"test": (torch.randn(2, 3), torch.tensor([1.0, float("inf")]))}, r"targets hold NaN or inf \(row 1"),
+    ({"train": (torch.randn(8, 3, dtype=torch.complex64), torch.randn(8))}, "give real numbers"),
+    ({"train": (torch.randn(8, 3), torch.tensor([0, 1, -1, 2, 0, 1, 2, 0]))}, "class indices, and must be 0..K-1"),
+])
+def test_bad_tensors_are_one_line(changed: dict, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        tensor_splits(_pairs(**changed))
+
+
+def test_tensors_keep_their_shapes_and_say_what_task_they_are() -> None:
+    table = tensor_splits(_pairs())
+    assert not table.images and table.input_shape == (3,) and table.target_shape == ()
+    assert not table.classification and table.num_outputs == 1
+    tokens = tensor_splits({k: (torch.randint(0, 9, (4, 12)), torch.tensor([0, 2, 1, 2])) for k in
+                            ("train", "val", "test")})
+    assert tokens.classification and tokens.num_classes == 3 and tokens.num_outputs == 3
+    assert tokens.train[0].dtype == torch.int64  # token ids stay integers
+    grid = tensor_splits({k: (torch.randn(4, 5).double(), torch.randn(4, 2, 3).double()) for k in
+                          ("train", "val", "test")})
+    assert grid.train[0].dtype == grid.train[1].dtype == torch.float32 and grid.num_outputs == 6
+    info = grid.shape_info()
+    assert info["kind"] == "tensors" and info["input_shape"] == [5] and info["target_shape"] == [2, 3]
+    empty = Splits.shaped_like("custom", info)
+    assert empty.input_shape == (5,) and empty.target_shape == (2, 3) and not empty.images
+
+
+def _wrong_width(input_shape: tuple[int, ...]) -> nn.Module:
+    return nn.Linear(input_shape[0], 1)  # N x 1 against N targets: MSE would broadcast to N x N
+
+
+def _asks_for_channels(channels: int, num_classes: int) -> nn.Module:
+    return nn.Linear(channels, num_classes)
+
+
+@pytest.mark.parametrize(("model", "options", "message"), [
+    (_wrong_width, {}, r"returned \(2, 1\) for 2 examples and the targets are \(2,\): the default loss \(mean "
+                       "squared error\\) needs the same shape"),
+    (_asks_for_channels, {}, "asks for channels, which only images have"),
+    (None, {"model": "lenet5"}, "model 'lenet5' takes images; this data is tensors of shape"),
+    (regression.build, {"hflip": True}, "hflip=True is for images; this data is tensors"),
+    (regression.build, {"label_smoothing": 0.1}, "label_smoothing smooths class targets"),
+])
+def test_what_a_task_cannot_take_is_one_line(tmp_path: Path, model, options: dict, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(UserError, match=message):
+        _fit(model, _pairs(), tmp_path / "run", steps=1, batch_size=4, devices="1", **options)
+
+
+def test_integer_targets_that_are_not_class_indices_need_a_loss(tmp_path: Path) -> None:
+    data = {k: (torch.randn(8, 3), torch.randint(0, 5, (8, 2))) for k in ("train", "val", "test")}
+    with pytest.raises(UserError, match="not one class index: pass the loss that judges them"):
+        _fit(lambda: nn.Linear(3, 2), data, tmp_path / "run", steps=1, batch_size=4, devices="1")
+
+
+# ---- on one device ----
+
+def test_a_regression_trains_with_the_mean_squared_error_and_reports_no_accuracy(tmp_path: Path,
+                                                                                 capsys: pytest.CaptureFixture) -> None:
+    data = regression.make_data()
+    summary = _fit(regression.build, data, tmp_path / "run", devices="1", **{**REGRESSION, "steps": 200})
+    variance = data["test"][1].var().item()
+    assert summary["test_accuracy"] is None and summary["val_accuracy"] is None
+    assert summary["test_loss"] < 0.3 * variance, (summary["test_loss"], variance)  # measured 0.17 of it
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("test_loss ") and "accuracy" not in line
+    # the run's network, loaded back, gives that loss on the test set
+    net = paratrain.load_model(tmp_path / "run", model=regression.build)
+    with torch.no_grad():
+        assert F.mse_loss(net(data["test"][0]), data["test"][1]).item() == pytest.approx(summary["test_loss"],
+                                                                                         rel=1e-5)
+    parts = (tmp_path / "run" / "parts.yaml").read_text()
+    assert "mse_loss (paratrain's default)" in parts
+
+
+def test_the_registry_mlp_takes_any_width_and_a_loss_of_ones_own(tmp_path: Path) -> None:
+    data = regression.make_data(n=600)
+    mse = _fit("mlp", data, tmp_path / "mlp", devices="1", steps=20, batch_size=32, width=32)
+    assert mse["test_accuracy"] is None and mse["test_loss"] > 0
+    own = paratrain.fit("mlp", data, paratrain.TrainConfig(out=str(tmp_path / "own"), steps=20, batch_size=32,
+                                                           width=32, devices="1", **QUICK), loss=F.l1_loss)
+    net = paratrain.load_model(tmp_path / "own")  # the registry's: rebuilt from the checkpoint's shapes
+    with torch.no_grad():  # judged by the loss it trained with: the mean absolute error
+        assert F.l1_loss(net(data["test"][0]), data["test"][1]).item() == pytest.approx(own["test_loss"], rel=1e-5)
+
+
+def test_a_sequence_model_over_token_ids_reports_accuracy(tmp_path: Path) -> None:
+    summary = _fit(sequences.build, sequences.make_data(), tmp_path / "run", devices="1", **{**SEQUENCES,
+                                                                                             "steps": 150})
+    assert summary["test_accuracy"] > 0.8  # the commonest class is 0.56 of the test set (it takes the ties); 0.99
+
+
+# ---- on two workers ----
+
+@pytest.mark.integration
+def test_a_regression_on_two_workers_equals_one_device_and_resumes_exactly(tmp_path: Path) -> None:
+    data = regression.make_data()
+    one = _fit(regression.build, data, tmp_path / "one", devices="1", **REGRESSION)
+    two = _fit(regression.build, data, tmp_path / "two", devices="2", **REGRESSION)
+    assert two["world_size"] == 2 and two["test_accuracy"] is None
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 5e-6  # measured 4.5e-8
+    assert abs(one["test_loss"] - two["test_loss"]) < 1e-5
+    # stopped at step 20 and carried on, on 2 workers, with Adam's moments: the uninterrupted run exactly
+    _fit(regression.build, data, tmp_path / "half", devices="2", **{**REGRESSION, "steps": 20})
+    resumed = _fit(regression.build, data, tmp_path / "half", devices="2",
+                   **{**REGRESSION, "resume": str(tmp_path / "half")})
+    assert resumed["resumed_from_step"] == 20
+    assert max_abs_diff(weights(tmp_path / "half"), weights(tmp_path / "two")) == 0.0
+
+
+@pytest.mark.integration
+def test_a_gru_over_token_ids_on_two_workers_equals_one_device(tmp_path: Path) -> None:
+    data = sequences.make_data()
+    one = _fit(sequences.build, data, tmp_path / "one", devices="1", **SEQUENCES)
+    two = _fit(sequences.build, data, tmp_path / "two", devices="2", **SEQUENCES)
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 4e-5  # measured 3.7e-7
+    assert two["test_accuracy"] == one["test_accuracy"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout", [{"strategy": "fsdp", "devices": "2"}, {"strategy": "pipeline", "stages": 2}])
+def test_the_registry_mlp_on_tensors_shards_and_cuts_into_stages_as_one_device_trains(tmp_path: Path,
+                                                                                   layout: dict) -> None:
+    data, options = regression.make_data(n=1000), {"steps": 20, "batch_size": 64, "optimizer": "sgd", "lr": 0.01,
+                                                   "momentum": 0.9, "width": 32}
+    one = _fit("mlp", data, tmp_path / "one", devices="1", **options)
+    other = _fit("mlp", data, tmp_path / "other", **options, **layout)
+    assert other["strategy"] == layout["strategy"] and other["test_accuracy"] is None
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "other")) < 3e-6  # measured 3.0e-8
+    assert abs(one["test_loss"] - other["test_loss"]) < 1e-5
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {examples!r})
+import paratrain, regression
+
+if __name__ == "__main__":
+    paratrain.fit(regression.build, regression.make_data(), paratrain.TrainConfig(out={out!r}, devices="2",
+                  max_restarts={restarts}, **{options!r}))
+"""
+
+
+@pytest.mark.integration
+def test_a_killed_worker_of_a_regression_restarts_to_the_weights_of_the_untouched_run(tmp_path: Path) -> None:
+    options = {**QUICK, **REGRESSION}
+    runs = {}
+    for name, restarts in (("untouched", 0), ("killed", 1)):
+        script = tmp_path / f"{name}.py"
+        runs[name] = tmp_path / name
+        script.write_text(SCRIPT.format(examples=str(ROOT / "examples"), out=str(runs[name]), restarts=restarts,
+                                        options=options))
+        launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, cwd=tmp_path)
+        try:
+            if name == "killed":
+                deadline = time.monotonic() + 120
+                while logged_step(runs[name]) < 15:
+                    assert time.monotonic() < deadline and launcher.poll() is None, "the run did not get going"
+                    time.sleep(0.002)
+                workers = training_workers(launcher.pid)
+                assert len(workers) == 2, workers
+                os.kill(workers[1], signal.SIGKILL)
+            code = launcher.wait(timeout=240)
+        finally:
+            launcher.kill()
+        stderr = launcher.stderr.read()
+        assert code == 0, stderr[-3000:]
+    assert "restarting all workers from the last checkpoint (restart 1 of 1)" in stderr
+    summary = json.loads((runs["killed"] / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] >= 10
+    assert max_abs_diff(weights(runs["killed"]), weights(runs["untouched"])) == 0.0
