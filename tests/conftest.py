@@ -95,6 +95,15 @@ def train(run_dir: Path, *args: str, timeout: float = 300) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def train_here(run_dir: Path, *args: str) -> dict:
+    """`paratrain train --quiet --out run_dir ARGS` through the command line's own code, in this process (its
+    workers forked from this process's forkserver, already warm): `train` without a fresh interpreter's imports,
+    some 3 s a run. Insist it succeeded; return its summary."""
+    code = main_code(["train", "--quiet", "--out", str(run_dir), *args])
+    assert code == 0, f"paratrain train exited {code}"
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 def logged_step(run: Path) -> int:
     """The highest step a (running) run has written to its metrics.jsonl so far; 0 before any."""
     try:

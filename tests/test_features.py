@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import max_abs_diff, run_cli, train, weights
+from conftest import max_abs_diff, run_cli, train, train_here, weights
 
 from paratrain import checkpoint, config, dist, runplan
 from paratrain import fit as paratrain_fit
@@ -136,8 +136,8 @@ def test_accumulation_equals_the_big_batch(tmp_path: Path) -> None:
 def test_accumulation_across_two_workers(tmp_path: Path) -> None:
     """no_sync on the inner micro-batches must not change the result."""
     args = ("--steps", "6", "--optimizer", "sgd", "--lr", "0.05")
-    train(tmp_path / "big", *args, "--batch-size", "256", "--devices", "1")
-    train(tmp_path / "acc", *args, "--batch-size", "64", "--accumulate", "4", "--devices", "2")
+    train_here(tmp_path / "big", *args, "--batch-size", "256", "--devices", "1")
+    train_here(tmp_path / "acc", *args, "--batch-size", "64", "--accumulate", "4", "--devices", "2")
     assert max_abs_diff(weights(tmp_path / "big"), weights(tmp_path / "acc")) < 2e-6  # measured 1.5e-8
 
 
@@ -522,13 +522,13 @@ def test_early_stopping_on_two_workers_stops_as_one_and_a_resumed_run_keeps_its_
     all-reduced), and a run stopped after 2 epochs (one without a lower loss) and resumed on 2 workers stops
     after 1 more, not 2: the count of epochs without a lower loss is carried in the checkpoint."""
     flat = ("--batch-size", "256", "--optimizer", "gd", "--lr", "1e-30", "--early-stopping", "2", "--seed", "3")
-    one = train(tmp_path / "one", *flat, "--epochs", "30", "--devices", "1")
-    two = train(tmp_path / "two", *flat, "--epochs", "30", "--devices", "2")
+    one = train_here(tmp_path / "one", *flat, "--epochs", "30", "--devices", "1")
+    two = train_here(tmp_path / "two", *flat, "--epochs", "30", "--devices", "2")
     assert one["stopped_early"] and two["stopped_early"] and two["epochs_validated"] == one["epochs_validated"] == 3
     assert two["steps"] == one["steps"]
-    part = train(tmp_path / "part", *flat, "--epochs", "2", "--devices", "2")
+    part = train_here(tmp_path / "part", *flat, "--epochs", "2", "--devices", "2")
     assert part["epochs_validated"] == 2 and not part["stopped_early"]
-    resumed = train(tmp_path / "part", "--resume", str(tmp_path / "part"), "--epochs", "30")
+    resumed = train_here(tmp_path / "part", "--resume", str(tmp_path / "part"), "--epochs", "30")
     assert resumed["stopped_early"] and resumed["epochs_validated"] == 3 and resumed["steps"] == two["steps"]
 
 

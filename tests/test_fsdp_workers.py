@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import logged_step, max_abs_diff, run_cli, train, training_workers
+from conftest import logged_step, max_abs_diff, run_cli, train_here, training_workers
 
 from paratrain import checkpoint, sharded
 
@@ -67,7 +67,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     specs = {"one-sgd": (*SGD, *one), "fsdp-sgd": (*SGD, *FSDP), "hsdp-sgd": (*SGD, *HSDP),
              "ddp4-sgd": (*SGD, "--devices", "4", "--oversubscribe", "--memory-format", "contiguous"),
              "one-adam": (*ADAM, *one), "fsdp-adam": (*ADAM, *FSDP)}
-    summaries = {name: train(root / name, *BASE, *args) for name, args in specs.items()}
+    summaries = {name: train_here(root / name, *BASE, *args) for name, args in specs.items()}
     assert summaries["hsdp-sgd"]["world_size"] == 4 and summaries["fsdp-sgd"]["strategy"] == "fsdp"
     assert summaries["fsdp-adam"]["test_accuracy"] == summaries["one-adam"]["test_accuracy"]
     return {name: root / name for name in specs}
@@ -88,8 +88,8 @@ def test_sharded_workers_equal_one_device(runs: dict, one: str, sharded_run: str
 
 def test_the_model_state_each_fsdp_worker_holds_is_half_of_ddps(runs: dict, tmp_path: Path) -> None:
     mlp = ("--no-tensorboard", "--model", "mlp", "--width", "1700", "--steps", "2", "--threads-per-worker", "1")
-    ddp = train(tmp_path / "ddp", *mlp, "--devices", "2")
-    fsdp = train(tmp_path / "fsdp", *mlp, *FSDP)
+    ddp = train_here(tmp_path / "ddp", *mlp, "--devices", "2")
+    fsdp = train_here(tmp_path / "fsdp", *mlp, *FSDP)
     assert len(fsdp["model_state_bytes"]) == 2
     weights = sum(t.numel() for t in checkpoint.load(tmp_path / "ddp")["model"].values())
     assert 4e6 < weights < 4.5e6  # the 4M-parameter MLP
@@ -125,7 +125,7 @@ def _stopped_at(whole: Path, step: int, to: Path) -> Path:
 def test_a_sharded_run_carries_on_exactly_on_any_worker_count(runs: dict, tmp_path: Path, name: str,
                                                               devices: tuple, bound: float) -> None:
     run = _stopped_at(runs[name], 20, tmp_path / "run")
-    summary = train(run, "--resume", str(run), *devices)
+    summary = train_here(run, "--resume", str(run), *devices)
     assert summary["resumed_from_step"] == 20 and summary["steps"] == STEPS
     assert summary["world_size"] == int(devices[1])
     assert _gap(run, runs[name]) <= bound

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import max_abs_diff, run_cli, train, weights
+from conftest import max_abs_diff, run_cli, train_here, weights
 
 from paratrain.cli import main
 from paratrain.errors import UserError
@@ -85,7 +85,7 @@ def _evaluated_alike(run: dict, single: Path) -> None:
 @pytest.fixture(scope="module")
 def single_mnist(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> Path:
     run = tmp_path_factory.mktemp("single") / "run"
-    train(run, *EQUIV, "--data-dir", str(mnist_dir), "--devices", "1")
+    train_here(run, *EQUIV, "--data-dir", str(mnist_dir), "--devices", "1")
     return run
 
 
@@ -94,7 +94,7 @@ def single_mnist(tmp_path_factory: pytest.TempPathFactory, mnist_dir: Path) -> P
 def test_pipeline_equals_one_device(tmp_path: Path, mnist_dir: Path, single_mnist: Path, microbatches: int,
                                     schedule: str) -> None:
     run = tmp_path / "pipe"
-    summary = train(run, *EQUIV, "--data-dir", str(mnist_dir), "--strategy", "pipeline", "--stages", "2",
+    summary = train_here(run, *EQUIV, "--data-dir", str(mnist_dir), "--strategy", "pipeline", "--stages", "2",
                     "--microbatches", str(microbatches), "--schedule", schedule)
     assert summary["strategy"] == "pipeline" and summary["world_size"] == 2
     assert max_abs_diff(weights(single_mnist), weights(run)) < 2e-6  # measured 1.5e-8
@@ -109,7 +109,7 @@ def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_
                                                            single_mnist: Path) -> None:
     run = tmp_path / "hybrid"
     # 4 processes on however many cores: --oversubscribe, since this checks results, not speed
-    summary = train(run, *EQUIV, "--data-dir", str(mnist_dir), "--strategy", "hybrid", "--stages", "2",
+    summary = train_here(run, *EQUIV, "--data-dir", str(mnist_dir), "--strategy", "hybrid", "--stages", "2",
                     "--devices", "4", "--microbatches", "2", "--oversubscribe")
     assert summary["strategy"] == "hybrid" and summary["world_size"] == 4
     assert max_abs_diff(weights(single_mnist), weights(run)) < 2e-6  # measured 1.5e-8
@@ -126,16 +126,16 @@ def test_a_pipeline_checkpoint_evaluates_in_one_process_and_carries_on_under_ddp
     gap measured 1.5e-8 with 1 and with 2 threads."""
     args = ("--steps", "8", "--batch-size", "64", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",
             "--no-tensorboard")
-    pipe = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2")
+    pipe = train_here(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2")
     assert pipe["pipeline"]["cuts"] == "3"  # --split auto: conv1 | the rest, by counted cost
     assert (tmp_path / "pipe" / "checkpoints" / "step-00000008" / "__1_0.distcp").is_file()  # stage 1's part
     proc = run_cli("eval", "--checkpoint", str(tmp_path / "pipe"))
     assert proc.returncode == 0, proc.stderr
     assert f"test_accuracy {pipe['test_accuracy']:.4f}  test_loss {pipe['test_loss']:.4f}" in proc.stdout
 
-    train(tmp_path / "pipe", "--resume", str(tmp_path / "pipe"), "--steps", "16", "--strategy", "ddp",
+    train_here(tmp_path / "pipe", "--resume", str(tmp_path / "pipe"), "--steps", "16", "--strategy", "ddp",
           "--devices", "1")
-    train(tmp_path / "whole", *args[2:], "--steps", "16", "--devices", "1")
+    train_here(tmp_path / "whole", *args[2:], "--steps", "16", "--devices", "1")
     assert max_abs_diff(weights(tmp_path / "pipe"), weights(tmp_path / "whole")) < 2e-6  # measured 1.5e-8
 
 
@@ -221,9 +221,9 @@ def test_an_imported_network_of_named_blocks_trains_as_a_pipeline(tmp_path: Path
         "        return self.head(self.features(x))\n")
     args = ("--model", f"{tmp_path / 'blocks.py'}:Net", "--steps", "8", "--batch-size", "64", "--optimizer", "sgd",
             "--lr", "0.01", "--momentum", "0.9", "--no-tensorboard")
-    one = train(tmp_path / "one", *args, "--devices", "1")
+    one = train_here(tmp_path / "one", *args, "--devices", "1")
     assert one["world_size"] == 1
-    pipe = train(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2", "--split", "1")
+    pipe = train_here(tmp_path / "pipe", *args, "--strategy", "pipeline", "--stages", "2", "--split", "1")
     assert pipe["pipeline"]["cuts"] == "1" and pipe["world_size"] == 2
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "pipe")) < 2e-6
     proc = run_cli("eval", "--checkpoint", str(tmp_path / "pipe"))  # the checkpoint loads into the network

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import main_code, max_abs_diff, run_cli, train, weights
+from conftest import main_code, max_abs_diff, run_cli, train_here, weights
 
 SUMMARY_KEYS = {"model", "dataset", "strategy", "world_size", "global_batch_size", "steps", "epochs",
                 "train_time_s", "examples_per_sec", "test_accuracy", "test_loss", "val_accuracy", "seed",
@@ -45,8 +45,8 @@ def test_main_command_trains_digits_to_95_percent(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_two_workers_equal_one_on_digits(tmp_path: Path) -> None:
     args = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
-    one = train(tmp_path / "one", *args, "--devices", "1")
-    two = train(tmp_path / "two", *args, "--devices", "2")
+    one = train_here(tmp_path / "one", *args, "--devices", "1")
+    two = train_here(tmp_path / "two", *args, "--devices", "2")
     assert one["world_size"] == 1 and two["world_size"] == 2 and two["strategy"] == "ddp"
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 3e-6  # measured 3.0e-8
     assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=1 / 359)
@@ -58,18 +58,18 @@ def test_two_workers_equal_one_on_mnist(tmp_path: Path, mnist_dir: Path) -> None
     # lr 0.01, far from lr 0.05, where float noise between worker counts grew to 1.4e-5 in 20 steps
     args = ("--dataset", "mnist", "--data-dir", str(mnist_dir), "--steps", "20", "--optimizer", "sgd",
             "--lr", "0.01", "--batch-size", "256")
-    train(tmp_path / "one", *args, "--devices", "1")
-    train(tmp_path / "two", *args, "--devices", "2")
+    train_here(tmp_path / "one", *args, "--devices", "1")
+    train_here(tmp_path / "two", *args, "--devices", "2")
     diff = max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two"))
     assert diff < 1.5e-6  # measured 1.5e-8
     # ...and the test can fail: a different data order moves the weights far more than that.
-    train(tmp_path / "other", *args, "--devices", "1", "--seed", "1")
+    train_here(tmp_path / "other", *args, "--devices", "1", "--seed", "1")
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "other")) > 1e-2
 
 
 @pytest.mark.integration
 def test_mnist_two_workers_two_epochs_reach_98_percent(tmp_path: Path, mnist_dir: Path) -> None:
-    summary = train(tmp_path / "run", "--dataset", "mnist", "--data-dir", str(mnist_dir), "--devices", "2",
+    summary = train_here(tmp_path / "run", "--dataset", "mnist", "--data-dir", str(mnist_dir), "--devices", "2",
                     "--epochs", "2", "--batch-size", "128")
     assert summary["world_size"] == 2 and summary["epochs"] == 2
     assert summary["test_accuracy"] >= 0.98
@@ -77,7 +77,7 @@ def test_mnist_two_workers_two_epochs_reach_98_percent(tmp_path: Path, mnist_dir
 
 @pytest.mark.integration
 def test_eval_reports_the_summary_accuracy(tmp_path: Path) -> None:
-    summary = train(tmp_path / "run", "--steps", "30", "--devices", "1")
+    summary = train_here(tmp_path / "run", "--steps", "30", "--devices", "1")
     proc = run_cli("eval", "--checkpoint", str(tmp_path / "run"))
     assert proc.returncode == 0, proc.stderr
     assert f"test_accuracy {summary['test_accuracy']:.4f}" in proc.stdout
@@ -87,8 +87,8 @@ def test_eval_reports_the_summary_accuracy(tmp_path: Path) -> None:
 def test_resume_continues_to_the_same_weights(tmp_path: Path) -> None:
     """A run stopped after 15 steps and resumed to 40 ends where a 40-step run ends."""
     args = ("--devices", "1", "--seed", "3", "--dropout", "0.3", "--model", "mnist-net")
-    train(tmp_path / "whole", *args, "--steps", "40")
-    train(tmp_path / "part", *args, "--steps", "15")
+    train_here(tmp_path / "whole", *args, "--steps", "40")
+    train_here(tmp_path / "part", *args, "--steps", "15")
     proc = run_cli("train", "--quiet", "--resume", str(tmp_path / "part"), "--steps", "40")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "part" / "summary.json").read_text())["steps"] == 40
@@ -98,7 +98,7 @@ def test_resume_continues_to_the_same_weights(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_cifar10_net_on_real_cifar10(tmp_path: Path, cifar_dir: Path) -> None:
     """The CIFAR-10 path end to end: binary .gz batches, 3 channels, 24x24 centre crops, 2 workers."""
-    summary = train(tmp_path / "run", "--dataset", "cifar10", "--data-dir", str(cifar_dir), "--model",
+    summary = train_here(tmp_path / "run", "--dataset", "cifar10", "--data-dir", str(cifar_dir), "--model",
                     "cifar10-net", "--devices", "2", "--steps", "30", "--batch-size", "128", "--lr", "1e-3")
     assert summary["world_size"] == 2 and summary["steps"] == 30
     assert summary["test_accuracy"] > 0.2  # well above chance after 30 steps
@@ -106,7 +106,7 @@ def test_cifar10_net_on_real_cifar10(tmp_path: Path, cifar_dir: Path) -> None:
 
 @pytest.mark.integration
 def test_synthetic_data_for_throughput(tmp_path: Path) -> None:
-    summary = train(tmp_path / "run", "--dataset", "synthetic", "--steps", "5", "--devices", "1")
+    summary = train_here(tmp_path / "run", "--dataset", "synthetic", "--steps", "5", "--devices", "1")
     assert summary["dataset"] == "synthetic" and summary["examples_per_sec"] > 0
 
 
@@ -115,7 +115,7 @@ def test_logged_rates_leave_out_evaluation(tmp_path: Path) -> None:
     """A log window that spans the end of an epoch counts neither the evaluation's time nor loses it: its
     examples/sec is in line with the others (it once came out 20x too high)."""
     run = tmp_path / "run"
-    train(run, "--dataset", "synthetic", "--steps", "100", "--log-every", "15", "--devices", "1")
+    train_here(run, "--dataset", "synthetic", "--steps", "100", "--log-every", "15", "--devices", "1")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(r["step"] % 15 for r in records if "epoch_time_s" in r)  # an epoch ends inside a window
     rates = [r["examples_per_sec"] for r in records if "loss" in r][1:]  # the first window holds warm-up
