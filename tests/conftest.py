@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
@@ -95,11 +96,15 @@ def train(run_dir: Path, *args: str, timeout: float = 300) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def train_here(run_dir: Path, *args: str) -> dict:
+def train_here(run_dir: Path, *args: str, timeout: float = 300) -> dict:
     """`paratrain train --quiet --out run_dir ARGS` through the command line's own code, in this process (its
     workers forked from this process's forkserver, already warm): `train` without a fresh interpreter's imports,
     some 3 s a run. Insist it succeeded; return its summary."""
-    code = main_code(["train", "--quiet", "--out", str(run_dir), *args])
+    faulthandler.dump_traceback_later(timeout, exit=True)  # a run that hangs ends the test process, as train's does
+    try:
+        code = main_code(["train", "--quiet", "--out", str(run_dir), *args])
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     assert code == 0, f"paratrain train exited {code}"
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import max_abs_diff, run_cli, train, weights
+from conftest import max_abs_diff, run_cli, train_here, weights
 
 from paratrain.bench import add_speedups, default_configs, parse_configs
 from paratrain.devices import usable_cores
@@ -118,7 +118,7 @@ def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_report_of_finished_runs(tmp_path: Path) -> None:
-    a = train(tmp_path / "a", "--steps", "10", "--devices", "1")
+    a = train_here(tmp_path / "a", "--steps", "10", "--devices", "1")
     proc = run_cli("report", str(tmp_path / "a"), "--out", str(tmp_path / "rep"))
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "rep" / "report.md").read_text()
@@ -127,7 +127,7 @@ def test_report_of_finished_runs(tmp_path: Path) -> None:
     assert "±" not in text and "Training flags" not in text
     assert not (tmp_path / "rep" / "scaling.png").exists() and not (tmp_path / "rep" / "breakdown.png").exists()
     assert "scaling.png" not in text and (tmp_path / "rep" / "epoch_times.png").exists()
-    train(tmp_path / "b", "--steps", "10", "--devices", "2", "--time-phases")
+    train_here(tmp_path / "b", "--steps", "10", "--devices", "2", "--time-phases")
     proc = run_cli("report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "rep3"))
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "rep3" / "scaling.png").exists() and (tmp_path / "rep3" / "breakdown.png").exists()
@@ -139,8 +139,8 @@ def test_report_of_finished_runs(tmp_path: Path) -> None:
 def test_timed_phases_train_the_same_weights(tmp_path: Path) -> None:
     """--time-phases swaps DDP's overlapped all-reduce for an explicit one after backward: same update."""
     args = ("--steps", "6", "--devices", "2", "--optimizer", "sgd", "--batch-size", "64")
-    plain = train(tmp_path / "plain", *args)
-    timed = train(tmp_path / "timed", *args, "--time-phases")
+    plain = train_here(tmp_path / "plain", *args)
+    timed = train_here(tmp_path / "timed", *args, "--time-phases")
     assert plain["step_phases_s"] is None
     assert set(timed["step_phases_s"]) == {"data", "compute", "allreduce", "optimizer"}
     assert timed["step_phases_s"]["allreduce"] > 0

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, descendants, max_abs_diff, train, training_workers, weights
+from conftest import alive, descendants, max_abs_diff, train_here, training_workers, weights
 
 from paratrain import checkpoint
 
@@ -107,9 +107,9 @@ def test_stopped_worker_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
 
 def test_resuming_a_finished_run_changes_nothing(tmp_path: Path) -> None:
     """--resume of a run that has all its steps: evaluate, write the summary, exit 0 (it once crashed)."""
-    first = train(tmp_path / "run", "--steps", "5", "--devices", "1", "--no-tensorboard")
+    first = train_here(tmp_path / "run", "--steps", "5", "--devices", "1", "--no-tensorboard")
     before = weights(tmp_path / "run")
-    summary = train(tmp_path / "run", "--resume", str(tmp_path / "run"))
+    summary = train_here(tmp_path / "run", "--resume", str(tmp_path / "run"))
     # the training's figures are the first start's (this one trained nothing)
     assert summary["steps"] == 5 and summary["examples_per_sec"] == first["examples_per_sec"]
     assert max_abs_diff(before, weights(tmp_path / "run")) == 0
@@ -118,9 +118,9 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path: Path) -> None:
 def test_resume_with_fewer_workers(tmp_path: Path) -> None:
     """The global batch does not depend on the worker count, so a run saved by 2 workers goes on with 1."""
     args = ("--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64", "--no-tensorboard")
-    train(tmp_path / "run", *args, "--steps", "10", "--devices", "2")
-    train(tmp_path / "run", "--resume", str(tmp_path / "run"), "--steps", "20", "--devices", "1")
-    train(tmp_path / "one", *args, "--steps", "20", "--devices", "1")
+    train_here(tmp_path / "run", *args, "--steps", "10", "--devices", "2")
+    train_here(tmp_path / "run", "--resume", str(tmp_path / "run"), "--steps", "20", "--devices", "1")
+    train_here(tmp_path / "one", *args, "--steps", "20", "--devices", "1")
     assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "one")) < 5e-6  # measured 4.5e-8
 
 
@@ -130,7 +130,7 @@ def test_killed_worker_restarts_from_the_checkpoint(tmp_path: Path, mnist_dir: P
     restart, and ends with the weights of a run nobody touched (Adam, the default)."""
     args = ("--dataset", "mnist", "--data-dir", str(mnist_dir), "--epochs", "3", "--devices", "2",
             "--checkpoint-every", "20", "--log-every", "5")
-    whole = train(tmp_path / "whole", *args, "--no-tensorboard")
+    whole = train_here(tmp_path / "whole", *args, "--no-tensorboard")
     run = tmp_path / "killed"
     launcher = _launch(run, *args, "--max-restarts", "1")
     per_epoch = 55_000 // 512
@@ -152,7 +152,7 @@ def test_a_worker_in_a_restart_environment_carries_on_from_the_checkpoint(tmp_pa
     checkpoint in --out and go on from it. Here one worker is started in that environment by hand (no
     torchrun; the next test starts torchrun itself)."""
     args = ("--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64", "--no-tensorboard", "--devices", "1")
-    train(tmp_path / "run", *args, "--steps", "10")
+    train_here(tmp_path / "run", *args, "--steps", "10")
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "TORCHELASTIC_RESTART_COUNT": "1"}
     proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "run"),
@@ -161,7 +161,7 @@ def test_a_worker_in_a_restart_environment_carries_on_from_the_checkpoint(tmp_pa
     assert "carrying on from the checkpoint of step 10 found in" in proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == 20 and summary["resumed_from_step"] == 10
-    train(tmp_path / "whole", *args, "--steps", "20")
+    train_here(tmp_path / "whole", *args, "--steps", "20")
     assert max_abs_diff(weights(tmp_path / "run"), weights(tmp_path / "whole")) < 1e-6  # measured 0.0
     # A checkpoint of another model in --out is one line and exit 2, not a resume or a traceback.
     proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(tmp_path / "run"),
@@ -305,7 +305,7 @@ def test_torchrun_max_restarts_carries_on_after_a_killed_worker(tmp_path: Path) 
     assert "carrying on from the checkpoint of step" in stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["steps"] == 400 and summary["resumed_from_step"] >= 10
-    train(tmp_path / "whole", *args[2:], "--devices", "2")
+    train_here(tmp_path / "whole", *args[2:], "--devices", "2")
     assert max_abs_diff(weights(run), weights(tmp_path / "whole")) < 1e-6
 
 
@@ -383,5 +383,5 @@ def test_a_power_loss_loses_only_the_steps_since_the_last_checkpoint(tmp_path: P
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((run / "summary.json").read_text())["resumed_from_step"] == saved
-    train(tmp_path / "whole", "--no-tensorboard", *args)
+    train_here(tmp_path / "whole", "--no-tensorboard", *args)
     assert max_abs_diff(weights(run), weights(tmp_path / "whole")) < 1e-6

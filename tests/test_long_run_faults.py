@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import alive, descendants, logged_step, max_abs_diff, train, training_workers, weights
+from conftest import alive, descendants, logged_step, max_abs_diff, train_here, training_workers, weights
 
 from paratrain import checkpoint
 
@@ -122,9 +122,9 @@ def test_a_full_disk_ends_the_run_in_one_line_keeps_the_last_checkpoint_and_is_n
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt", "step-00000100.pt"]
     assert checkpoint.load(run)["step"] == 100
     filler.unlink()
-    summary = train(run, *args, "--resume", str(run))
+    summary = train_here(run, *args, "--resume", str(run))
     assert summary["steps"] == 400 and summary["resumed_from_step"] == 100
-    train(tmp_path / "whole", *args)
+    train_here(tmp_path / "whole", *args)
     assert max_abs_diff(weights(run), weights(tmp_path / "whole")) <= 1e-6
 
 
@@ -264,7 +264,7 @@ def test_a_straggler_changes_no_weight_and_the_summary_names_it(tmp_path: Path) 
     # of it here (10 s stopped gave worker 0 2.8 to 5.7 s, worker 1 0.25 to 0.42 s)
     assert waited[0] - waited[1] >= 2.0, waited
     assert summary["straggler"] == 1
-    train(tmp_path / "calm", *args)
+    train_here(tmp_path / "calm", *args)
     assert max_abs_diff(weights(run), weights(tmp_path / "calm")) == 0.0
     calm = json.loads((tmp_path / "calm" / "summary.json").read_text())
     assert calm["straggler"] is None and len(calm["sync_wait_s"]) == 2

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import main_code, max_abs_diff, run_cli, train, weights
+from conftest import main_code, max_abs_diff, run_cli, train_here, weights
 from PIL import Image
 
 import paratrain
@@ -321,8 +321,8 @@ def test_the_example_on_two_workers_equals_one_and_resumes_exactly(shapes: Path,
     args = ("--model", str(EXAMPLE) + ":build", "--dataset", "imagefolder", "--data-dir", str(shapes),
             "--steps", "20", "--batch-size", "24", "--optimizer", "sgd", "--lr", "0.0003", "--momentum", "0.9",
             "--batchnorm", "sync")  # momentum: a resume must carry the optimizer's state on 2 workers
-    one = train(tmp_path / "one", *args, "--devices", "1")
-    two = train(tmp_path / "two", *args, "--devices", "2")
+    one = train_here(tmp_path / "one", *args, "--devices", "1")
+    two = train_here(tmp_path / "two", *args, "--devices", "2")
     assert two["world_size"] == 2 and one["dataset"] == "imagefolder"
     # measured 6.7e-6. This residual BatchNorm network amplifies float noise: one worker on 1 thread against
     # 2 threads differs by 1.9e-6 here; 1 against 2 workers by 1.0e-4 at lr 0.001 with momentum 0.9 and 3.1e-5
@@ -330,7 +330,7 @@ def test_the_example_on_two_workers_equals_one_and_resumes_exactly(shapes: Path,
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 5e-4
     assert two["test_accuracy"] == one["test_accuracy"]
     # stopped at 10 and resumed on 2 workers: the same weights as the uninterrupted run
-    train(tmp_path / "half", *args, "--devices", "2", "--steps", "10")
+    train_here(tmp_path / "half", *args, "--devices", "2", "--steps", "10")
     resumed = run_cli("train", "--resume", str(tmp_path / "half"), "--steps", "20", "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     assert max_abs_diff(weights(tmp_path / "half"), weights(tmp_path / "two")) == 0.0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import max_abs_diff, train, weights
+from conftest import max_abs_diff, train_here, weights
 
 from paratrain.models.tower import Tower
 
@@ -15,9 +15,9 @@ from paratrain.models.tower import Tower
 def test_tower_equals_ddp_equals_single_device(tmp_path: Path, mnist_dir: Path) -> None:
     args = ("--dataset", "mnist", "--data-dir", str(mnist_dir), "--steps", "10", "--optimizer", "sgd",
             "--lr", "0.05", "--batch-size", "256")
-    single = train(tmp_path / "single", *args, "--devices", "1")
-    ddp = train(tmp_path / "ddp", *args, "--devices", "2")
-    tower = train(tmp_path / "tower", *args, "--devices", "2", "--strategy", "tower")
+    single = train_here(tmp_path / "single", *args, "--devices", "1")
+    ddp = train_here(tmp_path / "ddp", *args, "--devices", "2")
+    tower = train_here(tmp_path / "tower", *args, "--devices", "2", "--strategy", "tower")
     assert (single["strategy"], ddp["strategy"], tower["strategy"]) == ("single", "ddp", "tower")
     assert tower["world_size"] == 2
     w = weights(tmp_path / "single")
@@ -46,8 +46,8 @@ def test_tower_gradient_is_the_global_batch_gradient() -> None:
 def test_tower_on_gpus(tmp_path: Path, param_device: str) -> None:
     n = torch.cuda.device_count()
     args = ("--steps", "10", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", str(32 * n))
-    train(tmp_path / "single", *args, "--devices", "1", "--accelerator", "cpu")
-    tower = train(tmp_path / "tower", *args, "--accelerator", "gpu", "--devices", str(n), "--strategy", "tower",
+    train_here(tmp_path / "single", *args, "--devices", "1", "--accelerator", "cpu")
+    tower = train_here(tmp_path / "tower", *args, "--accelerator", "gpu", "--devices", str(n), "--strategy", "tower",
                   "--param-device", param_device)
     assert tower["world_size"] == n
     assert max_abs_diff(weights(tmp_path / "single"), weights(tmp_path / "tower")) < 1e-3

@@ -39,21 +39,22 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     """Train on 1..N local workers (or in torchrun's group) and return the summary that summary.json holds
     (None on torchrun ranks other than 0).
 
-    model: a factory that builds the network, called with whichever of `channels`, `image_size` and
-        `num_classes` (the data's) it names; or a registry name or an import path ("nets.py:build"), as
-        config.model takes them (None: `config.model`).
+    model: a factory that builds the network, called with whichever of `channels`, `image_size` (images
+        only), `num_classes`, `input_shape` and `num_outputs` (the data's) it names; or a registry name or an
+        import path ("nets.py:build"), as config.model takes them (None: `config.model`).
     data: a dataset name ("digits", "mnist", "cifar10", "synthetic"), the path of an image folder (a
         sub-folder per class; train/, val/, test/ where it has them), a map-style torch Dataset of (image,
         label) pairs (decoded once into RUN_DIR/data-cache, then split as a folder is), a `Splits`, or a
-        dict with "train",
-        "val" and "test" pairs (square images N x C x H x H, uint8 0..255 or float; integer labels 0..K-1);
-        None: `config.dataset`.
+        dict with "train", "val" and "test" (inputs, targets) pairs: square images N x C x H x H (uint8
+        0..255 or float) with integer labels 0..K-1, or tensors of any other shape and type (a regression's
+        floats, token ids), which go to the network as they are; None: `config.dataset`.
     config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...);
         `resume=RUN_DIR` carries that run on in its own folder, with the options in its config.yaml; the
         fields you set away from their defaults (steps=..., say) override those, as flags do for --resume
         (a field left at its default keeps the run's value).
     optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
-    loss: `loss(logits, targets)`, the batch mean (None: cross-entropy).
+    loss: `loss(outputs, targets)`, the batch mean (None: cross-entropy for class indices, else the mean
+        squared error).
     cache_key: a name for a Dataset's decoded cache, kept under `config.cache_dir` (else ~/.cache/paratrain)
         in datasets/KEY and reopened by every later run given the same key (while it holds as many images
         of the size asked); without it the cache lives in the run directory. A Dataset has no files whose
@@ -166,6 +167,10 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     run = _run_of(run)
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
+    if state.get("data", {}).get("kind", "images") != "images":
+        raise UserError(f"{run} was trained on tensors, which paratrain.evaluate does not take yet: load its network "
+                        "with paratrain.load_model(run" + (", model=...)" if cfg.model == "custom" else ")")
+                        + " and compute the loss on your test tensors")
     data = _as_test_pair(data)
     if data is None and data_dir is not None and dataset is None and cfg.dataset == "custom":
         data = data_dir  # a folder of test images for a run on a Dataset of yours (paratrain eval --data-dir)

@@ -190,7 +190,8 @@ def result_from_run(run_dir: Path) -> dict:
                                                                       summary.get("examples_per_sec") else []),
             "epoch_time_s": _stats(epochs[1:] or epochs), "epoch_times_s": epochs,
             "eval_time_s": _stats([summary.get("eval_time_s") or 0.0]), "total_time_s": _stats([total]),
-            "test_accuracy": _stats([summary["test_accuracy"]]), "step_phases_s": summary.get("step_phases_s"),
+            "test_accuracy": _stats([v] if (v := summary["test_accuracy"]) is not None else []),  # None: no classes
+            "step_phases_s": summary.get("step_phases_s"),
             "resumed_from_step": summary.get("resumed_from_step"), "workload": workload,
             "speedup": None, "efficiency": None}
 

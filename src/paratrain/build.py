@@ -14,6 +14,7 @@ from .config import TrainConfig
 from .data import Splits
 from .data.transforms import Augment, BatchPipeline, TensorPipeline
 from .errors import UserError
+from .import_path import is_import_path
 from .models import build_model, convolutional, input_size
 from .models.imported import call_factory
 from .optim import make_optimizer, make_scheduler
@@ -25,7 +26,7 @@ def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None
     (its shapes: `Splits.shaped_like` makes empty splits of a checkpoint's)."""
     if parts is not None and parts.model is not None:  # the same rule as a factory named by import path
         if not data.images:
-            return call_factory(parts.model, None, None, data.num_classes, input_shape=data.input_shape,
+            return call_factory(parts.model, None, None, data.num_classes or None, input_shape=data.input_shape,
                                 num_outputs=data.num_outputs)
         return call_factory(parts.model, data.channels, data.image_size, data.num_classes,
                             input_shape=data.input_shape, num_outputs=data.num_outputs)
@@ -55,6 +56,11 @@ class Reshape(nn.Module):
 def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
     """The registry's network for data that is not images: the MLP, over the flattened input (any width),
     with an output per class, or per target element in the targets' shape."""
+    if is_import_path(cfg.model):  # a factory by its path, called as fit's are
+        from .models.imported import resolve
+
+        return call_factory(resolve(cfg.model), None, None, data.num_classes or None, input_shape=data.input_shape,
+                            num_outputs=data.num_outputs)
     if cfg.model != "mlp":
         raise UserError(f"model '{cfg.model}' takes images; this data is tensors of shape {data.input_shape} an "
                         "example: use model 'mlp' or a network of your own (paratrain.fit(model=make_net, ...))")
@@ -63,6 +69,8 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
                         "a network of your own that embeds them")
     net = build_model("mlp", math.prod(data.input_shape), 1, data.num_outputs, width=cfg.width, depth=cfg.depth,
                       activation=cfg.activation, dropout=cfg.dropout)
+    if not data.input_shape:  # one number an example: a column of width 1 for the first layer
+        net.insert(0, Reshape((1,)))
     if not data.classification:
         net.append(Reshape(data.target_shape))
     return net

@@ -4,6 +4,7 @@ a torch Dataset (decoded once into a cache), a Splits, or a dict of tensors."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,11 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
             raise UserError(f"data['{name}'] must be an (inputs, targets) pair of tensors")
     if not _images(data):
+        x, y = data["train"]
+        if x.dim() == 4 and x.shape[2] == x.shape[3] and y.dim() == 1 and y.is_floating_point() and not cfg.quiet:
+            print("paratrain: note: the labels are floats, so this is a regression (mean squared error) and the "
+                  "images go to the network as tensors, unnormalised; give integer labels (labels.long()) to "
+                  "classify them", file=sys.stderr, flush=True)
         return tensor_splits({name: tuple(data[name]) for name in ("train", "val", "test")})
     x = data["train"][0]
     if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[2] != x.shape[3] or not len(x):
@@ -100,10 +106,10 @@ def _images(data: dict[str, Any]) -> bool:
 
 def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str = "custom") -> Splits:
     """Inputs and targets of any shape (kind "tensors"), checked: the same shape an example in every split, a
-    target for every input, every number finite. Float inputs and targets become float32 (a network's weights
-    are), integers int64 (token ids, class indices). Targets that are one integer an example are class indices
-    0..K-1 (accuracy means something, and cross-entropy is the default loss); any other targets are the loss's
-    to judge (MSE by default, for floats)."""
+    target for every input, every number finite. Float (and uint8: bytes, pixels) inputs and targets become
+    float32 (a network's weights are; uint8 keeps its 0..255), other integers int64 (token ids, class
+    indices). Targets that are one integer an example are class indices 0..K-1 (accuracy means something, and
+    cross-entropy is the default loss); any other targets are the loss's to judge (MSE by default, floats)."""
     x, y = pairs["train"]
     if not len(x):
         raise UserError("data['train'] holds no examples; give it one or more")
@@ -122,7 +128,8 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
                 row = int((~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero()[0])
                 raise UserError(f"data['{split}'] {what} hold NaN or inf (row {row} the first); drop or fill "
                                 "those rows")
-        checked[split] = tuple(t.float() if t.is_floating_point() else t.long() for t in (inputs, targets))
+        checked[split] = tuple(t.float() if t.is_floating_point() or t.dtype == torch.uint8 else t.long()
+                               for t in (inputs, targets))
     classes = 0
     if y.dim() == 1 and not y.is_floating_point():
         lowest = min(int(t.min()) for _, t in checked.values() if len(t))

@@ -115,12 +115,12 @@ class RunLog:
                                                                          "examples_per_sec")
                                  if fields[key] is not None})
 
-    def epoch(self, *, step: int, epoch: int, epochs: int, **fields: Any) -> None:
+    def epoch(self, *, step: int, epoch: int, epochs: int, validated: bool = True, **fields: Any) -> None:
+        """The epoch's line; `validated`: there is a validation set (none with --val-size 0)."""
         if not self.active:
             return
         self._write({"step": step, "epoch": epoch, **fields})
-        acc, loss = fields["val_accuracy"], fields["val_loss"]  # both NaN: no validation set (--val-size 0)
-        validated = not (math.isnan(acc) and math.isnan(loss))
+        acc, loss = fields["val_accuracy"], fields["val_loss"]  # accuracy NaN: a task without classes
         val = ((f"val_accuracy {acc:.4f}  " if not math.isnan(acc) else "") + f"val_loss {loss:.4f}" if validated
                else "no validation set" + (" (--val-size 0)" if self.no_val_flag else ""))
         self.say(f"epoch {epoch}/{epochs}  {val}  {fields['epoch_time_s']:.2f}s")

@@ -32,7 +32,7 @@ from .errors import UserError
 from .import_path import is_import_path
 from .models.imported import resolve
 from .runlength import run_length
-from .usercheck import check_and_describe, settings_that_ran
+from .usercheck import check_and_describe, check_task, settings_that_ran
 from .userparts import Parts
 
 
@@ -82,6 +82,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
                         "give it validation images")
     if not data.images:
         _check_for_tensors(cfg)
+        check_task(cfg, data, parts.loss if parts is not None else None)
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
     cfg, parts = _check_own(cfg, data, parts, env.is_main)
     cfg, more = strategy.prepare(cfg, data, parts)

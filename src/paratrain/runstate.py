@@ -120,10 +120,9 @@ def summary_of(t: Any, test: tuple[float, float], test_ema: tuple[float, float] 
         "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": t.timer.per_step(),
         "examples_per_sec": state.steps_run * per_update / state.train_time
         if state.steps_run and state.train_time else None,
-        "test_accuracy": finite(reported[0]) if not t.data.classification else reported[0], "test_loss": reported[1],
+        "test_accuracy": finite(reported[0]), "test_loss": reported[1],  # None: no classes, or no test set
         "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
-        "test_accuracy_raw": finite(test[0]) if not t.data.classification else test[0],
-        "test_accuracy_ema": (test_ema[0] if t.data.classification else finite(test_ema[0])) if test_ema else None,
+        "test_accuracy_raw": finite(test[0]), "test_accuracy_ema": finite(test_ema[0]) if test_ema else None,
         "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": state.stop == "time",
         "stopped_early": state.stop == "early", "pruned": state.stop == "pruned",
         "epochs_validated": state.validated,

@@ -334,7 +334,7 @@ class Trainer:
             state.val = self._evaluate(self.data.val, ema=self.cfg.eval_ema)
         state.eval_time += time.perf_counter() - t_eval
         self.log.epoch(step=state.step, epoch=epoch + 1, epochs=self.length.epochs, val_accuracy=state.val[0],
-                       val_loss=state.val[1], epoch_time_s=epoch_time)
+                       val_loss=state.val[1], epoch_time_s=epoch_time, validated=bool(len(self.data.val[1])))
         # a whole epoch's validation counts (a --max-time or signal stop in mid-epoch is validated again,
         # whole, when the run is resumed)
         if state.step >= min((epoch + 1) * self.length.per_epoch, self.length.total_steps):

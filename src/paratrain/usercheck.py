@@ -36,8 +36,6 @@ def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> 
                         "nn.Module")
     if parts.model is not None:
         record["model"] = name_of(parts.model)
-    if not data.classification:
-        _check_task(cfg, data, parts.loss)
     # a registry model with the default loss needs no check
     if parts.model is not None or is_import_path(cfg.model) or parts.loss is not None:
         _check_forward(net, cfg, data, make_batch_transforms, loss=parts.loss, speaks=speaks)
@@ -55,9 +53,11 @@ def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> 
     return record
 
 
-def _check_task(cfg: Any, data: Any, loss: Any) -> None:
+def check_task(cfg: Any, data: Any, loss: Any) -> None:
     """Targets that are not class indices: the default loss is the mean squared error, which takes float
-    targets; label smoothing smooths classes."""
+    targets; label smoothing smooths classes (runplan.make asks, for every run on tensors)."""
+    if data.classification:
+        return
     if cfg.label_smoothing:
         raise UserError(f"label_smoothing smooths class targets; these targets are {data.train[1].dtype} of shape "
                         f"{data.target_shape} an example: leave it at 0")

@@ -30,6 +30,10 @@ class Splits:
     split: str | None = None  # how the held-out sets were chosen, where paratrain chose them (checkpoints keep it)
     kind: str = "images"  # or "tensors": no normalisation, augmentation or image shapes (KINDS)
 
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Splits kind {self.kind!r}: one of {', '.join(KINDS)}")
+
     @property
     def images(self) -> bool:
         return self.kind == "images"

@@ -2,9 +2,10 @@
 
 The path is a model name like "lenet5": config.yaml records it, and every worker (spawned or under
 torchrun), `--resume`, `paratrain eval`, `load_model` and `paratrain search` resolve it the same way, here.
-A factory gets whichever of `channels`, `image_size` and `num_classes` it names (a factory that names none
-of them but takes **kwargs, as torchvision's models do, gets `num_classes`); the same rule holds for the
-factories given to `paratrain.fit(model=...)`.
+A factory gets whichever of `channels`, `image_size` (images only), `num_classes` (class targets only),
+`input_shape` and `num_outputs` it names (a factory that names none of them but takes **kwargs, as
+torchvision's models do, gets `num_classes`); the same rule holds for the factories given to
+`paratrain.fit(model=...)`.
 """
 
 from __future__ import annotations
@@ -91,8 +92,12 @@ def call_factory(factory: Callable[..., Any], channels: int | None, image_size: 
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin or C extension without a signature: call it bare
         return factory()
-    asked = [k for k in IMAGE_ONLY if k in params and given[k] is None and
-             params[k].default is inspect.Parameter.empty]
+    required = [k for k, p in params.items()
+                if p.default is inspect.Parameter.empty and k in given and given[k] is None]
+    if "num_classes" in required and "channels" not in required and "image_size" not in required:
+        raise UserError("your model factory asks for num_classes, and these targets are not class indices: take "
+                        "num_outputs (what the last layer gives an example) instead")
+    asked = [k for k in IMAGE_ONLY if k in required]
     if asked:
         raise UserError(f"your model factory asks for {' and '.join(asked)}, which only images have; this data is "
                         f"tensors of shape {tuple(shapes.get('input_shape') or ())} an example: take input_shape "

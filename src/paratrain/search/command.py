@@ -152,7 +152,8 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
     print(f"search: best validation accuracy {result['best_val_accuracy']:.4f} (trial {result['best_trial']}); "
-          f"its test accuracy {result['best_test_accuracy']:.4f}; {_trainings(result)} in {wall:.0f} s"
+          f"its test accuracy {float(result['best_test_accuracy'] or 'nan'):.4f}; {_trainings(result)} in "
+          f"{wall:.0f} s"
           f"{f' ({this_start:.0f} s in this start)' if wall > this_start else ''}; best.yaml, "
           f"trials.csv, leaderboard.md, summary.yaml, fitness.png"
           f"{'' if result['no_importance'] else ', importance.png'} in {out}")

@@ -275,8 +275,8 @@ class Pipeline:
             average_gradients(self.module.parameters(), self.layout.replicas, self.dp_group)
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: Any, loss: Any, flip: bool) -> torch.Tensor:
-        """This copy's share of the split through the schedule, forward only: the last stage's sums (loss sum,
-        correct, count; zeros on the other stages). The stage's shapes are fixed, so the share goes in batches
+        """This copy's share of the split through the schedule, forward only: the last stage's sums
+        (evaluation.batch_sums'; zeros on the other stages). The stage's shapes are fixed, so the share goes in batches
         of one copy's training batch, the last one padded with zeros and its padding's outputs dropped (in
         evaluation mode every example's output is its own). The measured bubble leaves this time out (the
         schedule's setting itself up for training again, a small exchange in the next step, counts there)."""
