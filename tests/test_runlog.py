@@ -37,7 +37,7 @@ def test_an_epoch_without_a_validation_set_says_so_not_nan(tmp_path: Path, capsy
     import math
 
     log = RunLog(tmp_path, True, TrainConfig(tensorboard=False, val_size=val_size), 40, start_step=0)
-    log.epoch(step=10, epoch=1, epochs=4, val_accuracy=math.nan, val_loss=math.nan, epoch_time_s=1.5)
+    log.epoch(step=10, epoch=1, epochs=4, val_accuracy=math.nan, val_loss=math.nan, epoch_time_s=1.5, validated=False)
     log.epoch(step=20, epoch=2, epochs=4, val_accuracy=0.5, val_loss=0.75, epoch_time_s=1.25)
     log.close()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch")]
