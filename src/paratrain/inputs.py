@@ -67,7 +67,8 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
     for name in ("train", "val", "test"):
         pair = data[name]
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
-            raise UserError(f"data['{name}'] must be an (inputs, targets) pair of tensors")
+            raise UserError(f"data['{name}'] must be an (inputs, targets) pair of torch tensors (numpy arrays: "
+                            "torch.from_numpy(a))")
     if not _images(data):
         x, y = data["train"]
         if x.dim() == 4 and x.shape[2] == x.shape[3] and y.dim() == 1 and y.is_floating_point() and not cfg.quiet:
