@@ -199,7 +199,7 @@ def _none_left(pids: list[int]) -> None:
 def test_a_dead_worker_without_restarts_ends_the_run_with_exit_1(tmp_path: Path) -> None:
     code, stderr, workers = _signal_a_worker(tmp_path / "run", signal.SIGKILL)
     last = stderr.strip().splitlines()[-1]
-    assert code == 1 and "died" in last and "--max-restarts R restarts the run" in last, stderr
+    assert code == 1 and "died" in last and "--max-restarts 1 (or more) restarts the run" in last, stderr
     _none_left(workers)
 
 
@@ -348,7 +348,7 @@ def test_a_worker_that_crashes_ends_the_run_with_exit_1(tmp_path: Path) -> None:
     code, stderr = _finish(launcher, timeout=120)
     last = stderr.strip().splitlines()[-1]
     assert code == 1 and "worker 1 died" in last and "SIGSEGV" in last, stderr
-    assert "--max-restarts R restarts the run" in last
+    assert "--max-restarts 1 (or more) restarts the run" in last
 
 
 def test_a_bug_in_your_code_during_training_shows_its_traceback_and_exits_1(tmp_path: Path) -> None:

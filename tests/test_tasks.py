@@ -245,6 +245,49 @@ def test_a_gru_of_ones_own_under_fsdp_equals_one_device(tmp_path: Path) -> None:
     assert fsdp["test_accuracy"] == one["test_accuracy"]
 
 
+def test_the_worker_named_is_the_one_whose_own_error_ended_the_run(tmp_path: Path) -> None:
+    """join() names the first worker it sees fail: after worker 1 died of an error in the network, that may be
+    worker 0, whose next all-reduce broke. The one line names worker 1's error; a consequence alone stays."""
+    import pickle
+    from types import SimpleNamespace
+
+    import torch.multiprocessing as mp
+
+    from paratrain.launch import _first_cause
+
+    broken = "Traceback ...\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:1\n"
+    cause = "Traceback ...\n  File \"net.py\", line 9, in forward\nIndexError: index out of range in self\n"
+    files = []
+    for rank, trace in enumerate((broken, cause)):
+        files.append(str(tmp_path / f"error-{rank}"))
+        with open(files[-1], "wb") as f:
+            pickle.dump(trace, f)
+    context = SimpleNamespace(error_files=files, processes=[SimpleNamespace(pid=100), SimpleNamespace(pid=101)])
+    first = mp.ProcessRaisedException(f"\n\n-- Process 0 terminated with the following error:\n{broken}", 0, 100)
+    found = _first_cause(context, first)
+    assert found.error_index == 1 and "IndexError" in str(found) and found.error_pid == 101
+    alone = SimpleNamespace(error_files=[files[0], str(tmp_path / "none")], processes=context.processes)
+    assert _first_cause(alone, first) is first  # no other worker said why: the one join() saw
+
+
+@pytest.mark.integration
+def test_a_worker_that_fails_in_the_network_is_named_not_the_one_whose_collective_broke(tmp_path: Path) -> None:
+    """A token id past the embedding's vocabulary, far into the data (the check before launch tries two
+    examples): the worker that meets it fails with an IndexError, the other in the next all-reduce ("Connection
+    closed by peer"). The run's one line names the IndexError, in the user's network, whichever failed first."""
+    data = sequences.make_data()
+    x, y = data["train"]
+    x = x.clone()
+    x[700:, 0] = sequences.VOCABULARY  # one past the last token id, from row 700 on: in every late batch
+    data["train"] = (x, y)
+    with pytest.raises(UserError) as e:
+        _fit(sequences.build, data, tmp_path / "run", devices="2", steps=60, batch_size=60, optimizer="adam",
+             lr=0.01)
+    message = str(e.value)
+    assert "IndexError" in message and "Connection closed" not in message, message
+    assert "the error is in your code" in message
+
+
 SCRIPT = """
 import sys
 sys.path.insert(0, {examples!r})

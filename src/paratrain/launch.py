@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -138,7 +139,8 @@ def run(plan: RunPlan, target: Target = work) -> dict[str, Any] | None:
                 raise UserError(f"{e}; the run stopped; the error is in your code (its traceback is above): fix it "
                                 "and run again", code=1) from None
             if restarts == cfg.max_restarts:
-                hint = "" if cfg.max_restarts else "; --max-restarts R restarts the run from its last checkpoint"
+                hint = "" if cfg.max_restarts else "; --max-restarts 1 (or more) restarts the run from its last " \
+                    "checkpoint"
                 raise UserError(f"{e}; the run stopped{hint}", code=1) from None
             print(f"paratrain: {e}; restarting all workers from the last checkpoint "
                   f"(restart {restarts + 1} of {cfg.max_restarts})", file=sys.stderr, flush=True)
@@ -203,7 +205,7 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | 
         if (said := _report_in(results) or _out_of_memory(context.processes, e.error_index, watch, steps)):
             raise said from None
         if isinstance(e, mp.ProcessRaisedException):  # a bug or a crash, not bad input: show its traceback
-            raise _crashed(e) from None
+            raise _crashed(_first_cause(context, e)) from None
         # a worker's UserError (1: a failed write) or its stop on a signal (128 + its number): its message was lost
         if e.exit_code in (1, 2, 3) or 128 < e.exit_code < 160:
             raise _unreported(e.exit_code, cfg) from None
@@ -222,6 +224,28 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | 
     if results.empty():
         raise UserError("the workers finished without a summary; see the lines above", code=1)
     return results.get()
+
+
+# What a worker meets in a collective when another worker has died: a consequence, not the cause.
+CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "DistBackendError", "DistNetworkError",
+                "Broken pipe")
+
+
+def _first_cause(context: Any, e: mp.ProcessRaisedException) -> mp.ProcessRaisedException:
+    """The worker whose own error ended the run. join() names the first worker it saw fail, which may be one
+    whose collective broke because another had died (gloo's "Connection closed by peer"); a worker that
+    failed of anything else (its traceback written, as torch's workers write theirs) is the cause."""
+    if not any(c in str(e) for c in CONSEQUENCES):
+        return e
+    for rank, path in enumerate(context.error_files):
+        if rank == e.error_index or not path or not os.access(path, os.R_OK):
+            continue
+        with open(path, "rb") as f:
+            trace = pickle.load(f)  # our own worker's traceback, as text (torch.multiprocessing writes it so)
+        if isinstance(trace, str) and not any(c in trace for c in CONSEQUENCES):
+            return mp.ProcessRaisedException(f"\n\n-- Process {rank} terminated with the following error:\n{trace}",
+                                             rank, context.processes[rank].pid)
+    return e
 
 
 def _crashed(e: mp.ProcessRaisedException) -> WorkerFailed:
