@@ -6,10 +6,12 @@ import faulthandler
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -158,6 +160,24 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def kill_a_worker_midway(command: list[str], run: Path, at_step: int, cwd: Path | None = None) -> tuple[int, str]:
+    """Start `command` (a run of 2 workers writing to `run`), kill -9 its second worker once the run has logged
+    `at_step`, and wait for it to end: its exit code and standard error."""
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 120
+        while logged_step(run) < at_step:
+            assert time.monotonic() < deadline and launcher.poll() is None, "the run did not get going"
+            time.sleep(0.002)
+        workers = training_workers(launcher.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGKILL)
+        code = launcher.wait(timeout=240)
+    finally:
+        launcher.kill()
+    return code, launcher.stderr.read()
 
 
 def training_workers(pid: int) -> list[int]:

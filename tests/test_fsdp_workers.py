@@ -7,17 +7,13 @@ the run nobody touched. Every run here is the CLI's, on the embedded digits, 1 t
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import logged_step, max_abs_diff, run_cli, train_here, training_workers
+from conftest import kill_a_worker_midway, max_abs_diff, run_cli, train_here
 
 from paratrain import checkpoint, sharded
 
@@ -137,19 +133,7 @@ def test_a_killed_fsdp_worker_restarts_to_the_weights_of_the_untouched_run(runs:
     run = tmp_path / "killed"
     command = [sys.executable, "-m", "paratrain", "train", "--quiet", "--out", str(run), *BASE, *SGD, *FSDP,
                "--max-restarts", "1"]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while logged_step(run) < 12:
-            assert time.monotonic() < deadline and launcher.poll() is None, "the run did not get going"
-            time.sleep(0.002)
-        workers = training_workers(launcher.pid)
-        assert len(workers) == 2, workers
-        os.kill(workers[1], signal.SIGKILL)
-        code = launcher.wait(timeout=240)
-    finally:
-        launcher.kill()
-    stderr = launcher.stderr.read()
+    code, stderr = kill_a_worker_midway(command, run, 12)
     assert code == 0, stderr[-3000:]
     assert "restarting all workers from the last checkpoint (restart 1 of 1)" in stderr
     summary = json.loads((run / "summary.json").read_text())

@@ -6,17 +6,14 @@ accuracy only where it means something. The regression and the sequence model ar
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import logged_step, max_abs_diff, training_workers, weights
+from conftest import kill_a_worker_midway, max_abs_diff, weights
 from torch import nn
 
 import paratrain
@@ -308,21 +305,12 @@ def test_a_killed_worker_of_a_regression_restarts_to_the_weights_of_the_untouche
         runs[name] = tmp_path / name
         script.write_text(SCRIPT.format(examples=str(ROOT / "examples"), out=str(runs[name]), restarts=restarts,
                                         options=options))
-        launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, cwd=tmp_path)
-        try:
-            if name == "killed":
-                deadline = time.monotonic() + 120
-                while logged_step(runs[name]) < 15:
-                    assert time.monotonic() < deadline and launcher.poll() is None, "the run did not get going"
-                    time.sleep(0.002)
-                workers = training_workers(launcher.pid)
-                assert len(workers) == 2, workers
-                os.kill(workers[1], signal.SIGKILL)
-            code = launcher.wait(timeout=240)
-        finally:
-            launcher.kill()
-        stderr = launcher.stderr.read()
+        if name == "killed":
+            code, stderr = kill_a_worker_midway([sys.executable, str(script)], runs[name], 15, cwd=tmp_path)
+        else:
+            done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+                                  timeout=240)
+            code, stderr = done.returncode, done.stderr
         assert code == 0, stderr[-3000:]
     assert "restarting all workers from the last checkpoint (restart 1 of 1)" in stderr
     summary = json.loads((runs["killed"] / "summary.json").read_text())

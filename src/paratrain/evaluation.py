@@ -61,18 +61,20 @@ def batch_sums(logits: torch.Tensor, y: torch.Tensor, loss: Any = None) -> torch
         loss_sum = F.cross_entropy(logits, y, reduction="sum").double()
     else:  # a user's loss is the batch mean
         loss_sum = loss(logits.float(), y).double() * len(y)
-    n = torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)
-    if not classified(logits, y):  # a regression's, say: no accuracy
-        return torch.stack([loss_sum, torch.zeros_like(n), n, torch.zeros_like(n)])
-    return torch.stack([loss_sum, (logits.argmax(1) == y).sum().double(), n, n])
+    return _slots(loss_sum, logits, y)
 
 
 def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """A training batch's figures in batch_sums' slots, from its mean loss."""
+    return _slots(loss.double() * len(y), logits, y)
+
+
+def _slots(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(loss sum, correct, count, classified count) of a batch whose loss sum is known."""
     n = torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)
-    if not classified(logits, y):
-        return torch.stack([loss.double() * n, torch.zeros_like(n), n, torch.zeros_like(n)])
-    return torch.stack([loss.double() * n, (logits.argmax(1) == y).sum().double(), n, n])
+    if not classified(logits, y):  # a regression's, say: no accuracy
+        return torch.stack([loss_sum, torch.zeros_like(n), n, torch.zeros_like(n)])
+    return torch.stack([loss_sum, (logits.argmax(1) == y).sum().double(), n, n])
 
 
 def totals(sums: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
