@@ -142,10 +142,11 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
                         f"{', '.join(k for k in needed if not isinstance(state, dict) or k not in state)})")
     if is_sharded:
         sharded.check_version(state, path)
-        sharded.check_complete(path)
+        metadata = sharded.check_complete(path)
         state["sharded"] = str(path)  # in memory: the folder its strategy reads its shards from
+        state["flat_optimizer"] = sharded.flat_optimizer(metadata)  # in memory: how to read its optimizer state
         if whole:
-            state.update(sharded.whole(path))
+            state.update(sharded.whole(path, metadata=metadata))
     return state
 
 

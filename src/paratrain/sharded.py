@@ -41,16 +41,20 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def state_dict_options(path: str | Path | None = None) -> Any:
+def state_dict_options(flat: bool = True) -> Any:
     """How the strategies take their state dicts for these checkpoints: the optimizer state flattened to one
     key per parameter name ("state.NAME.exp_avg", "param_groups.NAME.lr"), so that ranks that hold different
-    parameters (a pipeline's stages) write parts that never collide, and any strategy's ranks read theirs. The
-    checkpoint at `path`, where given, is read as it was written: fsdp's first checkpoints kept the parameter
-    groups by number (the group's "params" list names its parameters)."""
+    parameters (a pipeline's stages) write parts that never collide, and any strategy's ranks read theirs.
+    `flat` False: a checkpoint of fsdp's first release, read as it was written (flat_optimizer)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    flat = path is None or "optimizer.param_groups.0.params" not in _metadata(Path(path)).state_dict_metadata
     return StateDictOptions(flatten_optimizer_state_dict=flat)
+
+
+def flat_optimizer(metadata: Any) -> bool:
+    """Whether a checkpoint (its DCP metadata) holds the optimizer state flattened by parameter name; fsdp's
+    first checkpoints kept the parameter groups by number (the group's "params" list names its parameters)."""
+    return "optimizer.param_groups.0.params" not in metadata.state_dict_metadata
 
 
 def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], folder: str | Path,
@@ -163,11 +167,12 @@ def _metadata(path: Path) -> Any:
                         f"{' '.join(str(e).split())[:120]}); use another one") from None
 
 
-def check_complete(path: Path) -> None:
+def check_complete(path: Path) -> Any:
     """Every file the metadata names is there and long enough: a folder that lost a rank's shards is refused
-    here, before a run commits to it, so the one before is carried on from instead."""
+    here, before a run commits to it, so the one before is carried on from instead. Returns the metadata."""
+    metadata = _metadata(path)
     ends: dict[str, int] = {}
-    for item in (_metadata(path).storage_data or {}).values():
+    for item in (metadata.storage_data or {}).values():
         ends[item.relative_path] = max(ends.get(item.relative_path, 0), item.offset + item.length)
     for name, end in ends.items():
         try:
@@ -176,6 +181,7 @@ def check_complete(path: Path) -> None:
             size = -1
         if size < end:
             raise UserError(f"checkpoint {path} is incomplete ({name} is missing or cut short); use another one")
+    return metadata
 
 
 def check_version(meta: dict[str, Any], path: Path) -> None:
@@ -229,13 +235,14 @@ def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
                             "damaged, or of another network") from None
 
 
-def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model")) -> dict[str, dict[str, torch.Tensor]]:
+def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model"),
+          metadata: Any = None) -> dict[str, dict[str, torch.Tensor]]:
     """The checkpoint's whole tensors of `parts` on the CPU, in one process (no group): {"model": {name:
     tensor}, and "ema_model" where it has one}, for evaluation, export and load_model. The optimizer's are
     named by their place in its state dict ("state.NAME.exp_avg")."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = _metadata(Path(path))
+    metadata = metadata or _metadata(Path(path))  # `metadata`: where the caller has read it already
     into: dict[str, dict[str, torch.Tensor]] = {}
     for key, item in metadata.state_dict_metadata.items():
         top, _, name = key.partition(".")

@@ -60,7 +60,8 @@ def weights_only(folder: Path) -> None:
         state = None
     if state is not None and state.get("kept") != checkpoint.WEIGHTS_KEPT:
         # a sharded checkpoint (read whole here) becomes one file like any other: its folder goes with the rest
-        kept = {k: v for k, v in state.items() if k not in ("optimizer", "scheduler", "scaler", "sharded")}
+        dropped = ("optimizer", "scheduler", "scaler", "sharded", "flat_optimizer")  # the last two: in memory only
+        kept = {k: v for k, v in state.items() if k not in dropped}
         checkpoint.save({**kept, "optimizer": None, "kept": checkpoint.WEIGHTS_KEPT}, folder / "last.pt")
     (folder / WEIGHTS_ONLY).write_text("last.pt holds this trial's weights only: --resume refuses it "
                                        "(paratrain search --keep-trial-checkpoints)\n")

@@ -170,7 +170,7 @@ class Strategy:
 
         from .. import sharded
 
-        options = sharded.state_dict_options(saved["sharded"])
+        options = sharded.state_dict_options(saved.get("flat_optimizer", True))
         into: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.module, optimizer, options=options)}
         if ema is not None and saved.get("ema_n_averaged") is not None:
             into["ema_model"] = ema.module.state_dict()
