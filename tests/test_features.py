@@ -557,8 +557,8 @@ class StopAt:
     def __init__(self, epoch: int) -> None:
         self.epoch, self.asked = epoch, []
 
-    def __call__(self, epoch: int, value: float) -> bool:
-        self.asked.append((epoch, value))
+    def __call__(self, epoch: int, figures: dict[str, float]) -> bool:
+        self.asked.append((epoch, figures["val_accuracy"]))
         return epoch >= self.epoch
 
 

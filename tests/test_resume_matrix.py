@@ -267,7 +267,7 @@ def test_pipeline_resume_is_exact(tmp_path: Path, digits: Any, strategy: str, wo
 
 
 class _StopAtTwo:
-    def __call__(self, epoch: int, value: float) -> bool:
+    def __call__(self, epoch: int, figures: dict[str, float]) -> bool:
         return epoch >= 2
 
 

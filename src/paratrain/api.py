@@ -23,11 +23,12 @@ from torch import nn
 from . import config as C
 from .data import Splits
 from .env import detect
-from .errors import NeedsFactory, NeedsNoFactory, UserError
-from .inputs import DataLike, as_splits, is_folder, load_for
-from .predict import Classifier
+from .errors import UserError
+from .inputs import DataLike, as_splits, file_kind, is_folder
+from .metrics import check as check_metrics
 from .rundir import check_writable
 from .strategies import checked
+from .trained import check_callables, model_name, restore, run_of
 from .userparts import Parts
 
 
@@ -35,7 +36,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         config: C.TrainConfig | None = None, *,
         optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        cache_key: str | None = None) -> dict[str, Any] | None:
+        metrics: dict[str, Any] | None = None, cache_key: str | None = None) -> dict[str, Any] | None:
     """Train on 1..N local workers (or in torchrun's group) and return the summary that summary.json holds
     (None on torchrun ranks other than 0).
 
@@ -55,6 +56,10 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
     loss: `loss(outputs, targets)`, the batch mean (None: cross-entropy for class indices, else the mean
         squared error).
+    metrics: {"name": metric} reported beside the loss on the validation and test sets (summary["val_name"],
+        ["test_name"]): torchmetrics objects (torchmetrics.MeanAbsoluteError(), F1Score(...)), computed over
+        every worker's examples as over one device's; a function `fn(outputs, targets)` is taken as the batch
+        mean (weighted by the batch size); or a built-in name of config.metric ("mae", "f1", ...).
     cache_key: a name for a Dataset's decoded cache, kept under `config.cache_dir` (else ~/.cache/paratrain)
         in datasets/KEY and reopened by every later run given the same key (while it holds as many images
         of the size asked); without it the cache lives in the run directory. A Dataset has no files whose
@@ -75,7 +80,8 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     cfg = config or C.TrainConfig()
     if isinstance(model, str):  # a registry name or an import path, as config.model takes it
         cfg, model = cfg.replace(model=model), None
-    _check_callables(model=model, optimizer=optimizer, loss=loss)
+    check_callables(model=model, optimizer=optimizer, loss=loss)
+    metrics = check_metrics(metrics)
     if cfg.resume:
         cfg = resumed(cfg)
     if model is not None:
@@ -87,7 +93,10 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif cfg.optimizer == "custom":
         raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
                         "paratrain.fit(..., optimizer=make_optimizer)")
-    if is_folder(data):
+    if (kind := file_kind(data, cfg.dataset)) is not None:  # a table or a tensors file, read as the CLI reads it
+        data = str(data)
+        cfg = cfg.replace(dataset=kind, data_dir=data)
+    elif is_folder(data):
         data = str(data)  # a folder of class sub-folders
         cfg = cfg.replace(dataset="imagefolder", data_dir=data)
     elif isinstance(data, str):
@@ -109,8 +118,9 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         raise UserError("cache_key names the cache of a torch Dataset given as data; a folder's cache is found by "
                         "its path (and config.cache_dir), a dataset name's needs none")
     try:
+        parts = Parts(model, optimizer, loss, metrics=metrics or None)
         return session.run(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key,
-                                                  env.in_group), Parts(model, optimizer, loss), env=env)
+                                                  env.in_group), parts, env=env)
     except UserError as e:  # the run's own words name flags (--resume RUN): a Python caller passes fields
         e.args = (in_python(str(e)),)
         raise e.with_traceback(None) from None  # bad input: its message, not paratrain's insides
@@ -124,22 +134,6 @@ def in_python(message: str) -> str:
     # the advice "continue with --resume RUN" (and "carry it on with"), not a mention of the flag
     message = re.sub(r"with --resume ([^\s;,]+)", r"with paratrain.fit(..., TrainConfig(resume='\1'))", message)
     return C.in_python_words(message)
-
-
-def _check_callables(**given: Any) -> None:
-    """model= and optimizer= take factories (every worker builds its own), loss= a function."""
-    for name, value in given.items():
-        if value is None:
-            continue
-        if name == "model" and isinstance(value, nn.Module):
-            kind = type(value).__name__
-            raise UserError(f"model= takes a factory that builds the network, such as its class: pass {kind}, not "
-                            f"{kind}() (every worker builds its own copy)")
-        if name == "optimizer" and isinstance(value, torch.optim.Optimizer):
-            raise UserError("optimizer= takes a factory of the parameters, such as lambda params: "
-                            f"torch.optim.{type(value).__name__}(params, lr=...), not a built optimizer")
-        if not callable(value):
-            raise UserError(f"{name}= must be callable (a class or a function), not a {type(value).__name__}")
 
 
 def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
@@ -163,8 +157,8 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     from .build import make_batch_transforms, memory_format
     from .evaluation import evaluate as evaluate_on
 
-    _check_callables(model=model, loss=loss)
-    run = _run_of(run)
+    check_callables(model=model, loss=loss)
+    run = run_of(run)
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
     if state.get("data", {}).get("kind", "images") != "images":
@@ -225,7 +219,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
         _check_shapes(run, state, splits)
         splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
-    net = _restore(cfg, splits, state, run, model, use_ema)
+    net = restore(cfg, splits, state, run, model, use_ema)
     if memory_format(cfg) == torch.channels_last:  # as it trained
         net.to(memory_format=torch.channels_last)
     ctx = dist.init(0, 1, device)
@@ -233,7 +227,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
                                  cfg.eval_batch_size, loss, cfg.test_flip)  # judged as the run was
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
-            "dataset": cfg.dataset, "model": _model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
+            "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
 
 
 def _as_test_pair(data: Any) -> Any:
@@ -290,97 +284,3 @@ def _check_folder(run: str | Path, state: dict, root: Path) -> None:
         raise UserError(f"{run} was trained on {trained_on} images of {c} channel{'s' * (c > 1)} in {k} classes; "
                         f"{root} holds {'colour' if colour else 'gray'} images in {len(listing.classes)} classes: "
                         f"evaluate it on images like those of {trained_on}")
-
-
-def _model_name(cfg: C.TrainConfig, state: dict, model: Callable[[], nn.Module] | None) -> str:
-    """The model as the run's summary names it: the registry's name, or the class of the user's network."""
-    from .userframes import name_of
-
-    if cfg.model != "custom":
-        return cfg.model
-    return (state.get("parts") or {}).get("model") or (name_of(model) if model is not None else "custom")
-
-
-def _run_of(run: Any) -> str | Path:
-    """A run's folder or checkpoint file, also given as the summary fit returned."""
-    if isinstance(run, dict) and "run_dir" in run:
-        return run["run_dir"]
-    if not isinstance(run, str | os.PathLike):
-        raise UserError(f"run must be a run's folder (or a .pt file, or the summary fit returned), not a "
-                        f"{type(run).__name__}")
-    return run
-
-
-def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:
-    """The trained network of a run (its last checkpoint) or of a .pt file, on the CPU, in eval mode.
-    A run of a user's network needs its factory; `ema`: the averaged weights (runs with --ema).
-    It takes normalised inputs: `load_classifier` gives it with the transform of its training images."""
-    from . import checkpoint
-
-    _check_callables(model=model)
-    run = _run_of(run)
-    state = checkpoint.load(run)
-    return _loaded(run, state, model, ema)[0]
-
-
-def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = None,
-                    ema: bool | None = None) -> Classifier:
-    """A run's trained network with its input preparation: `predict(images)` takes images as they come
-    (uint8 tensors, PIL images, NumPy arrays) and returns class indices (probabilities on request);
-    `transform(images)` gives the normalised batch the network takes. `ema`: the averaged weights (None:
-    as the run was judged, --eval-ema)."""
-    from . import checkpoint
-    from .build import make_batch_transforms
-    from .predict import CLASS_NAMES, Classifier
-
-    _check_callables(model=model)
-    run = _run_of(run)
-    state = checkpoint.load(run)
-    use_ema = bool(state["config"].get("eval_ema")) and "ema_model" in state if ema is None else ema
-    net, cfg, splits = _loaded(run, state, model, use_ema)
-    if splits is None:
-        raise UserError(f"checkpoint {run} predates the record of its data's normalisation; evaluate it with "
-                        "paratrain.evaluate(run, data, model=...)")
-    if not splits.images:
-        raise UserError(f"{run} was trained on tensors, not images: load its network with paratrain.load_model(run"
-                        + (", model=...)" if cfg.model == "custom" else ")") + " and call it on inputs like its data's")
-    pipeline = make_batch_transforms(cfg, splits, torch.device("cpu"))
-    pipeline.memory_format = torch.contiguous_format  # transform() hands users batches in the usual layout
-    names = list(splits.classes) if splits.classes else CLASS_NAMES.get(cfg.dataset)
-    return Classifier(net, pipeline, splits.channels, splits.image_size, names, flip=cfg.test_flip)
-
-
-def _loaded(run: str | Path, state: dict, model: Callable[[], nn.Module] | None,
-            ema: bool) -> tuple[nn.Module, C.TrainConfig, Splits | None]:
-    """A checkpoint's network in eval mode, its configuration, and splits of its data's shapes (None for
-    a network of the user's in a checkpoint older than those records)."""
-    cfg = C.from_dict(state["config"])
-    if ema and "ema_model" not in state:
-        raise UserError(f"checkpoint {run} has no averaged weights; it was trained without --ema")
-    if "data" in state:  # the shapes and normalisation the model was built for, saved beside it
-        splits = Splits.shaped_like(cfg.dataset, state["data"])
-    else:  # a checkpoint from before they were saved: ask the dataset (a network of the user's needs none)
-        splits = None if cfg.model == "custom" else load_for(C.validate(cfg.replace(data_dir=None, download=False)))
-    return _restore(cfg, splits, state, run, model, ema).eval(), cfg, splits
-
-
-def _restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | Path,
-             model: Callable[[], nn.Module] | None, ema: bool) -> nn.Module:
-    from . import checkpoint
-    from .build import make_model
-
-    if cfg.model == "custom" and model is None:
-        raise NeedsFactory(run)
-    if model is not None and splits is None:  # a checkpoint older than the record of its data's shapes
-        net = model()
-    else:
-        net = make_model(cfg, splits, Parts(model) if model is not None else None)
-    try:
-        checkpoint.load_weights(net, {**state, "model": state["ema_model"]} if ema else state, run)
-    except UserError:
-        if model is None or cfg.model == "custom":
-            raise
-        from .userframes import name_of  # the factory given is what does not fit: name it, not the checkpoint's
-
-        raise NeedsNoFactory(run, cfg.model, name_of(model)) from None
-    return net

@@ -61,16 +61,34 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
 
         return call_factory(resolve(cfg.model), None, None, data.num_classes or None, input_shape=data.input_shape,
                             num_outputs=data.num_outputs)
+    if cfg.model == "gru":
+        return _gru(cfg, data)
     if cfg.model != "mlp":
         raise UserError(f"model '{cfg.model}' takes images; this data is tensors of shape {data.input_shape} an "
-                        "example: use model 'mlp' or a network of your own (paratrain.fit(model=make_net, ...))")
+                        "example: use model 'mlp' (features), 'gru' (token ids) or a network of your own "
+                        "(paratrain.fit(model=make_net, ...))")
     if not data.train[0].dtype.is_floating_point:
-        raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype} (token ids, say): give "
-                        "a network of your own that embeds them")
+        raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype} (token ids, say): use "
+                        "model 'gru', or a network of your own that embeds them")
     net = build_model("mlp", math.prod(data.input_shape), 1, data.num_outputs, width=cfg.width, depth=cfg.depth,
                       activation=cfg.activation, dropout=cfg.dropout)
     if not data.input_shape:  # one number an example: a column of width 1 for the first layer
         net.insert(0, Reshape((1,)))
+    if not data.classification:
+        net.append(Reshape(data.target_shape))
+    return net
+
+
+def _gru(cfg: TrainConfig, data: Splits) -> nn.Module:
+    """The registry's sequence model: token ids N x L in, a score per class (or the targets' numbers) out."""
+    from .models.gru import GRUNet
+
+    if data.train[0].is_floating_point() or len(data.input_shape) != 1:
+        raise UserError(f"model 'gru' reads token ids, integers N x L; these inputs are {data.train[0].dtype}, "
+                        f"{data.input_shape} an example: use model 'mlp' for features")
+    if any(len(t) and int(t.min()) < 0 for t in (data.train[0], data.val[0], data.test[0])):
+        raise UserError("model 'gru' reads token ids 0..V-1, and some inputs are negative: renumber them from 0")
+    net = GRUNet(data.vocabulary, data.num_outputs, cfg.width, cfg.depth, cfg.dropout or 0.0)
     if not data.classification:
         net.append(Reshape(data.target_shape))
     return net

@@ -15,18 +15,20 @@ from .dist import DistContext
 
 
 def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-             batch_size: int, loss: Any = None, flip: bool = False, lockstep: bool = False) -> tuple[float, float]:
+             batch_size: int, loss: Any = None, flip: bool = False, lockstep: bool = False,
+             meter: Any = None) -> tuple[float, float]:
     """Accuracy and mean loss over the whole set: each worker takes a contiguous, unpadded share and
     the sums are all-reduced, so the figures are exactly those of the full set. `flip`: the outputs are
     the mean of the image's and its mirror image's (test-time augmentation, --test-flip). `lockstep`: every
     forward is a collective (a sharded model gathers its weights), so every worker runs as many, a worker
-    whose share is shorter by one example running an empty batch last."""
+    whose share is shorter by one example running an empty batch last. `meter`: metrics.Meter, updated with
+    every batch of this worker's share."""
     with torch.no_grad():  # not a decorator: mutation testing (mutmut) leaves decorated functions alone
-        return _evaluate(model, pair, prep, ctx, batch_size, loss, flip, lockstep)
+        return _evaluate(model, pair, prep, ctx, batch_size, loss, flip, lockstep, meter)
 
 
 def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-              batch_size: int, loss: Any, flip: bool, lockstep: bool) -> tuple[float, float]:
+              batch_size: int, loss: Any, flip: bool, lockstep: bool, meter: Any) -> tuple[float, float]:
     x_all, y_all = pair
     share = eval_range(len(y_all), ctx.rank, ctx.world_size)
     longest = len(eval_range(len(y_all), 0, ctx.world_size)) if lockstep else len(share)  # rank 0's is longest
@@ -42,6 +44,8 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
         if stop == start:  # lock-step's empty batch: its forward ran, it adds nothing
             continue
         sums += batch_sums(logits, y_all[start:stop], loss)
+        if meter is not None:
+            meter.update(logits, y_all[start:stop])
     model.train(was_training)
     return totals(sums, ctx)
 

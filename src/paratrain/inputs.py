@@ -13,6 +13,7 @@ import torch
 from . import config as C
 from .data import Splits, folder, load_dataset
 from .data.dataset import from_dataset
+from .data.tensors import tensor_splits
 from .data.transforms import unit_scale
 from .errors import UserError, closest
 from .models import native_channels
@@ -23,6 +24,12 @@ DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tens
 def load_for(cfg: C.TrainConfig) -> Splits:
     """The dataset a training configuration names, shaped for its model (the synthetic images take the
     model's native channels)."""
+    if cfg.dataset in ("tensors", "csv"):  # files of tensors or a table (config.validate: they name one)
+        from .data import tables
+
+        if cfg.dataset == "csv":
+            return tables.load_csv(cfg.data_dir, cfg.target, cfg.val_size, cfg.test_size)
+        return tables.load_tensors(cfg.data_dir, cfg.val_size, cfg.test_size)
     if cfg.dataset == "imagefolder":
         if not cfg.data_dir:
             raise UserError("--dataset imagefolder needs --data-dir DIR, a folder with a sub-folder of images per "
@@ -31,6 +38,15 @@ def load_for(cfg: C.TrainConfig) -> Splits:
                            cfg.skip_bad_images, quiet=cfg.quiet)
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model),
                         cfg.labels)
+
+
+def file_kind(data: Any, dataset: str) -> str | None:
+    """The dataset a path given as data names by its suffix (a CSV table, an .npz of tensors), or the
+    configuration's "tensors" or "csv" for any path; None: not such a file."""
+    if not isinstance(data, str | os.PathLike) or (isinstance(data, str) and data in C.DATASETS):
+        return None
+    suffix = Path(data).suffix.lower()
+    return {".csv": "csv", ".npz": "tensors"}.get(suffix) or (dataset if dataset in ("tensors", "csv") else None)
 
 
 def is_folder(data: Any) -> bool:
@@ -45,7 +61,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
     if isinstance(data, Splits):
         return data
     if isinstance(data, str):
-        return load_for(cfg if cfg.dataset == "imagefolder" else cfg.replace(dataset=data))
+        return load_for(cfg if cfg.dataset in C.FILES else cfg.replace(dataset=data))
     if isinstance(data, torch.utils.data.Dataset):  # decoded once into a cache: the run's, or one the user names
         if cache_key is not None:
             where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir, cfg.image_size), True
@@ -103,39 +119,3 @@ def _images(data: dict[str, Any]) -> bool:
     x, y = data["train"]
     return x.dim() == 4 and x.shape[2] == x.shape[3] and y.dim() == 1 and not y.is_floating_point() and \
         not y.is_complex() and y.dtype != torch.bool
-
-
-def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str = "custom") -> Splits:
-    """Inputs and targets of any shape (kind "tensors"), checked: the same shape an example in every split, a
-    target for every input, every number finite. Float (and uint8: bytes, pixels) inputs and targets become
-    float32 (a network's weights are; uint8 keeps its 0..255), other integers int64 (token ids, class
-    indices). Targets that are one integer an example are class indices 0..K-1 (accuracy means something, and
-    cross-entropy is the default loss); any other targets are the loss's to judge (MSE by default, floats)."""
-    x, y = pairs["train"]
-    if not len(x):
-        raise UserError("data['train'] holds no examples; give it one or more")
-    checked = {}
-    for split, (inputs, targets) in pairs.items():
-        if len(inputs) != len(targets):
-            raise UserError(f"data['{split}'] has {len(inputs)} inputs and {len(targets)} targets; give one target "
-                            "per input")
-        for what, t, like in (("inputs", inputs, x), ("targets", targets, y)):
-            if t.shape[1:] != like.shape[1:]:
-                raise UserError(f"data['{split}'] {what} are {tuple(t.shape[1:])} an example, the training "
-                                f"{what} {tuple(like.shape[1:])}; give every split the same shapes")
-            if t.is_complex() or t.dtype == torch.bool:
-                raise UserError(f"data['{split}'] {what} are {t.dtype}; give real numbers (float) or integers")
-            if t.is_floating_point() and len(t) and not torch.isfinite(t).all():
-                row = int((~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero()[0])
-                raise UserError(f"data['{split}'] {what} hold NaN or inf (row {row} the first); drop or fill "
-                                "those rows")
-        checked[split] = tuple(t.float() if t.is_floating_point() or t.dtype == torch.uint8 else t.long()
-                               for t in (inputs, targets))
-    classes = 0
-    if y.dim() == 1 and not y.is_floating_point():
-        lowest = min(int(t.min()) for _, t in checked.values() if len(t))
-        if lowest < 0:
-            raise UserError(f"the targets are one integer an example, class indices, and must be 0..K-1; one is "
-                            f"{lowest} (give float targets for a regression)")
-        classes = max(int(t.max()) for _, t in checked.values() if len(t)) + 1
-    return Splits(name, checked["train"], checked["val"], checked["test"], (), (), classes, kind="tensors")

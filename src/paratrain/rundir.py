@@ -208,3 +208,15 @@ def holder(path: Path) -> str:
     except (OSError, StopIteration, IndexError):
         return "another process"
     return f"process {pid}" + (f": {command[:120]}" if command else "")
+
+
+def kept_after_failure(run_dir: Path, remedy: str) -> str:
+    """After a failed write: the newest checkpoint on disk (each is written whole or not at all), and how to
+    go on (`remedy`: what to do about the cause, WriteFailed.remedy)."""
+    ckpt_dir = run_dir / "checkpoints"
+    steps = step_checkpoints(ckpt_dir)
+    if not steps:
+        return f"no checkpoint was kept (none had been written); {remedy} (or pass another --out) and run again"
+    step, path = steps[-1]
+    return f"the last good checkpoint is {path.name} (step {step}) in {ckpt_dir}; {remedy} and continue with " \
+           f"--resume {run_dir}"

@@ -123,9 +123,13 @@ class RunLog:
         acc, loss = fields["val_accuracy"], fields["val_loss"]  # accuracy NaN: a task without classes
         val = ((f"val_accuracy {acc:.4f}  " if not math.isnan(acc) else "") + f"val_loss {loss:.4f}" if validated
                else "no validation set" + (" (--val-size 0)" if self.no_val_flag else ""))
+        metrics = {k[4:]: v for k, v in fields.items()
+                   if k.startswith("val_") and k not in ("val_accuracy", "val_loss")}
+        val += "".join(f"  val_{k} {v:.4f}" for k, v in metrics.items()) if validated else ""
         self.say(f"epoch {epoch}/{epochs}  {val}  {fields['epoch_time_s']:.2f}s")
         if self.tb is not None and validated:
-            self._scalars(step, {"val/accuracy": acc, "val/loss": loss} if not math.isnan(acc) else {"val/loss": loss})
+            shown = {"accuracy": acc, "loss": loss, **metrics}
+            self._scalars(step, {f"val/{k}": v for k, v in shown.items() if not (k == "accuracy" and math.isnan(v))})
 
     def histograms(self, step: int, model: nn.Module) -> None:
         if self.tb is None:

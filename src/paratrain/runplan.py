@@ -30,6 +30,7 @@ from .devices import resolve as resolve_devices
 from .env import LOCAL, Environment
 from .errors import UserError
 from .import_path import is_import_path
+from .metrics import for_run
 from .models.imported import resolve
 from .runlength import run_length
 from .usercheck import check_and_describe, check_task, settings_that_ran
@@ -44,16 +45,16 @@ class RunPlan:
     data: Splits
     parts: Parts | None = None  # the user's own network, optimizer and loss (None: the configuration's)
     layout: dict[str, Any] = field(default_factory=dict)  # the strategy's own decisions (its `arrange`/`prepare`)
-    # after each epoch's validation, rank 0 calls report(epoch, val_accuracy); True stops the run (a search
-    # trial's pruner)
-    report: Callable[[int, float], bool] | None = None
+    # after each epoch's validation, rank 0 calls report(epoch, {"val_accuracy": .., "val_loss": .., "val_<metric>":
+    # ..}); True stops the run (a search trial's pruner)
+    report: Callable[[int, dict[str, float]], bool] | None = None
     clock: dict[str, float] = field(default_factory=dict)  # when the run reached each start-up mark (clock.py)
     env: Environment = LOCAL  # who started the processes (a local launch, or torchrun's group)
 
 
 def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,
          hardware: Hardware | None = None, devices: tuple[str, ...] | None = None,
-         report: Callable[[int, float], bool] | None = None, env: Environment = LOCAL) -> RunPlan:
+         report: Callable[[int, dict[str, float]], bool] | None = None, env: Environment = LOCAL) -> RunPlan:
     """Plan the run, checking what can be checked before any process starts (UserError otherwise).
     `hardware`/`devices`: processes and devices chosen by the caller (a search trial's share of the pool)
     instead of from cfg; `report`: see RunPlan.report; `env`: the process environment (env.detect)."""
@@ -83,6 +84,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     if not data.images:
         _check_for_tensors(cfg)
         check_task(cfg, data, parts.loss if parts is not None else None)
+    for_run(cfg.metric, parts.metrics if parts is not None else None, data.num_classes)  # what a worker builds
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
     cfg, parts = _check_own(cfg, data, parts, env.is_main)
     cfg, more = strategy.prepare(cfg, data, parts)

@@ -57,7 +57,7 @@ class RunState:
     steps_run: int = 0
     train_time: float = 0.0
     eval_time: float = 0.0
-    val: tuple[float, float] = (math.nan, math.nan)
+    val: tuple[float, float, dict[str, float]] = (math.nan, math.nan, {})  # accuracy, loss, metrics
     stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
     # or "pruned" (a search's pruner)
     validated: int = 0  # epochs validated (a checkpoint at an epoch's last step comes before its validation)
@@ -104,7 +104,7 @@ def memory_figures(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: Any
             "peak_memory_of": "gpu allocated" if on_gpu else "process rss"}
 
 
-def summary_of(t: Any, test: tuple[float, float], test_ema: tuple[float, float] | None,
+def summary_of(t: Any, test: tuple[float, float, dict], test_ema: tuple[float, float, dict] | None,
                added: dict[str, Any]) -> dict[str, Any]:
     cfg, state, per_update = t.cfg, t.state, t.cfg.batch_size * t.cfg.accumulate
     reported = test_ema if cfg.eval_ema else test
@@ -133,6 +133,8 @@ def summary_of(t: Any, test: tuple[float, float], test_ema: tuple[float, float] 
         "classes": list(t.data.classes) if t.data.classes else None,
         "startup_s": clock.startup(t.marks), "first_step_at_s": clock.first_step_at(t.marks),
         "finish_s": t.finish_s, "ended_at": time.time(),
+        **{f"val_{k}": finite(v) for k, v in state.val[2].items()},  # the metrics (--metric, fit's metrics=)
+        **{f"test_{k}": finite(v) for k, v in reported[2].items()},
     }
 
 

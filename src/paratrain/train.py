@@ -29,8 +29,9 @@ from .dist import DistContext
 from .errors import UserError, WriteFailed
 from .evaluation import SUMS, evaluate, step_sums
 from .interrupt import Stopped, StopRequest, signal_name
+from .metrics import Meter, for_run
 from .phases import PhaseTimer
-from .rundir import step_checkpoints
+from .rundir import kept_after_failure
 from .runlength import run_length, step_seed
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
@@ -51,6 +52,7 @@ class Trainer:
         self.parts = plan.parts or Parts()
         self.loss = self.parts.loss  # None: cross-entropy (class indices), else the mean squared error
         self.eval_loss = self.loss if self.loss is not None or data.classification else training_loss(cfg, False)
+        self.metrics = for_run(cfg.metric, self.parts.metrics, data.num_classes)  # name -> metric, beside the loss
         self.length = run_length(cfg, len(data.train[1]))
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report, self.env = plan.report, plan.env
@@ -119,7 +121,7 @@ class Trainer:
         try:
             return self._run()
         except WriteFailed as e:  # a full disk, say: one line that says what was kept and how to go on
-            raise WriteFailed(e.path, e.cause, self._kept(e.remedy())) from None
+            raise WriteFailed(e.path, e.cause, kept_after_failure(self.run_dir, e.remedy())) from None
 
     def _run(self) -> dict[str, Any] | None:
         state, length = self.state, self.length
@@ -142,16 +144,6 @@ class Trainer:
             with contextlib.suppress(WriteFailed):
                 self.log.close()
             raise
-
-    def _kept(self, remedy: str) -> str:
-        """After a failed write: the newest checkpoint on disk (each is written whole or not at all), and how
-        to go on (`remedy`: what to do about the cause, WriteFailed.remedy)."""
-        steps = step_checkpoints(self.ckpt_dir)
-        if not steps:
-            return f"no checkpoint was kept (none had been written); {remedy} (or pass another --out) and run again"
-        step, path = steps[-1]
-        return (f"the last good checkpoint is {path.name} (step {step}) in {self.ckpt_dir}; {remedy} and continue "
-                f"with --resume {self.run_dir}")
 
     def _train_epoch(self, epoch: int) -> float:
         """The epoch's steps (from a resumed step on); its training time."""
@@ -318,14 +310,18 @@ class Trainer:
         raise Stopped(f"stopped by {signal_name(signum)} at step {self.state.step}; the checkpoint is in "
                       f"{self.ckpt_dir}; continue with --resume {self.run_dir}", signum)
 
-    def _evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], ema: bool = False) -> tuple[float, float]:
-        """The model being trained (the strategy evaluates it where it lies), or its weight average; judged by
-        the user's loss, the plain cross-entropy (evaluation.batch_sums' None), or the mean squared error."""
-        cfg = self.cfg
+    def _evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], ema: bool = False) -> tuple[float, float, dict]:
+        """Accuracy, loss and metrics of the model being trained (the strategy evaluates it where it lies), or
+        of its weight average; the loss is the user's, the plain cross-entropy (evaluation.batch_sums' None), or
+        the mean squared error."""
+        cfg, meter = self.cfg, Meter(self.metrics, self.ctx.device) if self.metrics else None
         if ema:
-            return evaluate(self.state.ema.module, pair, self.prep, self.ctx, cfg.eval_batch_size, self.eval_loss,
-                            cfg.test_flip, self.strategy.lockstep)
-        return self.strategy.evaluate(pair, self.prep, cfg.eval_batch_size, self.eval_loss, cfg.test_flip)
+            acc, loss = evaluate(self.state.ema.module, pair, self.prep, self.ctx, cfg.eval_batch_size,
+                                 self.eval_loss, cfg.test_flip, self.strategy.lockstep, meter)
+        else:
+            acc, loss = self.strategy.evaluate(pair, self.prep, cfg.eval_batch_size, self.eval_loss, cfg.test_flip,
+                                               meter)
+        return acc, loss, meter.values(self.ctx) if meter is not None else {}
 
     def _validate(self, epoch: int, epoch_time: float) -> None:
         state, t_eval = self.state, time.perf_counter()
@@ -334,7 +330,8 @@ class Trainer:
             state.val = self._evaluate(self.data.val, ema=self.cfg.eval_ema)
         state.eval_time += time.perf_counter() - t_eval
         self.log.epoch(step=state.step, epoch=epoch + 1, epochs=self.length.epochs, val_accuracy=state.val[0],
-                       val_loss=state.val[1], epoch_time_s=epoch_time, validated=bool(len(self.data.val[1])))
+                       val_loss=state.val[1], epoch_time_s=epoch_time, validated=bool(len(self.data.val[1])),
+                       **{f"val_{name}": value for name, value in state.val[2].items()})
         # a whole epoch's validation counts (a --max-time or signal stop in mid-epoch is validated again,
         # whole, when the run is resumed)
         if state.step >= min((epoch + 1) * self.length.per_epoch, self.length.total_steps):
@@ -357,12 +354,13 @@ class Trainer:
             state.stop = "early"
 
     def _ask_to_go_on(self, epoch: int) -> None:
-        """A search trial: rank 0 reports the validation accuracy and hears whether the pruner stops the
-        trial; every worker learns the answer (one tiny all-reduce) and stops at this same step."""
+        """A search trial: rank 0 reports the validation figures (its objective among them) and hears whether
+        the pruner stops the trial; every worker learns the answer (one tiny all-reduce) and stops alike."""
         if self.report is None:
             return
-        verdict = torch.zeros(1, device=self.ctx.device)
-        if self.ctx.is_main and self.report(epoch + 1, self.state.val[0]):
+        verdict, (acc, loss, metrics) = torch.zeros(1, device=self.ctx.device), self.state.val
+        if self.ctx.is_main and self.report(epoch + 1, {"val_accuracy": acc, "val_loss": loss,
+                                                        **{f"val_{k}": v for k, v in metrics.items()}}):
             verdict.fill_(1)
         if self.ctx.distributed:
             torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)

@@ -99,6 +99,7 @@ class Parts:
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     record: dict[str, Any] | None = None  # what they are, in words (usercheck.check_and_describe), for the run's record
+    metrics: dict[str, Any] | None = None  # name -> a torchmetrics object or a function (metrics.py)
 
     def model_name(self) -> str:
         return name_of(self.model)
@@ -108,4 +109,5 @@ class Parts:
         # by value (plain pickle cannot), and a module-level one by reference, as pickle would.
         import cloudpickle
 
-        return _rebuild, (cloudpickle.dumps((self.model, self.optimizer, self.loss, self.record)), _main_files())
+        sent = (self.model, self.optimizer, self.loss, self.record, self.metrics)
+        return _rebuild, (cloudpickle.dumps(sent), _main_files())

@@ -14,7 +14,9 @@ from .fields import (
                      DATASET_DEFAULTS,
                      DATASETS,
                      FIELDS,
+                     FILES,
                      LR_SCHEDULES,
+                     METRICS,
                      MODELS,
                      OPTIMIZERS,
                      PIPELINE_SCHEDULES,
@@ -40,9 +42,9 @@ from .sources import (
                      with_run_dir,
 )
 
-__all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "LR_SCHEDULES", "MAX_YAML_BYTES",
-           "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY", "REQUEUE_SIGNALS", "SHARDED",
-           "STRATEGIES", "for_strategy",
+__all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "FILES", "LR_SCHEDULES",
+           "MAX_YAML_BYTES", "METRICS", "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY",
+           "REQUEUE_SIGNALS", "SHARDED", "STRATEGIES", "for_strategy",
            "TrainConfig",
            "UserError", "changed", "check_read", "check_resume_out", "did_you_mean", "from_dict", "in_python_words",
            "load_yaml", "default_run_dir", "job_tag", "of_run", "overlay", "save_yaml", "shown", "unread", "validate",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..import_path import absolute, is_import_path
-from .fields import DATASET_DEFAULTS, FIELDS, TrainConfig, did_you_mean, shown
+from .fields import DATASET_DEFAULTS, FIELDS, METRICS, TrainConfig, did_you_mean, shown
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -21,6 +21,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.data_dir:  # and the same data: --resume from another folder reads what the run read
         cfg = cfg.replace(data_dir=str(Path(cfg.data_dir).expanduser().resolve()))
     _check_choices(cfg)
+    _check_metrics(cfg.metric)
     _check_numbers(cfg)
     _check_combinations(cfg)
     return cfg  # what a strategy cannot take is its own to refuse (strategies.checked)
@@ -28,6 +29,17 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 def _bad(msg: str) -> None:
     raise UserError(msg)
+
+
+def _check_metrics(text: str | None) -> None:
+    chosen = [n.strip() for n in (text or "").split(",")]
+    for name in chosen if text is not None else ():
+        if name not in METRICS:
+            close = did_you_mean(name, METRICS) or "."
+            _bad(f"--metric {shown(name)} is not a metric paratrain knows{close} Choose from {', '.join(METRICS)}, "
+                 "comma-separated (Python: metrics= takes torchmetrics objects too)")
+    if len(set(chosen)) != len(chosen):
+        _bad(f"--metric names a metric twice: {text}")
 
 
 def _check_choices(cfg: TrainConfig) -> None:
@@ -85,8 +97,17 @@ def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.data_dir and cfg.dataset in ("digits", "synthetic"):
         _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
              "class, pass --dataset imagefolder")
-    folder_only = [n for n in ("test_size", "image_size", "cache_dir") if getattr(cfg, n) is not None]
+    if cfg.target is not None and cfg.dataset != "csv":
+        _bad(f"--target names a column of --dataset csv, not of {cfg.dataset}")
+    if cfg.dataset in ("tensors", "csv") and not cfg.data_dir:
+        _bad(f"--dataset {cfg.dataset} needs --data-dir " + ("FILE.csv, the table" if cfg.dataset == "csv" else
+                                                              "PATH, an .npz file or a folder of .npy/.pt files"))
+    if cfg.dataset == "csv" and not cfg.target:
+        _bad("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
+    folder_only = [n for n in ("image_size", "cache_dir") if getattr(cfg, n) is not None]
     folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
+    if cfg.test_size is not None and cfg.dataset not in ("imagefolder", "custom", "tensors", "csv"):
+        _bad(f"--test-size is for --dataset imagefolder, tensors or csv, not {cfg.dataset}")
     if cfg.labels != "fine" and cfg.dataset != "cifar100":
         _bad(f"--labels is for --dataset cifar100, not {cfg.dataset}")
     if folder_only and cfg.dataset not in ("imagefolder", "custom"):  # custom: a Dataset given to paratrain.fit

@@ -15,9 +15,13 @@ import yaml
 from ..errors import UserError, closest
 
 # custom: paratrain.fit(model=...)
-MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "custom")
-# imagefolder: a folder of class sub-folders (--data-dir); custom: tensors given to paratrain.fit
-DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "custom")
+MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "gru",
+          "custom")
+# imagefolder: a folder of class sub-folders (--data-dir); tensors: an .npz or a folder of .npy/.pt files; csv: a
+# table (--target); custom: tensors given to paratrain.fit
+DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "tensors",
+            "csv", "custom")
+FILES = ("imagefolder", "tensors", "csv")  # the datasets that are --data-dir itself
 # custom: an optimizer factory given to paratrain.fit
 OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
@@ -29,6 +33,8 @@ BATCHNORM = ("sync", "local")
 REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 # the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
 STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp")
+# --metric's built-in metrics (torchmetrics objects: metrics.py builds them)
+METRICS = ("mae", "mse", "rmse", "r2", "f1", "precision", "recall")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -40,14 +46,19 @@ class TrainConfig:
     # what to train
     model: str = _f("lenet5", "a registry model, or your network's factory: package.module:factory or "
                     "path/to/file.py:factory", choices=MODELS)
-    dataset: str = _f("digits", "dataset (digits is embedded and needs no download)", choices=DATASETS)
-    data_dir: str | None = _f(None, "folder with the dataset files, or where to download them")
+    dataset: str = _f("digits", "dataset (digits is embedded and needs no download); imagefolder, tensors (an .npz, "
+                      "or a folder of .npy/.pt files: x_train, y_train, ...) and csv (a table) are --data-dir",
+                      choices=DATASETS)
+    data_dir: str | None = _f(None, "folder with the dataset files, or where to download them; the image folder, "
+                              "tensors file or CSV file")
+    target: str | None = _f(None, "csv: the column to predict (several: A,B); numbers are a regression's, names "
+                            "or whole numbers are classes")
     download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download",
                         off_help="never download: a missing dataset is an error")
     val_size: int | None = _f(None, "training examples held out for validation (default: per dataset)")
     labels: str = _f("fine", "cifar100: its 100 fine classes or its 20 coarse ones", choices=("fine", "coarse"))
-    test_size: int | None = _f(None, "imagefolder without a test/ folder: images held out for testing "
-                               "(default: a tenth)")
+    test_size: int | None = _f(None, "imagefolder without a test/ folder, tensors or csv without x_test: "
+                               "examples held out for testing (default: a tenth)")
     image_size: int | None = _f(None, "imagefolder: the side images are resized and centre-cropped to "
                                 "(default: the median, at most 224)")
     cache_dir: str | None = _f(None, "imagefolder: where the decoded images are cached (default: "
@@ -55,8 +66,8 @@ class TrainConfig:
     skip_bad_images: bool = _f(False, "imagefolder: leave out images that cannot be decoded (counted and "
                                "listed in the cache's manifest) instead of stopping")
     # model options (used by the models that have them)
-    width: int = _f(512, "mlp: neurons per hidden layer")
-    depth: int = _f(2, "mlp: number of hidden layers")
+    width: int = _f(512, "mlp: neurons per hidden layer; gru: the embedding's and the GRU's width")
+    depth: int = _f(2, "mlp: number of hidden layers; gru: stacked GRU layers")
     activation: str = _f("relu", "mlp: activation", choices=ACTIVATIONS)
     dropout: float | None = _f(None, "dropout probability (default: the model's own)")
     filters: int = _f(64, "convnet: filters of the first convolution (the next two have 4x and 8x); "
@@ -115,6 +126,9 @@ class TrainConfig:
     beta1: float = _f(0.9, "Adam/Adamax/NAdam: decay of the gradient's running mean")
     beta2: float = _f(0.999, "Adam/Adamax/NAdam: decay of the squared gradient's running mean")
     label_smoothing: float = _f(0.0, "training loss: cross-entropy against targets smoothed by this much")
+    metric: str | None = _f(None, "metrics reported beside the loss on the validation and test sets, "
+                            f"comma-separated: {', '.join(METRICS)} (f1, precision, recall: the mean over the "
+                            "classes)")
     nesterov: bool = _f(False, "SGD: Nesterov momentum", flag="--nesterov")
     weight_decay: float = _f(0.0, "L2 weight decay")
     clip_grad_norm: float | None = _f(None, "clip the gradients' global L2 norm to this")
@@ -186,6 +200,8 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "cifar100": {"batch_size": 128, "epochs": 10},
     "synthetic": {"batch_size": 512, "epochs": 1},
     "imagefolder": {"batch_size": 64, "epochs": 10},
+    "tensors": {"batch_size": 64, "epochs": 10},
+    "csv": {"batch_size": 64, "epochs": 10},
     "custom": {"batch_size": 64, "epochs": 10},
 }
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from ..errors import UserError
 from .splits import Splits
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder")
+DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "tensors",
+            "csv")
 DEFAULT_DATA_DIR = "data"
 
 
@@ -45,6 +46,8 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
         if not data_dir:
             raise UserError("dataset 'imagefolder' needs a folder: --data-dir DIR (data_dir=...)")
         return folder.load(data_dir, val_size=val_size)
+    if name in ("tensors", "csv"):  # the command line's: inputs.load_for reads them (a csv needs its --target)
+        raise UserError(f"dataset '{name}' is read from --data-dir by paratrain train (paratrain.fit(model, path))")
     if name == "synthetic":
         from . import synthetic
 

@@ -29,6 +29,7 @@ class Splits:
     classes: tuple[str, ...] | None = None  # the class names, where the data has them (an image folder's)
     split: str | None = None  # how the held-out sets were chosen, where paratrain chose them (checkpoints keep it)
     kind: str = "images"  # or "tensors": no normalisation, augmentation or image shapes (KINDS)
+    vocabulary: int = 0  # integer inputs (token ids): the largest id in any split + 1 (an embedding's size)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -72,7 +73,8 @@ class Splits:
         if not self.images:
             return {"kind": self.kind, "input_shape": list(self.input_shape), "input_dtype": str(self.train[0].dtype),
                     "target_shape": list(self.target_shape), "target_dtype": str(self.train[1].dtype),
-                    "num_classes": self.num_classes, "mean": [], "std": []}
+                    "num_classes": self.num_classes, "mean": [], "std": [], "vocabulary": self.vocabulary,
+                    **({"classes": list(self.classes)} if self.classes else {})}
         info = {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
                 "mean": list(self.mean), "std": list(self.std)}
         if self.classes is not None:
@@ -92,7 +94,8 @@ class Splits:
             inputs = torch.zeros(0, *info["input_shape"], dtype=dtype(info["input_dtype"]))
             targets = torch.zeros(0, *info["target_shape"], dtype=dtype(info["target_dtype"]))
             return cls(name, (inputs, targets), (inputs, targets), (inputs, targets), (), (),
-                       int(info["num_classes"]), kind=info["kind"])
+                       int(info["num_classes"]), tuple(info["classes"]) if info.get("classes") else None,
+                       kind=info["kind"], vocabulary=int(info.get("vocabulary", 0)))
         c, s = int(info["channels"]), int(info["image_size"])
         empty = (torch.zeros(0, c, s, s, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64))
         classes = tuple(info["classes"]) if info.get("classes") else None

@@ -42,6 +42,8 @@ REGISTRY: dict[str, ModelSpec] = {
     "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
                                          o["dropout"]), None, 0.0, convolutional=False),
 }
+# the sequence model over token ids (tensors, not images, so not in REGISTRY): build._tensor_model builds it
+TOKENS = ModelSpec(None, None, convolutional=False)
 # A network of the user's own, given to paratrain.fit as a factory: no builder here, any input size.
 CUSTOM = ModelSpec(None, None, convolutional=False)
 
@@ -49,6 +51,8 @@ CUSTOM = ModelSpec(None, None, convolutional=False)
 def _spec(name: str) -> ModelSpec:
     if name == "custom" or is_import_path(name):  # a network of the user's: any input size
         return CUSTOM
+    if name == "gru":
+        return TOKENS
     if name not in REGISTRY:
         raise UserError(f"unknown model '{name}'; choose one of: {', '.join(REGISTRY)}")
     return REGISTRY[name]
@@ -90,6 +94,9 @@ def build_model(name: str, in_channels: int, image_size: int, num_classes: int, 
     if is_import_path(name):
         return build_imported(name, in_channels, image_size, num_classes)
     spec = _spec(name)
+    if name == "gru":
+        raise UserError("model 'gru' reads token ids (integers, N x L), not images: give it --dataset tensors or "
+                        "csv, or tensors to paratrain.fit")
     if spec.builder is None:
         raise UserError("model 'custom' is a network of your own: give its factory to paratrain.fit(model=...); "
                         "from the command line choose a registry model")

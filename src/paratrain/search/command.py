@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import socket
 import sys
@@ -17,6 +18,8 @@ from ..errors import UserError
 from ..interrupt import came_early, signal_name
 from ..rundir import check_writable
 from ..strategies import checked
+from .objective import choose
+from .objective import of_study as objective_of
 from .urls import masked
 
 # `paratrain train` options that a search sets itself (or that mean something else here); --strategy is
@@ -53,6 +56,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="what a finished trial keeps: best (default): the best trial its checkpoints (it can be "
                         "carried on), the others their last weights only; all: every trial its checkpoints; "
                         "none: no trial a checkpoint")
+    p.add_argument("--objective", help="the validation figure the search optimises: accuracy (maximised), loss "
+                                       "(minimised), or a metric of --metric in its own direction (mae: minimised, "
+                                       "r2, f1: maximised); default: accuracy where the targets are classes, else loss")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and of every trial's training")
     p.add_argument("--out", required=True, help="output folder")
 
@@ -98,8 +104,10 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
     from ..inputs import load_for
 
-    load_for(cfg)  # a missing or corrupt dataset fails here, once
+    data = load_for(cfg)  # a missing or corrupt dataset fails here, once
+    settings = dataclasses.replace(settings, objective=choose(args.objective, cfg.metric, data.classification))
     study = studies.open_study(settings, sp, base)
+    settings = dataclasses.replace(settings, objective=objective_of(study))  # a --worker's: the study's own
     if not args.worker and study.user_attrs.get("exhausted"):  # a resumed search tries again, with new seeds
         study.set_user_attr("exhausted", None)
     if not args.worker:  # a time budget counts from this start; a search run again without one has none
@@ -151,9 +159,9 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
-    print(f"search: best validation accuracy {result['best_val_accuracy']:.4f} (trial {result['best_trial']}); "
-          f"its test accuracy {float(result['best_test_accuracy'] or 'nan'):.4f}; {_trainings(result)} in "
-          f"{wall:.0f} s"
+    print(f"search: best {settings.objective.words} {result['best_value']:.4g} (trial {result['best_trial']}); "
+          f"its test {settings.objective.name} {float(result['best_test_value'] or 'nan'):.4g}; "
+          f"{_trainings(result)} in {wall:.0f} s"
           f"{f' ({this_start:.0f} s in this start)' if wall > this_start else ''}; best.yaml, "
           f"trials.csv, leaderboard.md, summary.yaml, fitness.png"
           f"{'' if result['no_importance'] else ', importance.png'} in {out}")
@@ -356,10 +364,11 @@ def _progress(bar: Any, study: Any) -> None:
 
     finished = studies.counts(study)[0]
     values = [t.value for t in study.get_trials(deepcopy=False) if t.value is not None]
+    objective = objective_of(study)
     if bar.disable and finished > getattr(bar, "shown", 0):  # a disabled bar counts nothing itself
-        best = f", best validation accuracy {max(values):.4f}" if values else ""
+        best = f", best {objective.words} {objective.best(values):.4g}" if values else ""
         print(f"search: {finished}/{bar.total} trials done{best}", flush=True)
         bar.shown = finished
     bar.update(max(0, finished - bar.n))
     if values:
-        bar.set_postfix(best=f"{max(values):.4f}")
+        bar.set_postfix(best=f"{objective.best(values):.4g}")

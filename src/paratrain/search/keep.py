@@ -23,6 +23,7 @@ from typing import Any
 from .. import checkpoint, sharded
 from ..errors import UserError
 from ..rundir import WEIGHTS_ONLY, step_checkpoints
+from .objective import of_study
 
 POLICIES = ("none", "best", "all")
 
@@ -35,7 +36,7 @@ def tidy(study: Any, out: str | Path, policy: str) -> None:
         return
     trials = study.get_trials(deepcopy=False)
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("reused") is None]
-    best = max(done, key=lambda t: t.value).number if done and policy == "best" else None
+    best = of_study(study).best(done, lambda t: t.value).number if done and policy == "best" else None
     finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     for t in trials:
         folder = Path(out) / "trials" / f"{t.number:04d}" / "checkpoints"

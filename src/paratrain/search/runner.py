@@ -4,7 +4,8 @@ Optuna is the engine: its samplers choose the trials (GridSampler for brute forc
 genetic algorithm, TPE, random) and its storage (a SQLite file, or PostgreSQL shared by many machines)
 holds them, so an interrupted search resumes where it stopped. paratrain runs the trials: P worker
 processes, each with cores / P threads (or a GPU each), each training in-process on a dataset it loaded
-once. The fitness is the validation accuracy; the test accuracy is kept aside and reported for the winner.
+once. The fitness is a validation figure (--objective: the accuracy, the loss, or a metric); the test figures are
+kept aside and reported for the winner.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         cfg = C.validate(C.from_dict({**base, **params, "out": str(Path(s.out) / "trials" / f"{trial.number:04d}"),
                                       "quiet": True, "tensorboard": False}))
-        report = TrialReport(s.storage, s.study, s.pruner, trial._trial_id, trial) if s.pruner != "none" else None
+        report = TrialReport(s.storage, s.study, s.pruner, trial._trial_id, trial, s.objective.key) \
+            if s.pruner != "none" else None
         try:
             summary = train_one(cfg, data, index, threads, accelerator, s.devices_per_trial, report)
         except Stopped:  # Ctrl-C or SIGTERM reached a data-parallel trial's workers: the search stops, the trial
@@ -85,10 +87,15 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
             return float("nan")
         for key in ("test_accuracy", "train_time_s", "val_loss", "examples_per_sec"):
             trial.set_user_attr(key, summary[key])
+        trial.set_user_attr("test_value", summary.get(f"test_{s.objective.name}"))  # the objective's, on test
         if summary.get("pruned"):  # its curve stays in the study; a pruned trial is never the best
             trial.set_user_attr("pruned_at_epoch", summary["epochs_validated"])
             raise optuna.TrialPruned()
-        return summary["val_accuracy"]
+        value = summary.get(s.objective.key)
+        if value is None:  # a NaN or infinite figure (the summary's None): this point failed, the search goes on
+            trial.set_user_attr("error", f"its {s.objective.words} is not a number")
+            return float("nan")
+        return value
 
     redraws = [0]  # proposals in a row that repeated an earlier trial
     while True:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
+from .objective import ACCURACY, Objective
 from .space import Space
 from .urls import masked, scrubbed
 
@@ -38,6 +39,7 @@ class Settings:
     worker: bool
     pruner: str = "none"
     keep: str = "best"  # --keep-trial-checkpoints (keep.py)
+    objective: Objective = ACCURACY  # --objective: the trials' fitness
 
     def wanted(self) -> int:
         """The trials asked for (grid: at most these many)."""
@@ -91,20 +93,22 @@ def make_pruner(name: str) -> Any:
 
 
 class TrialReport:
-    """A search trial's validation accuracy after every epoch, reported to its Optuna trial by the training's
-    rank 0, which answers whether the pruner stops it. It travels to spawned workers as the storage's URL
-    and the trial's id, and opens the study in the process that calls it first."""
+    """A search trial's objective (its validation accuracy, say) after every epoch, reported to its Optuna
+    trial by the training's rank 0, which answers whether the pruner stops it. It travels to spawned workers as
+    the storage's URL and the trial's id, and opens the study in the process that calls it first."""
 
-    def __init__(self, url: str, study: str, pruner: str, trial_id: int, trial: Any = None) -> None:
-        self.url, self.study, self.pruner, self.trial_id = url, study, pruner, trial_id
+    def __init__(self, url: str, study: str, pruner: str, trial_id: int, trial: Any = None,
+                 key: str = "val_accuracy") -> None:
+        self.url, self.study, self.pruner, self.trial_id, self.key = url, study, pruner, trial_id, key
         self._trial = trial  # the live trial, in the pool process that runs a one-device trial
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_trial": None}
 
-    def __call__(self, epoch: int, value: float) -> bool:
+    def __call__(self, epoch: int, figures: dict[str, float]) -> bool:
         import optuna
 
+        value = figures[self.key]
         try:
             if self._trial is None:
                 study = optuna.load_study(study_name=self.study, storage=storage(self.url, create_tables=False),
@@ -172,7 +176,8 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0, 
 
     what = {"sampler": s.sampler, "space": {p.name: list(p.choices) if p.choices else [p.low, p.high, p.log]
                                                 for p in space.params}, "base": base,
-            **({"pruner": s.pruner} if s.pruner != "none" else {})}
+            **({"pruner": s.pruner} if s.pruner != "none" else {}),
+            **({"objective": s.objective.name} if s.objective != ACCURACY else {})}  # a study of before: accuracy
     if s.worker:  # join a study that another `paratrain search` made (and wait a minute for it to appear)
         for _ in range(60):
             try:
@@ -189,7 +194,7 @@ def open_study(s: Settings, space: Space, base: dict[str, Any], index: int = 0, 
     else:
         store = storage(s.storage)
         study = optuna.create_study(storage=store, sampler=make_sampler(s, index), study_name=s.study,
-                                    direction="maximize", load_if_exists=True, pruner=make_pruner(s.pruner))
+                                    direction=s.objective.direction, load_if_exists=True, pruner=make_pruner(s.pruner))
     saved = described(study)
     if saved is None and not s.worker:
         if s.sampler == "grid":

@@ -231,12 +231,12 @@ class Strategy:
         clip_grad_norm_(self.module.parameters(), max_norm)
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
-                 flip: bool) -> tuple[float, float]:
+                 flip: bool, meter: Any = None) -> tuple[float, float]:
         """Accuracy and mean loss of the model being trained over a whole split (collective: every worker
-        evaluates its share, the sums are all-reduced)."""
+        evaluates its share, the sums are all-reduced); `meter` (metrics.Meter) sees every batch."""
         from ..evaluation import evaluate
 
-        return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep)
+        return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], directory: Path, step: int, keep: int) -> None:

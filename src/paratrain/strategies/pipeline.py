@@ -165,12 +165,12 @@ class PipelineStrategy(Strategy):
         self.stage.average_gradients()
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
-                 flip: bool) -> tuple[float, float]:
+                 flip: bool, meter: Any = None) -> tuple[float, float]:
         """Through the schedule, forward only, in batches of a copy's training batch (the stages' shapes are
         fixed: `batch_size` does not apply); the copies share the split out."""
         from ..evaluation import totals
 
-        return totals(self.stage.evaluate(pair, prep, loss, flip), self.ctx)
+        return totals(self.stage.evaluate(pair, prep, loss, flip, meter), self.ctx)
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], directory: Path, step: int, keep: int) -> None:

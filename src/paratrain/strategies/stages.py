@@ -274,7 +274,8 @@ class Pipeline:
         if self.layout.replicas > 1:
             average_gradients(self.module.parameters(), self.layout.replicas, self.dp_group)
 
-    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: Any, loss: Any, flip: bool) -> torch.Tensor:
+    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: Any, loss: Any, flip: bool,
+                 meter: Any = None) -> torch.Tensor:
         """This copy's share of the split through the schedule, forward only: the last stage's sums
         (evaluation.batch_sums'; zeros on the other stages). The stage's shapes are fixed, so the share goes in batches
         of one copy's training batch, the last one padded with zeros and its padding's outputs dropped (in
@@ -300,6 +301,8 @@ class Pipeline:
                         logits = (logits + mirrored) / 2 if self.is_last else None
                     if self.is_last:
                         sums += batch_sums(logits[:n], y[:n], loss)
+                        if meter is not None:  # the other stages' metrics update nothing (zeros)
+                            meter.update(logits[:n], y[:n])
         finally:
             self.module.train(was_training)
             self.stage.busy_s = busy

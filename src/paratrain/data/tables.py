@@ -1,0 +1,213 @@
+"""Data from files for the command line, as tensors (kind "tensors"): a tensors file (--dataset tensors: an .npz,
+or a folder of .npy / .pt files) and a CSV table (--dataset csv --target COLUMN).
+
+The arrays are named as Keras names them: x_train, y_train, x_val, y_val, x_test, y_test. Without x_val (or
+x_test), the validation (or test) rows are held out of the training rows; without any split, x and y are the
+whole set. Held-out rows are chosen by a fixed permutation (seed 0, whatever the run's seed), so a table sorted
+by its target still gets every kind of row in every split, and every run on the file gets the same split."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from .splits import Splits
+from .tensors import tensor_splits
+
+SPLITS = ("train", "val", "test")
+SUFFIXES = (".npy", ".pt")
+HOLD_OUT_SPLIT = "permutation-0"  # what Splits.split records: held out by the fixed permutation
+
+
+def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int | None) -> Splits:
+    """--dataset tensors --data-dir PATH: an .npz file, or a folder of NAME.npy / NAME.pt files."""
+    where = Path(path).expanduser()
+    if where.is_dir():
+        arrays = _folder(where)
+    elif where.is_file():
+        arrays = _npz(where)
+    else:
+        raise UserError(f"--data-dir {where}: no such file or folder; give an .npz file or a folder of .npy / .pt "
+                        "files (x_train.npy, y_train.npy, ...)")
+    return _split(arrays, where, val_size, test_size, names=None)
+
+
+def _npz(path: Path) -> dict[str, torch.Tensor]:
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as f:  # no pickles: an .npz may come from anyone
+            return {k: _tensor(f[k], f"{path}: {k}") for k in f.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise UserError(f"{path} cannot be read as an .npz file of arrays ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:120]}); write it with numpy.savez(path, x_train=..., "
+                        "y_train=...)") from None
+
+
+def _folder(folder: Path) -> dict[str, torch.Tensor]:
+    import numpy as np
+
+    arrays = {}
+    for file in sorted(folder.iterdir()):
+        if file.suffix not in SUFFIXES or not file.is_file():
+            continue
+        if file.stem in arrays:
+            raise UserError(f"{folder} holds both {file.stem}.npy and {file.stem}.pt; keep one")
+        try:
+            value = np.load(file, allow_pickle=False) if file.suffix == ".npy" else \
+                torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 (a cut file, a pickle with code in it: said in one line)
+            raise UserError(f"{file} cannot be read as a tensor ({type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:120]}); save it with numpy.save or torch.save") from None
+        arrays[file.stem] = _tensor(value, str(file))
+    if not arrays:
+        raise UserError(f"{folder} holds no .npy or .pt files; give x_train.npy and y_train.npy (and x_test, y_test)")
+    return arrays
+
+
+def _tensor(value: object, where: str) -> torch.Tensor:
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise UserError(f"{where} holds {value.dtype} values; give numbers (floats or integers)")
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, torch.Tensor):
+        raise UserError(f"{where} holds a {type(value).__name__}, not a tensor")
+    return value
+
+
+def _check_finite(x: torch.Tensor, y: torch.Tensor, where: Path, lines: bool) -> None:
+    for what, t in (("inputs", x), ("targets", y)):
+        if t.is_floating_point() and len(t):
+            bad = ~torch.isfinite(t.reshape(len(t), -1)).all(1)
+            if bad.any():
+                row = int(bad.nonzero()[0])
+                place = f"data row {row + 1}" if lines else f"row {row}"  # a CSV's: after its header, from 1
+                raise UserError(f"{where}, {place}: the {what} hold an empty cell, NaN or inf ({int(bad.sum())} "
+                                "rows do); drop or fill those rows")
+
+
+def _split(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, test_size: int | None,
+           names: tuple[str, ...] | None, lines: bool = False) -> Splits:
+    """The three splits from the arrays a file holds, the missing ones held out of the training rows."""
+    given = {s for s in SPLITS if f"x_{s}" in arrays or f"y_{s}" in arrays}
+    for s in given:
+        for half in ("x", "y"):
+            if f"{half}_{s}" not in arrays:
+                raise UserError(f"{where} has {'y' if half == 'x' else 'x'}_{s} but no {half}_{s}; give both")
+    if not given:
+        if "x" not in arrays or "y" not in arrays:
+            raise UserError(f"{where} holds {', '.join(sorted(arrays))}; name the arrays x_train, y_train (and x_val, "
+                            "y_val, x_test, y_test), or x and y for a set to split")
+        pairs = {"train": (arrays["x"], arrays["y"])}
+    elif "train" not in given:
+        raise UserError(f"{where} has no x_train and y_train; give the training set")
+    else:
+        pairs = {s: (arrays[f"x_{s}"], arrays[f"y_{s}"]) for s in sorted(given)}
+    x, y = pairs["train"]
+    if len(x) != len(y):
+        raise UserError(f"{where}: {len(x)} training inputs and {len(y)} targets; give one target per input")
+    if not given:  # the rows as the file has them, before any is held out: a bad one is named by its place
+        _check_finite(x, y, where, lines)
+    held, order = [s for s in ("test", "val") if s not in pairs], None
+    if held:
+        order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    for s in held:  # test first: the validation rows come from what is left to train on
+        size = test_size if s == "test" else val_size
+        n = math.ceil(len(order) / 10) if size is None else size
+        if n >= len(order):
+            raise UserError(f"{where}: {len(order)} training rows cannot give {n} {s} rows and keep some to train on; "
+                            f"give --{s}-size below {len(order)}")
+        pairs[s] = (x[order[:n]], y[order[:n]])
+        order = order[n:]
+    if held:
+        pairs["train"] = (x[order.sort().values], y[order.sort().values])  # in the file's order
+    if not len(pairs["test"][1]):
+        raise UserError(f"{where}: the test split holds no rows; give x_test and y_test, or --test-size 1 or more")
+    return tensor_splits(pairs, where.name, names, HOLD_OUT_SPLIT if held else None,
+                         where=f"{where}: the {{}} split")
+
+
+def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, test_size: int | None) -> Splits:
+    """--dataset csv --data-dir FILE --target COLUMN[,COLUMN]: every other column is a numeric feature.
+    A target column of numbers is a regression's (floats); a target column of names (text) is classes,
+    numbered in sorted order, as are whole numbers written without a decimal point."""
+    where = Path(path).expanduser()
+    if not target:
+        raise UserError("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
+    if not where.is_file():
+        raise UserError(f"--data-dir {where}: no such file; give the CSV table's path")
+    with open(where, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark
+        rows = list(csv.reader(f))
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if len(rows) < 2:
+        raise UserError(f"{where} holds {'no header' if not rows else 'a header and no rows'}; give a header line of "
+                        "column names and a row per example")
+    header = [h.strip() for h in rows[0]]
+    wanted = [t.strip() for t in target.split(",")]
+    missing = [t for t in wanted if t not in header]
+    if missing:
+        from ..errors import closest
+
+        close = closest(missing[0], header)
+        raise UserError(f"--target {missing[0]}: {where} has no such column"
+                        + (f" (did you mean {close}?)" if close else "")
+                        + f"; its columns: {', '.join(header[:20])}{' ...' if len(header) > 20 else ''}")
+    for i, r in enumerate(rows[1:], start=2):
+        if len(r) != len(header):
+            raise UserError(f"{where}, data row {i - 1}: {len(r)} cells, and the header names {len(header)} columns; "
+                            "give every row a cell per column")
+    columns = {h: [r[j].strip() for r in rows[1:]] for j, h in enumerate(header)}
+    features = [h for h in header if h not in wanted]
+    if not features:
+        raise UserError(f"{where}: every column is a --target; leave at least one to predict from")
+    text = [h for h in features if _not_numbers(columns[h])]
+    if text:
+        h = text[0]
+        example = next(c for c in columns[h] if not _number(c))
+        raise UserError(f"{where}: column{'s' if len(text) > 1 else ''} {', '.join(text[:5])} "
+                        f"{'are' if len(text) > 1 else 'is'} not numbers ({h!r} holds {example!r}); paratrain reads "
+                        "numeric features only: encode categories as numbers (one-hot) or drop those columns")
+    x = torch.tensor([[_number(c) for c in columns[h]] for h in features], dtype=torch.float64).T.contiguous()
+    y, names = _targets(where, wanted, columns)
+    return _split({"x": x, "y": y}, where, val_size, test_size, names, lines=True)
+
+
+def _targets(where: Path, wanted: list[str], columns: dict[str, list[str]]) -> tuple[torch.Tensor, tuple | None]:
+    if len(wanted) == 1 and _not_numbers(columns[wanted[0]]):  # class names
+        cells = columns[wanted[0]]
+        if any(not c for c in cells):
+            row = cells.index("") + 1
+            raise UserError(f"{where}, data row {row}: the --target {wanted[0]} cell is empty; fill or drop that row")
+        names = tuple(sorted(set(cells)))
+        index = {n: i for i, n in enumerate(names)}
+        return torch.tensor([index[c] for c in cells]), names
+    for t in wanted:
+        if _not_numbers(columns[t]):
+            raise UserError(f"{where}: --target {t} holds text, and several target columns must be numbers")
+    if len(wanted) == 1 and all(c.lstrip("-").isdigit() for c in columns[wanted[0]]):  # whole numbers: classes
+        return torch.tensor([int(c) for c in columns[wanted[0]]]), None
+    y = torch.tensor([[_number(c) for c in columns[t]] for t in wanted], dtype=torch.float64).T
+    return (y[:, 0] if len(wanted) == 1 else y).contiguous(), None
+
+
+def _number(cell: str) -> float | None:
+    """A cell's number (an empty cell's is NaN, refused naming its line), or None for text."""
+    if not cell:
+        return math.nan
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _not_numbers(cells: list[str]) -> bool:
+    return any(c and _number(c) is None for c in cells)

@@ -1,0 +1,50 @@
+"""Tensors of any shape as a Splits (kind "tensors"), checked in one line each; and a table or a tensors file
+read into them (--dataset tensors, --dataset csv)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UserError
+from .splits import Splits
+
+
+def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str = "custom",
+                  names: tuple[str, ...] | None = None, split: str | None = None, where: str = "data['{}']") -> Splits:
+    """Inputs and targets of any shape (kind "tensors"), checked: the same shape an example in every split, a
+    target for every input, every number finite. Float (and uint8: bytes, pixels) inputs and targets become
+    float32 (a network's weights are; uint8 keeps its 0..255), other integers int64 (token ids, class
+    indices). Targets that are one integer an example are class indices 0..K-1 (accuracy means something, and
+    cross-entropy is the default loss); any other targets are the loss's to judge (MSE by default, floats)."""
+    x, y = pairs["train"]
+    if not len(x):
+        raise UserError(f"{where.format('train')} holds no examples; give it one or more")
+    checked = {}
+    for split, (inputs, targets) in pairs.items():
+        if len(inputs) != len(targets):
+            raise UserError(f"{where.format(split)} has {len(inputs)} inputs and {len(targets)} targets; give one "
+                            "target per input")
+        for what, t, like in (("inputs", inputs, x), ("targets", targets, y)):
+            if t.shape[1:] != like.shape[1:]:
+                raise UserError(f"{where.format(split)} {what} are {tuple(t.shape[1:])} an example, the training "
+                                f"{what} {tuple(like.shape[1:])}; give every split the same shapes")
+            if t.is_complex() or t.dtype == torch.bool:
+                raise UserError(f"{where.format(split)} {what} are {t.dtype}; give real numbers (float) or integers")
+            if t.is_floating_point() and len(t) and not torch.isfinite(t).all():
+                row = int((~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero()[0])
+                raise UserError(f"{where.format(split)} {what} hold NaN or inf (row {row} the first); drop or fill "
+                                "those rows")
+        checked[split] = tuple(t.float() if t.is_floating_point() or t.dtype == torch.uint8 else t.long()
+                               for t in (inputs, targets))
+    classes = 0
+    if y.dim() == 1 and not y.is_floating_point():
+        lowest = min(int(t.min()) for _, t in checked.values() if len(t))
+        if lowest < 0:
+            raise UserError(f"the targets are one integer an example, class indices, and must be 0..K-1; one is "
+                            f"{lowest} (give float targets for a regression)")
+        classes = max(int(t.max()) for _, t in checked.values() if len(t)) + 1
+    vocabulary = 0
+    if not x.is_floating_point() and x.dtype != torch.uint8:  # token ids, say: an embedding needs their range
+        vocabulary = max(int(t.max()) for t, _ in checked.values() if t.numel()) + 1
+    return Splits(name, checked["train"], checked["val"], checked["test"], (), (), classes, classes=names,
+                  split=split, kind="tensors", vocabulary=vocabulary)

@@ -1,0 +1,129 @@
+"""A run's trained network, loaded back from its checkpoint: `load_model`, `load_classifier`, and what
+`paratrain.evaluate` builds on (the network of a checkpoint, the factories checked)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import config as C
+from .data import Splits
+from .errors import NeedsFactory, NeedsNoFactory, UserError
+from .inputs import load_for
+from .predict import Classifier
+from .userparts import Parts
+
+
+def check_callables(**given: Any) -> None:
+    """model= and optimizer= take factories (every worker builds its own), loss= a function."""
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name == "model" and isinstance(value, nn.Module):
+            kind = type(value).__name__
+            raise UserError(f"model= takes a factory that builds the network, such as its class: pass {kind}, not "
+                            f"{kind}() (every worker builds its own copy)")
+        if name == "optimizer" and isinstance(value, torch.optim.Optimizer):
+            raise UserError("optimizer= takes a factory of the parameters, such as lambda params: "
+                            f"torch.optim.{type(value).__name__}(params, lr=...), not a built optimizer")
+        if not callable(value):
+            raise UserError(f"{name}= must be callable (a class or a function), not a {type(value).__name__}")
+
+
+def model_name(cfg: C.TrainConfig, state: dict, model: Callable[[], nn.Module] | None) -> str:
+    """The model as the run's summary names it: the registry's name, or the class of the user's network."""
+    from .userframes import name_of
+
+    if cfg.model != "custom":
+        return cfg.model
+    return (state.get("parts") or {}).get("model") or (name_of(model) if model is not None else "custom")
+
+
+def run_of(run: Any) -> str | Path:
+    """A run's folder or checkpoint file, also given as the summary fit returned."""
+    if isinstance(run, dict) and "run_dir" in run:
+        return run["run_dir"]
+    if not isinstance(run, str | os.PathLike):
+        raise UserError(f"run must be a run's folder (or a .pt file, or the summary fit returned), not a "
+                        f"{type(run).__name__}")
+    return run
+
+
+def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:
+    """The trained network of a run (its last checkpoint) or of a .pt file, on the CPU, in eval mode.
+    A run of a user's network needs its factory; `ema`: the averaged weights (runs with --ema).
+    It takes normalised inputs: `load_classifier` gives it with the transform of its training images."""
+    from . import checkpoint
+
+    check_callables(model=model)
+    run = run_of(run)
+    state = checkpoint.load(run)
+    return loaded(run, state, model, ema)[0]
+
+
+def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = None,
+                    ema: bool | None = None) -> Classifier:
+    """A run's trained network with its input preparation: `predict(images)` takes images as they come
+    (uint8 tensors, PIL images, NumPy arrays) and returns class indices (probabilities on request);
+    `transform(images)` gives the normalised batch the network takes. `ema`: the averaged weights (None:
+    as the run was judged, --eval-ema)."""
+    from . import checkpoint
+    from .build import make_batch_transforms
+    from .predict import CLASS_NAMES, Classifier
+
+    check_callables(model=model)
+    run = run_of(run)
+    state = checkpoint.load(run)
+    use_ema = bool(state["config"].get("eval_ema")) and "ema_model" in state if ema is None else ema
+    net, cfg, splits = loaded(run, state, model, use_ema)
+    if splits is None:
+        raise UserError(f"checkpoint {run} predates the record of its data's normalisation; evaluate it with "
+                        "paratrain.evaluate(run, data, model=...)")
+    if not splits.images:
+        raise UserError(f"{run} was trained on tensors, not images: load its network with paratrain.load_model(run"
+                        + (", model=...)" if cfg.model == "custom" else ")") + " and call it on inputs like its data's")
+    pipeline = make_batch_transforms(cfg, splits, torch.device("cpu"))
+    pipeline.memory_format = torch.contiguous_format  # transform() hands users batches in the usual layout
+    names = list(splits.classes) if splits.classes else CLASS_NAMES.get(cfg.dataset)
+    return Classifier(net, pipeline, splits.channels, splits.image_size, names, flip=cfg.test_flip)
+
+
+def loaded(run: str | Path, state: dict, model: Callable[[], nn.Module] | None,
+            ema: bool) -> tuple[nn.Module, C.TrainConfig, Splits | None]:
+    """A checkpoint's network in eval mode, its configuration, and splits of its data's shapes (None for
+    a network of the user's in a checkpoint older than those records)."""
+    cfg = C.from_dict(state["config"])
+    if ema and "ema_model" not in state:
+        raise UserError(f"checkpoint {run} has no averaged weights; it was trained without --ema")
+    if "data" in state:  # the shapes and normalisation the model was built for, saved beside it
+        splits = Splits.shaped_like(cfg.dataset, state["data"])
+    else:  # a checkpoint from before they were saved: ask the dataset (a network of the user's needs none)
+        splits = None if cfg.model == "custom" else load_for(C.validate(cfg.replace(data_dir=None, download=False)))
+    return restore(cfg, splits, state, run, model, ema).eval(), cfg, splits
+
+
+def restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | Path,
+             model: Callable[[], nn.Module] | None, ema: bool) -> nn.Module:
+    from . import checkpoint
+    from .build import make_model
+
+    if cfg.model == "custom" and model is None:
+        raise NeedsFactory(run)
+    if model is not None and splits is None:  # a checkpoint older than the record of its data's shapes
+        net = model()
+    else:
+        net = make_model(cfg, splits, Parts(model) if model is not None else None)
+    try:
+        checkpoint.load_weights(net, {**state, "model": state["ema_model"]} if ema else state, run)
+    except UserError:
+        if model is None or cfg.model == "custom":
+            raise
+        from .userframes import name_of  # the factory given is what does not fit: name it, not the checkpoint's
+
+        raise NeedsNoFactory(run, cfg.model, name_of(model)) from None
+    return net
