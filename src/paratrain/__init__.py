@@ -14,7 +14,8 @@ from typing import Any
 __version__ = "0.1.0"
 __all__ = ["Classifier", "Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_classifier", "load_model"]
 
-_WHERE = {"fit": "api", "evaluate": "api", "load_model": "trained", "load_classifier": "trained", "Classifier": "predict",
+_WHERE = {"fit": "api", "evaluate": "api", "load_model": "trained", "load_classifier": "trained",
+          "Classifier": "predict",
           "TrainConfig": "config", "Splits": "data", "UserError": "errors"}
 
 

@@ -28,7 +28,7 @@ from .inputs import DataLike, as_splits, file_kind, is_folder
 from .metrics import check as check_metrics
 from .rundir import check_writable
 from .strategies import checked
-from .trained import check_callables, model_name, restore, run_of
+from .trained import check_callables, evaluate_tensors, model_name, restore, run_of
 from .userparts import Parts
 
 
@@ -162,9 +162,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
     if state.get("data", {}).get("kind", "images") != "images":
-        raise UserError(f"{run} was trained on tensors, which paratrain.evaluate does not take yet: load its network "
-                        "with paratrain.load_model(run" + (", model=...)" if cfg.model == "custom" else ")")
-                        + " and compute the loss on your test tensors")
+        return evaluate_tensors(run, state, data, model, loss, data_dir, accelerator)
     data = _as_test_pair(data)
     if data is None and data_dir is not None and dataset is None and cfg.dataset == "custom":
         data = data_dir  # a folder of test images for a run on a Dataset of yours (paratrain eval --data-dir)

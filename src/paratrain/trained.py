@@ -127,3 +127,67 @@ def restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | P
 
         raise NeedsNoFactory(run, cfg.model, name_of(model)) from None
     return net
+
+
+def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[], nn.Module] | None, loss: Any,
+                     data_dir: str | None, accelerator: str) -> dict[str, Any]:
+    """paratrain.evaluate of a run on tensors, on one device: tensors given (an (inputs, targets) pair: all of
+    it; a dict: its test split), or a file (`data` a path, or --data-dir): the run's own file again gives
+    the test rows the run held out; another file its x_test, or every row where it has none. The loss is
+    `loss`, else cross-entropy for class indices and the mean squared error otherwise; the metrics are the
+    run's --metric."""
+    from . import devices, dist
+    from .data import tables
+    from .data.tensors import tensor_splits
+    from .evaluation import evaluate as evaluate_on
+    from .inputs import file_kind
+    from .metrics import Meter, for_run
+
+    cfg = C.from_dict(state["config"])
+    if isinstance(data, tuple | list) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        data = {"train": tuple(data), "val": tuple(t[:0] for t in data), "test": tuple(data)}
+    path = data if isinstance(data, str | os.PathLike) else data_dir
+    if isinstance(data, dict):
+        splits = tensor_splits({k: tuple(data[k]) for k in ("train", "val", "test") if k in data})
+    elif path is not None:
+        kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")
+        # the run's own file: the test rows it held out; another: its x_test, or every row
+        same = cfg.data_dir is not None and Path(path).resolve() == Path(cfg.data_dir).resolve()
+        splits = tables.load_csv(path, cfg.target, cfg.val_size, cfg.test_size, same) if kind == "csv" else \
+            tables.load_tensors(path, cfg.val_size, cfg.test_size, same)
+    elif cfg.dataset in ("tensors", "csv"):
+        raise UserError(f"name the file to test on: paratrain eval {run} --data-dir FILE (Python: evaluate(run, "
+                        f"FILE)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never followed")
+    else:
+        raise UserError(f"{run} was trained on tensors of yours: pass the test tensors, paratrain.evaluate(run, "
+                        "(inputs, targets))")
+    _check_tensors(run, state["data"], splits)
+    use_ema = cfg.eval_ema and "ema_model" in state
+    shaped = Splits.shaped_like(cfg.dataset, state["data"])
+    net = restore(cfg, shaped, state, run, model, use_ema).eval()
+    device = devices.device_map(devices.resolve(accelerator, "1", None))[0]
+    ctx = dist.init(0, 1, device)
+    metrics = for_run(cfg.metric, None, shaped.num_classes)
+    meter = Meter(metrics, ctx.device) if metrics else None
+    judge = loss if loss is not None or shaped.classification else torch.nn.functional.mse_loss
+    from .data.transforms import TensorPipeline
+
+    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.to(ctx.device).test, TensorPipeline(), ctx,
+                                 cfg.eval_batch_size, judge, meter=meter)
+    return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
+            **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
+            "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
+
+
+def _check_tensors(run: str | Path, saved: dict, splits: Splits) -> None:
+    """The tensors evaluated must be what the network takes: one example's shape, the targets', and no class
+    the network has no score for."""
+    want = (tuple(saved["input_shape"]), tuple(saved["target_shape"]))
+    got = (splits.input_shape, splits.target_shape)
+    classes = int(saved["num_classes"])
+    if got != want or splits.num_classes > classes or (classes == 0) != (splits.num_classes == 0):
+        raise UserError(f"{run} was trained on inputs of {want[0]} and targets of {want[1]} an example"
+                        + (f" in {classes} classes" if classes else " (numbers)")
+                        + f"; these are {got[0]} and {got[1]}" + (f" in {splits.num_classes} classes"
+                                                                 if splits.num_classes else " (numbers)")
+                        + ": evaluate it on data like its own")

@@ -24,8 +24,10 @@ SUFFIXES = (".npy", ".pt")
 HOLD_OUT_SPLIT = "permutation-0"  # what Splits.split records: held out by the fixed permutation
 
 
-def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int | None) -> Splits:
-    """--dataset tensors --data-dir PATH: an .npz file, or a folder of NAME.npy / NAME.pt files."""
+def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int | None,
+                 hold_out: bool = True) -> Splits:
+    """--dataset tensors --data-dir PATH: an .npz file, or a folder of NAME.npy / NAME.pt files. `hold_out`
+    False: nothing is held out, and a file without x_test is all test rows (evaluating another file)."""
     where = Path(path).expanduser()
     if where.is_dir():
         arrays = _folder(where)
@@ -34,7 +36,7 @@ def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int |
     else:
         raise UserError(f"--data-dir {where}: no such file or folder; give an .npz file or a folder of .npy / .pt "
                         "files (x_train.npy, y_train.npy, ...)")
-    return _split(arrays, where, val_size, test_size, names=None)
+    return _split(arrays, where, val_size, test_size, names=None, hold_out=hold_out)
 
 
 def _npz(path: Path) -> dict[str, torch.Tensor]:
@@ -96,7 +98,7 @@ def _check_finite(x: torch.Tensor, y: torch.Tensor, where: Path, lines: bool) ->
 
 
 def _split(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, test_size: int | None,
-           names: tuple[str, ...] | None, lines: bool = False) -> Splits:
+           names: tuple[str, ...] | None, lines: bool = False, hold_out: bool = True) -> Splits:
     """The three splits from the arrays a file holds, the missing ones held out of the training rows."""
     given = {s for s in SPLITS if f"x_{s}" in arrays or f"y_{s}" in arrays}
     for s in given:
@@ -117,6 +119,10 @@ def _split(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, t
         raise UserError(f"{where}: {len(x)} training inputs and {len(y)} targets; give one target per input")
     if not given:  # the rows as the file has them, before any is held out: a bad one is named by its place
         _check_finite(x, y, where, lines)
+    if not hold_out and "test" not in pairs:  # every row is a test row
+        rows = list(pairs.values())
+        every = (torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows]))
+        pairs = {"train": every, "val": (every[0][:0], every[1][:0]), "test": every}
     held, order = [s for s in ("test", "val") if s not in pairs], None
     if held:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
@@ -136,7 +142,8 @@ def _split(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, t
                          where=f"{where}: the {{}} split")
 
 
-def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, test_size: int | None) -> Splits:
+def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, test_size: int | None,
+             hold_out: bool = True) -> Splits:
     """--dataset csv --data-dir FILE --target COLUMN[,COLUMN]: every other column is a numeric feature.
     A target column of numbers is a regression's (floats); a target column of names (text) is classes,
     numbered in sorted order, as are whole numbers written without a decimal point."""
@@ -178,7 +185,7 @@ def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, 
                         "numeric features only: encode categories as numbers (one-hot) or drop those columns")
     x = torch.tensor([[_number(c) for c in columns[h]] for h in features], dtype=torch.float64).T.contiguous()
     y, names = _targets(where, wanted, columns)
-    return _split({"x": x, "y": y}, where, val_size, test_size, names, lines=True)
+    return _split({"x": x, "y": y}, where, val_size, test_size, names, lines=True, hold_out=hold_out)
 
 
 def _targets(where: Path, wanted: list[str], columns: dict[str, list[str]]) -> tuple[torch.Tensor, tuple | None]:
