@@ -177,10 +177,13 @@ def test_one_number_an_example_an_import_path_and_the_console(tmp_path: Path, ca
 def test_evaluate_and_report_of_a_tensors_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from conftest import main_code
 
-    _fit(regression.build, regression.make_data(n=400), tmp_path / "run", devices="1", steps=5, batch_size=32)
-    with pytest.raises(UserError, match="trained on tensors, which paratrain.evaluate does not take yet: load its "
-                                        r"network with paratrain.load_model\(run, model=...\)"):
+    data = regression.make_data(n=400)
+    summary = _fit(regression.build, data, tmp_path / "run", devices="1", steps=5, batch_size=32)
+    with pytest.raises(UserError, match=r"trained on tensors of yours: pass the test tensors, paratrain.evaluate\(run, "
+                                        r"\(inputs, targets\)\)"):
         paratrain.evaluate(tmp_path / "run", model=regression.build)
+    again = paratrain.evaluate(tmp_path / "run", data["test"], model=regression.build)  # judged as the run was
+    assert again["test_loss"] == pytest.approx(summary["test_loss"], rel=1e-6) and again["test_examples"] == 40
     assert main_code(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "report.md").is_file()
 
