@@ -76,7 +76,7 @@ def test_adams_betas_reach_the_optimizer() -> None:
 
 
 def test_label_smoothing_trains_on_the_smoothed_loss() -> None:
-    from paratrain.runstate import training_loss
+    from paratrain.losses import training_loss
 
     logits, y = torch.randn(8, 10), torch.randint(0, 10, (8,))
     assert training_loss(config.TrainConfig())(logits, y) == F.cross_entropy(logits, y)

@@ -54,8 +54,8 @@ def test_metrics_that_fit_cannot_take_are_one_line(tmp_path: Path, metrics: obje
 
 
 def test_a_class_metric_on_a_regression_is_refused_before_training(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="metric f1 scores class predictions, and these targets are not class "
-                                        "indices"):
+    with pytest.raises(UserError, match="metric f1 scores class predictions, and these targets are neither "
+                                        "class indices"):
         _fit(regression.build, regression.make_data(n=200), tmp_path / "run", devices="1", steps=1, metric="f1")
     assert not (tmp_path / "run" / "checkpoints").exists()
 

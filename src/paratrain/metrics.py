@@ -41,11 +41,14 @@ def names(text: str | None) -> list[str]:
     return [n.strip() for n in (text or "").split(",") if n.strip()]
 
 
-def _built_in(name: str, num_classes: int) -> Any:
+def _built_in(name: str, num_classes: int, labels: int) -> Any:
+    """`num_classes`: class-index targets' classes; `labels`: multi-label targets' labels (0/1 each)."""
     import torchmetrics as tm
 
     if name in NEEDS_CLASSES:
         kind = {"f1": tm.F1Score, "precision": tm.Precision, "recall": tm.Recall}[name]
+        if labels:  # a logit per label, thresholded at probability 0.5
+            return kind(task="multilabel", num_labels=labels, average="macro")
         return kind(task="multiclass", num_classes=num_classes, average="macro")
     return {"mae": tm.MeanAbsoluteError, "mse": tm.MeanSquaredError, "r2": tm.R2Score,
             "rmse": lambda: tm.MeanSquaredError(squared=False)}[name]()
@@ -142,17 +145,22 @@ def _number(name: str, value: Any) -> float:
                     "number; give it a reduction to one (average='macro', say)")
 
 
-def for_run(cfg_metric: str | None, given: dict[str, Any] | None, num_classes: int) -> dict[str, Any]:
-    """The run's metrics by name (--metric's built-in names, then fit's metrics=), built; each evaluation
-    updates fresh copies of them (Meter)."""
+def for_run(cfg_metric: str | None, given: dict[str, Any] | None, data: Any) -> dict[str, Any]:
+    """The run's metrics by name (--metric's built-in names, then fit's metrics=), built for `data` (a Splits:
+    its classes, or its labels where the targets are a row of floats an example, multi-label); each
+    evaluation updates fresh copies of them (Meter)."""
+    num_classes = data.num_classes
+    floats = not data.classification and len(data.target_shape) == 1 and data.train[1].is_floating_point()
+    labels = data.target_shape[0] if floats else 0
     chosen: dict[str, Any] = {name: name for name in names(cfg_metric)}
     chosen.update(given or {})
     built = {}
     for name, metric in chosen.items():
         if isinstance(metric, str):
-            if metric in NEEDS_CLASSES and not num_classes:
-                raise UserError(f"--metric {metric} scores class predictions, and these targets are not class "
-                                "indices (one integer an example); choose mae, mse, rmse or r2")
-            metric = _built_in(metric, num_classes)
+            if metric in NEEDS_CLASSES and not (num_classes or labels):
+                raise UserError(f"--metric {metric} scores class predictions, and these targets are neither class "
+                                "indices (one integer an example) nor labels (a row of 0/1 floats); choose mae, mse, "
+                                "rmse or r2")
+            metric = _built_in(metric, num_classes, labels)
         built[name] = metric
     return built

@@ -84,7 +84,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     if not data.images:
         _check_for_tensors(cfg)
         check_task(cfg, data, parts.loss if parts is not None else None)
-    for_run(cfg.metric, parts.metrics if parts is not None else None, data.num_classes)  # what a worker builds
+    for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
     cfg, parts = _check_own(cfg, data, parts, env.is_main)
     cfg, more = strategy.prepare(cfg, data, parts)

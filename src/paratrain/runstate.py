@@ -7,27 +7,14 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from . import clock
-from .config import TrainConfig
-
-
-def training_loss(cfg: TrainConfig, classification: bool = True) -> Any:
-    """Cross-entropy, against smoothed targets with --label-smoothing (evaluation keeps the plain one); for
-    targets that are not class indices (a regression's), the mean squared error."""
-    if not classification:
-        return F.mse_loss
-    if cfg.label_smoothing:
-        return partial(F.cross_entropy, label_smoothing=cfg.label_smoothing)
-    return F.cross_entropy
 
 
 def quiet_compiler() -> None:

@@ -29,13 +29,14 @@ from .dist import DistContext
 from .errors import UserError, WriteFailed
 from .evaluation import SUMS, evaluate, step_sums
 from .interrupt import Stopped, StopRequest, signal_name
+from .losses import evaluation_loss, training_loss
 from .metrics import Meter, for_run
 from .phases import PhaseTimer
 from .rundir import kept_after_failure
 from .runlength import run_length, step_seed
 from .runlog import RunLog, write_summary
 from .runplan import RunPlan
-from .runstate import RunState, memory_figures, quiet_compiler, summary_of, sync_waits, trained_figures, training_loss
+from .runstate import RunState, memory_figures, quiet_compiler, summary_of, sync_waits, trained_figures
 from .userparts import Parts
 
 
@@ -50,9 +51,9 @@ class Trainer:
         self.ctx, self.cfg, self.stop_request, self.on_step = ctx, cfg, stop, on_step
         self.devices, self.restarts = devices, restarts
         self.parts = plan.parts or Parts()
-        self.loss = self.parts.loss  # None: cross-entropy (class indices), else the mean squared error
-        self.eval_loss = self.loss if self.loss is not None or data.classification else training_loss(cfg, False)
-        self.metrics = for_run(cfg.metric, self.parts.metrics, data.num_classes)  # name -> metric, beside the loss
+        self.loss = self.parts.loss  # None: --loss (auto: cross-entropy for class indices, else the mse)
+        self.eval_loss = self.loss if self.loss is not None else evaluation_loss(cfg, data.classification)
+        self.metrics = for_run(cfg.metric, self.parts.metrics, data)  # name -> metric, beside the loss
         self.length = run_length(cfg, len(data.train[1]))
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report, self.env = plan.report, plan.env

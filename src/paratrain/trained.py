@@ -167,7 +167,7 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     net = restore(cfg, shaped, state, run, model, use_ema).eval()
     device = devices.device_map(devices.resolve(accelerator, "1", None))[0]
     ctx = dist.init(0, 1, device)
-    metrics = for_run(cfg.metric, None, shaped.num_classes)
+    metrics = for_run(cfg.metric, None, shaped)
     meter = Meter(metrics, ctx.device) if metrics else None
     judge = loss if loss is not None or shaped.classification else torch.nn.functional.mse_loss
     from .data.transforms import TensorPipeline

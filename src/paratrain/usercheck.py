@@ -15,6 +15,7 @@ from torch import nn
 
 from .errors import UserError
 from .import_path import is_import_path
+from .losses import FUNCTIONS, loss_name
 from .userframes import failed, name_of
 
 
@@ -48,15 +49,20 @@ def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> 
             raise UserError(f"your optimizer factory {name_of(parts.optimizer)} returned a "
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
         record["optimizer"] = describe_optimizer(optimizer)
-    default = "cross_entropy" if data.classification else "mse_loss"
-    record["loss"] = name_of(parts.loss) if parts.loss is not None else f"{default} (paratrain's default)"
+    default = name_of(FUNCTIONS[loss_name(cfg, data.classification)])  # mse_loss, cross_entropy
+    record["loss"] = name_of(parts.loss) if parts.loss is not None else \
+        f"{default} (paratrain's {'default' if cfg.loss == 'auto' else '--loss'})"
     return record
 
 
 def check_task(cfg: Any, data: Any, loss: Any) -> None:
     """Targets that are not class indices: the default loss is the mean squared error, which takes float
-    targets; label smoothing smooths classes (runplan.make asks, for every run on tensors)."""
+    targets; label smoothing smooths classes (runplan.make asks, for every run on tensors). A --loss of
+    numbers (mse, l1, smooth-l1, bce) takes float targets, not class indices."""
     if data.classification:
+        if loss is None and cfg.loss not in ("auto", "cross-entropy"):
+            raise UserError(f"--loss {cfg.loss} compares numbers, and these targets are class indices (one integer "
+                            "an example): use --loss cross-entropy (auto), or give float targets")
         return
     if cfg.label_smoothing:
         raise UserError(f"label_smoothing smooths class targets; these targets are {data.train[1].dtype} of shape "
@@ -64,7 +70,8 @@ def check_task(cfg: Any, data: Any, loss: Any) -> None:
     if loss is None and not data.train[1].is_floating_point():
         raise UserError(f"the targets are integers of shape {data.target_shape} an example, not one class index: "
                         "pass the loss that judges them (paratrain.fit(..., loss=...)), or give float targets for "
-                        "the default mean squared error")
+                        "the default mean squared error" + (" (--loss bce: 0/1 labels as floats)"
+                                                            if cfg.loss == "bce" else ""))
 
 
 def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, loss: Any,

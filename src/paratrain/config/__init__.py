@@ -15,6 +15,7 @@ from .fields import (
                      DATASETS,
                      FIELDS,
                      FILES,
+                     LOSSES,
                      LR_SCHEDULES,
                      METRICS,
                      MODELS,
@@ -42,7 +43,7 @@ from .sources import (
                      with_run_dir,
 )
 
-__all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "FILES", "LR_SCHEDULES",
+__all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "FILES", "LOSSES", "LR_SCHEDULES",
            "MAX_YAML_BYTES", "METRICS", "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY",
            "REQUEUE_SIGNALS", "SHARDED", "STRATEGIES", "for_strategy",
            "TrainConfig",

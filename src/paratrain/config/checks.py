@@ -48,7 +48,7 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
                         ("strategy", cfg.strategy), ("param_device", cfg.param_device),
                         ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm), ("labels", cfg.labels),
-                        ("requeue_signal", cfg.requeue_signal)):
+                        ("requeue_signal", cfg.requeue_signal), ("loss", cfg.loss)):
         choices = FIELDS[name].metadata["choices"]
         if name == "model" and is_import_path(value):
             continue
@@ -97,6 +97,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.data_dir and cfg.dataset in ("digits", "synthetic"):
         _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
              "class, pass --dataset imagefolder")
+    if cfg.label_smoothing and cfg.loss not in ("auto", "cross-entropy"):
+        _bad(f"--label-smoothing smooths the cross-entropy's class targets, not --loss {cfg.loss}: drop one")
     if cfg.target is not None and cfg.dataset != "csv":
         _bad(f"--target names a column of --dataset csv, not of {cfg.dataset}")
     if cfg.dataset in ("tensors", "csv") and not cfg.data_dir:

@@ -33,6 +33,8 @@ BATCHNORM = ("sync", "local")
 REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 # the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
 STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp")
+# --loss: auto is cross-entropy for class indices, else the mean squared error (losses.py)
+LOSSES = ("auto", "cross-entropy", "mse", "l1", "smooth-l1", "bce")
 # --metric's built-in metrics (torchmetrics objects: metrics.py builds them)
 METRICS = ("mae", "mse", "rmse", "r2", "f1", "precision", "recall")
 
@@ -125,6 +127,9 @@ class TrainConfig:
     momentum: float = _f(0.9, "SGD/RMSprop momentum")
     beta1: float = _f(0.9, "Adam/Adamax/NAdam: decay of the gradient's running mean")
     beta2: float = _f(0.999, "Adam/Adamax/NAdam: decay of the squared gradient's running mean")
+    loss: str = _f("auto", "the loss trained and reported: auto (cross-entropy for class indices, else the mean "
+                   "squared error), cross-entropy, mse, l1, smooth-l1, bce (binary cross-entropy on logits: "
+                   "multi-label targets of 0/1)", choices=LOSSES)
     label_smoothing: float = _f(0.0, "training loss: cross-entropy against targets smoothed by this much")
     metric: str | None = _f(None, "metrics reported beside the loss on the validation and test sets, "
                             f"comma-separated: {', '.join(METRICS)} (f1, precision, recall: the mean over the "
