@@ -5,6 +5,7 @@ The Python API; the `paratrain` command is one client of it:
     evaluate(run_dir, ...)  -> test accuracy and loss of a run's last checkpoint
     load_model(run_dir, ...) -> the trained network
     load_classifier(run_dir, ...) -> the network with its input preparation: .predict(images), .transform(images)
+    load_predictor(run_dir, ...) -> the same for any run: a Classifier (images), or a Predictor (tensors)
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Classifier", "Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_classifier", "load_model"]
+__all__ = ["Classifier", "Predictor", "Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_classifier",
+           "load_model", "load_predictor"]
 
 _WHERE = {"fit": "api", "evaluate": "api", "load_model": "trained", "load_classifier": "trained",
-          "Classifier": "predict",
+          "load_predictor": "trained", "Classifier": "predict", "Predictor": "predict",
           "TrainConfig": "config", "Splits": "data", "UserError": "errors"}
 
 

@@ -111,7 +111,11 @@ def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) 
     """Normalisation and the training augmentation, applied to whole batches on the device (images; other
     tensors go to the network as they are)."""
     if not data.images:
-        return TensorPipeline()
+        if not cfg.standardize:
+            return TensorPipeline()
+        shape = data.input_shape
+        mean, std = (torch.tensor(v, dtype=torch.float32, device=device).reshape(shape) for v in (data.mean, data.std))
+        return TensorPipeline(mean, std)
     augment = Augment(cfg.random_crop, cfg.crop_padding, cfg.hflip, cfg.brightness, cfg.contrast)
     return BatchPipeline(data.mean, data.std, input_size(cfg.model, data.image_size), device, augment,
                          memory_format(cfg))

@@ -37,7 +37,7 @@ def load_for(cfg: C.TrainConfig) -> Splits:
         return folder.load(cfg.data_dir, cfg.image_size, cfg.val_size, cfg.test_size, cfg.cache_dir,
                            cfg.skip_bad_images, quiet=cfg.quiet)
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, cfg.val_size, native_channels(cfg.model),
-                        cfg.labels)
+                        cfg.labels, cfg.test_size)
 
 
 def file_kind(data: Any, dataset: str) -> str | None:

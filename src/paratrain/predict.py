@@ -130,3 +130,40 @@ class Classifier:
             x = TF.center_crop(TF.resize(x, [self.image_size], antialias=True), [self.image_size])
         return x
 
+
+
+class Predictor:
+    """A network trained on tensors (kind "tensors"), on the CPU in eval mode, with its input preparation
+    (--standardize's statistics, where the run had them): `predict(inputs)` gives class indices where the
+    targets were classes (and the probabilities on request), else the network's outputs."""
+
+    def __init__(self, model: nn.Module, pipeline: Any, input_shape: tuple[int, ...], input_float: bool,
+                 classes: int, names: tuple[str, ...] | None = None) -> None:
+        self.model = model.eval()
+        self.pipeline = pipeline
+        self.input_shape = input_shape  # one example's
+        self.input_float = input_float
+        self.num_classes = classes  # 0: the targets were numbers
+        self.classes = list(names) if names else None  # the class names, where the data had them (a CSV's)
+
+    def transform(self, inputs: Any) -> torch.Tensor:
+        """The batch the network takes: a batch of examples (or one), as a tensor or a NumPy array."""
+        x = torch.as_tensor(inputs)
+        if tuple(x.shape) == self.input_shape:
+            x = x.unsqueeze(0)  # one example
+        if tuple(x.shape[1:]) != self.input_shape:
+            raise UserError(f"the network takes examples of shape {self.input_shape}; got {tuple(x.shape)}")
+        if self.input_float != x.is_floating_point():
+            raise UserError(f"the network was trained on {'float' if self.input_float else 'integer'} inputs; got "
+                            f"{x.dtype}")
+        return self.pipeline.eval(x.float() if self.input_float else x.long())
+
+    def predict(self, inputs: Any, probabilities: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            out = self.model(self.transform(inputs))
+        if not self.num_classes:
+            if probabilities:
+                raise UserError("probabilities are for class targets; this network's targets were numbers")
+            return out
+        probs = out.softmax(1)
+        return (probs.argmax(1), probs) if probabilities else probs.argmax(1)

@@ -25,6 +25,7 @@ from typing import Any
 from . import config as C
 from . import strategies
 from .data import Splits
+from .data.tensors import standardized
 from .devices import Hardware, device_map, for_group, group_devices, precision_on
 from .devices import resolve as resolve_devices
 from .env import LOCAL, Environment
@@ -78,17 +79,26 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     cfg = cfg.replace(precision=precision)  # what config.yaml records: what ran
     data = load_data()
     run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
+    if data.images:
+        _check_for_images(cfg)
     if (cfg.early_stopping is not None or report is not None) and not len(data.val[1]):
         raise UserError("early stopping and a search's pruner watch the validation set, and this data has none: "
                         "give it validation images")
     if not data.images:
         _check_for_tensors(cfg)
+        data = standardized(data) if cfg.standardize else data
         check_task(cfg, data, parts.loss if parts is not None else None)
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
     cfg, parts = _check_own(cfg, data, parts, env.is_main)
     cfg, more = strategy.prepare(cfg, data, parts)
     return RunPlan(cfg, arranged, devices, data, parts, {**layout, **more}, report, env=env)
+
+
+def _check_for_images(cfg: C.TrainConfig) -> None:
+    if cfg.standardize:
+        raise UserError("--standardize scales the features of tensors; images are normalised per channel already: "
+                        "leave it out")
 
 
 def _check_for_tensors(cfg: C.TrainConfig) -> None:

@@ -120,7 +120,8 @@ def summary_of(t: Any, test: tuple[float, float, dict], test_ema: tuple[float, f
         "classes": list(t.data.classes) if t.data.classes else None,
         "startup_s": clock.startup(t.marks), "first_step_at_s": clock.first_step_at(t.marks),
         "finish_s": t.finish_s, "ended_at": time.time(),
-        **{f"val_{k}": finite(v) for k, v in state.val[2].items()},  # the metrics (--metric, fit's metrics=)
+        "metrics": list(reported[2]),  # their names (--metric, fit's metrics=): val_NAME and test_NAME
+        **{f"val_{k}": finite(v) for k, v in state.val[2].items()},
         **{f"test_{k}": finite(v) for k, v in reported[2].items()},
     }
 

@@ -104,8 +104,10 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
     if summary is not None and last_line:  # also with --quiet, from the command line and from Python alike
         rate = summary["examples_per_sec"]  # None when no step was timed (a start that trained none, and no record)
         accuracy = summary["test_accuracy"]  # None where the task has no classes
+        metrics = "".join(f"test_{k} {summary[f'test_{k}']:.4f}  " for k in summary.get("metrics") or ()
+                          if summary.get(f"test_{k}") is not None)
         print((f"test_accuracy {accuracy:.4f}  " if accuracy is not None else "")
-              + f"test_loss {summary['test_loss']:.4f}  examples/sec {f'{rate:.0f}' if rate else '-'}  "
+              + f"test_loss {summary['test_loss']:.4f}  {metrics}examples/sec {f'{rate:.0f}' if rate else '-'}  "
               f"train_time {summary['train_time_s']:.1f}s  steps {summary['steps']}  -> {cfg.out}", flush=True)
         if cfg.time_phases:
             print(clock.table(summary), flush=True)

@@ -15,7 +15,7 @@ from . import config as C
 from .data import Splits
 from .errors import NeedsFactory, NeedsNoFactory, UserError
 from .inputs import load_for
-from .predict import Classifier
+from .predict import Classifier, Predictor
 from .userparts import Parts
 
 
@@ -85,12 +85,31 @@ def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = Non
         raise UserError(f"checkpoint {run} predates the record of its data's normalisation; evaluate it with "
                         "paratrain.evaluate(run, data, model=...)")
     if not splits.images:
-        raise UserError(f"{run} was trained on tensors, not images: load its network with paratrain.load_model(run"
-                        + (", model=...)" if cfg.model == "custom" else ")") + " and call it on inputs like its data's")
+        raise UserError(f"{run} was trained on tensors, not images: paratrain.load_predictor(run"
+                        + (", model=...)" if cfg.model == "custom" else ")") + " predicts from inputs like its data's")
     pipeline = make_batch_transforms(cfg, splits, torch.device("cpu"))
     pipeline.memory_format = torch.contiguous_format  # transform() hands users batches in the usual layout
     names = list(splits.classes) if splits.classes else CLASS_NAMES.get(cfg.dataset)
     return Classifier(net, pipeline, splits.channels, splits.image_size, names, flip=cfg.test_flip)
+
+
+def load_predictor(run: str | Path, model: Callable[[], nn.Module] | None = None,
+                   ema: bool | None = None) -> Classifier | Predictor:
+    """A run's trained network with its input preparation: a Classifier for a run on images, a Predictor
+    for one on tensors (`predict(inputs)`: class indices, or the network's outputs for a regression)."""
+    from . import checkpoint
+    from .build import make_batch_transforms
+    from .predict import Predictor
+
+    check_callables(model=model)
+    run = run_of(run)
+    state = checkpoint.load(run)
+    if state.get("data", {}).get("kind", "images") == "images":
+        return load_classifier(run, model, ema)
+    use_ema = bool(state["config"].get("eval_ema")) and "ema_model" in state if ema is None else ema
+    net, cfg, splits = loaded(run, state, model, use_ema)
+    return Predictor(net, make_batch_transforms(cfg, splits, torch.device("cpu")), splits.input_shape,
+                     splits.train[0].is_floating_point(), splits.num_classes, splits.classes)
 
 
 def loaded(run: str | Path, state: dict, model: Callable[[], nn.Module] | None,
@@ -141,6 +160,7 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     from .data.tensors import tensor_splits
     from .evaluation import evaluate as evaluate_on
     from .inputs import file_kind
+    from .losses import evaluation_loss
     from .metrics import Meter, for_run
 
     cfg = C.from_dict(state["config"])
@@ -155,6 +175,8 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
         same = cfg.data_dir is not None and Path(path).resolve() == Path(cfg.data_dir).resolve()
         splits = tables.load_csv(path, cfg.target, cfg.val_size, cfg.test_size, same) if kind == "csv" else \
             tables.load_tensors(path, cfg.val_size, cfg.test_size, same)
+    elif cfg.dataset in ("diabetes", "tokens"):  # the bundled datasets: the test rows the run held out
+        splits = load_for(C.validate(cfg.replace(overwrite=False)))
     elif cfg.dataset in ("tensors", "csv"):
         raise UserError(f"name the file to test on: paratrain eval {run} --data-dir FILE (Python: evaluate(run, "
                         f"FILE)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never followed")
@@ -169,14 +191,16 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     ctx = dist.init(0, 1, device)
     metrics = for_run(cfg.metric, None, shaped)
     meter = Meter(metrics, ctx.device) if metrics else None
-    judge = loss if loss is not None or shaped.classification else torch.nn.functional.mse_loss
-    from .data.transforms import TensorPipeline
+    judge = loss if loss is not None else evaluation_loss(cfg, shaped.classification)  # as the run was judged
+    from .build import make_batch_transforms  # the run's (its --standardize statistics, from the checkpoint)
 
-    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.to(ctx.device).test, TensorPipeline(), ctx,
+    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.to(ctx.device).test,
+                                 make_batch_transforms(cfg, shaped, ctx.device), ctx,
                                  cfg.eval_batch_size, judge, meter=meter)
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
-            "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
+            "dataset": cfg.dataset, "kind": "tensors", "model": model_name(cfg, state, model), "ema": use_ema,
+            "step": state["step"]}
 
 
 def _check_tensors(run: str | Path, saved: dict, splits: Splits) -> None:

@@ -94,7 +94,7 @@ def _check_numbers(cfg: TrainConfig) -> None:
 
 
 def _check_combinations(cfg: TrainConfig) -> None:
-    if cfg.data_dir and cfg.dataset in ("digits", "synthetic"):
+    if cfg.data_dir and cfg.dataset in ("digits", "synthetic", "diabetes", "tokens"):
         _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
              "class, pass --dataset imagefolder")
     if cfg.label_smoothing and cfg.loss not in ("auto", "cross-entropy"):
@@ -108,7 +108,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
     folder_only = [n for n in ("image_size", "cache_dir") if getattr(cfg, n) is not None]
     folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
-    if cfg.test_size is not None and cfg.dataset not in ("imagefolder", "custom", "tensors", "csv"):
+    if cfg.test_size is not None and cfg.dataset not in ("imagefolder", "custom", "tensors", "csv", "diabetes",
+                                                         "tokens"):
         _bad(f"--test-size is for --dataset imagefolder, tensors or csv, not {cfg.dataset}")
     if cfg.labels != "fine" and cfg.dataset != "cifar100":
         _bad(f"--labels is for --dataset cifar100, not {cfg.dataset}")

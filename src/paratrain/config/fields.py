@@ -19,8 +19,8 @@ MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "ci
           "custom")
 # imagefolder: a folder of class sub-folders (--data-dir); tensors: an .npz or a folder of .npy/.pt files; csv: a
 # table (--target); custom: tensors given to paratrain.fit
-DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "tensors",
-            "csv", "custom")
+DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "diabetes", "tokens",
+            "imagefolder", "tensors", "csv", "custom")
 FILES = ("imagefolder", "tensors", "csv")  # the datasets that are --data-dir itself
 # custom: an optimizer factory given to paratrain.fit
 OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
@@ -48,11 +48,14 @@ class TrainConfig:
     # what to train
     model: str = _f("lenet5", "a registry model, or your network's factory: package.module:factory or "
                     "path/to/file.py:factory", choices=MODELS)
-    dataset: str = _f("digits", "dataset (digits is embedded and needs no download); imagefolder, tensors (an .npz, "
+    dataset: str = _f("digits", "dataset (digits, diabetes (a regression) and tokens (sequences) are embedded and "
+                      "need no download); imagefolder, tensors (an .npz, "
                       "or a folder of .npy/.pt files: x_train, y_train, ...) and csv (a table) are --data-dir",
                       choices=DATASETS)
     data_dir: str | None = _f(None, "folder with the dataset files, or where to download them; the image folder, "
                               "tensors file or CSV file")
+    standardize: bool = _f(False, "tensors: scale every input feature to zero mean and unit variance over the "
+                           "training split (the network takes them so)", flag="--standardize")
     target: str | None = _f(None, "csv: the column to predict (several: A,B); numbers are a regression's, names "
                             "or whole numbers are classes")
     download: bool = _f(True, "download a missing dataset through torchvision", flag="--no-download",
@@ -205,6 +208,8 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "cifar100": {"batch_size": 128, "epochs": 10},
     "synthetic": {"batch_size": 512, "epochs": 1},
     "imagefolder": {"batch_size": 64, "epochs": 10},
+    "diabetes": {"batch_size": 32, "epochs": 100},
+    "tokens": {"batch_size": 64, "epochs": 10},
     "tensors": {"batch_size": 64, "epochs": 10},
     "csv": {"batch_size": 64, "epochs": 10},
     "custom": {"batch_size": 64, "epochs": 10},

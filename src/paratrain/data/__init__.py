@@ -7,8 +7,8 @@ from pathlib import Path
 from ..errors import UserError
 from .splits import Splits
 
-DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "imagefolder", "tensors",
-            "csv")
+DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "diabetes", "tokens",
+            "imagefolder", "tensors", "csv")
 DEFAULT_DATA_DIR = "data"
 
 
@@ -18,7 +18,7 @@ def synthetic_side(channels: int) -> int:
 
 
 def load_dataset(name: str, data_dir: str | None = None, download: bool = True, val_size: int | None = None,
-                 channels: int = 1, labels: str = "fine") -> Splits:
+                 channels: int = 1, labels: str = "fine", test_size: int | None = None) -> Splits:
     """Load a dataset into memory; `channels` only shapes the synthetic one, `labels` CIFAR-100's classes."""
     folder = data_dir or str(Path(DEFAULT_DATA_DIR) / name)
     if name == "digits":
@@ -46,6 +46,10 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
         if not data_dir:
             raise UserError("dataset 'imagefolder' needs a folder: --data-dir DIR (data_dir=...)")
         return folder.load(data_dir, val_size=val_size)
+    if name in ("diabetes", "tokens"):
+        from . import bundled
+
+        return bundled.diabetes(val_size, test_size) if name == "diabetes" else bundled.tokens(val_size, test_size)
     if name in ("tensors", "csv"):  # the command line's: inputs.load_for reads them (a csv needs its --target)
         raise UserError(f"dataset '{name}' is read from --data-dir by paratrain train (paratrain.fit(model, path))")
     if name == "synthetic":

@@ -73,7 +73,8 @@ class Splits:
         if not self.images:
             return {"kind": self.kind, "input_shape": list(self.input_shape), "input_dtype": str(self.train[0].dtype),
                     "target_shape": list(self.target_shape), "target_dtype": str(self.train[1].dtype),
-                    "num_classes": self.num_classes, "mean": [], "std": [], "vocabulary": self.vocabulary,
+                    "num_classes": self.num_classes, "mean": list(self.mean), "std": list(self.std),
+                    "vocabulary": self.vocabulary,
                     **({"classes": list(self.classes)} if self.classes else {})}
         info = {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
                 "mean": list(self.mean), "std": list(self.std)}
@@ -93,7 +94,8 @@ class Splits:
             dtype = lambda name: getattr(torch, name.removeprefix("torch."))  # noqa: E731
             inputs = torch.zeros(0, *info["input_shape"], dtype=dtype(info["input_dtype"]))
             targets = torch.zeros(0, *info["target_shape"], dtype=dtype(info["target_dtype"]))
-            return cls(name, (inputs, targets), (inputs, targets), (inputs, targets), (), (),
+            return cls(name, (inputs, targets), (inputs, targets), (inputs, targets), tuple(info.get("mean", ())),
+                       tuple(info.get("std", ())),
                        int(info["num_classes"]), tuple(info["classes"]) if info.get("classes") else None,
                        kind=info["kind"], vocabulary=int(info.get("vocabulary", 0)))
         c, s = int(info["channels"]), int(info["image_size"])

@@ -36,7 +36,7 @@ def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int |
     else:
         raise UserError(f"--data-dir {where}: no such file or folder; give an .npz file or a folder of .npy / .pt "
                         "files (x_train.npy, y_train.npy, ...)")
-    return _split(arrays, where, val_size, test_size, names=None, hold_out=hold_out)
+    return split_rows(arrays, where, val_size, test_size, names=None, hold_out=hold_out)
 
 
 def _npz(path: Path) -> dict[str, torch.Tensor]:
@@ -97,7 +97,7 @@ def _check_finite(x: torch.Tensor, y: torch.Tensor, where: Path, lines: bool) ->
                                 "rows do); drop or fill those rows")
 
 
-def _split(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, test_size: int | None,
+def split_rows(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, test_size: int | None,
            names: tuple[str, ...] | None, lines: bool = False, hold_out: bool = True) -> Splits:
     """The three splits from the arrays a file holds, the missing ones held out of the training rows."""
     given = {s for s in SPLITS if f"x_{s}" in arrays or f"y_{s}" in arrays}
@@ -185,7 +185,7 @@ def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, 
                         "numeric features only: encode categories as numbers (one-hot) or drop those columns")
     x = torch.tensor([[_number(c) for c in columns[h]] for h in features], dtype=torch.float64).T.contiguous()
     y, names = _targets(where, wanted, columns)
-    return _split({"x": x, "y": y}, where, val_size, test_size, names, lines=True, hold_out=hold_out)
+    return split_rows({"x": x, "y": y}, where, val_size, test_size, names, lines=True, hold_out=hold_out)
 
 
 def _targets(where: Path, wanted: list[str], columns: dict[str, list[str]]) -> tuple[torch.Tensor, tuple | None]:

@@ -48,3 +48,19 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
         vocabulary = max(int(t.max()) for t, _ in checked.values() if t.numel()) + 1
     return Splits(name, checked["train"], checked["val"], checked["test"], (), (), classes, classes=names,
                   split=split, kind="tensors", vocabulary=vocabulary)
+
+
+def standardized(splits: Splits) -> Splits:
+    """--standardize: the training inputs' mean and standard deviation per element (float64 sums, so no
+    thread count shows), which the batch transform (TensorPipeline) applies; a constant element keeps its
+    scale."""
+    from dataclasses import replace
+
+    x = splits.train[0]
+    if not x.is_floating_point():
+        raise UserError(f"--standardize scales float features; these inputs are {x.dtype} (token ids, say): leave "
+                        "it out")
+    flat = x.reshape(len(x), -1).double()
+    mean, std = flat.mean(0), flat.std(0) if len(x) > 1 else torch.ones(flat.shape[1], dtype=torch.float64)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return replace(splits, mean=tuple(mean.tolist()), std=tuple(std.tolist()))

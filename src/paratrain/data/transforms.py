@@ -101,13 +101,20 @@ class BatchPipeline:
 
 
 class TensorPipeline:
-    """Data that is not images (kind "tensors") goes to the network as it is: no normalisation, no augmentation
-    (a regression's features, a sequence's token ids). The same calls as BatchPipeline."""
+    """Data that is not images (kind "tensors") goes to the network as it is: no augmentation, and no
+    normalisation unless asked for (--standardize: each input element less the training split's mean, over
+    its standard deviation, given as `mean` and `std` of one example's shape). The same calls as
+    BatchPipeline."""
+
+    def __init__(self, mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> None:
+        self.mean, self.std = mean, std
 
     def eval(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+        if self.mean is None:
+            return x
+        return (x - self.mean) / self.std
 
     __call__ = eval
 
     def train(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return x
+        return self.eval(x)
