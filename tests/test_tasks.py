@@ -30,7 +30,8 @@ QUICK = {"quiet": True, "tensorboard": False, "threads_per_worker": 1, "log_ever
 # far from divergence: Adam at 0.003 on the regression, SGD with momentum where a test wants it
 REGRESSION = {"steps": 40, "batch_size": 64, "optimizer": "adam", "lr": 0.003, "checkpoint_every": 10,
               "keep_checkpoints": 100}
-SEQUENCES = {"steps": 30, "batch_size": 60, "optimizer": "adam", "lr": 0.01}
+SEQUENCES = {"steps": 30, "batch_size": 60, "optimizer": "adam", "lr": 0.01, "checkpoint_every": 10,
+             "keep_checkpoints": 100}
 
 
 def _fit(net, data, out: Path, **options) -> dict:  # noqa: ANN001
@@ -219,6 +220,12 @@ def test_a_gru_over_token_ids_on_two_workers_equals_one_device(tmp_path: Path) -
     two = _fit(sequences.build, data, tmp_path / "two", devices="2", **SEQUENCES)
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 4e-5  # measured 3.7e-7
     assert two["test_accuracy"] == one["test_accuracy"]
+    # stopped at step 15 (mid-way between checkpoints) and carried on, on 2 workers, with Adam's moments
+    _fit(sequences.build, data, tmp_path / "half", devices="2", **{**SEQUENCES, "steps": 15})
+    resumed = _fit(sequences.build, data, tmp_path / "half", devices="2",
+                   **{**SEQUENCES, "resume": str(tmp_path / "half")})
+    assert resumed["resumed_from_step"] == 15
+    assert max_abs_diff(weights(tmp_path / "half"), weights(tmp_path / "two")) == 0.0
 
 
 @pytest.mark.integration
@@ -291,23 +298,26 @@ def test_a_worker_that_fails_in_the_network_is_named_not_the_one_whose_collectiv
 SCRIPT = """
 import sys
 sys.path.insert(0, {examples!r})
-import paratrain, regression
+import paratrain, {task}
 
 if __name__ == "__main__":
-    paratrain.fit(regression.build, regression.make_data(), paratrain.TrainConfig(out={out!r}, devices="2",
+    paratrain.fit({task}.build, {task}.make_data(), paratrain.TrainConfig(out={out!r}, devices="2",
                   max_restarts={restarts}, **{options!r}))
 """
 
 
 @pytest.mark.integration
-def test_a_killed_worker_of_a_regression_restarts_to_the_weights_of_the_untouched_run(tmp_path: Path) -> None:
-    options = {**QUICK, **REGRESSION}
+@pytest.mark.parametrize(("task", "settings"), [("regression", REGRESSION), ("sequences", {**SEQUENCES, "steps": 60})])
+def test_a_killed_worker_restarts_to_the_weights_of_the_untouched_run(tmp_path: Path, task: str,
+                                                                      settings: dict) -> None:
+    """A regression's MLP and a GRU over token ids, with Adam."""
+    options = {**QUICK, **settings}
     runs = {}
     for name, restarts in (("untouched", 0), ("killed", 1)):
         script = tmp_path / f"{name}.py"
         runs[name] = tmp_path / name
-        script.write_text(SCRIPT.format(examples=str(ROOT / "examples"), out=str(runs[name]), restarts=restarts,
-                                        options=options))
+        script.write_text(SCRIPT.format(examples=str(ROOT / "examples"), task=task, out=str(runs[name]),
+                                        restarts=restarts, options=options))
         if name == "killed":
             code, stderr = kill_a_worker_midway([sys.executable, str(script)], runs[name], 15, cwd=tmp_path)
         else:
