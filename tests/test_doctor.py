@@ -157,7 +157,8 @@ def test_doctor_on_two_cpu_workers_passes_and_writes_its_report(tmp_path: Path) 
     rows = report["collectives"]["rows"]
     assert rows[0]["bytes"] == 4 and all(r["wrong"] == 0 for r in rows) and len(rows) >= 8
     assert {"bandwidth", "latency"} == set(report["collectives"]["fit"])
-    assert [e["strategy"] for e in report["equivalence"]] == ["ddp", "tower", "pipeline"]
+    assert [(e["task"], e["strategy"]) for e in report["equivalence"]] == [
+        ("images", "ddp"), ("images", "tower"), ("images", "pipeline"), ("token ids", "ddp")]
     assert all(e["ok"] and e["max_abs_diff"] < 1e-4 for e in report["equivalence"])
     assert read_link(str(tmp_path / "link.json"))[1] == report["collectives"]["fit"]["bandwidth"]
 

@@ -151,10 +151,12 @@ def equivalence_checks(results: list[dict[str, Any]]) -> list[Check]:
 
     checks = []
     for r in results:
-        name = f"1 vs {r['devices']} devices, {r['strategy']}"
+        name = f"1 vs {r['devices']} devices, {r['strategy']}" + (f", {r['task']}" if r.get("task", "images") !=
+                                                                   "images" else "")
         if "error" in r:
+            task = " --dataset tokens --model gru" if r.get("task") == "token ids" else ""
             checks.append(Check(name, "failed", r["error"], "run the same with `paratrain train --strategy "
-                                f"{r['strategy']} --devices {r['devices']}` to see it whole"))
+                                f"{r['strategy']} --devices {r['devices']}{task}` to see it whole"))
         else:
             checks.append(Check(name, "ok" if r["ok"] else "failed", f"largest weight difference "
                                 f"{r['max_abs_diff']:.1e} after {r['steps']} steps (bound {BOUND:g})",
