@@ -125,3 +125,20 @@ def _digits_run(tmp_path: Path) -> Path:
     run = tmp_path / "digits"
     assert main_code(["train", "--steps", "2", "--out", str(run), *QUICK]) == 0
     return run
+
+
+def test_report_and_plan_of_a_regression_use_its_loss_and_its_own_network(tmp_path: Path) -> None:
+    """`paratrain report` of runs without accuracy shows their test loss; the plan models the bench's network as
+    built for its data (an MLP over the table's 10 features), not for images."""
+    from paratrain import bench, forecast, plot
+
+    for name, workers in (("one", "1"), ("two", "2")):
+        assert main_code(["train", "--dataset", "diabetes", "--model", "mlp", "--width", "16", "--steps", "6",
+                          "--log-every", "2", "--out", str(tmp_path / name), "--no-tensorboard", "--quiet",
+                          "--devices", workers, "--oversubscribe"]) == 0
+    rows = [bench.result_from_run(tmp_path / name) for name in ("one", "two")]
+    text = plot.write_report({"context": bench.context(), "results": rows}, tmp_path, rates="summary").read_text()
+    loss = json.loads((tmp_path / "one" / "summary.json").read_text())["test_loss"]
+    assert "| test loss |" in text and f"{loss:,.4f}" in text, text
+    sizes = forecast.block_sizes({"train_flags": ["--dataset", "diabetes", "--model", "mlp", "--width", "16"]})
+    assert sum(sizes) == (10 * 16 + 16) + (16 * 16 + 16) + (16 + 1)  # before: for 28x28 images

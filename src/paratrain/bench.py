@@ -136,7 +136,9 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
         "epoch_time_s": _stats(steady), "epoch_times_s": epochs[0],
         "eval_time_s": _stats([run["summary"]["eval_time_s"] for run in runs]),
         "total_time_s": _stats([run["wall_s"] for run in runs]),
-        "test_accuracy": _stats([run["summary"]["test_accuracy"] for run in runs]),
+        # None where the task has no classes (a regression): its test loss says how well it learnt instead
+        "test_accuracy": _stats([v for run in runs if (v := run["summary"]["test_accuracy"]) is not None]),
+        "test_loss": _stats([v for run in runs if (v := run["summary"]["test_loss"]) is not None]),
         "step_phases_s": phased["summary"]["step_phases_s"] if phased else None,
         "pipeline": first.get("pipeline"),
         "world_size": first["world_size"], "global_batch_size": first["global_batch_size"],
@@ -191,6 +193,7 @@ def result_from_run(run_dir: Path) -> dict:
             "epoch_time_s": _stats(epochs[1:] or epochs), "epoch_times_s": epochs,
             "eval_time_s": _stats([summary.get("eval_time_s") or 0.0]), "total_time_s": _stats([total]),
             "test_accuracy": _stats([v] if (v := summary["test_accuracy"]) is not None else []),  # None: no classes
+            "test_loss": _stats([v] if (v := summary.get("test_loss")) is not None else []),
             "step_phases_s": summary.get("step_phases_s"),
             "resumed_from_step": summary.get("resumed_from_step"), "workload": workload,
             "speedup": None, "efficiency": None}

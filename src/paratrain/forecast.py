@@ -141,7 +141,6 @@ def _time_sharded(rank: int, port: int, model: str, shape: dict[str, Any], n: in
 
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -152,13 +151,13 @@ def _time_sharded(rank: int, port: int, model: str, shape: dict[str, Any], n: in
     torch.set_num_threads(1)
     on_loopback()
     dist.init_process_group("gloo", store=loopback_store(rank, n, port), rank=rank, world_size=n)
-    net, channels, side = _bench_network(model, shape)
+    net, sample, loss = _bench_network(model, shape)
     plain = copy.deepcopy(net)
     mesh = init_device_mesh("cpu", (n,))
     for block in blocks(net, None):
         fully_shard(block, mesh=mesh)
     fully_shard(net, mesh=mesh, reshard_after_forward=False)
-    x, y = torch.randn(8, channels, side, side), torch.randint(0, 10, (8,))
+    x, y = sample(8)
 
     def median_step(m: Any) -> float:
         samples = []
@@ -166,7 +165,7 @@ def _time_sharded(rank: int, port: int, model: str, shape: dict[str, Any], n: in
             dist.barrier()
             start = time.perf_counter()
             m.zero_grad(set_to_none=True)
-            F.cross_entropy(m(x), y).backward()
+            loss(m(x), y).backward()
             samples.append(time.perf_counter() - start)
         return statistics.median(samples[2:])  # the first steps allocate
 
@@ -239,23 +238,22 @@ def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, 
                   queue, shape: dict[str, Any] | None = None) -> None:  # noqa: ANN001
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     from .proc import tune_malloc
 
     torch.set_num_threads(1)
     tune_malloc()  # as in a training worker
-    net, channels, side = _bench_network(model, shape)
+    net, sample, loss = _bench_network(model, shape)
 
     def median_step(batch: int) -> float:
-        x, y = torch.randn(batch, channels, side, side), torch.randint(0, 10, (batch,))
+        x, y = sample(batch)
         for _ in range(3):  # warm-up: first-touch allocations
-            F.cross_entropy(net(x), y).backward()
+            loss(net(x), y).backward()
         samples = []
         for _ in range(steps):
             start = time.perf_counter()
             net.zero_grad(set_to_none=True)
-            F.cross_entropy(net(x), y).backward()
+            loss(net(x), y).backward()
             samples.append(time.perf_counter() - start)
         return statistics.median(samples)
 
@@ -294,24 +292,52 @@ def validate(results: dict, w: Workload, bandwidth: float, latency: float,
     return out
 
 
-def _bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any, int, int]:
-    """The bench's model as built for its own kind of image (channels, side), with the bench's shaping options
-    (`shape`: --width, --depth, ...): the network, channels, side."""
+def _bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+    """The bench's model with the bench's shaping options (`shape`: --width, --depth, ...), built for its own
+    kind of image, or for its data where that is not images (a table, token ids: --dataset in `shape`): the
+    network, `sample(batch)` giving a batch of inputs and targets, and the loss."""
+    import torch
+    import torch.nn.functional as F
+
     from .data import synthetic_side
     from .models import build_model, input_size, native_channels
 
+    shape = dict(shape or {})
+    data = {k: shape.pop(k) for k in ("dataset", "data_dir", "target") if k in shape}
+    if data.get("dataset") in TENSORS:
+        from . import config as C
+        from .build import make_model
+        from .inputs import load_for
+        from .losses import training_loss
+
+        cfg = C.validate(C.TrainConfig(model=model, **shape, **data))
+        splits = load_for(cfg)
+        x_all, y_all = splits.train
+
+        def rows(batch: int) -> tuple[Any, Any]:
+            idx = torch.arange(batch) % len(y_all)
+            return x_all[idx], y_all[idx]
+
+        return make_model(cfg, splits), rows, training_loss(cfg, splits.classification)
     channels = native_channels(model)
     side = input_size(model, synthetic_side(channels))
-    return build_model(model, channels, side, 10, **(shape or {})), channels, side
+
+    def images(batch: int) -> tuple[Any, Any]:
+        return torch.randn(batch, channels, side, side), torch.randint(0, 10, (batch,))
+
+    return build_model(model, channels, side, 10, **shape), images, F.cross_entropy
 
 
-SHAPES = {"--width": int, "--depth": int, "--activation": str, "--filters": int, "--kernel": int}
+TENSORS = ("diabetes", "tokens", "tensors", "csv")  # the datasets that are not images: their own network and batch
+SHAPES = {"--width": int, "--depth": int, "--activation": str, "--filters": int, "--kernel": int, "--dataset": str,
+          "--data-dir": str, "--target": str}
 
 
 def bench_shape(results: dict) -> dict[str, Any]:
     """The options the bench's flags set that shape its model (an MLP's --width: its gradients' bytes)."""
     flags = results["train_flags"]
-    return {flag[2:]: kind(flags[flags.index(flag) + 1]) for flag, kind in SHAPES.items() if flag in flags}
+    return {flag[2:].replace("-", "_"): kind(flags[flags.index(flag) + 1]) for flag, kind in SHAPES.items()
+            if flag in flags}
 
 
 def bench_model(results: dict) -> str:

@@ -127,12 +127,15 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
         draw(results, out / name)
     ctx = report["context"]
     flags = report.get("train_flags")
+    # a task without classes (a regression) reports no accuracy: its test loss takes the column
+    judged = "test_accuracy" if any((r.get("test_accuracy") or {}).get("n") for r in results) or \
+        not any((r.get("test_loss") or {}).get("n") for r in results) else "test_loss"
     lines = [f"# {title}", "",
              f"torch {ctx['torch_version']}, CPU {ctx['cpu']['model']} ({ctx['cpu']['cores']} cores), "
              f"GPUs: {', '.join(g['name'] for g in ctx['gpus']) or 'none'}; {ctx['time']}.",
              *([f"Training flags: `{' '.join(flags)}`; repeats: {report.get('repeats', 1)}."] if flags else []), "",
              "| configuration | devices | examples/s | speed-up | efficiency | epoch (s) | evaluation (s) | total (s) "
-             "| test accuracy | step ms: data / compute / all-reduce / optimizer |",
+             f"| {judged.replace('_', ' ')} | step ms: data / compute / all-reduce / optimizer |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r["status"] != "ok":
@@ -149,7 +152,7 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
         name += " (oversubscribed)" if r.get("oversubscribed") else ""
         lines.append(f"| {name} | {r['devices']} | {_fmt(r['examples_per_sec'], 0)} | {speed} | {eff} | "
                      f"{_fmt(r['epoch_time_s'])} | {_fmt(r['eval_time_s'])} | {_fmt(r['total_time_s'])} | "
-                     f"{_fmt(r['test_accuracy'], 4)} | {split} |")
+                     f"{_fmt(r.get(judged), 4)} | {split} |")
     rate_note = ("Examples/s exclude each run's first logged window (warm-up)" if rates == "windows" else
                  "Examples/s are each run's own figure (its summary: every training step over the training time)")
     notes = [f"{rate_note}; epoch times exclude the first epoch."]
