@@ -120,7 +120,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     try:
         parts = Parts(model, optimizer, loss, metrics=metrics or None)
         return session.run(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key,
-                                                  env.in_group), parts, env=env)
+                                                  env.in_group), parts, env=env, words=in_python)
     except UserError as e:  # the run's own words name flags (--resume RUN): a Python caller passes fields
         e.args = (in_python(str(e)),)
         raise e.with_traceback(None) from None  # bad input: its message, not paratrain's insides

@@ -87,8 +87,11 @@ NOT_COST = {"out", "resume", "overwrite", "quiet", "tensorboard", "log_every", "
 def cache_key(plan: RunPlan) -> str:
     """The network, the batch and what else sets a step's cost, and this machine."""
     what = {k: v for k, v in plan.cfg.to_dict().items() if k not in NOT_COST}
-    what["images"] = list(plan.data.train[0].shape[1:])
+    what["images"] = list(plan.data.train[0].shape[1:])  # one example's input (an image's, or any tensor's)
+    # what else shapes a step: the inputs' type (token ids), the outputs and targets, the loss of one's own
+    what["data"] = [str(plan.data.train[0].dtype), plan.data.num_outputs, list(plan.data.target_shape)]
     what["network"] = (plan.parts.record or {}).get("model") if plan.parts is not None else None
+    what["loss"] = (plan.parts.record or {}).get("loss") if plan.parts is not None else None
     what["machine"] = [cpu_model(), usable_cores(), torch.__version__, __version__]
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -38,11 +38,12 @@ from .userparts import Parts
 
 def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,
         hardware: Hardware | None = None, devices: tuple[str, ...] | None = None,
-        report: Callable[[int, float], bool] | None = None, env: Environment | None = None,
-        last_line: bool = True) -> dict[str, Any] | None:
+        report: Callable[[int, dict[str, float]], bool] | None = None, env: Environment | None = None,
+        last_line: bool = True, words: Callable[[str], str] = str) -> dict[str, Any] | None:
     """Open the run's folder, plan the run, write its record, launch the workers; rank 0's summary (None on
     other ranks of a launcher's group). `hardware`, `devices`, `report`: as runplan.make takes them (a search
-    trial's share of the pool and its pruner); `last_line`: print the result line (a search prints its own)."""
+    trial's share of the pool and its pruner); `last_line`: print the result line (a search prints its own);
+    `words`: a note in the caller's words (paratrain.fit's: fields, not flags)."""
     env = env or detect()
     marks = {"process_start": clock.process_start(), "train_called": time.time()}
 
@@ -95,7 +96,7 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
         summary["devices_auto"] = choice
         if choice is None and (note := autodevices.far_below(plan, summary)) and not cfg.quiet:
-            autodevices.say(note)
+            autodevices.say(words(note))
         try:
             write_summary(out, summary)
         except WriteFailed as e:  # the run is done and saved: only this last figure is not on disk
