@@ -343,3 +343,51 @@ def test_a_killed_worker_restarts_to_the_weights_of_the_untouched_run(tmp_path: 
     summary = json.loads((runs["killed"] / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["resumed_from_step"] >= 10
     assert max_abs_diff(weights(runs["killed"]), weights(runs["untouched"])) == 0.0
+
+
+class _Rows(torch.utils.data.Dataset):
+    """A Dataset of tensors: a row of 6 features and a float target, as a pair or a dict."""
+
+    def __init__(self, n: int = 300, as_dict: bool = False, keys: tuple[str, ...] = ("features", "target")) -> None:
+        self.n, self.as_dict, self.keys = n, as_dict, keys
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> object:
+        x = torch.randn(6, generator=torch.Generator().manual_seed(i))
+        y = x[:3].sum()
+        return dict(zip(self.keys, (x, y, y), strict=False)) if self.as_dict else (x, y)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_dataset_of_tensors_is_read_into_memory_and_split(tmp_path: Path, as_dict: bool) -> None:
+    summary = _fit("mlp", _Rows(as_dict=as_dict), tmp_path / "run", devices="1", steps=150, batch_size=32, width=16,
+                   lr=0.01, metric="r2")
+    assert summary["test_accuracy"] is None and summary["test_r2"] > 0.8  # a linear target
+
+
+@pytest.mark.parametrize(("dataset", "message"), [
+    (_Rows(as_dict=True, keys=("a", "b", "target")), "a dict with keys a, b, target: give two entries, the inputs "
+                                                      "and the targets"),
+    (_Rows(as_dict=True, keys=("a", "b")), "named one of y, target, targets, label, labels"),
+    (_Rows(n=2), "your dataset has 2 item"),
+])
+def test_a_dataset_of_tensors_that_cannot_train_is_one_line(tmp_path: Path, dataset: object, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        _fit("mlp", dataset, tmp_path / "run", devices="1", steps=1)
+
+
+def test_a_dataset_of_tensors_of_unequal_shapes_says_to_pad(tmp_path: Path) -> None:
+    items = [(torch.zeros(4), 1.0)] * 5 + [(torch.zeros(3), 1.0)]
+
+    class Ragged(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(items)
+
+        def __getitem__(self, i: int) -> tuple:
+            return items[i]
+
+    with pytest.raises(UserError, match=r"item 5 of your dataset has inputs of shape \(3,\), item 0 \(4,\); give "
+                                        "every item the same shapes"):
+        _fit("mlp", Ragged(), tmp_path / "run", devices="1", steps=1)

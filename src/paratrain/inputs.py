@@ -13,7 +13,7 @@ import torch
 from . import config as C
 from .data import Splits, folder, load_dataset
 from .data.dataset import from_dataset
-from .data.tensors import tensor_splits
+from .data.tensors import from_items, is_tensors_item, tensor_splits
 from .data.transforms import unit_scale
 from .errors import UserError, closest
 from .models import native_channels
@@ -62,6 +62,11 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
         return data
     if isinstance(data, str):
         return load_for(cfg if cfg.dataset in C.FILES else cfg.replace(dataset=data))
+    if isinstance(data, torch.utils.data.Dataset) and len(data) and is_tensors_item(data[0]):  # type: ignore[arg-type]
+        if cache_key is not None:
+            raise UserError("cache_key names the decoded cache of a Dataset of images; a Dataset of tensors is read "
+                            "into memory: leave cache_key out")
+        return from_items(data, cfg.val_size, cfg.test_size)  # examples of tensors: read into memory
     if isinstance(data, torch.utils.data.Dataset):  # decoded once into a cache: the run's, or one the user names
         if cache_key is not None:
             where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir, cfg.image_size), True
