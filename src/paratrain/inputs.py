@@ -13,7 +13,8 @@ import torch
 from . import config as C
 from .data import Splits, folder, load_dataset
 from .data.dataset import from_dataset
-from .data.tensors import from_items, is_tensors_item, tensor_splits
+from .data.tables import from_items, is_tensors_item
+from .data.tensors import tensor_splits
 from .data.transforms import unit_scale
 from .errors import UserError, closest
 from .models import native_channels

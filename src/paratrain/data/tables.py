@@ -218,3 +218,56 @@ def _number(cell: str) -> float | None:
 
 def _not_numbers(cells: list[str]) -> bool:
     return any(c and _number(c) is None for c in cells)
+
+
+TARGET_KEYS = ("y", "target", "targets", "label", "labels")  # a dict item's targets; its one other entry: inputs
+
+
+def is_tensors_item(item: object) -> bool:
+    """Whether a Dataset's item is an example of tensors (kind "tensors"), not an (image, label) pair: a dict,
+    or a pair whose input is not 2-D or 3-D (a table's row, a sequence) or whose target is not one number (a
+    multi-label row). PIL images, and 2-D/3-D arrays with one label, are images (a float label among them is
+    refused as a class index: give dict items for a regression on images)."""
+    import numpy as np
+
+    if isinstance(item, dict):
+        return True
+    if not (isinstance(item, tuple | list) and len(item) == 2):
+        return False
+    x, y = item
+    if not isinstance(x, torch.Tensor | np.ndarray):
+        return False  # a PIL image, say
+    several = isinstance(y, torch.Tensor | np.ndarray) and (y.numel() if isinstance(y, torch.Tensor) else y.size) != 1
+    return x.ndim not in (2, 3) or several
+
+
+def from_items(dataset: object, val_size: int | None, test_size: int | None) -> Splits:
+    """A map-style Dataset of (inputs, targets) pairs (or dicts of two tensors, TARGET_KEYS naming the
+    targets), read once into memory and split as a tensors file without x_test is (tables.split_rows)."""
+    n = len(dataset)  # type: ignore[arg-type]
+    if n < 3:
+        raise UserError(f"your dataset has {n} item(s); it needs at least one each to train, validate and test")
+    inputs, targets = [], []
+    for i in range(n):
+        x, y = _pair(dataset[i], i)  # type: ignore[index]
+        inputs.append(torch.as_tensor(x))
+        targets.append(torch.as_tensor(y))
+    for what, items in (("inputs", inputs), ("targets", targets)):
+        odd = next((i for i, t in enumerate(items) if t.shape != items[0].shape), None)
+        if odd is not None:
+            raise UserError(f"item {odd} of your dataset has {what} of shape {tuple(items[odd].shape)}, item 0 "
+                            f"{tuple(items[0].shape)}; give every item the same shapes (pad sequences to one length)")
+    return split_rows({"x": torch.stack(inputs), "y": torch.stack(targets)}, Path("your dataset"), val_size,
+                      test_size, None)
+
+
+def _pair(item: object, i: int) -> tuple[object, object]:
+    if isinstance(item, dict):
+        named = [k for k in item if k in TARGET_KEYS]
+        if len(item) != 2 or len(named) != 1:
+            raise UserError(f"item {i} of your dataset is a dict with keys {', '.join(map(str, item))}: give two "
+                            f"entries, the inputs and the targets (named one of {', '.join(TARGET_KEYS)})")
+        return next(v for k, v in item.items() if k != named[0]), item[named[0]]
+    if not (isinstance(item, tuple | list) and len(item) == 2):
+        raise UserError(f"item {i} of your dataset is a {type(item).__name__}, not an (inputs, targets) pair")
+    return item[0], item[1]
