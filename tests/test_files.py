@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import main_code, run_cli
+from conftest import main_code, max_abs_diff, run_cli, weights
 
 import paratrain
 from paratrain import config as C
@@ -107,6 +107,62 @@ def test_a_missing_or_unreadable_tensors_file_is_one_line(tmp_path: Path) -> Non
         load_tensors(tmp_path / "d.npz", None, 9)
 
 
+def _npy_folder(folder: Path, n: int = 2000, form: str = "splits") -> dict[str, np.ndarray]:
+    """The regression's arrays as a folder of .npy files (float64 inputs, as numpy makes them): x_train, ...
+    or x and y."""
+    folder.mkdir()
+    d = regression.make_data(n=n, features=8)
+    arrays = {f"{h}_{s}": d[s][i].double().numpy() for s in ("train", "val", "test") for i, h in enumerate("xy")}
+    if form == "whole":
+        arrays = {h: np.concatenate([arrays[f"{h}_{s}"] for s in ("train", "val", "test")]) for h in "xy"}
+    for name, a in arrays.items():
+        np.save(folder / f"{name}.npy", a)
+    return arrays
+
+
+def test_inputs_in_npy_files_stay_in_them_and_travel_as_their_paths(tmp_path: Path) -> None:
+    """Each worker reads its rows of each batch from the file: a Splits of mapped inputs pickles (to a spawned
+    worker) in bytes, not as its data; the rows read are those an .npz of the same arrays holds in memory."""
+    import pickle
+
+    from paratrain.data.mapped import MappedTensor
+
+    arrays = _npy_folder(tmp_path / "f", form="whole")
+    mapped = load_tensors(tmp_path / "f", None, None)
+    assert isinstance(mapped.train[0], MappedTensor) and mapped.train[0].dtype == torch.float32
+    assert len(pickle.dumps(mapped.train[0])) < 20_000 < arrays["x"].nbytes  # 128 kB of inputs
+    in_memory = load_tensors(_npz(tmp_path / "d.npz", **arrays), None, None)
+    for split in ("train", "val", "test"):
+        x, y = getattr(mapped, split)
+        assert torch.equal(x[: len(x)], getattr(in_memory, split)[0])  # held out by the same permutation
+        assert torch.equal(y, getattr(in_memory, split)[1])
+    idx = torch.tensor([5, 0, 3])
+    assert torch.equal(mapped.train[0][idx], in_memory.train[0][idx])
+
+
+def test_a_run_on_mapped_inputs_trains_as_on_the_same_inputs_in_memory(tmp_path: Path) -> None:
+    arrays = _npy_folder(tmp_path / "f")
+    options = dict(devices="1", steps=30, width=16, standardize=True, quiet=True, tensorboard=False)
+    paratrain.fit("mlp", tmp_path / "f", paratrain.TrainConfig(dataset="tensors", out=str(tmp_path / "mapped"),
+                                                               **options))
+    paratrain.fit("mlp", _npz(tmp_path / "d.npz", **arrays), paratrain.TrainConfig(out=str(tmp_path / "memory"),
+                                                                                  **options))
+    assert max_abs_diff(weights(tmp_path / "mapped"), weights(tmp_path / "memory")) == 0.0
+
+
+@pytest.mark.parametrize(("array", "message"), [
+    (np.array([[0.0, 1.0]] * 3 + [[np.inf, 0.0]]), r"f, row 3: the inputs hold an empty cell, NaN or inf \(1 rows "
+                                                   r"do\)"),
+    (np.array([[True, False]] * 4), "holds bool values; give an array of numbers"),
+])
+def test_mapped_inputs_are_checked_as_inputs_in_memory_are(tmp_path: Path, array: np.ndarray, message: str) -> None:
+    (tmp_path / "f").mkdir()
+    np.save(tmp_path / "f" / "x.npy", array)
+    np.save(tmp_path / "f" / "y.npy", np.zeros(4))
+    with pytest.raises(UserError, match=message):
+        load_tensors(tmp_path / "f", 1, 1)
+
+
 # ---- CSV tables ----
 
 def test_a_table_of_numbers_is_a_regression_and_names_or_whole_numbers_are_classes(tmp_path: Path) -> None:
@@ -193,6 +249,17 @@ def test_token_ids_from_an_npz_train_the_registry_gru(tmp_path: Path) -> None:
         paratrain.fit("gru", regression.make_data(n=100), paratrain.TrainConfig(out=str(tmp_path / "r"), steps=1))
     with pytest.raises(UserError, match="model 'gru' reads token ids"):
         paratrain.fit("gru", "digits", paratrain.TrainConfig(out=str(tmp_path / "d"), steps=1))
+
+
+@pytest.mark.integration
+def test_two_workers_reading_mapped_inputs_equal_one_device(tmp_path: Path) -> None:
+    _npy_folder(tmp_path / "f", n=3000)
+    options = dict(dataset="tensors", steps=30, width=16, optimizer="adam", lr=0.003, quiet=True,
+                   tensorboard=False, threads_per_worker=1, metric="mae")
+    one, two = (paratrain.fit("mlp", tmp_path / "f", paratrain.TrainConfig(out=str(tmp_path / d), devices=d,
+                                                                          **options)) for d in ("1", "2"))
+    assert max_abs_diff(weights(tmp_path / "1"), weights(tmp_path / "2")) < 5e-6
+    assert two["test_mae"] == pytest.approx(one["test_mae"], rel=1e-5)
 
 
 # ---- search ----

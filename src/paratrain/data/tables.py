@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
+from .mapped import MappedTensor, take
 from .splits import Splits
 from .tensors import tensor_splits
 
@@ -63,8 +64,13 @@ def _folder(folder: Path) -> dict[str, torch.Tensor]:
         if file.stem in arrays:
             raise UserError(f"{folder} holds both {file.stem}.npy and {file.stem}.pt; keep one")
         try:
+            if file.suffix == ".npy" and file.stem.split("_")[0] == "x":  # inputs stay in the file (mapped.py)
+                arrays[file.stem] = _mapped(file)
+                continue
             value = np.load(file, allow_pickle=False) if file.suffix == ".npy" else \
                 torch.load(file, map_location="cpu", weights_only=True)
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001 (a cut file, a pickle with code in it: said in one line)
             raise UserError(f"{file} cannot be read as a tensor ({type(e).__name__}: "
                             f"{' '.join(str(e).split())[:120]}); save it with numpy.save or torch.save") from None
@@ -72,6 +78,17 @@ def _folder(folder: Path) -> dict[str, torch.Tensor]:
     if not arrays:
         raise UserError(f"{folder} holds no .npy or .pt files; give x_train.npy and y_train.npy (and x_test, y_test)")
     return arrays
+
+
+def _mapped(file: Path) -> MappedTensor:
+    """An .npy file of inputs, left in the file: each worker reads its rows of each batch from it."""
+    import numpy as np
+
+    array = np.load(file, mmap_mode="r", allow_pickle=False)
+    if array.dtype.kind not in "iuf" or array.ndim == 0:
+        raise UserError(f"{file} holds {array.dtype} values{' (one number)' if array.ndim == 0 else ''}; give an "
+                        "array of numbers (floats or integers), a row per example")
+    return MappedTensor(str(file))
 
 
 def _tensor(value: object, where: str) -> torch.Tensor:
@@ -86,15 +103,20 @@ def _tensor(value: object, where: str) -> torch.Tensor:
     return value
 
 
-def _check_finite(x: torch.Tensor, y: torch.Tensor, where: Path, lines: bool) -> None:
+def _check_finite(x: torch.Tensor | MappedTensor, y: torch.Tensor, where: Path, lines: bool) -> None:
     for what, t in (("inputs", x), ("targets", y)):
-        if t.is_floating_point() and len(t):
-            bad = ~torch.isfinite(t.reshape(len(t), -1)).all(1)
-            if bad.any():
-                row = int(bad.nonzero()[0])
-                place = f"data row {row + 1}" if lines else f"row {row}"  # a CSV's: after its header, from 1
-                raise UserError(f"{where}, {place}: the {what} hold an empty cell, NaN or inf ({int(bad.sum())} "
-                                "rows do); drop or fill those rows")
+        if not t.is_floating_point() or not len(t):
+            continue
+        first, count, seen = None, 0, 0
+        for chunk in t.chunks() if isinstance(t, MappedTensor) else [t]:  # a mapped file: a chunk at a time
+            bad = ~torch.isfinite(chunk.reshape(len(chunk), -1)).all(1)
+            if first is None and bad.any():
+                first = seen + int(bad.nonzero()[0])
+            count, seen = count + int(bad.sum()), seen + len(chunk)
+        if first is not None:
+            place = f"data row {first + 1}" if lines else f"row {first}"  # a CSV's: after its header, from 1
+            raise UserError(f"{where}, {place}: the {what} hold an empty cell, NaN or inf ({count} rows do); drop "
+                            "or fill those rows")
 
 
 def split_rows(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, test_size: int | None,
@@ -121,7 +143,10 @@ def split_rows(arrays: dict[str, torch.Tensor], where: Path, val_size: int | Non
         _check_finite(x, y, where, lines)
     if not hold_out and "test" not in pairs:  # every row is a test row
         rows = list(pairs.values())
-        every = (torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows]))
+        if len(rows) > 1 and any(isinstance(r[0], MappedTensor) for r in rows):
+            raise UserError(f"{where} has no x_test, and its inputs stay in their files: give x_test and y_test to "
+                            "evaluate on")
+        every = rows[0] if len(rows) == 1 else (torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows]))
         pairs = {"train": every, "val": (every[0][:0], every[1][:0]), "test": every}
     held, order = [s for s in ("test", "val") if s not in pairs], None
     if held:
@@ -132,10 +157,11 @@ def split_rows(arrays: dict[str, torch.Tensor], where: Path, val_size: int | Non
         if n >= len(order):
             raise UserError(f"{where}: {len(order)} training rows cannot give {n} {s} rows and keep some to train on; "
                             f"give --{s}-size below {len(order)}")
-        pairs[s] = (x[order[:n]], y[order[:n]])
+        pairs[s] = (take(x, order[:n]), y[order[:n]])
         order = order[n:]
     if held:
-        pairs["train"] = (x[order.sort().values], y[order.sort().values])  # in the file's order
+        kept = order.sort().values  # in the file's order
+        pairs["train"] = (take(x, kept), y[kept])
     if not len(pairs["test"][1]):
         raise UserError(f"{where}: the test split holds no rows; give x_test and y_test, or --test-size 1 or more")
     return tensor_splits(pairs, where.name, names, HOLD_OUT_SPLIT if held else None,

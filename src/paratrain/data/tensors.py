@@ -3,9 +3,12 @@ read into them (--dataset tensors, --dataset csv)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..errors import UserError
+from .mapped import MappedTensor
 from .splits import Splits
 
 
@@ -28,14 +31,15 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
             if t.shape[1:] != like.shape[1:]:
                 raise UserError(f"{where.format(split)} {what} are {tuple(t.shape[1:])} an example, the training "
                                 f"{what} {tuple(like.shape[1:])}; give every split the same shapes")
-            if t.is_complex() or t.dtype == torch.bool:
+            if t.dtype.is_complex or t.dtype == torch.bool:
                 raise UserError(f"{where.format(split)} {what} are {t.dtype}; give real numbers (float) or integers")
-            if t.is_floating_point() and len(t) and not torch.isfinite(t).all():
-                row = int((~torch.isfinite(t.reshape(len(t), -1))).any(1).nonzero()[0])
+            row = _first_bad_row(t)
+            if row is not None:
                 raise UserError(f"{where.format(split)} {what} hold NaN or inf (row {row} the first); drop or fill "
                                 "those rows")
-        checked[split] = tuple(t.float() if t.is_floating_point() or t.dtype == torch.uint8 else t.long()
-                               for t in (inputs, targets))
+        # a memory-mapped input converts as it is read (mapped.MappedTensor)
+        checked[split] = tuple(t if isinstance(t, MappedTensor) else t.float() if t.is_floating_point() or
+                               t.dtype == torch.uint8 else t.long() for t in (inputs, targets))
     classes = 0
     if y.dim() == 1 and not y.is_floating_point():
         lowest = min(int(t.min()) for _, t in checked.values() if len(t))
@@ -50,6 +54,20 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
                   split=split, kind="tensors", vocabulary=vocabulary)
 
 
+def _first_bad_row(t: torch.Tensor | MappedTensor) -> int | None:
+    """The first row holding NaN or inf (a memory-mapped input read a chunk at a time), or None."""
+    if not t.is_floating_point() or not len(t):
+        return None
+    chunks = t.chunks() if isinstance(t, MappedTensor) else [t]
+    seen = 0
+    for chunk in chunks:
+        bad = ~torch.isfinite(chunk.reshape(len(chunk), -1)).all(1)
+        if bad.any():
+            return seen + int(bad.nonzero()[0])
+        seen += len(chunk)
+    return None
+
+
 def standardized(splits: Splits) -> Splits:
     """--standardize: the training inputs' mean and standard deviation per element (float64 sums, so no
     thread count shows), which the batch transform (TensorPipeline) applies; a constant element keeps its
@@ -60,7 +78,12 @@ def standardized(splits: Splits) -> Splits:
     if not x.is_floating_point():
         raise UserError(f"--standardize scales float features; these inputs are {x.dtype} (token ids, say): leave "
                         "it out")
-    flat = x.reshape(len(x), -1).double()
-    mean, std = flat.mean(0), flat.std(0) if len(x) > 1 else torch.ones(flat.shape[1], dtype=torch.float64)
+    def flats() -> Any:  # float64 rows, a chunk at a time where the input stays in its file
+        return (c.reshape(len(c), -1).double() for c in (x.chunks() if isinstance(x, MappedTensor) else [x]))
+
+    n = len(x)
+    mean = sum(f.sum(0) for f in flats()) / n  # two passes, as torch.std makes them
+    var = sum(((f - mean) ** 2).sum(0) for f in flats()) / (n - 1) if n > 1 else torch.ones_like(mean)
+    std = var.sqrt()
     std = torch.where(std > 0, std, torch.ones_like(std))
     return replace(splits, mean=tuple(mean.tolist()), std=tuple(std.tolist()))
