@@ -28,7 +28,7 @@ from .inputs import DataLike, as_splits, file_kind, is_folder
 from .metrics import check as check_metrics
 from .rundir import check_writable
 from .strategies import checked
-from .trained import check_callables, evaluate_tensors, model_name, restore, run_of
+from .trained import check_callables, evaluate_tensors, model_name, restore, run_of, user_facing
 from .userparts import Parts
 
 
@@ -147,6 +147,7 @@ def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
     return C.overlay(C.of_run(cfg.resume, f"resume={cfg.resume}"), changed)
 
 
+@user_facing
 def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[], nn.Module] | None = None,
              loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, dataset: str | None = None,
              data_dir: str | None = None, download: bool | None = None, accelerator: str = "auto") -> dict[str, Any]:

@@ -19,6 +19,21 @@ from .predict import Classifier, Predictor
 from .userparts import Parts
 
 
+def user_facing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Bad input to a function of the API raises its one-line UserError without paratrain's frames (as fit
+    does): the message says what to do, the caller's line is the last frame shown."""
+    import functools
+
+    @functools.wraps(fn)
+    def called(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            raise e.with_traceback(None) from None
+
+    return called
+
+
 def check_callables(**given: Any) -> None:
     """model= and optimizer= take factories (every worker builds its own), loss= a function."""
     for name, value in given.items():
@@ -54,6 +69,7 @@ def run_of(run: Any) -> str | Path:
     return run
 
 
+@user_facing
 def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, ema: bool = False) -> nn.Module:
     """The trained network of a run (its last checkpoint) or of a .pt file, on the CPU, in eval mode.
     A run of a user's network needs its factory; `ema`: the averaged weights (runs with --ema).
@@ -66,6 +82,7 @@ def load_model(run: str | Path, model: Callable[[], nn.Module] | None = None, em
     return loaded(run, state, model, ema)[0]
 
 
+@user_facing
 def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = None,
                     ema: bool | None = None) -> Classifier:
     """A run's trained network with its input preparation: `predict(images)` takes images as they come
@@ -93,6 +110,7 @@ def load_classifier(run: str | Path, model: Callable[[], nn.Module] | None = Non
     return Classifier(net, pipeline, splits.channels, splits.image_size, names, flip=cfg.test_flip)
 
 
+@user_facing
 def load_predictor(run: str | Path, model: Callable[[], nn.Module] | None = None,
                    ema: bool | None = None) -> Classifier | Predictor:
     """A run's trained network with its input preparation: a Classifier for a run on images, a Predictor
