@@ -151,8 +151,8 @@ def test_a_run_on_mapped_inputs_trains_as_on_the_same_inputs_in_memory(tmp_path:
 
 
 @pytest.mark.parametrize(("array", "message"), [
-    (np.array([[0.0, 1.0]] * 3 + [[np.inf, 0.0]]), r"f, row 3: the inputs hold an empty cell, NaN or inf \(1 rows "
-                                                   r"do\)"),
+    (np.array([[0.0, 1.0]] * 3 + [[np.inf, 0.0]]), r"f, row 3: the inputs hold an empty cell, NaN or inf \(1 row "
+                                                   r"does\)"),
     (np.array([[True, False]] * 4), "holds bool values; give an array of numbers"),
 ])
 def test_mapped_inputs_are_checked_as_inputs_in_memory_are(tmp_path: Path, array: np.ndarray, message: str) -> None:
@@ -173,8 +173,11 @@ def test_a_table_of_numbers_is_a_regression_and_names_or_whole_numbers_are_class
     named = load_csv(_table(tmp_path / "iris.csv", ["a", "b", "kind"], rows), "kind", 2, 2)
     assert named.classes == ("setosa", "versicolor", "virginica") and named.num_classes == 3
     numbers = _table(tmp_path / "n.csv", ["a", "b", "c"], [row[:2] + [row[0] * 2] for row in rows])
-    counted = load_csv(numbers, "b", 2, 2)  # whole numbers: class indices
+    counted = load_csv(numbers, "b", 2, 2)  # a few whole numbers: class indices
     assert counted.num_classes == 4 and counted.classes is None
+    prices = _table(tmp_path / "p.csv", ["a", "price"], [[i % 7, 250000 + 1000 * i] for i in range(40)])
+    priced = load_csv(prices, "price", 2, 2)  # whole numbers of more than 20 values: a regression's
+    assert not priced.classification and priced.train[1].dtype == torch.float32
     both = load_csv(numbers, "a,b", 2, 2)  # several targets: numbers, a row each
     assert both.target_shape == (2,) and not both.classification
 
@@ -183,7 +186,7 @@ def test_a_table_of_numbers_is_a_regression_and_names_or_whole_numbers_are_class
     (["a", "price"], [[1, 2]], "prise", r"--target prise: .* has no such column \(did you mean price\?\); its "
                                         "columns: a, price"),
     (["a", "city", "y"], [[1, "Paris", 2.5], [2, "Oslo", 1.0]], "y",
-     r"column city is not numbers \('city' holds 'Paris'\); paratrain reads numeric features only: encode"),
+     r"column city is not numbers \(it holds 'Paris'\); paratrain reads numeric features only: encode"),
     (["a", "y"], [[1, 2.5], [2]], "y", r"data row 2: 1 cells, and the header names 2 columns"),
     (["a", "y"], [[1, 2.5], ["", 1.0], [3, 1.5]], "y", r"data row 2: the inputs hold an empty cell, NaN or inf"),
     (["a", "y"], [[1, "inf"], [2, 1.0], [3, 1.5]], "y", r"data row 1: the targets hold an empty cell, NaN or inf"),

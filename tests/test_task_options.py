@@ -60,7 +60,7 @@ def test_the_diabetes_recipe_learns_its_table_and_evaluates_it(tmp_path: Path, c
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--dataset", "tokens", "--loss", "mse"], "--loss mse compares numbers, and these targets are class indices"),
+    (["--dataset", "digits", "--loss", "mse"], "--loss mse compares numbers, and images are classified"),
     (["--dataset", "digits", "--standardize"], "--standardize scales the features of tensors; images are normalised"),
     (["--dataset", "tokens", "--model", "gru", "--standardize"], "--standardize scales float features; these inputs "
                                                                  "are torch.int64"),

@@ -68,8 +68,8 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
                         "example: use model 'mlp' (features), 'gru' (token ids) or a network of your own "
                         "(paratrain.fit(model=make_net, ...))")
     if not data.train[0].dtype.is_floating_point:
-        raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype} (token ids, say): use "
-                        "model 'gru', or a network of your own that embeds them")
+        raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype}: for features, give them "
+                        "as floats; for token ids, use model 'gru' or a network of your own that embeds them")
     net = build_model("mlp", math.prod(data.input_shape), 1, data.num_outputs, width=cfg.width, depth=cfg.depth,
                       activation=cfg.activation, dropout=cfg.dropout)
     if not data.input_shape:  # one number an example: a column of width 1 for the first layer

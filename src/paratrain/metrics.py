@@ -42,25 +42,22 @@ def names(text: str | None) -> list[str]:
 
 
 def _built_in(name: str, num_classes: int, labels: int) -> Any:
-    """`num_classes`: class-index targets' classes; `labels`: multi-label targets' labels (0/1 each)."""
+    """`num_classes`: class-index targets' classes; `labels`: 0/1 targets' labels (a row each, or one: -1)."""
     import torchmetrics as tm
+    from torchmetrics.wrappers import LambdaInputTransformer
 
     if name in NEEDS_CLASSES:
         kind = {"f1": tm.F1Score, "precision": tm.Precision, "recall": tm.Recall}[name]
-        if labels:  # a logit per label, thresholded at probability 0.5
-            return kind(task="multilabel", num_labels=labels, average="macro")
+        if labels:
+            # a logit per label, thresholded at probability 0.5. torchmetrics decides per batch whether its
+            # inputs are logits (any value outside 0..1), which would make the value depend on the batches:
+            # it is given probabilities
+            metric = kind(task="binary") if labels < 0 else kind(task="multilabel", num_labels=labels,
+                                                                  average="macro")
+            return LambdaInputTransformer(metric, transform_pred=torch.sigmoid)
         return kind(task="multiclass", num_classes=num_classes, average="macro")
     return {"mae": tm.MeanAbsoluteError, "mse": tm.MeanSquaredError, "r2": tm.R2Score,
             "rmse": lambda: tm.MeanSquaredError(squared=False)}[name]()
-
-
-def higher_is_better(metric: Any) -> bool | None:
-    """A metric's direction: a built-in name's, or the object's `higher_is_better` (torchmetrics sets it on
-    its classes; set it on a function of yours); None where it says nothing."""
-    if isinstance(metric, str):
-        return BUILT_IN[metric][1]
-    value = getattr(metric, "higher_is_better", None)
-    return bool(value) if value is not None else None
 
 
 def check(metrics: Any) -> dict[str, Any]:
@@ -97,7 +94,9 @@ class Meter:
             if _is_torchmetric(metric):
                 fresh = copy.deepcopy(metric).to(device)
                 fresh.reset()
-                fresh.set_dtype(torch.float64)  # sums in float64: the workers' order of summing does not show
+                for part in fresh.modules():  # a wrapper's metrics too (set_dtype does not reach them)
+                    if hasattr(part, "set_dtype"):  # sums in float64: the workers' order of summing does not show
+                        part.set_dtype(torch.float64)
                 self.objects[name] = fresh
             else:
                 self.functions[name] = metric
@@ -150,17 +149,29 @@ def for_run(cfg_metric: str | None, given: dict[str, Any] | None, data: Any) -> 
     its classes, or its labels where the targets are a row of floats an example, multi-label); each
     evaluation updates fresh copies of them (Meter)."""
     num_classes = data.num_classes
-    floats = not data.classification and len(data.target_shape) == 1 and data.train[1].is_floating_point()
-    labels = data.target_shape[0] if floats else 0
     chosen: dict[str, Any] = {name: name for name in names(cfg_metric)}
     chosen.update(given or {})
     built = {}
     for name, metric in chosen.items():
         if isinstance(metric, str):
+            labels = _labels(data) if metric in NEEDS_CLASSES and not num_classes else 0
             if metric in NEEDS_CLASSES and not (num_classes or labels):
                 raise UserError(f"--metric {metric} scores class predictions, and these targets are neither class "
-                                "indices (one integer an example) nor labels (a row of 0/1 floats); choose mae, mse, "
-                                "rmse or r2")
+                                "indices (one integer an example) nor labels (0/1 floats, one or a row an "
+                                "example); choose mae, mse, rmse or r2")
+            if metric not in NEEDS_CLASSES and num_classes:
+                raise UserError(f"--metric {metric} compares numbers, and these targets are class indices: choose "
+                                "f1, precision or recall (accuracy is reported already)")
             metric = _built_in(metric, num_classes, labels)
         built[name] = metric
     return built
+
+
+def _labels(data: Any) -> int:
+    """Labels of 0/1 float targets: -1 for one an example (binary), K for a row of K (multi-label); 0 for
+    other targets. A memory map's targets are in memory (only inputs stay in files)."""
+    y = data.train[1]
+    if not y.is_floating_point() or len(data.target_shape) > 1 or not len(y) or \
+            not bool(((y == 0) | (y == 1)).all()):
+        return 0
+    return -1 if not data.target_shape else data.target_shape[0]

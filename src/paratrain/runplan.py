@@ -25,7 +25,7 @@ from typing import Any
 from . import config as C
 from . import strategies
 from .data import Splits
-from .data.tensors import standardized
+from .data.tensors import as_numbers, standardized
 from .devices import Hardware, device_map, for_group, group_devices, precision_on
 from .devices import resolve as resolve_devices
 from .env import LOCAL, Environment
@@ -87,6 +87,11 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     if not data.images:
         _check_for_tensors(cfg)
         data = standardized(data) if cfg.standardize else data
+        if data.classification and cfg.loss not in ("auto", "cross-entropy") and (parts is None or parts.loss is None):
+            data = as_numbers(data)  # the loss compares numbers: whole-number targets are a regression's
+            if env.is_main and not cfg.quiet:
+                print(f"paratrain: note: --loss {cfg.loss} takes the targets as numbers (a regression), not as the "
+                      "class indices they look like", file=sys.stderr, flush=True)
         check_task(cfg, data, parts.loss if parts is not None else None)
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
@@ -96,6 +101,9 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
 
 
 def _check_for_images(cfg: C.TrainConfig) -> None:
+    if cfg.loss not in ("auto", "cross-entropy"):
+        raise UserError(f"--loss {cfg.loss} compares numbers, and images are classified: leave --loss out (or "
+                        "give paratrain.fit the images as tensors with float targets for a regression)")
     if cfg.standardize:
         raise UserError("--standardize scales the features of tensors; images are normalised per channel already: "
                         "leave it out")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -174,40 +175,28 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     `loss`, else cross-entropy for class indices and the mean squared error otherwise; the metrics are the
     run's --metric."""
     from . import devices, dist
-    from .data import tables
-    from .data.tensors import tensor_splits
     from .evaluation import evaluate as evaluate_on
-    from .inputs import file_kind
     from .losses import evaluation_loss
     from .metrics import Meter, for_run
 
     cfg = C.from_dict(state["config"])
-    if isinstance(data, tuple | list) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        data = {"train": tuple(data), "val": tuple(t[:0] for t in data), "test": tuple(data)}
-    path = data if isinstance(data, str | os.PathLike) else data_dir
-    if isinstance(data, dict):
-        splits = tensor_splits({k: tuple(data[k]) for k in ("train", "val", "test") if k in data})
-    elif path is not None:
-        kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")
-        # the run's own file: the test rows it held out; another: its x_test, or every row
-        same = cfg.data_dir is not None and Path(path).resolve() == Path(cfg.data_dir).resolve()
-        splits = tables.load_csv(path, cfg.target, cfg.val_size, cfg.test_size, same) if kind == "csv" else \
-            tables.load_tensors(path, cfg.val_size, cfg.test_size, same)
-    elif cfg.dataset in ("diabetes", "tokens"):  # the bundled datasets: the test rows the run held out
-        splits = load_for(C.validate(cfg.replace(overwrite=False)))
-    elif cfg.dataset in ("tensors", "csv"):
-        raise UserError(f"name the file to test on: paratrain eval {run} --data-dir FILE (Python: evaluate(run, "
-                        f"FILE)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never followed")
-    else:
-        raise UserError(f"{run} was trained on tensors of yours: pass the test tensors, paratrain.evaluate(run, "
-                        "(inputs, targets))")
+    own = (state.get("parts") or {}).get("loss", "paratrain's")
+    if loss is None and "paratrain's" not in own:
+        raise UserError(f"{run} was trained with a loss of yours ({own}): pass it again, paratrain.evaluate(run, "
+                        "data, loss=...), to judge it as the run was judged")
+    splits, rows = _test_rows(run, cfg, state["data"], data, data_dir)
+    if splits.classification and not int(state["data"]["num_classes"]):  # a --loss mse run on whole numbers
+        from .data.tensors import as_numbers
+
+        splits = as_numbers(splits)
     _check_tensors(run, state["data"], splits)
     use_ema = cfg.eval_ema and "ema_model" in state
     shaped = Splits.shaped_like(cfg.dataset, state["data"])
     net = restore(cfg, shaped, state, run, model, use_ema).eval()
     device = devices.device_map(devices.resolve(accelerator, "1", None))[0]
     ctx = dist.init(0, 1, device)
-    metrics = for_run(cfg.metric, None, shaped)
+    # the run's classes, and the targets given (0/1 labels, say)
+    metrics = for_run(cfg.metric, None, dataclasses.replace(shaped, train=splits.test))
     meter = Meter(metrics, ctx.device) if metrics else None
     judge = loss if loss is not None else evaluation_loss(cfg, shaped.classification)  # as the run was judged
     from .build import make_batch_transforms  # the run's (its --standardize statistics, from the checkpoint)
@@ -215,10 +204,49 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.to(ctx.device).test,
                                  make_batch_transforms(cfg, shaped, ctx.device), ctx,
                                  cfg.eval_batch_size, judge, meter=meter)
-    return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
+    return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]), "rows": rows,
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
             "dataset": cfg.dataset, "kind": "tensors", "model": model_name(cfg, state, model), "ema": use_ema,
             "step": state["step"]}
+
+
+def _test_rows(run: str | Path, cfg: C.TrainConfig, saved: dict, data: Any, data_dir: str | None) -> tuple[Splits, str]:
+    """The test split `data` (or --data-dir) names, and which rows it is, in words."""
+    from .data import tables
+    from .data.tensors import tensor_splits
+    from .inputs import file_kind
+
+    if isinstance(data, tuple | list) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        data = {"test": tuple(data)}
+    if isinstance(data, dict):  # its test split; every example of a pair
+        if "test" not in data:
+            raise UserError("data has no 'test' pair: give paratrain.evaluate(run, (inputs, targets)), or a dict "
+                            "with 'test'")
+        test = tuple(data["test"])
+        return tensor_splits({"train": test, "val": tuple(t[:0] for t in test), "test": test}), "the tensors given"
+    path = data if isinstance(data, str | os.PathLike) else data_dir
+    if path is not None:
+        kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")
+        # the file the run held its test rows out of (the same path, or a copy of the same size): those rows
+        # again; another file: its x_test, or every row
+        held = saved.get("held_out_of")
+        own_path = cfg.data_dir is not None and Path(path).resolve() == Path(cfg.data_dir).resolve()
+        same = own_path or (held is not None and tables.file_bytes(Path(path)) == held["bytes"])
+        splits = tables.load_csv(path, cfg.target, cfg.val_size, cfg.test_size, same) if kind == "csv" else \
+            tables.load_tensors(path, cfg.val_size, cfg.test_size, same)
+        if same and held is not None and (splits.origin or {}).get("rows") != held["rows"]:
+            raise UserError(f"{path} holds {(splits.origin or {}).get('rows')} rows, and the run held its test rows "
+                            f"out of {held['rows']}: which rows it trained on is no longer known; evaluate on a file "
+                            "of test rows (x_test and y_test), or the run's file as it was")
+        return splits, ("the test rows the run held out" if same else "every row" if splits.split == tables.EVERY_ROW
+                        else "its x_test")
+    if cfg.dataset in ("diabetes", "tokens"):  # the bundled datasets: the test rows the run held out
+        return load_for(C.validate(cfg.replace(overwrite=False))), "the test rows the run held out"
+    if cfg.dataset in ("tensors", "csv"):
+        raise UserError(f"name the file to test on: paratrain eval {run} --data-dir FILE (Python: evaluate(run, "
+                        f"FILE)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never followed")
+    raise UserError(f"{run} was trained on tensors of yours: pass the test tensors, paratrain.evaluate(run, "
+                    "(inputs, targets))")
 
 
 def _check_tensors(run: str | Path, saved: dict, splits: Splits) -> None:
@@ -226,7 +254,10 @@ def _check_tensors(run: str | Path, saved: dict, splits: Splits) -> None:
     the network has no score for."""
     want = (tuple(saved["input_shape"]), tuple(saved["target_shape"]))
     got = (splits.input_shape, splits.target_shape)
-    classes = int(saved["num_classes"])
+    classes, vocabulary = int(saved["num_classes"]), int(saved.get("vocabulary", 0))
+    if vocabulary and splits.vocabulary > vocabulary:
+        raise UserError(f"{run} was trained on token ids 0..{vocabulary - 1}; these reach {splits.vocabulary - 1}, "
+                        "past its embedding: evaluate it on ids it knows")
     if got != want or splits.num_classes > classes or (classes == 0) != (splits.num_classes == 0):
         raise UserError(f"{run} was trained on inputs of {want[0]} and targets of {want[1]} an example"
                         + (f" in {classes} classes" if classes else " (numbers)")

@@ -57,12 +57,8 @@ def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> 
 
 def check_task(cfg: Any, data: Any, loss: Any) -> None:
     """Targets that are not class indices: the default loss is the mean squared error, which takes float
-    targets; label smoothing smooths classes (runplan.make asks, for every run on tensors). A --loss of
-    numbers (mse, l1, smooth-l1, bce) takes float targets, not class indices."""
+    targets; label smoothing smooths classes (runplan.make asks, for every run on tensors)."""
     if data.classification:
-        if loss is None and cfg.loss not in ("auto", "cross-entropy"):
-            raise UserError(f"--loss {cfg.loss} compares numbers, and these targets are class indices (one integer "
-                            "an example): use --loss cross-entropy (auto), or give float targets")
         return
     if cfg.label_smoothing:
         raise UserError(f"label_smoothing smooths class targets; these targets are {data.train[1].dtype} of shape "

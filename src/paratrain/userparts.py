@@ -18,7 +18,7 @@ def _rebuild(blob: bytes, files: dict[tuple[str, int], str] | None = None) -> Pa
     parts = Parts(*pickle.loads(blob))
     if files:
         seen: set[int] = set()
-        for obj in (parts.model, parts.optimizer, parts.loss):
+        for obj in (parts.model, parts.optimizer, parts.loss, *(parts.metrics or {}).values()):
             _restore_files(obj, files, seen)
     return parts
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     acc = result["test_accuracy"]  # NaN: a task without classes
     metrics = "".join(f"  {k} {v:.4f}" for k, v in result.items() if k.startswith("test_") and
                       k not in ("test_accuracy", "test_loss", "test_examples") and v is not None)
-    examples = "test examples" if result.get("kind") == "tensors" else "test images"
+    examples = f"test examples: {result['rows']}" if result.get("kind") == "tensors" else "test images"
     print(("" if math.isnan(acc) else f"test_accuracy {acc:.4f}  ") + f"test_loss {result['test_loss']:.4f}{metrics}  "
           f"({result['test_examples']} {result['dataset']} {examples}, {result['model']}"
           f"{' EMA' if result['ema'] else ''} weights, step {result['step']})")

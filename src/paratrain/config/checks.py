@@ -9,11 +9,12 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..import_path import absolute, is_import_path
-from .fields import DATASET_DEFAULTS, FIELDS, METRICS, TrainConfig, did_you_mean, shown
+from .fields import DATASET_DEFAULTS, FIELDS, METRICS, TrainConfig, did_you_mean, model_for_data, shown
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Fill the per-dataset defaults, then reject impossible values with a message that says what to do."""
+    cfg = model_for_data(cfg)
     if cfg.dataset in DATASET_DEFAULTS:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
     if is_import_path(cfg.model):  # config.yaml names the same file from any folder

@@ -199,6 +199,14 @@ def for_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
 
 
 # Sizes that suit each dataset: the 1,437 digits need small batches to get enough steps.
+def model_for_data(cfg: TrainConfig) -> TrainConfig:
+    """The default model (lenet5, an image network) on data that is not images: the registry's network for it
+    (gru for the token ids of tokens, mlp for the rest; a tensors file of token ids is told to name gru)."""
+    if cfg.model != TrainConfig.model or cfg.dataset not in ("diabetes", "tokens", "tensors", "csv"):
+        return cfg
+    return cfg.replace(model="gru" if cfg.dataset == "tokens" else "mlp")
+
+
 DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "digits": {"batch_size": 64, "epochs": 10},
     "mnist": {"batch_size": 512, "epochs": 5},

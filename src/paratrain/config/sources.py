@@ -13,7 +13,7 @@ from ..env import LOCAL, Environment
 from ..errors import UserError
 from ..import_path import is_import_path
 from ..rundir import write_atomic
-from .fields import FIELDS, TrainConfig, _coerce, did_you_mean, shown
+from .fields import FIELDS, TrainConfig, _coerce, did_you_mean, model_for_data, shown
 
 
 def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
@@ -79,7 +79,7 @@ def with_run_dir(cfg: TrainConfig, env: Environment = LOCAL) -> TrainConfig:
         return cfg
     job = env.slurm
     when = job_tag(job.name, job.step) if job else time.strftime('%Y%m%d-%H%M%S')
-    return cfg.replace(out=default_run_dir(cfg, when))
+    return cfg.replace(out=default_run_dir(model_for_data(cfg), when))
 
 
 def job_tag(name: str, step: int | None) -> str:

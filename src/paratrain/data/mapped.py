@@ -76,7 +76,7 @@ class MappedTensor:
         if isinstance(idx, int | np.integer):
             return self[[int(idx)]][0]
         if isinstance(idx, slice):
-            idx = np.arange(len(self))[idx]
+            idx = np.arange(*idx.indices(len(self)))
         idx = np.asarray(idx, dtype=np.int64)
         if self.rows is not None:
             idx = self.rows[idx]
@@ -88,8 +88,9 @@ class MappedTensor:
 
     def chunks(self) -> Iterator[torch.Tensor]:
         """Every row, CHUNK_ROWS at a time, on the CPU (for the checks and statistics over the whole set)."""
+        source = self if self.device.type == "cpu" else self.to("cpu")
         for start in range(0, len(self), CHUNK_ROWS):
-            yield self.to("cpu")[start:start + CHUNK_ROWS]
+            yield source[start:start + CHUNK_ROWS]
 
     def min(self) -> torch.Tensor:
         return torch.stack([c.min() for c in self.chunks()]).min()

@@ -30,6 +30,8 @@ class Splits:
     split: str | None = None  # how the held-out sets were chosen, where paratrain chose them (checkpoints keep it)
     kind: str = "images"  # or "tensors": no normalisation, augmentation or image shapes (KINDS)
     vocabulary: int = 0  # integer inputs (token ids): the largest id in any split + 1 (an embedding's size)
+    # a file's rows and bytes, where paratrain held split rows out of it (tables.py): evaluation finds them again
+    origin: dict | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -74,7 +76,7 @@ class Splits:
             return {"kind": self.kind, "input_shape": list(self.input_shape), "input_dtype": str(self.train[0].dtype),
                     "target_shape": list(self.target_shape), "target_dtype": str(self.train[1].dtype),
                     "num_classes": self.num_classes, "mean": list(self.mean), "std": list(self.std),
-                    "vocabulary": self.vocabulary,
+                    "vocabulary": self.vocabulary, **({"held_out_of": self.origin} if self.origin else {}),
                     **({"classes": list(self.classes)} if self.classes else {})}
         info = {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
                 "mean": list(self.mean), "std": list(self.std)}

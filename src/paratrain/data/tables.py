@@ -18,11 +18,33 @@ import torch
 from ..errors import UserError
 from .mapped import MappedTensor, take
 from .splits import Splits
-from .tensors import tensor_splits
+from .tensors import bad_rows, tensor_splits
 
 SPLITS = ("train", "val", "test")
+# a CSV target of whole numbers 0.. with at most this many values is class indices; more (a price, a count) are
+# a regression's numbers (--loss mse makes any class indices numbers too)
+MAX_CLASSES_AS_NUMBERS = 20
 SUFFIXES = (".npy", ".pt")
 HOLD_OUT_SPLIT = "permutation-0"  # what Splits.split records: held out by the fixed permutation
+
+
+EVERY_ROW = "every-row"  # what Splits.split records: the file's rows are all test rows (hold_out False)
+
+
+def file_bytes(where: Path) -> int:
+    """A data file's size, or a folder's .npy and .pt files' together: with its rows, what tells the file a run
+    held rows out of from another."""
+    files = [f for f in where.iterdir() if f.suffix in SUFFIXES] if where.is_dir() else [where]
+    return sum(f.stat().st_size for f in files)
+
+
+def _with_origin(splits: Splits, where: Path) -> Splits:
+    from dataclasses import replace
+
+    if splits.split != HOLD_OUT_SPLIT:
+        return splits
+    rows = sum(len(getattr(splits, s)[1]) for s in ("train", "val", "test"))
+    return replace(splits, origin={"rows": rows, "bytes": file_bytes(where)})
 
 
 def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int | None,
@@ -37,7 +59,7 @@ def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int |
     else:
         raise UserError(f"--data-dir {where}: no such file or folder; give an .npz file or a folder of .npy / .pt "
                         "files (x_train.npy, y_train.npy, ...)")
-    return split_rows(arrays, where, val_size, test_size, names=None, hold_out=hold_out)
+    return _with_origin(split_rows(arrays, where, val_size, test_size, names=None, hold_out=hold_out), where)
 
 
 def _npz(path: Path) -> dict[str, torch.Tensor]:
@@ -107,16 +129,12 @@ def _check_finite(x: torch.Tensor | MappedTensor, y: torch.Tensor, where: Path, 
     for what, t in (("inputs", x), ("targets", y)):
         if not t.is_floating_point() or not len(t):
             continue
-        first, count, seen = None, 0, 0
-        for chunk in t.chunks() if isinstance(t, MappedTensor) else [t]:  # a mapped file: a chunk at a time
-            bad = ~torch.isfinite(chunk.reshape(len(chunk), -1)).all(1)
-            if first is None and bad.any():
-                first = seen + int(bad.nonzero()[0])
-            count, seen = count + int(bad.sum()), seen + len(chunk)
+        first, count = bad_rows(t)
         if first is not None:
             place = f"data row {first + 1}" if lines else f"row {first}"  # a CSV's: after its header, from 1
-            raise UserError(f"{where}, {place}: the {what} hold an empty cell, NaN or inf ({count} rows do); drop "
-                            "or fill those rows")
+            rows = f"{count} rows do" if count > 1 else "1 row does"
+            raise UserError(f"{where}, {place}: the {what} hold an empty cell, NaN or inf ({rows}); drop or fill "
+                            "those rows")
 
 
 def split_rows(arrays: dict[str, torch.Tensor], where: Path, val_size: int | None, test_size: int | None,
@@ -148,6 +166,7 @@ def split_rows(arrays: dict[str, torch.Tensor], where: Path, val_size: int | Non
                             "evaluate on")
         every = rows[0] if len(rows) == 1 else (torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows]))
         pairs = {"train": every, "val": (every[0][:0], every[1][:0]), "test": every}
+        return tensor_splits(pairs, where.name, names, EVERY_ROW, where=f"{where}: the {{}} split")
     held, order = [s for s in ("test", "val") if s not in pairs], None
     if held:
         order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
@@ -172,7 +191,8 @@ def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, 
              hold_out: bool = True) -> Splits:
     """--dataset csv --data-dir FILE --target COLUMN[,COLUMN]: every other column is a numeric feature.
     A target column of numbers is a regression's (floats); a target column of names (text) is classes,
-    numbered in sorted order, as are whole numbers written without a decimal point."""
+    numbered in sorted order, as are whole numbers 0.. written without a decimal point that take at most
+    MAX_CLASSES_AS_NUMBERS values."""
     where = Path(path).expanduser()
     if not target:
         raise UserError("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
@@ -206,12 +226,14 @@ def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, 
     if text:
         h = text[0]
         example = next(c for c in columns[h] if not _number(c))
+        held = f"{h!r} holds {example!r}" if len(text) > 1 else f"it holds {example!r}"
         raise UserError(f"{where}: column{'s' if len(text) > 1 else ''} {', '.join(text[:5])} "
-                        f"{'are' if len(text) > 1 else 'is'} not numbers ({h!r} holds {example!r}); paratrain reads "
-                        "numeric features only: encode categories as numbers (one-hot) or drop those columns")
+                        f"{'are' if len(text) > 1 else 'is'} not numbers ({held}); paratrain reads numeric features "
+                        "only: encode categories as numbers (one-hot) or drop those columns")
     x = torch.tensor([[_number(c) for c in columns[h]] for h in features], dtype=torch.float64).T.contiguous()
     y, names = _targets(where, wanted, columns)
-    return split_rows({"x": x, "y": y}, where, val_size, test_size, names, lines=True, hold_out=hold_out)
+    return _with_origin(split_rows({"x": x, "y": y}, where, val_size, test_size, names, lines=True,
+                                   hold_out=hold_out), where)
 
 
 def _targets(where: Path, wanted: list[str], columns: dict[str, list[str]]) -> tuple[torch.Tensor, tuple | None]:
@@ -226,8 +248,9 @@ def _targets(where: Path, wanted: list[str], columns: dict[str, list[str]]) -> t
     for t in wanted:
         if _not_numbers(columns[t]):
             raise UserError(f"{where}: --target {t} holds text, and several target columns must be numbers")
-    if len(wanted) == 1 and all(c.lstrip("-").isdigit() for c in columns[wanted[0]]):  # whole numbers: classes
-        return torch.tensor([int(c) for c in columns[wanted[0]]]), None
+    cells = columns[wanted[0]]
+    if len(wanted) == 1 and all(c.isdigit() for c in cells) and len(set(cells)) <= MAX_CLASSES_AS_NUMBERS:
+        return torch.tensor([int(c) for c in cells]), None  # a few whole numbers: class indices
     y = torch.tensor([[_number(c) for c in columns[t]] for t in wanted], dtype=torch.float64).T
     return (y[:, 0] if len(wanted) == 1 else y).contiguous(), None
 

@@ -23,22 +23,22 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
     if not len(x):
         raise UserError(f"{where.format('train')} holds no examples; give it one or more")
     checked = {}
-    for split, (inputs, targets) in pairs.items():
+    for part, (inputs, targets) in pairs.items():
         if len(inputs) != len(targets):
-            raise UserError(f"{where.format(split)} has {len(inputs)} inputs and {len(targets)} targets; give one "
+            raise UserError(f"{where.format(part)} has {len(inputs)} inputs and {len(targets)} targets; give one "
                             "target per input")
         for what, t, like in (("inputs", inputs, x), ("targets", targets, y)):
             if t.shape[1:] != like.shape[1:]:
-                raise UserError(f"{where.format(split)} {what} are {tuple(t.shape[1:])} an example, the training "
+                raise UserError(f"{where.format(part)} {what} are {tuple(t.shape[1:])} an example, the training "
                                 f"{what} {tuple(like.shape[1:])}; give every split the same shapes")
             if t.dtype.is_complex or t.dtype == torch.bool:
-                raise UserError(f"{where.format(split)} {what} are {t.dtype}; give real numbers (float) or integers")
-            row = _first_bad_row(t)
+                raise UserError(f"{where.format(part)} {what} are {t.dtype}; give real numbers (float) or integers")
+            row, _ = bad_rows(t)
             if row is not None:
-                raise UserError(f"{where.format(split)} {what} hold NaN or inf (row {row} the first); drop or fill "
+                raise UserError(f"{where.format(part)} {what} hold NaN or inf (row {row} the first); drop or fill "
                                 "those rows")
         # a memory-mapped input converts as it is read (mapped.MappedTensor)
-        checked[split] = tuple(t if isinstance(t, MappedTensor) else t.float() if t.is_floating_point() or
+        checked[part] = tuple(t if isinstance(t, MappedTensor) else t.float() if t.is_floating_point() or
                                t.dtype == torch.uint8 else t.long() for t in (inputs, targets))
     classes = 0
     if y.dim() == 1 and not y.is_floating_point():
@@ -54,18 +54,27 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
                   split=split, kind="tensors", vocabulary=vocabulary)
 
 
-def _first_bad_row(t: torch.Tensor | MappedTensor) -> int | None:
-    """The first row holding NaN or inf (a memory-mapped input read a chunk at a time), or None."""
+def bad_rows(t: torch.Tensor | MappedTensor) -> tuple[int | None, int]:
+    """The first row holding NaN or inf (None: no row does) and how many do; a memory-mapped input is read a
+    chunk at a time."""
+    first, count, seen = None, 0, 0
     if not t.is_floating_point() or not len(t):
-        return None
-    chunks = t.chunks() if isinstance(t, MappedTensor) else [t]
-    seen = 0
-    for chunk in chunks:
+        return first, count
+    for chunk in t.chunks() if isinstance(t, MappedTensor) else [t]:
         bad = ~torch.isfinite(chunk.reshape(len(chunk), -1)).all(1)
-        if bad.any():
-            return seen + int(bad.nonzero()[0])
-        seen += len(chunk)
-    return None
+        if first is None and bad.any():
+            first = seen + int(bad.nonzero()[0])
+        count, seen = count + int(bad.sum()), seen + len(chunk)
+    return first, count
+
+
+def as_numbers(splits: Splits) -> Splits:
+    """Class-index targets taken as numbers (float32): a regression on them, for a --loss that compares
+    numbers."""
+    from dataclasses import replace
+
+    pairs = {s: (getattr(splits, s)[0], getattr(splits, s)[1].float()) for s in ("train", "val", "test")}
+    return replace(splits, num_classes=0, classes=None, **pairs)
 
 
 def standardized(splits: Splits) -> Splits:
