@@ -31,14 +31,18 @@ def build(input_shape: tuple[int, ...], num_outputs: int) -> nn.Module:
 
 if __name__ == "__main__":
     import torchmetrics
+    from torchmetrics.wrappers import LambdaInputTransformer
 
     import paratrain
 
     data = make_data()
     for devices in ("2", "1"):
+        # torchmetrics takes a batch as logits only where some value is outside 0..1, so the value would
+        # depend on the batches: it is given probabilities
+        f1 = LambdaInputTransformer(torchmetrics.F1Score(task="multilabel", num_labels=LABELS),
+                                    transform_pred=torch.sigmoid)
         summary = paratrain.fit(build, data, paratrain.TrainConfig(devices=devices, steps=300, batch_size=64,
                                                                    optimizer="adam", lr=0.003,
                                                                    out=f"runs/multilabel-{devices}"),
-                                loss=F.binary_cross_entropy_with_logits,
-                                metrics={"f1": torchmetrics.F1Score(task="multilabel", num_labels=LABELS)})
+                                loss=F.binary_cross_entropy_with_logits, metrics={"f1": f1})
         print(f"{devices} device(s): test F1 {summary['test_f1']:.4f}")

@@ -287,3 +287,50 @@ def test_a_search_on_a_table_minimises_its_loss_and_maximises_a_metric(tmp_path:
         assert chosen["best_value"] == pytest.approx(values[chosen["best_trial"]])
         assert f"search: best validation {key[4:]}" in proc.stdout
         assert len(set(values.values())) == 3  # three different trainings, not one value thrice
+
+
+def test_eval_finds_the_held_out_rows_of_a_copy_and_refuses_a_file_that_grew(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    """The run's file is known by its path, or by its size and rows (a copy); rows appended since would move the
+    held-out ones, so that is refused. Without --model a table trains the registry's mlp."""
+    import shutil
+
+    table = _regression_csv(tmp_path / "houses.csv", 400)
+    run = tmp_path / "run"
+    assert main_code(["train", "--dataset", "csv", "--data-dir", str(table), "--target", "price", "--width", "16",
+                      "--steps", "20", "--devices", "1", "--metric", "mae", "--out", str(run), "--no-tensorboard",
+                      "--quiet"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["model"] == "mlp"
+    shutil.copy(table, tmp_path / "copy.csv")
+    copied = paratrain.evaluate(run, tmp_path / "copy.csv", metrics={"bias": lambda o, t: (o - t).mean()})
+    assert copied["rows"] == "the test rows the run held out" and copied["test_examples"] == 40
+    assert copied["test_mae"] == pytest.approx(summary["test_mae"], rel=1e-6) and "test_bias" in copied
+    assert copied["test_accuracy"] is None  # as summary.json has it
+    with open(tmp_path / "copy.csv", "a") as f:
+        f.write(",".join(["0.5"] * 6) + "\n")
+    assert main_code(["eval", str(run), "--data-dir", str(table)]) == 0  # the run's own path: its rows
+    with open(table, "a") as f:
+        f.write(",".join(["0.5"] * 6) + "\n")
+    capsys.readouterr()
+    assert main_code(["eval", str(run), "--data-dir", str(table)]) == 2
+    assert "holds 401 rows, and the run held its test rows out of 400" in capsys.readouterr().err
+    other = paratrain.evaluate(run, tmp_path / "copy.csv")  # another file (its size differs): every row
+    assert other["rows"] == "every row" and other["test_examples"] == 401
+    test = (torch.zeros(3, 5), torch.zeros(3))
+    assert paratrain.evaluate(run, {"test": test})["test_examples"] == 3
+
+
+def test_whole_numbers_are_numbers_to_a_loss_that_compares_numbers(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    rows = [[i % 5, (i * 7) % 3] for i in range(60)]  # a target of 3 whole numbers: class indices by default
+    table = _table(tmp_path / "t.csv", ["a", "y"], rows)
+    base = ["train", "--dataset", "csv", "--data-dir", str(table), "--target", "y", "--steps", "3", "--devices", "1",
+            "--no-tensorboard", "--batch-size", "16"]
+    assert main_code([*base, "--out", str(tmp_path / "c")]) == 0
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["test_accuracy"] is not None
+    assert main_code([*base, "--loss", "mse", "--out", str(tmp_path / "r")]) == 0
+    assert "--loss mse takes the targets as numbers (a regression)" in capsys.readouterr().err
+    regression_run = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert regression_run["test_accuracy"] is None
+    assert paratrain.evaluate(tmp_path / "r", table)["rows"] == "the test rows the run held out"

@@ -109,13 +109,42 @@ def test_a_multi_label_task_with_a_loss_and_a_metric_of_ones_own(tmp_path: Path)
     """examples/multilabel.py: rows of 0/1 targets, BCE on the logits, torchmetrics' multi-label F1; the
     built-in f1 scores the labels too."""
     import torch.nn.functional as F
+    from torchmetrics.wrappers import LambdaInputTransformer
 
-    f1 = {"own_f1": torchmetrics.F1Score(task="multilabel", num_labels=multilabel.LABELS, average="macro")}
+    f1 = {"own_f1": LambdaInputTransformer(torchmetrics.F1Score(task="multilabel", num_labels=multilabel.LABELS,
+                                                                average="macro"), transform_pred=torch.sigmoid)}
     summary = paratrain.fit(multilabel.build, multilabel.make_data(n=1500), paratrain.TrainConfig(
         out=str(tmp_path / "run"), devices="1", steps=150, batch_size=64, optimizer="adam", lr=0.003, metric="f1",
         **QUICK), loss=F.binary_cross_entropy_with_logits, metrics=f1)
     assert summary["test_accuracy"] is None and summary["test_own_f1"] > 0.9  # measured 0.98 at 300 steps
     assert summary["test_f1"] == pytest.approx(summary["test_own_f1"], abs=1e-9)  # both macro over the labels
+
+
+@pytest.mark.parametrize("shape", [(12,), (12, 3)])
+def test_a_label_metric_does_not_depend_on_the_batches(shape: tuple[int, ...]) -> None:
+    """torchmetrics takes a batch as logits only where some value is outside 0..1: logits near 0 would be
+    read as probabilities in one batch and not in another. The built-in f1 of 0/1 targets (one an example:
+    binary; a row: multi-label) is given probabilities, so any batching gives one value."""
+    from paratrain.data.tensors import tensor_splits
+    from paratrain.metrics import Meter, for_run
+
+    g = torch.Generator().manual_seed(0)
+    y = (torch.rand(shape, generator=g) > 0.5).float()
+    logits = torch.rand(shape, generator=g) * 0.8 - 0.3  # small: mostly inside 0..1
+    logits[0] = 2.0  # one batch holds a value outside
+    splits = tensor_splits({s: (torch.zeros(shape[0], 2), y) for s in ("train", "val", "test")})
+    values = []
+    for size in (12, 4, 1):
+        meter = Meter(for_run("f1", None, splits), torch.device("cpu"))
+        for start in range(0, shape[0], size):
+            meter.update(logits[start:start + size], y[start:start + size])
+        values.append(meter.values(None)["f1"])
+    assert values[0] == values[1] == values[2], values
+
+
+def test_a_metric_of_numbers_on_class_targets_is_refused_before_training(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="metric mae compares numbers, and these targets are class indices"):
+        _fit(sequences.build, sequences.make_data(n=300), tmp_path / "run", devices="1", steps=1, metric="mae")
 
 
 # ---- on two workers ----

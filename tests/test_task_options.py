@@ -108,10 +108,12 @@ def test_a_predictor_of_classes_and_of_a_regression(tmp_path: Path) -> None:
     classes, probs = predictor.predict(tokens.test[0][:50], probabilities=True)
     assert classes.shape == (50,) and probs.shape == (50, 3) and (classes == tokens.test[1][:50]).float().mean() > 0.8
     assert predictor.predict(tokens.test[0][0]).shape == (1,)  # one example
-    with pytest.raises(UserError, match="trained on integer inputs; got torch.float32"):
+    with pytest.raises(UserError, match=r"trained on integer inputs \(token ids\); got torch.float32"):
         predictor.predict(tokens.test[0][:2].float())
     with pytest.raises(UserError, match=r"takes examples of shape \(12,\); got \(2, 11\)"):
         predictor.predict(tokens.test[0][:2, :11])
+    with pytest.raises(UserError, match="knows token ids 0..19; these reach 0..20"):
+        predictor.predict(torch.tensor([[20] + [0] * 11]))
     with pytest.raises(UserError, match="paratrain.load_predictor"):
         paratrain.load_classifier(tmp_path / "t")
     assert main_code(["train", "--dataset", "diabetes", "--model", "mlp", "--width", "16", "--steps", "5", "--out",

@@ -150,10 +150,12 @@ def resumed(cfg: C.TrainConfig) -> C.TrainConfig:
 @user_facing
 def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[], nn.Module] | None = None,
              loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, dataset: str | None = None,
-             data_dir: str | None = None, download: bool | None = None, accelerator: str = "auto") -> dict[str, Any]:
+             data_dir: str | None = None, download: bool | None = None, accelerator: str = "auto",
+             metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     """Test accuracy and mean loss (cross-entropy, or `loss`) of a run's last checkpoint (or a .pt file) on
-    one device. `data` defaults to the run's own dataset (a run on tensors of your own needs them again);
-    a run of a user's network needs its factory (`model`)."""
+    one device, and its --metric's and `metrics` (as fit takes them: test_NAME); a figure the task has not
+    (accuracy without classes) is None. `data` defaults to the run's own dataset (a run on tensors of your own
+    needs them again); a run of a user's network needs its factory (`model`)."""
     from . import checkpoint, devices, dist
     from .build import make_batch_transforms, memory_format
     from .evaluation import evaluate as evaluate_on
@@ -163,7 +165,7 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     state = checkpoint.load(run)
     cfg = C.from_dict(state["config"])
     if state.get("data", {}).get("kind", "images") != "images":
-        return evaluate_tensors(run, state, data, model, loss, data_dir, accelerator)
+        return _finite(evaluate_tensors(run, state, data, model, loss, data_dir, accelerator, check_metrics(metrics)))
     data = _as_test_pair(data)
     if data is None and data_dir is not None and dataset is None and cfg.dataset == "custom":
         data = data_dir  # a folder of test images for a run on a Dataset of yours (paratrain eval --data-dir)
@@ -223,10 +225,21 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
         net.to(memory_format=torch.channels_last)
     ctx = dist.init(0, 1, device)
     splits = splits.to(ctx.device)
+    from .metrics import Meter, for_run
+
+    chosen = for_run(cfg.metric, check_metrics(metrics), splits)
+    meter = Meter(chosen, ctx.device) if chosen else None
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
-                                 cfg.eval_batch_size, loss, cfg.test_flip)  # judged as the run was
-    return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
-            "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
+                                 cfg.eval_batch_size, loss, cfg.test_flip, meter=meter)  # judged as the run was
+    return _finite({"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
+                    **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
+                    "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema,
+                    "step": state["step"]})
+
+
+def _finite(result: dict[str, Any]) -> dict[str, Any]:
+    """NaN figures (no accuracy without classes) as None, as summary.json has them."""
+    return {k: None if isinstance(v, float) and v != v else v for k, v in result.items()}
 
 
 def _as_test_pair(data: Any) -> Any:

@@ -138,13 +138,14 @@ class Predictor:
     targets were classes (and the probabilities on request), else the network's outputs."""
 
     def __init__(self, model: nn.Module, pipeline: Any, input_shape: tuple[int, ...], input_float: bool,
-                 classes: int, names: tuple[str, ...] | None = None) -> None:
+                 classes: int, names: tuple[str, ...] | None = None, vocabulary: int = 0) -> None:
         self.model = model.eval()
         self.pipeline = pipeline
         self.input_shape = input_shape  # one example's
         self.input_float = input_float
         self.num_classes = classes  # 0: the targets were numbers
         self.classes = list(names) if names else None  # the class names, where the data had them (a CSV's)
+        self.vocabulary = vocabulary  # token ids: the embedding's size
 
     def transform(self, inputs: Any) -> torch.Tensor:
         """The batch the network takes: a batch of examples (or one), as a tensor or a NumPy array."""
@@ -153,9 +154,13 @@ class Predictor:
             x = x.unsqueeze(0)  # one example
         if tuple(x.shape[1:]) != self.input_shape:
             raise UserError(f"the network takes examples of shape {self.input_shape}; got {tuple(x.shape)}")
-        if self.input_float != x.is_floating_point():
-            raise UserError(f"the network was trained on {'float' if self.input_float else 'integer'} inputs; got "
-                            f"{x.dtype}")
+        if self.input_float and not x.is_floating_point() and x.dtype != torch.uint8:  # uint8: bytes, as in training
+            raise UserError(f"the network was trained on float inputs; got {x.dtype}")
+        if not self.input_float and x.is_floating_point():
+            raise UserError(f"the network was trained on integer inputs (token ids); got {x.dtype}")
+        if self.vocabulary and x.numel() and not 0 <= int(x.min()) <= int(x.max()) < self.vocabulary:
+            raise UserError(f"the network knows token ids 0..{self.vocabulary - 1}; these reach "
+                            f"{int(x.min())}..{int(x.max())}")
         return self.pipeline.eval(x.float() if self.input_float else x.long())
 
     def predict(self, inputs: Any, probabilities: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

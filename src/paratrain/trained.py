@@ -128,7 +128,7 @@ def load_predictor(run: str | Path, model: Callable[[], nn.Module] | None = None
     use_ema = bool(state["config"].get("eval_ema")) and "ema_model" in state if ema is None else ema
     net, cfg, splits = loaded(run, state, model, use_ema)
     return Predictor(net, make_batch_transforms(cfg, splits, torch.device("cpu")), splits.input_shape,
-                     splits.train[0].is_floating_point(), splits.num_classes, splits.classes)
+                     splits.train[0].is_floating_point(), splits.num_classes, splits.classes, splits.vocabulary)
 
 
 def loaded(run: str | Path, state: dict, model: Callable[[], nn.Module] | None,
@@ -168,7 +168,7 @@ def restore(cfg: C.TrainConfig, splits: Splits | None, state: dict, run: str | P
 
 
 def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[], nn.Module] | None, loss: Any,
-                     data_dir: str | None, accelerator: str) -> dict[str, Any]:
+                     data_dir: str | None, accelerator: str, given: dict[str, Any] | None = None) -> dict[str, Any]:
     """paratrain.evaluate of a run on tensors, on one device: tensors given (an (inputs, targets) pair: all of
     it; a dict: its test split), or a file (`data` a path, or --data-dir): the run's own file again gives
     the test rows the run held out; another file its x_test, or every row where it has none. The loss is
@@ -196,7 +196,7 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     device = devices.device_map(devices.resolve(accelerator, "1", None))[0]
     ctx = dist.init(0, 1, device)
     # the run's classes, and the targets given (0/1 labels, say)
-    metrics = for_run(cfg.metric, None, dataclasses.replace(shaped, train=splits.test))
+    metrics = for_run(cfg.metric, given, dataclasses.replace(shaped, train=splits.test))
     meter = Meter(metrics, ctx.device) if metrics else None
     judge = loss if loss is not None else evaluation_loss(cfg, shaped.classification)  # as the run was judged
     from .build import make_batch_transforms  # the run's (its --standardize statistics, from the checkpoint)

@@ -47,13 +47,12 @@ def run(args: argparse.Namespace) -> int:
     except NeedsNoFactory as e:
         raise UserError(f"{e.run} holds a {e.model} (a built-in network, built from its checkpoint): drop --model "
                         f"{args.model}") from None
-    import math
 
-    acc = result["test_accuracy"]  # NaN: a task without classes
+    acc = result["test_accuracy"]  # None: a task without classes
     metrics = "".join(f"  {k} {v:.4f}" for k, v in result.items() if k.startswith("test_") and
                       k not in ("test_accuracy", "test_loss", "test_examples") and v is not None)
     examples = f"test examples: {result['rows']}" if result.get("kind") == "tensors" else "test images"
-    print(("" if math.isnan(acc) else f"test_accuracy {acc:.4f}  ") + f"test_loss {result['test_loss']:.4f}{metrics}  "
+    print(("" if acc is None else f"test_accuracy {acc:.4f}  ") + f"test_loss {result['test_loss']:.4f}{metrics}  "
           f"({result['test_examples']} {result['dataset']} {examples}, {result['model']}"
           f"{' EMA' if result['ema'] else ''} weights, step {result['step']})")
     return 0

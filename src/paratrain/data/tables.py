@@ -274,9 +274,10 @@ TARGET_KEYS = ("y", "target", "targets", "label", "labels")  # a dict item's tar
 
 def is_tensors_item(item: object) -> bool:
     """Whether a Dataset's item is an example of tensors (kind "tensors"), not an (image, label) pair: a dict,
-    or a pair whose input is not 2-D or 3-D (a table's row, a sequence) or whose target is not one number (a
-    multi-label row). PIL images, and 2-D/3-D arrays with one label, are images (a float label among them is
-    refused as a class index: give dict items for a regression on images)."""
+    or a pair whose input is no image (a table's row, a sequence: not 2-D or 3-D; 3-D without 1 or 3 channels
+    first or last; 2-D floats outside 0..1) or whose target is not one number (a multi-label row). PIL images,
+    and arrays shaped as images with one label, are images (a float label among them is refused as a class
+    index: give dict items for a regression on images)."""
     import numpy as np
 
     if isinstance(item, dict):
@@ -287,7 +288,14 @@ def is_tensors_item(item: object) -> bool:
     if not isinstance(x, torch.Tensor | np.ndarray):
         return False  # a PIL image, say
     several = isinstance(y, torch.Tensor | np.ndarray) and (y.numel() if isinstance(y, torch.Tensor) else y.size) != 1
-    return x.ndim not in (2, 3) or several
+    t = torch.as_tensor(x)
+    if t.dim() == 3:  # C x H x W or H x W x C with 1 or 3 (4) channels; else a stack of sequences, say
+        image = t.shape[0] in (1, 3) or t.shape[-1] in (1, 3, 4)
+    elif t.dim() == 2:  # a gray image (bytes, or floats in 0..1); else a sequence of feature rows, say
+        image = not t.is_floating_point() or (t.numel() > 0 and 0 <= float(t.min()) and float(t.max()) <= 1)
+    else:
+        image = False
+    return not image or several
 
 
 def from_items(dataset: object, val_size: int | None, test_size: int | None) -> Splits:

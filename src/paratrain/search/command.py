@@ -107,6 +107,9 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     data = load_for(cfg)  # a missing or corrupt dataset fails here, once
     settings = dataclasses.replace(settings, objective=choose(args.objective, cfg.metric, data.classification))
     study = studies.open_study(settings, sp, base)
+    if args.worker and args.objective is not None and objective_of(study).name != args.objective:
+        raise UserError(f"study '{args.study}' optimises {objective_of(study).words}, not --objective "
+                        f"{args.objective}: leave --objective out to join it")
     settings = dataclasses.replace(settings, objective=objective_of(study))  # a --worker's: the study's own
     if not args.worker and study.user_attrs.get("exhausted"):  # a resumed search tries again, with new seeds
         study.set_user_attr("exhausted", None)

@@ -250,6 +250,8 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> str:
         found.append(f"sampler {saved.get('sampler')} there, {now['sampler']} here")
     if saved.get("pruner", "none") != now.get("pruner", "none"):
         found.append(f"pruner {saved.get('pruner', 'none')} there, {now.get('pruner', 'none')} here")
+    if saved.get("objective", "accuracy") != now.get("objective", "accuracy"):
+        found.append(f"objective {saved.get('objective', 'accuracy')} there, {now.get('objective', 'accuracy')} here")
     if saved.get("space") != now["space"]:
         found.append("another space")
     old, new = saved.get("base", {}), now["base"]
