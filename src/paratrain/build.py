@@ -61,15 +61,9 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
 
         return call_factory(resolve(cfg.model), None, None, data.num_classes or None, input_shape=data.input_shape,
                             num_outputs=data.num_outputs)
+    check_tensor_model(cfg, data)
     if cfg.model == "gru":
         return _gru(cfg, data)
-    if cfg.model != "mlp":
-        raise UserError(f"model '{cfg.model}' takes images; this data is tensors of shape {data.input_shape} an "
-                        "example: use model 'mlp' (features), 'gru' (token ids) or a network of your own "
-                        "(paratrain.fit(model=make_net, ...))")
-    if not data.train[0].dtype.is_floating_point:
-        raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype}: for features, give them "
-                        "as floats; for token ids, use model 'gru' or a network of your own that embeds them")
     net = build_model("mlp", math.prod(data.input_shape), 1, data.num_outputs, width=cfg.width, depth=cfg.depth,
                       activation=cfg.activation, dropout=cfg.dropout)
     if not data.input_shape:  # one number an example: a column of width 1 for the first layer
@@ -79,15 +73,28 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
     return net
 
 
+def check_tensor_model(cfg: TrainConfig, data: Splits, every_id: bool = False) -> None:
+    """The registry's network against data that is not images: mlp over float features, gru over token ids.
+    `every_id`: also read every token id for a negative one (once, before the run: a pass over the data)."""
+    if cfg.model == "gru":
+        if data.train[0].is_floating_point() or len(data.input_shape) != 1:
+            raise UserError(f"model 'gru' reads token ids, integers N x L; these inputs are {data.train[0].dtype}, "
+                            f"{data.input_shape} an example: use model 'mlp' for features")
+        if every_id and any(len(t) and int(t.min()) < 0 for t in (data.train[0], data.val[0], data.test[0])):
+            raise UserError("model 'gru' reads token ids 0..V-1, and some inputs are negative: renumber them from 0")
+    elif cfg.model != "mlp":
+        raise UserError(f"model '{cfg.model}' takes images; this data is tensors of shape {data.input_shape} an "
+                        "example: use model 'mlp' (features), 'gru' (token ids) or a network of your own "
+                        "(paratrain.fit(model=make_net, ...))")
+    elif not data.train[0].dtype.is_floating_point:
+        raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype}: for features, give them "
+                        "as floats; for token ids, use model 'gru' or a network of your own that embeds them")
+
+
 def _gru(cfg: TrainConfig, data: Splits) -> nn.Module:
     """The registry's sequence model: token ids N x L in, a score per class (or the targets' numbers) out."""
     from .models.gru import GRUNet
 
-    if data.train[0].is_floating_point() or len(data.input_shape) != 1:
-        raise UserError(f"model 'gru' reads token ids, integers N x L; these inputs are {data.train[0].dtype}, "
-                        f"{data.input_shape} an example: use model 'mlp' for features")
-    if any(len(t) and int(t.min()) < 0 for t in (data.train[0], data.val[0], data.test[0])):
-        raise UserError("model 'gru' reads token ids 0..V-1, and some inputs are negative: renumber them from 0")
     net = GRUNet(data.vocabulary, data.num_outputs, cfg.width, cfg.depth, cfg.dropout or 0.0)
     if not data.classification:
         net.append(Reshape(data.target_shape))

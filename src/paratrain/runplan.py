@@ -24,6 +24,7 @@ from typing import Any
 
 from . import config as C
 from . import strategies
+from .build import check_tensor_model
 from .data import Splits
 from .data.tensors import as_numbers, standardized
 from .devices import Hardware, device_map, for_group, group_devices, precision_on
@@ -93,6 +94,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
                 print(f"paratrain: note: --loss {cfg.loss} takes the targets as numbers (a regression), not as the "
                       "class indices they look like", file=sys.stderr, flush=True)
         check_task(cfg, data, parts.loss if parts is not None else None)
+        if (parts is None or parts.model is None) and not is_import_path(cfg.model):  # the registry's network
+            check_tensor_model(cfg, data, every_id=True)
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
     cfg, parts = _check_own(cfg, data, parts, env.is_main)

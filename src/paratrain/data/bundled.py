@@ -17,14 +17,23 @@ from .tables import split_rows
 VOCABULARY, LENGTH, TOKENS_N = 20, 12, 3000
 
 
+def sklearn_file(name: str) -> Path | None:
+    """A data file scikit-learn ships (datasets/data/NAME), found without importing it (~2 s at every start);
+    None where it is not there (another layout: ask its loader)."""
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "datasets" / "data" / name
+        if path.is_file():
+            return path
+    return None
+
+
 def _diabetes_arrays() -> tuple[np.ndarray, np.ndarray]:
     """The raw table (age, sex, BMI, blood pressure, six blood serum measurements) and the target, read from
-    the files scikit-learn ships (importing it costs ~2 s), else through load_diabetes."""
-    spec = importlib.util.find_spec("sklearn")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        data = Path(folder) / "datasets" / "data"
-        if (data / "diabetes_data_raw.csv.gz").is_file() and (data / "diabetes_target.csv.gz").is_file():
-            return np.loadtxt(data / "diabetes_data_raw.csv.gz"), np.loadtxt(data / "diabetes_target.csv.gz")
+    the files scikit-learn ships, else through load_diabetes."""
+    data, target = sklearn_file("diabetes_data_raw.csv.gz"), sklearn_file("diabetes_target.csv.gz")
+    if data is not None and target is not None:
+        return np.loadtxt(data), np.loadtxt(target)
     from sklearn.datasets import load_diabetes
 
     bunch = load_diabetes(scaled=False)

@@ -5,14 +5,13 @@ Offline and small: the default dataset, so that `paratrain train` works on a fre
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .bundled import sklearn_file
 from .splits import Splits, hold_out
 
 TEST_FRACTION = 0.2
@@ -22,12 +21,10 @@ SPLIT_SEED = 0  # fixed, so the test set never depends on the training seed
 def _arrays() -> tuple[np.ndarray, np.ndarray]:
     """(images N x 8 x 8 in 0..16, labels). Importing scikit-learn costs ~2 s at every start, so the
     CSV it ships is read directly when it is where load_digits() reads it from; else load_digits()."""
-    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            table = np.loadtxt(path, delimiter=",")
-            return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+    path = sklearn_file("digits.csv.gz")
+    if path is not None:
+        table = np.loadtxt(path, delimiter=",")
+        return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
