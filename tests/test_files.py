@@ -268,16 +268,18 @@ def test_two_workers_reading_mapped_inputs_equal_one_device(tmp_path: Path) -> N
 # ---- search ----
 
 @pytest.mark.integration
-def test_a_search_on_a_table_minimises_its_loss_and_maximises_a_metric(tmp_path: Path) -> None:
+def test_a_search_on_a_table_minimises_its_loss_and_on_a_tensors_file_maximises_a_metric(tmp_path: Path) -> None:
     table = _regression_csv(tmp_path / "houses.csv")
-    space = tmp_path / "space.yaml"
-    space.write_text(f"fixed: {{model: mlp, dataset: csv, data_dir: {table}, target: price, width: 16}}\n"
-                     "params:\n  lr: [0.0001, 0.003, 0.03]\n")
+    arrays = np.loadtxt(table, delimiter=",", skiprows=1)
+    tensors = _npz(tmp_path / "houses.npz", x=arrays[:, :5], y=arrays[:, 5])
+    data = {None: f"dataset: csv, data_dir: {table}, target: price", "r2": f"dataset: tensors, data_dir: {tensors}"}
     for objective, key, best_of in ((None, "val_loss", min), ("r2", "val_r2", max)):
+        space = tmp_path / f"space-{objective}.yaml"
+        space.write_text(f"fixed: {{model: mlp, {data[objective]}, width: 16}}\nparams:\n  lr: [0.0001, 0.003, 0.03]\n")
         out = tmp_path / (objective or "loss")
         flags = ["--objective", objective, "--metric", objective] if objective else []
         proc = run_cli("search", "--space", str(space), "--sampler", "grid", "--parallel", "2", "--steps", "30",
-                       "--out", str(out), *flags, timeout=600)
+                       "--out", str(out), *flags, timeout=600)  # a CSV's search, then an .npz's
         assert proc.returncode == 0, proc.stderr[-3000:]
         values = {}
         for folder in (out / "trials").iterdir():

@@ -1,11 +1,11 @@
 """Two small datasets that need no download, for tasks other than images: `diabetes`, a regression on a real
-table that scikit-learn ships (442 patients, 10 features, a disease progression score a year later), and
-`tokens`, a sequence classification made deterministically (12 token ids from a vocabulary of 20; the class is
-which of tokens 1, 2 and 3 occurs most often, ties to the lower)."""
+table shipped in the package (Efron et al.'s 442 patients, 10 features, a disease progression score a year
+later, as scikit-learn distributes it), and `tokens`, a sequence classification made deterministically (12
+token ids from a vocabulary of 20; the class is which of tokens 1, 2 and 3 occurs most often, ties to the
+lower)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -17,27 +17,14 @@ from .tables import split_rows
 VOCABULARY, LENGTH, TOKENS_N = 20, 12, 3000
 
 
-def sklearn_file(name: str) -> Path | None:
-    """A data file scikit-learn ships (datasets/data/NAME), found without importing it (~2 s at every start);
-    None where it is not there (another layout: ask its loader)."""
-    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / "datasets" / "data" / name
-        if path.is_file():
-            return path
-    return None
+def packaged(name: str) -> dict[str, np.ndarray]:
+    """The arrays of a data file shipped inside the package (data/files/NAME.npz; PROVENANCE.md there says
+    where each comes from and under which licence)."""
+    from importlib import resources
 
-
-def _diabetes_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """The raw table (age, sex, BMI, blood pressure, six blood serum measurements) and the target, read from
-    the files scikit-learn ships, else through load_diabetes."""
-    data, target = sklearn_file("diabetes_data_raw.csv.gz"), sklearn_file("diabetes_target.csv.gz")
-    if data is not None and target is not None:
-        return np.loadtxt(data), np.loadtxt(target)
-    from sklearn.datasets import load_diabetes
-
-    bunch = load_diabetes(scaled=False)
-    return bunch.data, bunch.target
+    with resources.files(__package__).joinpath("files", f"{name}.npz").open("rb") as f, \
+            np.load(f, allow_pickle=False) as arrays:
+        return {k: arrays[k] for k in arrays.files}
 
 
 def diabetes(val_size: int | None, test_size: int | None) -> Splits:
@@ -45,7 +32,8 @@ def diabetes(val_size: int | None, test_size: int | None) -> Splits:
     by 100x); the target stays in its own units (25..346), so the loss and mean absolute error read in them."""
     from dataclasses import replace
 
-    x, y = _diabetes_arrays()
+    arrays = packaged("diabetes")  # the raw table: age, sex, BMI, blood pressure, six blood serum measurements
+    x, y = arrays["data"], arrays["target"]
     table = {"x": torch.from_numpy(x), "y": torch.from_numpy(y)}
     splits = split_rows(table, Path("diabetes"), val_size, test_size, None)
     train = splits.train[0].double()

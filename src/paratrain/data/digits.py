@@ -1,4 +1,5 @@
-"""scikit-learn's bundled handwritten digits (1,797 8x8 images), drawn MNIST-style into 28x28.
+"""The handwritten digits scikit-learn bundles (1,797 8x8 images, shipped in this package), drawn MNIST-style
+into 28x28.
 
 Offline and small: the default dataset, so that `paratrain train` works on a fresh machine.
 """
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .bundled import sklearn_file
+from .bundled import packaged
 from .splits import Splits, hold_out
 
 TEST_FRACTION = 0.2
@@ -19,16 +20,10 @@ SPLIT_SEED = 0  # fixed, so the test set never depends on the training seed
 
 
 def _arrays() -> tuple[np.ndarray, np.ndarray]:
-    """(images N x 8 x 8 in 0..16, labels). Importing scikit-learn costs ~2 s at every start, so the
-    CSV it ships is read directly when it is where load_digits() reads it from; else load_digits()."""
-    path = sklearn_file("digits.csv.gz")
-    if path is not None:
-        table = np.loadtxt(path, delimiter=",")
-        return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    return bunch.images, bunch.target
+    """(images N x 8 x 8 in 0..16, labels), from the copy shipped in the package (data/files/digits.npz: the
+    values scikit-learn's load_digits gives, read with numpy, without scikit-learn)."""
+    arrays = packaged("digits")
+    return arrays["images"].astype(np.float64), arrays["labels"].astype(np.int64)
 
 
 def load(val_size: int | None) -> Splits:
