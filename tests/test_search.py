@@ -744,3 +744,19 @@ def test_a_space_may_fix_any_train_option_the_search_does_not_set_itself(tmp_pat
     assert space.parse({"params": {"seed": [0, 1]}}).params[0].name == "seed"  # a seed sweep
     with pytest.raises(UserError, match="cannot fix 'seed'"):
         space.parse({"fixed": {"seed": 1}, "params": {"lr": [0.01, 0.02]}})
+
+
+def test_without_scikit_learn_a_search_says_why_it_draws_no_importance(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optuna's fANOVA fits scikit-learn's forest; scikit-learn is no dependency of paratrain's."""
+    import importlib.util
+
+    from paratrain.search import report
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    (tmp_path / "importance.png").write_bytes(b"an earlier start's")
+    found, why = report._plot_importance(object(), 30, 2, tmp_path / "importance.png")
+    assert found is None and why == ("no parameter importance: Optuna's fANOVA needs scikit-learn, which is not "
+                                     "installed (pip install scikit-learn)")
+    assert not (tmp_path / "importance.png").exists()

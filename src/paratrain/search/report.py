@@ -141,6 +141,12 @@ def _plot_importance(study: Any, trained: int, parameters: int,
         path.unlink(missing_ok=True)
         return None, (f"no parameter importance: {trained} trainings finished, and {parameters} parameters need "
                       f"{importance_needs(parameters)} (fewer show noise)")
+    from importlib.util import find_spec
+
+    if find_spec("sklearn") is None:  # optuna's fANOVA fits scikit-learn's random forest
+        path.unlink(missing_ok=True)
+        return None, ("no parameter importance: Optuna's fANOVA needs scikit-learn, which is not installed "
+                      "(pip install scikit-learn)")
     importances = _importances(study)
     if not importances:
         path.unlink(missing_ok=True)
