@@ -275,7 +275,7 @@ def test_a_search_on_a_table_minimises_its_loss_and_on_a_tensors_file_maximises_
     data = {None: f"dataset: csv, data_dir: {table}, target: price", "r2": f"dataset: tensors, data_dir: {tensors}"}
     for objective, key, best_of in ((None, "val_loss", min), ("r2", "val_r2", max)):
         space = tmp_path / f"space-{objective}.yaml"
-        space.write_text(f"fixed: {{model: mlp, {data[objective]}, width: 16}}\nparams:\n  lr: [0.0001, 0.003, 0.03]\n")
+        space.write_text(f"fixed: {{model: mlp, {data[objective]}, width: 16}}\nparams:\n  lr: [0.0001, 0.01]\n")
         out = tmp_path / (objective or "loss")
         flags = ["--objective", objective, "--metric", objective] if objective else []
         proc = run_cli("search", "--space", str(space), "--sampler", "grid", "--parallel", "2", "--steps", "30",
@@ -288,7 +288,7 @@ def test_a_search_on_a_table_minimises_its_loss_and_on_a_tensors_file_maximises_
         assert chosen["objective"] == key and chosen["best_trial"] == best_of(values, key=values.get)
         assert chosen["best_value"] == pytest.approx(values[chosen["best_trial"]])
         assert f"search: best validation {key[4:]}" in proc.stdout
-        assert len(set(values.values())) == 3  # three different trainings, not one value thrice
+        assert len(set(values.values())) == 2  # two different trainings, not one value twice
 
 
 def test_eval_finds_the_held_out_rows_of_a_copy_and_refuses_a_file_that_grew(tmp_path: Path,

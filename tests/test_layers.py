@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "paratrain"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("0 base", ("errors", "import_path", "clock", "tcp_timeout", "oom", "_in_forkserver", "data.sharding")),
     ("0 base: who started this process", ("env",)),
-    ("0 base: on errors and env", ("interrupt", "userframes", "proc", "prefork")),
+    ("0 base: on errors and env", ("interrupt", "userframes", "proc", "prefork", "extras")),
     ("1 records", ("rundir", "devices", "dist")),
     ("1 records: sharded checkpoints' folders", ("sharded",)),
     ("1 records: the configuration and the checkpoint files", ("config", "checkpoint")),

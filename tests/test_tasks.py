@@ -6,7 +6,6 @@ accuracy only where it means something. The regression and the sequence model ar
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -324,21 +323,17 @@ if __name__ == "__main__":
 @pytest.mark.parametrize(("task", "settings"), [("regression", REGRESSION), ("sequences", {**SEQUENCES, "steps": 60})])
 def test_a_killed_worker_restarts_to_the_weights_of_the_untouched_run(tmp_path: Path, task: str,
                                                                       settings: dict) -> None:
-    """A regression's MLP and a GRU over token ids, with Adam."""
+    """A regression's MLP and a GRU over token ids, with Adam. The untouched run trains here (the same fit on 2
+    workers); the killed one in a script of its own, whose worker is killed."""
     options = {**QUICK, **settings}
-    runs = {}
-    for name, restarts in (("untouched", 0), ("killed", 1)):
-        script = tmp_path / f"{name}.py"
-        runs[name] = tmp_path / name
-        script.write_text(SCRIPT.format(examples=str(ROOT / "examples"), task=task, out=str(runs[name]),
-                                        restarts=restarts, options=options))
-        if name == "killed":
-            code, stderr = kill_a_worker_midway([sys.executable, str(script)], runs[name], 15, cwd=tmp_path)
-        else:
-            done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
-                                  timeout=240)
-            code, stderr = done.returncode, done.stderr
-        assert code == 0, stderr[-3000:]
+    examples = {"regression": regression, "sequences": sequences}[task]
+    runs = {"untouched": tmp_path / "untouched", "killed": tmp_path / "killed"}
+    _fit(examples.build, examples.make_data(), runs["untouched"], devices="2", **settings)
+    script = tmp_path / "killed.py"
+    script.write_text(SCRIPT.format(examples=str(ROOT / "examples"), task=task, out=str(runs["killed"]),
+                                    restarts=1, options=options))
+    code, stderr = kill_a_worker_midway([sys.executable, str(script)], runs["killed"], 15, cwd=tmp_path)
+    assert code == 0, stderr[-3000:]
     assert "restarting all workers from the last checkpoint (restart 1 of 1)" in stderr
     summary = json.loads((runs["killed"] / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["resumed_from_step"] >= 10

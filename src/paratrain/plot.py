@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .extras import how_to_install, installed
 from .phases import PHASES
 
 
@@ -122,7 +123,7 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
     """results.json's content -> PNG plots and report.md in `out`. `rates`: where examples/s come from, the
     logged windows after the first (a bench) or each run's summary (`paratrain report` on runs)."""
     results = report["results"]
-    plots = _plots(results)
+    plots = _plots(results) if installed("matplotlib") else {}  # without the plots extra: the tables alone
     for name, draw in plots.items():
         draw(results, out / name)
     ctx = report["context"]
@@ -168,6 +169,8 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
             "around each phase and all-reduces after the backward pass instead of during it.")
     if any(r.get("resumed_from_step") for r in results):
         notes.append("A resumed run's times cover the part after its resume only.")
+    if not installed("matplotlib"):
+        notes.append(f"No plots: matplotlib is not installed ({how_to_install('matplotlib')}).")
     lines += ["", " ".join(notes), ""]
     lines += [f"![{name[:-4]}]({name})" for name in plots]
     path = out / "report.md"

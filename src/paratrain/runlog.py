@@ -14,6 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .config import TrainConfig
+from .extras import how_to_install, installed
 from .rundir import write_atomic, writing
 
 
@@ -61,7 +62,10 @@ class RunLog:
             # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
             self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
                                   "a")
-        if cfg.tensorboard:
+        if cfg.tensorboard and not installed("tensorboard"):  # the run goes on: metrics.jsonl has every figure
+            self.say(f"paratrain: note: no TensorBoard event files: the tensorboard package is not installed "
+                     f"({how_to_install('tensorboard')}); metrics.jsonl holds every figure")
+        elif cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imported only where it is used: ~1 s
 
             with writing(self.tb_dir):

@@ -119,8 +119,13 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps({"link": link, "bandwidth": bw, "latency": lat, "rows": rows,
                                                    "validation": checks}, indent=2) + "\n")
+        from ..extras import how_to_install, installed
         from ..plot import plan_curve
 
-        plan_curve(rows, out / "plan.png", link)
-        print(f"plan: {out / 'plan.png'}")
+        if installed("matplotlib"):
+            plan_curve(rows, out / "plan.png", link)
+            print(f"plan: {out / 'plan.png'}")
+        else:
+            print(f"plan: {out / 'plan.json'} (no plan.png: matplotlib is not installed; "
+                  f"{how_to_install('matplotlib')})")
     return 0

@@ -18,6 +18,9 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..extras import require
+
+    require("optuna", "paratrain search")  # before anything else is read or written
     from ..search import command
 
     values = {name: getattr(args, name) for name in C.FIELDS

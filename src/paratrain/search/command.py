@@ -15,6 +15,7 @@ from .. import config as C
 from .. import requeue
 from ..env import detect
 from ..errors import UserError
+from ..extras import installed
 from ..interrupt import came_early, signal_name
 from ..rundir import check_writable
 from ..strategies import checked
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
           f"its test {settings.objective.name} {float(result['best_test_value'] or 'nan'):.4g}; "
           f"{_trainings(result)} in {wall:.0f} s"
           f"{f' ({this_start:.0f} s in this start)' if wall > this_start else ''}; best.yaml, "
-          f"trials.csv, leaderboard.md, summary.yaml, fitness.png"
+          f"trials.csv, leaderboard.md, summary.yaml{', fitness.png' if installed('matplotlib') else ''}"
           f"{'' if result['no_importance'] else ', importance.png'} in {out}")
     if result["no_importance"]:
         print(f"search: {result['no_importance']}")

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from .. import config as C
+from ..extras import how_to_install, installed
 from .objective import ACCURACY, Objective, of_study
 
 RUN_ONLY = ("out", "resume", "quiet", "tensorboard")  # not part of a configuration to reuse
@@ -73,7 +74,8 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
                         "" if r["reused"] is None else f"trial {r['reused']}"])
     board = leaderboard(trials, objective=objective)
     (out / "leaderboard.md").write_text(board + "\n")
-    _plot_fitness(trials, out / "fitness.png", objective)
+    if installed("matplotlib"):  # without the plots extra: the tables alone (the last line lists the files)
+        _plot_fitness(trials, out / "fitness.png", objective)
     importances, why_none = _plot_importance(study, len(done), len(names), out / "importance.png")
     summary = {"trials": len(trials), "complete": len(done), "failed": sum(r["state"] == "FAIL" for r in trials),
                "reused": sum(r["reused"] is not None for r in trials),
@@ -151,6 +153,10 @@ def _plot_importance(study: Any, trained: int, parameters: int,
     if not importances:
         path.unlink(missing_ok=True)
         return None, "no parameter importance: no searched parameter varied among the finished trials"
+    if not installed("matplotlib"):
+        path.unlink(missing_ok=True)
+        return {k: float(v) for k, v in importances.items()}, f"no importance.png: matplotlib is not installed " \
+            f"({how_to_install('matplotlib')}); summary.yaml has the figures"
     _plot_bars(importances, path)
     return {k: float(v) for k, v in importances.items()}, None
 

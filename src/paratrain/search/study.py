@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UserError
+from ..extras import installed, require
 from .objective import ACCURACY, Objective
 from .space import Space
 from .urls import masked, scrubbed
@@ -131,6 +132,8 @@ def storage(url: str, create_tables: bool = True) -> Any:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sqlite = url.startswith("sqlite")
+    if url.startswith("postgresql") and not installed("psycopg2"):  # sqlalchemy would name a driver, not the extra
+        require("psycopg", "a search stored in PostgreSQL")
     # isolation_level None: the driver starts no transaction of its own; _serialise starts each one
     kwargs = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
     for attempt in range(TABLE_RACE_TRIES):

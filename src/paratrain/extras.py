@@ -1,0 +1,26 @@
+"""The optional dependencies (pyproject's extras): whether one is installed, and the one line that says how to
+install it. A search needs Optuna (`paratrain[search]`), plots matplotlib (`[plots]`), TensorBoard's event
+files the tensorboard package (`[tensorboard]`); `[all]` brings every one."""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+
+from .errors import UserError
+
+EXTRA = {"optuna": "search", "matplotlib": "plots", "tensorboard": "tensorboard", "psycopg": "postgres"}
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be imported (found without importing it: no cost at start-up)."""
+    return find_spec(module) is not None
+
+
+def how_to_install(module: str) -> str:
+    return f"pip install 'paratrain[{EXTRA[module]}]' (or 'paratrain[all]')"
+
+
+def require(module: str, what: str) -> None:
+    """Raise the one line that says what to install, where `module` is missing."""
+    if not installed(module):
+        raise UserError(f"{what} needs {module}, which is not installed: {how_to_install(module)}")
