@@ -178,6 +178,8 @@ def test_a_table_of_numbers_is_a_regression_and_names_or_whole_numbers_are_class
     prices = _table(tmp_path / "p.csv", ["a", "price"], [[i % 7, 250000 + 1000 * i] for i in range(40)])
     priced = load_csv(prices, "price", 2, 2)  # whole numbers of more than 20 values: a regression's
     assert not priced.classification and priced.train[1].dtype == torch.float32
+    years = _table(tmp_path / "y.csv", ["a", "year"], [[i, (1990, 2000, 2010)[i % 3]] for i in range(30)])
+    assert not load_csv(years, "year", 2, 2).classification  # 3 values, but no class index 2010
     both = load_csv(numbers, "a,b", 2, 2)  # several targets: numbers, a row each
     assert both.target_shape == (2,) and not both.classification
 
@@ -190,6 +192,8 @@ def test_a_table_of_numbers_is_a_regression_and_names_or_whole_numbers_are_class
     (["a", "y"], [[1, 2.5], [2]], "y", r"data row 2: 1 cells, and the header names 2 columns"),
     (["a", "y"], [[1, 2.5], ["", 1.0], [3, 1.5]], "y", r"data row 2: the inputs hold an empty cell, NaN or inf"),
     (["a", "y"], [[1, "inf"], [2, 1.0], [3, 1.5]], "y", r"data row 1: the targets hold an empty cell, NaN or inf"),
+    (["a", "y"], [[1, 2.5], ["NA", 1.0], [3, 1.5]], "y", r"data row 2: the inputs hold an empty cell, NaN or inf"),
+    (["a", "y"], [[1, 2.5], [2, 1.0]], "Y", r"--target Y: .* has no such column \(did you mean y\?\)"),
     (["a", "y"], [], "y", "holds a header and no rows"),
     (["y"], [[1.0], [2.0]], "y", "every column is a --target"),
 ])
@@ -319,6 +323,9 @@ def test_eval_finds_the_held_out_rows_of_a_copy_and_refuses_a_file_that_grew(tmp
     assert "holds 401 rows, and the run held its test rows out of 400" in capsys.readouterr().err
     other = paratrain.evaluate(run, tmp_path / "copy.csv")  # another file (its size differs): every row
     assert other["rows"] == "every row" and other["test_examples"] == 401
+    lines = (tmp_path / "houses.csv").read_text().splitlines()[:401]  # the run's rows, in another order
+    (tmp_path / "shuffled.csv").write_text("\n".join([lines[0], *reversed(lines[1:])]) + "\n")
+    assert paratrain.evaluate(run, tmp_path / "shuffled.csv")["rows"] == "every row"
     test = (torch.zeros(3, 5), torch.zeros(3))
     assert paratrain.evaluate(run, {"test": test})["test_examples"] == 3
 
@@ -335,4 +342,9 @@ def test_whole_numbers_are_numbers_to_a_loss_that_compares_numbers(tmp_path: Pat
     assert "--loss mse takes the targets as numbers (a regression)" in capsys.readouterr().err
     regression_run = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert regression_run["test_accuracy"] is None
+    named = _table(tmp_path / "n.csv", ["a", "kind"], [[i, ("high", "low", "mid")[i % 3]] for i in range(60)])
+    assert main_code([*base[:4], str(named), "--target", "kind", *base[7:], "--loss", "mse", "--out",
+                      str(tmp_path / "n")]) == 2
+    assert "--loss mse compares numbers, and these targets are classes by name (high, low, mid)" in \
+        capsys.readouterr().err
     assert paratrain.evaluate(tmp_path / "r", table)["rows"] == "the test rows the run held out"

@@ -754,9 +754,11 @@ def test_without_scikit_learn_a_search_says_why_it_draws_no_importance(tmp_path:
     from paratrain.search import report
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    from paratrain import extras
+
+    monkeypatch.setattr(extras, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
     (tmp_path / "importance.png").write_bytes(b"an earlier start's")
     found, why = report._plot_importance(object(), 30, 2, tmp_path / "importance.png")
     assert found is None and why == ("no parameter importance: Optuna's fANOVA needs scikit-learn, which is not "
-                                     "installed (pip install scikit-learn)")
+                                     "installed (pip install 'paratrain[search]' (or 'paratrain[all]'))")
     assert not (tmp_path / "importance.png").exists()

@@ -34,7 +34,11 @@ def closest(name: str, names: object) -> str | None:
     """The one of `names` that `name` most likely misspells, or None."""
     import difflib
 
-    found = difflib.get_close_matches(name, [str(n) for n in names], n=1, cutoff=0.6)  # type: ignore[attr-defined]
+    names = [str(n) for n in names]  # type: ignore[attr-defined]
+    same = [n for n in names if n.lower() == name.lower()]  # only the case differs
+    if same:
+        return same[0]
+    found = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return found[0] if found else None
 
 

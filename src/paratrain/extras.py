@@ -8,7 +8,8 @@ from importlib.util import find_spec
 
 from .errors import UserError
 
-EXTRA = {"optuna": "search", "matplotlib": "plots", "tensorboard": "tensorboard", "psycopg": "postgres"}
+EXTRA = {"optuna": "search", "sklearn": "search", "matplotlib": "plots", "tensorboard": "tensorboard",
+         "psycopg": "postgres"}
 
 
 def installed(module: str) -> bool:

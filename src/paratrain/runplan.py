@@ -89,6 +89,10 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         _check_for_tensors(cfg)
         data = standardized(data) if cfg.standardize else data
         if data.classification and cfg.loss not in ("auto", "cross-entropy") and (parts is None or parts.loss is None):
+            if data.classes:  # names (a CSV's text column): their numbers would be alphabetical, meaningless
+                raise UserError(f"--loss {cfg.loss} compares numbers, and these targets are classes by name "
+                                f"({', '.join(data.classes[:3])}{', ...' if len(data.classes) > 3 else ''}): leave "
+                                "--loss out (cross-entropy)")
             data = as_numbers(data)  # the loss compares numbers: whole-number targets are a regression's
             if env.is_main and not cfg.quiet:
                 print(f"paratrain: note: --loss {cfg.loss} takes the targets as numbers (a regression), not as the "

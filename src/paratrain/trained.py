@@ -229,11 +229,12 @@ def _test_rows(run: str | Path, cfg: C.TrainConfig, saved: dict, data: Any, data
         kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")
         # the file the run held its test rows out of (the same path, or a copy of the same size): those rows
         # again; another file: its x_test, or every row
-        held = saved.get("held_out_of")
-        own_path = cfg.data_dir is not None and Path(path).resolve() == Path(cfg.data_dir).resolve()
-        same = own_path or (held is not None and tables.file_bytes(Path(path)) == held["bytes"])
-        splits = tables.load_csv(path, cfg.target, cfg.val_size, cfg.test_size, same) if kind == "csv" else \
-            tables.load_tensors(path, cfg.val_size, cfg.test_size, same)
+        held, where = saved.get("held_out_of"), Path(path).expanduser()
+        own_path = cfg.data_dir is not None and where.resolve() == Path(cfg.data_dir).resolve()
+        same = own_path or (held is not None and where.exists() and
+                            tables.fingerprint(where) == held.get("fingerprint"))
+        splits = tables.load_csv(where, cfg.target, cfg.val_size, cfg.test_size, same) if kind == "csv" else \
+            tables.load_tensors(where, cfg.val_size, cfg.test_size, same)
         if same and held is not None and (splits.origin or {}).get("rows") != held["rows"]:
             raise UserError(f"{path} holds {(splits.origin or {}).get('rows')} rows, and the run held its test rows "
                             f"out of {held['rows']}: which rows it trained on is no longer known; evaluate on a file "

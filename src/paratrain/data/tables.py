@@ -21,8 +21,8 @@ from .splits import Splits
 from .tensors import bad_rows, tensor_splits
 
 SPLITS = ("train", "val", "test")
-# a CSV target of whole numbers 0.. with at most this many values is class indices; more (a price, a count) are
-# a regression's numbers (--loss mse makes any class indices numbers too)
+# a CSV target of whole numbers below this is class indices 0..19; others (a price, a year, a count) are a
+# regression's numbers (--loss mse makes any class indices numbers too)
 MAX_CLASSES_AS_NUMBERS = 20
 SUFFIXES = (".npy", ".pt")
 HOLD_OUT_SPLIT = "permutation-0"  # what Splits.split records: held out by the fixed permutation
@@ -31,11 +31,25 @@ HOLD_OUT_SPLIT = "permutation-0"  # what Splits.split records: held out by the f
 EVERY_ROW = "every-row"  # what Splits.split records: the file's rows are all test rows (hold_out False)
 
 
-def file_bytes(where: Path) -> int:
-    """A data file's size, or a folder's .npy and .pt files' together: with its rows, what tells the file a run
-    held rows out of from another."""
-    files = [f for f in where.iterdir() if f.suffix in SUFFIXES] if where.is_dir() else [where]
-    return sum(f.stat().st_size for f in files)
+def fingerprint(where: Path) -> str:
+    """What tells the file a run held rows out of from another (a copy of it has the same): the size and the
+    first and last MiB of the file, or of each of a folder's .npy and .pt files (reading no more, however
+    large); a file sorted or shuffled anew, or edited near its ends, differs."""
+    import hashlib
+
+    files = sorted(f for f in where.iterdir() if f.suffix in SUFFIXES) if where.is_dir() else [where]
+    digest = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        with open(f, "rb") as data:
+            head = data.read(FINGERPRINT_BYTES)
+            data.seek(max(0, size - FINGERPRINT_BYTES))
+            named = f"{f.name}:" if where.is_dir() else ""  # a folder's arrays by name; a file by its content
+            digest.update(f"{named}{size}:".encode() + head + data.read())
+    return digest.hexdigest()
+
+
+FINGERPRINT_BYTES = 2**20
 
 
 def _with_origin(splits: Splits, where: Path) -> Splits:
@@ -44,7 +58,7 @@ def _with_origin(splits: Splits, where: Path) -> Splits:
     if splits.split != HOLD_OUT_SPLIT:
         return splits
     rows = sum(len(getattr(splits, s)[1]) for s in ("train", "val", "test"))
-    return replace(splits, origin={"rows": rows, "bytes": file_bytes(where)})
+    return replace(splits, origin={"rows": rows, "fingerprint": fingerprint(where)})
 
 
 def load_tensors(path: str | os.PathLike, val_size: int | None, test_size: int | None,
@@ -191,8 +205,8 @@ def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, 
              hold_out: bool = True) -> Splits:
     """--dataset csv --data-dir FILE --target COLUMN[,COLUMN]: every other column is a numeric feature.
     A target column of numbers is a regression's (floats); a target column of names (text) is classes,
-    numbered in sorted order, as are whole numbers 0.. written without a decimal point that take at most
-    MAX_CLASSES_AS_NUMBERS values."""
+    numbered in sorted order; whole numbers written without a decimal point, all below MAX_CLASSES_AS_NUMBERS,
+    are class indices."""
     where = Path(path).expanduser()
     if not target:
         raise UserError("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
@@ -249,15 +263,18 @@ def _targets(where: Path, wanted: list[str], columns: dict[str, list[str]]) -> t
         if _not_numbers(columns[t]):
             raise UserError(f"{where}: --target {t} holds text, and several target columns must be numbers")
     cells = columns[wanted[0]]
-    if len(wanted) == 1 and all(c.isdigit() for c in cells) and len(set(cells)) <= MAX_CLASSES_AS_NUMBERS:
+    if len(wanted) == 1 and all(c.isdigit() and int(c) < MAX_CLASSES_AS_NUMBERS for c in cells):
         return torch.tensor([int(c) for c in cells]), None  # a few whole numbers: class indices
     y = torch.tensor([[_number(c) for c in columns[t]] for t in wanted], dtype=torch.float64).T
     return (y[:, 0] if len(wanted) == 1 else y).contiguous(), None
 
 
+MISSING = {"", "na", "n/a", "nan", "null", "none", "?"}  # how tables write a missing value
+
+
 def _number(cell: str) -> float | None:
-    """A cell's number (an empty cell's is NaN, refused naming its line), or None for text."""
-    if not cell:
+    """A cell's number (a missing one's, empty or NA, is NaN: refused naming its row), or None for text."""
+    if cell.lower() in MISSING:
         return math.nan
     try:
         return float(cell)

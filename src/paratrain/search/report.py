@@ -76,6 +76,8 @@ def write(study: Any, base: dict[str, Any], out: Path, wall_s: float | None,
     (out / "leaderboard.md").write_text(board + "\n")
     if installed("matplotlib"):  # without the plots extra: the tables alone (the last line lists the files)
         _plot_fitness(trials, out / "fitness.png", objective)
+    else:
+        (out / "fitness.png").unlink(missing_ok=True)  # an earlier start's would mislead
     importances, why_none = _plot_importance(study, len(done), len(names), out / "importance.png")
     summary = {"trials": len(trials), "complete": len(done), "failed": sum(r["state"] == "FAIL" for r in trials),
                "reused": sum(r["reused"] is not None for r in trials),
@@ -143,12 +145,10 @@ def _plot_importance(study: Any, trained: int, parameters: int,
         path.unlink(missing_ok=True)
         return None, (f"no parameter importance: {trained} trainings finished, and {parameters} parameters need "
                       f"{importance_needs(parameters)} (fewer show noise)")
-    from importlib.util import find_spec
-
-    if find_spec("sklearn") is None:  # optuna's fANOVA fits scikit-learn's random forest
+    if not installed("sklearn"):  # optuna's fANOVA fits scikit-learn's random forest
         path.unlink(missing_ok=True)
         return None, ("no parameter importance: Optuna's fANOVA needs scikit-learn, which is not installed "
-                      "(pip install scikit-learn)")
+                      f"({how_to_install('sklearn')})")
     importances = _importances(study)
     if not importances:
         path.unlink(missing_ok=True)

@@ -132,8 +132,12 @@ def storage(url: str, create_tables: bool = True) -> Any:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sqlite = url.startswith("sqlite")
-    if url.startswith("postgresql") and not installed("psycopg2"):  # sqlalchemy would name a driver, not the extra
-        require("psycopg", "a search stored in PostgreSQL")
+    given = url  # what messages show (with its password masked)
+    if url.startswith("postgresql://"):  # no driver named: psycopg 3 (the postgres extra's), else psycopg2
+        if installed("psycopg"):
+            url = "postgresql+psycopg://" + url[len("postgresql://"):]  # SQLAlchemy 2.0's default is psycopg2
+        elif not installed("psycopg2"):
+            require("psycopg", "a search stored in PostgreSQL")
     # isolation_level None: the driver starts no transaction of its own; _serialise starts each one
     kwargs = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {"pool_pre_ping": True}
     for attempt in range(TABLE_RACE_TRIES):
@@ -150,8 +154,8 @@ def storage(url: str, create_tables: bool = True) -> Any:
                 time.sleep(0.2 + random.random())
                 continue
             first = (str(e).splitlines() or [""])[0]
-            raise UserError(f"cannot open the search storage {masked(url)} ({type(e).__name__}: "
-                            f"{scrubbed(first, url)})") from None
+            raise UserError(f"cannot open the search storage {masked(given)} ({type(e).__name__}: "
+                            f"{scrubbed(first, given)})") from None
     if sqlite:
         _serialise(store.engine)
     return store
