@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, descendants, max_abs_diff, train, weights
+from conftest import alive, descendants, max_abs_diff, train_here, weights
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def test_torchrun_group_equals_single_device(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("test_accuracy") == 1  # only rank 0 reports
-    one = train(tmp_path / "one", *ARGS, "--devices", "1")
+    one = train_here(tmp_path / "one", *ARGS, "--devices", "1")
     import json
 
     summary = json.loads((tmp_path / "torchrun" / "summary.json").read_text())

@@ -152,7 +152,8 @@ def test_a_metric_of_numbers_on_class_targets_is_refused_before_training(tmp_pat
 @pytest.mark.integration
 def test_torchmetrics_on_two_workers_equal_one_device_over_the_same_examples(tmp_path: Path) -> None:
     """Unequal shares of the validation and test sets (301 and 299 examples), unpadded: a regression's mean
-    absolute error and R^2 under ddp and a pipeline of the registry's mlp, and a sequence model's F1 under ddp."""
+    absolute error (torchmetrics' and a function) and R^2 under ddp and a pipeline of the registry's mlp. (F1's
+    states are counts, summed exactly; its independence of the batching: the default tier.)"""
     data = regression.make_data(n=3000)
     data = {"train": data["train"], "val": (data["val"][0][:301], data["val"][1][:301]),
             "test": (data["test"][0][:299], data["test"][1][:299])}
@@ -167,9 +168,3 @@ def test_torchmetrics_on_two_workers_equal_one_device_over_the_same_examples(tmp
         for key in ("val_mae", "val_r2", "val_tm_mae", "val_bias", "test_mae", "test_r2", "test_tm_mae", "test_bias"):
             # the weights agree to ~1e-7 after 30 steps (summed in another order); the metric adds nothing to it
             assert runs[a][key] == pytest.approx(runs[b][key], rel=1e-5, abs=1e-6), (a, b, key)
-    tokens = sequences.make_data(n=1500)
-    f1 = {"f1": torchmetrics.F1Score(task="multiclass", num_classes=3, average="macro")}
-    one, two = (_fit(sequences.build, tokens, tmp_path / f"seq{d}", f1, devices=d, steps=20, batch_size=60,
-                     optimizer="adam", lr=0.01) for d in ("1", "2"))
-    for key in ("val_f1", "test_f1"):
-        assert one[key] == pytest.approx(two[key], abs=1e-9), key

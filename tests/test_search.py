@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port, run_cli
+from conftest import free_port, run_cli, train_here
 
 from paratrain.errors import UserError
 from paratrain.search import space
@@ -119,9 +119,8 @@ def test_grid_search_runs_every_point_once(tmp_path: Path) -> None:
                (json.loads(p.read_text()) for p in (out / "trials").glob("*/summary.json")))
     for name in ("best.yaml", "leaderboard.md", "fitness.png", "summary.yaml"):
         assert (out / name).stat().st_size > 0
-    best = run_cli("train", "--config", str(out / "best.yaml"), "--steps", "2", "--devices", "1", "--quiet",
-                   "--out", str(tmp_path / "best"))
-    assert best.returncode == 0, best.stderr  # best.yaml is a config `paratrain train` takes
+    # best.yaml is a config `paratrain train` takes
+    train_here(tmp_path / "best", "--config", str(out / "best.yaml"), "--steps", "2", "--devices", "1")
     # 6 trainings of 2 parameters say nothing of their importance: no plot, and a line that says why
     assert "no parameter importance: 6 trainings finished, and 2 parameters need 10" in proc.stdout, proc.stdout
     assert not (out / "importance.png").exists()
@@ -559,8 +558,8 @@ def test_a_fixed_pipeline_is_checked_against_the_devices_of_a_trial(tmp_path: Pa
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("strategy", "flags"), [("pipeline", []), ("hybrid", ["--devices-per-trial", "4"]),
-                                               ("fsdp", ["--devices-per-trial", "2"])])
+# hybrid trials run as pipeline trials do, on more devices (the hybrid layout itself: test_pipeline.py)
+@pytest.mark.parametrize(("strategy", "flags"), [("pipeline", []), ("fsdp", ["--devices-per-trial", "2"])])
 def test_pipeline_hybrid_and_fsdp_trials_equal_the_same_run_alone(tmp_path: Path, strategy: str,
                                                                   flags: list[str]) -> None:
     import torch
@@ -574,9 +573,8 @@ def test_pipeline_hybrid_and_fsdp_trials_equal_the_same_run_alone(tmp_path: Path
                    "--steps", "10", "--batch-size", "32", "--microbatches", "2", "--oversubscribe", *flags)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(_complete(tmp_path / "s")) == 2  # a pipeline space trains (it once divided by zero)
-    alone = run_cli("train", "--config", str(tmp_path / "s" / "best.yaml"), "--out", str(tmp_path / "alone"),
-                    "--quiet")  # best.yaml holds the trial's devices (and the search's --oversubscribe)
-    assert alone.returncode == 0, alone.stderr[-3000:]
+    # best.yaml holds the trial's devices (and the search's --oversubscribe)
+    train_here(tmp_path / "alone", "--config", str(tmp_path / "s" / "best.yaml"))
     best_lr = yaml.safe_load((tmp_path / "s" / "best.yaml").read_text())["lr"]
     best = next(r for r in _complete(tmp_path / "s") if float(r["lr"]) == float(best_lr))
     trial = checkpoint.load(tmp_path / "s" / "trials" / f"{int(best['number']):04d}")["model"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import adam_moments, logged_step, max_abs_diff, train, weights
+from conftest import adam_moments, logged_step, max_abs_diff, train_here, weights
 from slurm_cluster import Cluster, one_node_cluster, two_node_cluster
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def test_a_two_task_job_equals_one_device(cluster: Cluster, tmp_path: Path) -> N
     assert (summary["launcher"], summary["world_size"], summary["slurm_job"], summary["requeues"]) == \
         ("slurm", 2, job, 0)
     assert _output(run, job).count("test_accuracy") == 1  # rank 0 reports
-    train(tmp_path / "one", *EQUAL, "--devices", "1")
+    train_here(tmp_path / "one", *EQUAL, "--devices", "1")
     assert max_abs_diff(weights(run), weights(tmp_path / "one")) < 1e-4
 
 
@@ -135,7 +135,7 @@ def test_a_job_across_two_nodes_equals_one_device(two_nodes: Cluster, tmp_path: 
     assert (summary["launcher"], summary["world_size"], summary["slurm_job"]) == ("slurm", 2, job)
     # 40 all-reduces of LeNet-5's 61,706 float32 gradients: each node sends at least half of them each step
     assert min(sent) > 40 * 61_706 * 4 // 2, sent
-    train(tmp_path / "one", *EQUAL, "--devices", "1")
+    train_here(tmp_path / "one", *EQUAL, "--devices", "1")
     assert max_abs_diff(weights(run), weights(tmp_path / "one")) < 1e-4
 
 
@@ -229,5 +229,5 @@ def test_srun_torchrun_keeps_working(cluster: Cluster, tmp_path: Path) -> None:
     assert info["JobState"] == "COMPLETED", (tmp_path / f"torchrun-{job}.out").read_text()[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["launcher"], summary["world_size"], summary["slurm_job"]) == ("torchrun", 2, job)
-    train(tmp_path / "one", *EQUAL, "--devices", "1")
+    train_here(tmp_path / "one", *EQUAL, "--devices", "1")
     assert max_abs_diff(weights(run), weights(tmp_path / "one")) < 1e-4

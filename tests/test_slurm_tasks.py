@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import adam_moments, logged_step, max_abs_diff, train, weights
+from conftest import adam_moments, logged_step, max_abs_diff, train_here, weights
 
 from paratrain.env import PORT_BASE, PORT_SPAN
 
@@ -100,7 +100,7 @@ def test_two_srun_tasks_form_one_group_equal_to_one_device(tmp_path: Path) -> No
     summary = json.loads((tmp_path / "slurm" / "summary.json").read_text())
     assert (summary["launcher"], summary["world_size"], summary["steps"]) == ("slurm", 2, 40)
     assert summary["requeues"] == 0 and summary["slurm_job"]
-    one = train(tmp_path / "one", *EQUAL, "--devices", "1")
+    one = train_here(tmp_path / "one", *EQUAL, "--devices", "1")
     assert one["launcher"] == "spawn" and one["requeues"] is None
     assert max_abs_diff(weights(tmp_path / "slurm"), weights(tmp_path / "one")) < 1e-4
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import alive, descendants, logged_step, max_abs_diff, train, veth_namespaces, weights
+from conftest import alive, descendants, logged_step, max_abs_diff, train, train_here, veth_namespaces, weights
 
 from paratrain import checkpoint
 from paratrain.tcp_timeout import give_up_s
@@ -132,7 +132,7 @@ def test_two_nodes_equal_one_device(two_node_run: Path, tmp_path: Path) -> None:
     assert summary["world_size"] == 2 and summary["strategy"] == "ddp" and summary["steps"] == 40
     # 40 all-reduces of LeNet-5's 61,706 float32 gradients: each node sends at least half of them each step
     assert min(SENT.values()) > 40 * 61_706 * 4 // 2, SENT
-    train(tmp_path / "one", *TRAIN, "--devices", "1")
+    train_here(tmp_path / "one", *TRAIN, "--devices", "1")
     assert max_abs_diff(weights(two_node_run), weights(tmp_path / "one")) < 1e-4  # measured 1.1e-6
 
 
@@ -147,7 +147,7 @@ def test_fsdp_on_two_nodes_equals_one_device_and_carries_on_with_one(nodes: list
     assert {p.name for p in (out / "checkpoints" / "step-00000040").glob("*.distcp")} == {"__0_0.distcp",
                                                                                           "__1_0.distcp"}
     one = tmp_path / "one"
-    train(one, *TRAIN, "--devices", "1", "--memory-format", "contiguous")
+    train_here(one, *TRAIN, "--devices", "1", "--memory-format", "contiguous")
     print(f"two-node fsdp vs one device: {max_abs_diff(weights(out), weights(one)):.3g}", file=sys.stderr)
     assert max_abs_diff(weights(out), weights(one)) < 1e-4  # measured 1.1e-6
     carried = tmp_path / "carried"  # as if the job had ended after its step-25 checkpoint
