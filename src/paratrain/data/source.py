@@ -20,6 +20,8 @@ import torch
 class MappedImages:
     """Rows `rows` (all, if None) of an N x C x H x W uint8 `.npy` file, read on demand."""
 
+    REPLACED = " (the cache was rebuilt: were its images changed?)"  # why the file changed under the run
+
     def __init__(self, path: str, rows: np.ndarray | None = None, device: torch.device | str = "cpu",
                  stamp: tuple[int, int, int] | None = None) -> None:
         self.path, self.rows, self.device = str(path), rows, torch.device(device)
@@ -33,8 +35,7 @@ class MappedImages:
             if _stamp(self.path) != self.stamp:
                 from ..errors import UserError
 
-                raise UserError(f"{self.path} was replaced while this run used it (the cache was rebuilt: were "
-                                "its images changed?); run again")
+                raise UserError(f"{self.path} was replaced while this run used it{self.REPLACED}; run again")
             self._array = np.load(self.path, mmap_mode="r")
         return self._array
 
@@ -61,17 +62,17 @@ class MappedImages:
         # Sorted reads touch the file in order (fewer page faults); the result is put back in the asked order.
         idx = np.asarray(idx, dtype=np.int64)
         order = np.argsort(idx, kind="stable")
-        rows = np.empty((len(idx), *self.array.shape[1:]), dtype=np.uint8)
+        rows = np.empty((len(idx), *self.array.shape[1:]), dtype=self.array.dtype)
         rows[order] = self.array[idx[order]]
         return torch.from_numpy(rows).to(self.device)
 
     def to(self, device: torch.device | str) -> MappedImages:
         """The same rows, delivered on `device` (the file stays where it is)."""
-        return MappedImages(self.path, self.rows, device, self.stamp)
+        return type(self)(self.path, self.rows, device, self.stamp)
 
     def subset(self, rows: np.ndarray) -> MappedImages:
         """Rows `rows` of these rows."""
-        return MappedImages(self.path, rows if self.rows is None else self.rows[rows], self.device, self.stamp)
+        return type(self)(self.path, rows if self.rows is None else self.rows[rows], self.device, self.stamp)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "rows": self.rows, "device": str(self.device), "stamp": self.stamp}
