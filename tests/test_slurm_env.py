@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ def test_a_task_past_the_nodes_gpus_is_one_line(fake_gpus) -> None:  # noqa: ANN
 
 
 @pytest.fixture
-def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A stand-in scontrol first on PATH that appends its arguments to a file (and fails on `requeue 13`)."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls"
     bin_dir.mkdir()
@@ -141,7 +142,9 @@ def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                       '[ "$2" != 13 ] || { echo "Requeue disabled" >&2; exit 1; }\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return calls
+    old = signal.getsignal(signal.SIGTERM)  # requeue.ask ignores Slurm's SIGTERM: not in this test process after
+    yield calls
+    signal.signal(signal.SIGTERM, old)
 
 
 def _stopped_in(run: Path, signum: int = signal.SIGUSR1) -> tuple[Stopped, C.TrainConfig]:
@@ -156,6 +159,7 @@ def test_the_requeue_signal_requeues_the_job_once_from_rank_0(scontrol: Path, tm
     env = detect(SRUN_TASK)
     said = [requeue.requeue(stopped, env, cfg, is_main=rank == 0) for rank in (0, 1)]
     assert scontrol.read_text() == "requeue 41\n"  # once, by rank 0
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # Slurm's SIGTERM that follows: said why first
     assert str(said[0]) == (f"stopped by SIGUSR1 at step 12 (checkpointed in {cfg.out}); job 41 requeued (requeue 1 "
                             "of at most 3): when Slurm starts it again, the same command carries the run on from "
                             "that checkpoint")
@@ -238,6 +242,23 @@ def test_the_requeue_signal_stays_once_it_came() -> None:
     plain(signal.SIGINT, None)
     plain(signal.SIGTERM, None)
     assert plain.signum == signal.SIGTERM
+
+
+def test_a_requeued_task_leaves_sigterm_ignored_from_the_moment_its_handler_is_taken_down() -> None:
+    """Slurm's SIGTERM to a requeued job's tasks came in the moment between the stop handler's removal and a
+    later SIG_IGN, and ended rank 0 before it said the job was requeued (a CI run): it is ignored from there."""
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        with StopRequest(signal.SIGUSR1).installed() as stop:
+            stop.ignore_after(signal.SIGTERM)
+            assert signal.getsignal(signal.SIGTERM) is stop  # still recorded while the run is stopping
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        with StopRequest(signal.SIGUSR1).installed():
+            pass
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # what was there before, without the call
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def test_the_warning_that_came_while_the_run_started_stops_it_at_once() -> None:

@@ -34,6 +34,7 @@ class StopRequest:
         self.signum = 0
         self.also = also
         self.signals = SIGNALS + ((also,) if also else ())
+        self.after: dict[int, object] = {}  # handlers to leave in place of the old ones (ignore_after)
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.signum != self.also or not self.also:  # Slurm's warning, once come, stays: its SIGTERM may follow
@@ -49,7 +50,12 @@ class StopRequest:
             yield self
         finally:
             for s, handler in old.items():
-                signal.signal(s, handler)
+                signal.signal(s, self.after.get(s, handler))  # type: ignore[arg-type]
+
+    def ignore_after(self, signum: int) -> None:
+        """Leave `signum` ignored when this handler is taken down, with no moment between the two in which it
+        would end the process (Slurm's SIGTERM to a requeued job's tasks, which are still to say why)."""
+        self.after[signum] = signal.SIG_IGN
 
 
 class Stopped(UserError):

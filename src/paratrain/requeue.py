@@ -11,6 +11,7 @@ What Lightning's users met (the signal caught by NCCL, `scontrol` missing in a c
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def ask(env: Environment, max_requeues: int, signum: int, saved: str, is_main: b
     was kept, `again`: how to go on by hand, `next_start`: what the job's next start does."""
     job = env.slurm
     assert job is not None
+    # Slurm ends the job's steps with SIGTERM as soon as it requeues the job (or at its time limit): this process
+    # is leaving, and says why first (a search's process; a training's workers keep it ignored too: worker.py)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if job.restart_count >= max_requeues:
         return Stopped(f"{saved}; job {job.name} was requeued {job.restart_count} time(s) already "
                        f"(--max-requeues {max_requeues}), so it is not requeued again; {again}", signum)

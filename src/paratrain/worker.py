@@ -40,21 +40,20 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
                       file=sys.stderr, flush=True)
             plan = dataclasses.replace(plan, cfg=cfg.replace(resume=cfg.out))
         also = requeue.signal_for(plan.env, cfg)  # Slurm's warning before the job's end
-        try:
-            with StopRequest(also).installed() as stop:
-                try:
-                    return Trainer(ctx, plan, state, stop=stop, devices=devices, restarts=restarts,
-                                   on_step=on_step).run()
-                except Stopped as e:
-                    if also is None or e.signum != also:
-                        raise
-                    ctx.barrier()  # rank 0's checkpoint is written
-                    said = requeue.requeue(e, plan.env, cfg, ctx.is_main)
-                    ctx.barrier()  # and the requeue asked, before any task leaves
-                    raise said from None
-        except Stopped as e:
-            if also is not None and e.signum == also:  # Slurm ends a requeued job's steps with SIGTERM: it finds
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this task leaving, and lets it say why first
-            raise
+        with StopRequest(also).installed() as stop:
+            try:
+                return Trainer(ctx, plan, state, stop=stop, devices=devices, restarts=restarts,
+                               on_step=on_step).run()
+            except Stopped as e:
+                if also is None or e.signum != also:
+                    raise
+                # Slurm ends a requeued job's steps with SIGTERM, at once: it must find this task leaving and
+                # let it say why, also in the moment after this handler is taken down (a CI run lost rank 0's
+                # line there)
+                stop.ignore_after(signal.SIGTERM)
+                ctx.barrier()  # rank 0's checkpoint is written
+                said = requeue.requeue(e, plan.env, cfg, ctx.is_main)
+                ctx.barrier()  # and the requeue asked, before any task leaves
+                raise said from None
     finally:
         dist.teardown(ctx)
