@@ -16,6 +16,9 @@ from paratrain.data import load_dataset
 from paratrain.devices import Hardware
 from paratrain.env import LOCAL, Environment
 
+# its integration tests bound wall times or compare measured rates: .ci/run runs them with nothing beside
+pytestmark = pytest.mark.alone
+
 DIGITS = load_dataset("digits")
 
 

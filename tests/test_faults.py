@@ -15,7 +15,7 @@ from conftest import alive, descendants, max_abs_diff, train_here, training_work
 
 from paratrain import checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # wall-time bounds: .ci/run runs it alone
 
 
 def _launch(run: Path, *args: str) -> subprocess.Popen:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import alive, descendants, max_abs_diff, train_here, weights
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # wall-time bounds: .ci/run runs it alone
 
 ARGS = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.05", "--batch-size", "64")
 

@@ -24,7 +24,7 @@ from conftest import alive, descendants, logged_step, max_abs_diff, train_here, 
 
 from paratrain import checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # wall-time bounds: .ci/run runs it alone
 
 # LeNet-5 on the embedded digits, 1 thread per worker; SGD with momentum, far from divergence.
 TRAIN = ("--devices", "2", "--threads-per-worker", "1", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",

@@ -19,6 +19,9 @@ from conftest import alive, descendants, main_code, run_cli, training_workers
 import paratrain
 from paratrain import checkpoint, clock, prefork
 
+# its integration tests bound wall times or compare measured rates: .ci/run runs them with nothing beside
+pytestmark = pytest.mark.alone
+
 STARTUP = {"imports", "data", "plan", "spawn", "join", "build", "first_step"}
 
 

@@ -30,7 +30,7 @@ from conftest import alive, descendants, logged_step, max_abs_diff, train, train
 from paratrain import checkpoint
 from paratrain.tcp_timeout import give_up_s
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # wall-time bounds: .ci/run runs it alone
 
 # Both "machines" share this one's cores: 1 thread each. SGD with momentum at lr 0.01, far from the chaotic
 # lr 0.05 where float noise between worker counts grows to 1e-2 in 40 steps.

@@ -1,0 +1,59 @@
+"""MkDocs hook: the flags reference (reference/cli.md) is generated from paratrain's own parser at build
+time, so a flag added, renamed or re-described in the code is what the site shows; nothing is copied by hand.
+
+A page asks for it with the line `<!-- paratrain-commands -->`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+MARKER = "<!-- paratrain-commands -->"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if MARKER not in markdown:
+        return markdown
+    return markdown.replace(MARKER, commands_markdown())
+
+
+def commands_markdown() -> str:
+    """A section per command, in --help's order: what it does, its usage, a table of its flags per group."""
+    from paratrain.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    parts = []
+    for name, command in sub.choices.items():
+        parts.append(f"## paratrain {name}\n")
+        parts.append(f"{_text(helps.get(name) or command.description or '')}\n")
+        usage = command.format_usage().removeprefix("usage: ").strip()
+        parts.append(f"```text\n{usage}\n```\n")
+        for group in command._action_groups:
+            rows = [_row(a) for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+            if not rows:
+                continue
+            title = {"options": "Options", "optional arguments": "Options", "positional arguments": "Arguments"}
+            parts.append(f"**{title.get(group.title or '', group.title or 'Options')}**\n")
+            parts.append("| flag | default | what it does |\n| --- | --- | --- |")
+            parts.extend(rows)
+            parts.append("")
+    return "\n".join(parts)
+
+
+def _row(action: argparse.Action) -> str:
+    flag = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
+    if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
+        flag += "<br>" + " \\| ".join(f"`{c}`" for c in action.choices)
+    default = action.default
+    shown = "" if default in (None, argparse.SUPPRESS, False) or isinstance(action, argparse._StoreTrueAction) \
+        else f"`{default}`"
+    return f"| {flag} | {shown} | {_text(action.help or '')} |"
+
+
+def _text(help_text: str) -> str:
+    """argparse's help, safe in a Markdown table cell: %% and %(default)s as argparse shows them, no pipes."""
+    text = help_text.replace("%%", "%").replace("|", "\\|").replace("\n", " ")
+    return text.replace("<", "&lt;").replace(">", "&gt;")
