@@ -44,11 +44,18 @@ def commands_markdown() -> str:
 
 
 def _row(action: argparse.Action) -> str:
+    from paratrain import config as C
+
     flag = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
-    if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
-        flag += "<br>" + " \\| ".join(f"`{c}`" for c in action.choices)
+    choices = action.choices
+    if choices is None and action.dest == "model" and "model" in C.FIELDS:  # a registry name, or your own
+        choices = [*C.FIELDS["model"].metadata.get("choices", ()), "FILE.py:FACTORY", "package.module:FACTORY"]
+    if choices is not None and not isinstance(action, argparse._SubParsersAction):
+        flag += "<br>" + " \\| ".join(f"`{c}`" for c in choices if c != "custom")
     default = action.default
-    shown = "" if default in (None, argparse.SUPPRESS, False) or isinstance(action, argparse._StoreTrueAction) \
+    if default is None and action.dest in C.FIELDS:  # a training flag: None means "as the config file says"
+        default = C.FIELDS[action.dest].default
+    shown = "" if default in (None, argparse.SUPPRESS, False, "") or isinstance(action, argparse._StoreTrueAction) \
         else f"`{default}`"
     return f"| {flag} | {shown} | {_text(action.help or '')} |"
 

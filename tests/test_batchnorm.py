@@ -24,8 +24,8 @@ from paratrain.launch import free_port
 class BNNet(nn.Sequential):
     """Two conv-bn-relu blocks for the 1 x 28 x 28 digits. No bias before a BatchNorm (as in ResNets): its
     gradient is exactly zero, and Adam scales the float noise of a zero gradient up to steps of the learning
-    rate, differently on 1 and 2 workers (README). Average pooling: the digits' blocky images make ties
-    for a max, which float noise breaks one way or the other."""
+    rate, differently on 1 and 2 workers (docs/explanations/equal-to-one-device.md). Average pooling: the
+    digits' blocky images make ties for a max, which float noise breaks one way or the other."""
 
     def __init__(self) -> None:
         super().__init__(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.AvgPool2d(2),

@@ -279,7 +279,7 @@ def test_torchrun_max_restarts_carries_on_after_a_killed_worker(tmp_path: Path) 
     args = ("--quiet", "--no-tensorboard", "--optimizer", "sgd", "--lr", "0.05", "--steps", "400",
             "--checkpoint-every", "5", "--log-every", "1")
     run = tmp_path / "run"
-    # As the README says for torchrun restarts: with the shared rendezvous store a restarted worker once read
+    # As docs/how-to/torchrun.md says for restarts: with the shared rendezvous store a restarted worker once read
     # the address its peer had before the restart (gloo: connection refused; seen in CI, 1 run of 3).
     agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                               "--max-restarts", "1", "-m", "paratrain", "train", "--out", str(run), *args],

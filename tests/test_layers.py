@@ -1,5 +1,5 @@
-"""The package's layers (the README's "How it is built"): a module imports only from the layers below it, and within its
-own layer only from its own package. The import graph counts every import, a function's own imports and
+"""The package's layers (docs/explanations/architecture.md): a module imports only from the layers below it,
+and within its own layer only from its own package. The import graph counts every import, a function's own imports and
 those under `if TYPE_CHECKING:` included, so a deferred import cannot hide an upward edge or a cycle."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "paratrain"
 
-# Bottom to top. The number is the layer of the README's "How it is built"; where one layer's modules build on
+# Bottom to top. The number is the layer of docs/explanations/architecture.md; where one layer's modules build on
 # each other, it is cut in ordered parts. A name stands for its module, or its package and every module in it (a module
 # named on its own, as data.sharding is, belongs where it is named). The modules of one entry are siblings: none
 # imports another, except inside its own package.

@@ -178,8 +178,8 @@ def test_past_max_requeues_the_job_is_not_requeued(scontrol: Path, tmp_path: Pat
     stopped, cfg = _stopped_in(tmp_path / "run")
     said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_RESTART_COUNT": "3"}), cfg, True)
     assert not scontrol.exists()
-    assert "job 41 was requeued 3 time(s) already (--max-requeues 3), so it is not requeued again; sbatch the same " \
-           f"script again (or run the same command with --resume {cfg.out})" in str(said)
+    assert "job 41 was requeued 3 time(s) already (--max-requeues 3), so it is not requeued again; run the same " \
+           f"command with --resume {cfg.out} (in a new job too: a job's run folder is named by its id)" in str(said)
 
 
 def test_no_scontrol_and_a_refused_requeue_are_one_line(scontrol: Path, tmp_path: Path,

@@ -18,7 +18,7 @@ SUMMARY_KEYS = {"model", "dataset", "strategy", "world_size", "global_batch_size
 
 @pytest.mark.integration
 def test_main_command_trains_digits_to_95_percent(tmp_path: Path) -> None:
-    """The README's main command with its defaults: 2 CPU workers here, offline."""
+    """The main command with its defaults (--devices auto), offline."""
     run = tmp_path / "run"
     proc = run_cli("train", "--out", str(run))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -81,7 +81,7 @@ def _start(nodes: list[Node], out: Path, *extra: str, restarts: int = 0,
     for i, node in enumerate(nodes):
         # TORCH_DISABLE_SHARE_RDZV_TCP_STORE: the workers' store keys are kept apart by a restart count that
         # torchrun keeps per node, so after one node's restart the other's workers read stale addresses and
-        # the group hangs (pytorch/pytorch#135712); the README gives this line for multi-node restarts.
+        # the group hangs (pytorch/pytorch#135712); docs/how-to/torchrun.md gives this line for multi-node restarts.
         env = {**os.environ, "GLOO_SOCKET_IFNAME": node.interface, "PYTHONUNBUFFERED": "1",
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         cmd = [*node.prefix, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",

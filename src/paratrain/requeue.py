@@ -33,8 +33,9 @@ def requeue(stopped: Stopped, env: Environment, cfg: TrainConfig, is_main: bool)
     """A training's stop: requeue the job (rank 0 only) and say what happens next; the Stopped to leave with."""
     saved = f"stopped by {signal_name(stopped.signum)} at step {newest_step(Path(cfg.out))} (checkpointed in {cfg.out})"
     return ask(env, cfg.max_requeues, stopped.signum, saved, is_main,
-               again=f"sbatch the same script again (or run the same command with --resume {cfg.out}) to carry the "
-                     "run on from that step",
+               # a new job (sbatch again) has a new id, so a folder named by the job's id would be a new run
+               again=f"run the same command with --resume {cfg.out} (in a new job too: a job's run folder is named "
+                     "by its id) to carry the run on from that step",
                next_start="the same command carries the run on from that checkpoint")
 
 
