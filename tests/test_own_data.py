@@ -564,8 +564,8 @@ def test_what_a_new_user_tried(shapes: Path, tmp_path: Path, monkeypatch: pytest
                   str(tmp_path / "f")]) == 0
     capsys.readouterr()
     _one_line(capsys, _main(["eval", str(tmp_path / "f")]),
-              f"name the image folder to test on: paratrain eval --data-dir DIR (Python: evaluate(run, DIR)); the "
-              f"run trained on {shapes}")
+              f"name the image folder to test on: paratrain eval {tmp_path / 'f'} --data-dir DIR (Python: "
+              f"evaluate(run, DIR)); the run trained on {shapes}")
     assert _main(["eval", str(tmp_path / "f"), "--data-dir", str(shapes)]) == 0
     assert "test_accuracy" in capsys.readouterr().out
 

@@ -196,8 +196,9 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     # where to read (and download) is the caller's to say, never the checkpoint's: a checkpoint may come
     # from someone else
     if dataset == "imagefolder" and data_dir is None:
-        raise UserError(f"name the image folder to test on: paratrain eval --data-dir DIR (Python: evaluate(run, "
-                        f"DIR)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never followed")
+        raise UserError(f"name the image folder to test on: paratrain eval {run} --data-dir DIR (Python: "
+                        f"evaluate(run, DIR)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are "
+                        "never followed")
     cfg = C.validate(cfg.replace(dataset=dataset, data_dir=data_dir, overwrite=False, **folder,
                                  download=C.TrainConfig.download if download is None else download))
     device = devices.device_map(devices.resolve(accelerator, "1", None))[0]  # a bad --accelerator fails before any data

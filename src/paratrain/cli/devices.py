@@ -25,6 +25,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"GPU {g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['compute_capability']}")
     if not info["gpus"]:
         print("GPUs: none visible to CUDA")
+    # on CPUs that is the most workers a run considers: it measures one against them and trains on the faster
+    measured = " at most (a run measures 1 worker against it and trains on the faster)" \
+        if info["auto_accelerator"] == "cpu" and info["auto_devices"] > 1 else ""
     print(f"backend: {info['backend']}; --devices auto = {info['auto_devices']} {info['auto_accelerator']} "
-          f"worker(s) x {info['threads_per_worker']} thread(s); torch {info['torch_version']}")
+          f"worker(s) x {info['threads_per_worker']} thread(s){measured}; torch {info['torch_version']}")
     return 0
