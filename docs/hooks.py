@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 MARKER = "<!-- paratrain-commands -->"
+TRAINING = ("train", "search", "bench", "submit")  # the commands whose flags are TrainConfig's fields
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -32,7 +33,8 @@ def commands_markdown() -> str:
         usage = command.format_usage().removeprefix("usage: ").strip()
         parts.append(f"```text\n{usage}\n```\n")
         for group in command._action_groups:
-            rows = [_row(a) for a in group._group_actions if not isinstance(a, argparse._HelpAction)]
+            rows = [_row(a, name in TRAINING) for a in group._group_actions
+                    if not isinstance(a, argparse._HelpAction)]
             if not rows:
                 continue
             title = {"options": "Options", "optional arguments": "Options", "positional arguments": "Arguments"}
@@ -43,24 +45,25 @@ def commands_markdown() -> str:
     return "\n".join(parts)
 
 
-def _row(action: argparse.Action) -> str:
+def _row(action: argparse.Action, training: bool) -> str:
     from paratrain import config as C
 
     flag = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.metavar or action.dest}`"
     choices = action.choices
-    if choices is None and action.dest == "model" and "model" in C.FIELDS:  # a registry name, or your own
+    if training and choices is None and action.dest == "model":  # a registry name, or your own
         choices = [*C.FIELDS["model"].metadata.get("choices", ()), "FILE.py:FACTORY", "package.module:FACTORY"]
     if choices is not None and not isinstance(action, argparse._SubParsersAction):
         flag += "<br>" + " \\| ".join(f"`{c}`" for c in choices if c != "custom")
     default = action.default
-    if default is None and action.dest in C.FIELDS:  # a training flag: None means "as the config file says"
+    if training and default is None and action.dest in C.FIELDS:  # None: "as the config file or recipe says"
         default = C.FIELDS[action.dest].default
-    shown = "" if default in (None, argparse.SUPPRESS, False, "") or isinstance(action, argparse._StoreTrueAction) \
-        else f"`{default}`"
+    hidden = default is None or default is False or default in (argparse.SUPPRESS, "") or \
+        isinstance(action, (argparse._StoreTrueAction, argparse._StoreConstAction))
+    shown = "" if hidden else f"`{default}`"
     return f"| {flag} | {shown} | {_text(action.help or '')} |"
 
 
 def _text(help_text: str) -> str:
-    """argparse's help, safe in a Markdown table cell: %% and %(default)s as argparse shows them, no pipes."""
+    """argparse's help, safe in a Markdown table cell: %% as argparse shows it, no pipes or angle brackets."""
     text = help_text.replace("%%", "%").replace("|", "\\|").replace("\n", " ")
     return text.replace("<", "&lt;").replace(">", "&gt;")

@@ -178,6 +178,7 @@ def test_past_max_requeues_the_job_is_not_requeued(scontrol: Path, tmp_path: Pat
     stopped, cfg = _stopped_in(tmp_path / "run")
     said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_RESTART_COUNT": "3"}), cfg, True)
     assert not scontrol.exists()
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # not requeued: the time limit's SIGTERM ends it
     assert "job 41 was requeued 3 time(s) already (--max-requeues 3), so it is not requeued again; run the same " \
            f"command with --resume {cfg.out} (in a new job too: a job's run folder is named by its id)" in str(said)
 
@@ -187,6 +188,7 @@ def test_no_scontrol_and_a_refused_requeue_are_one_line(scontrol: Path, tmp_path
     stopped, cfg = _stopped_in(tmp_path / "run")
     said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_JOB_ID": "13"}), cfg, True)
     assert "scontrol requeue 13 failed (Requeue disabled; the cluster may not allow requeueing" in str(said)
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN and not getattr(said, "sigterm_follows", False)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     said = requeue.requeue(stopped, detect(SRUN_TASK), cfg, True)
     assert "scontrol is not on PATH here (a container without Slurm's commands?), so job 41 was not requeued: add " \

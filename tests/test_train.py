@@ -111,6 +111,7 @@ def test_synthetic_data_for_throughput(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # it compares measured rates: .ci/run runs it with nothing beside
 def test_logged_rates_leave_out_evaluation(tmp_path: Path) -> None:
     """A log window that spans the end of an epoch counts neither the evaluation's time nor loses it: its
     examples/sec is in line with the others (it once came out 20x too high)."""

@@ -216,6 +216,9 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | 
         raise WorkerFailed(f"worker {e.error_index} {how}") from None
     except (KeyboardInterrupt, _Terminated) as e:
         signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
+        if signum == also:  # rank 0 requeues the job, and Slurm's SIGTERM to every process of the step follows at
+            old_handlers[signal.SIGTERM] = signal.SIG_IGN  # once: this launcher waits for the workers and says why
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop_processes(context.processes, signum, REQUEUE_WAIT_S if signum == also else STOP_WAIT_S)
         raise _report_in(results) or _unreported(128 + signum, cfg) from None
     finally:

@@ -47,12 +47,10 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
             except Stopped as e:
                 if also is None or e.signum != also:
                     raise
-                # Slurm ends a requeued job's steps with SIGTERM, at once: it must find this task leaving and
-                # let it say why, also in the moment after this handler is taken down (a CI run lost rank 0's
-                # line there)
-                stop.ignore_after(signal.SIGTERM)
                 ctx.barrier()  # rank 0's checkpoint is written
                 said = requeue.requeue(e, plan.env, cfg, ctx.is_main)
+                if getattr(said, "sigterm_follows", False):  # Slurm's SIGTERM to the requeued job's steps must
+                    stop.ignore_after(signal.SIGTERM)  # find this task leaving, also once this handler is gone
                 ctx.barrier()  # and the requeue asked, before any task leaves
                 raise said from None
     finally:

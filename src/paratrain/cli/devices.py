@@ -25,8 +25,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"GPU {g['index']}: {g['name']}, {g['memory_gib']} GiB, compute capability {g['compute_capability']}")
     if not info["gpus"]:
         print("GPUs: none visible to CUDA")
-    # on CPUs that is the most workers a run considers: it measures one against them and trains on the faster
-    measured = " at most (a run measures 1 worker against it and trains on the faster)" \
+    # on CPUs that is the most workers a run considers: a long enough run measures 1, 2, 4.. and takes the fastest
+    measured = " at most (a run measures fewer against it, and trains on the fastest)" \
         if info["auto_accelerator"] == "cpu" and info["auto_devices"] > 1 else ""
     print(f"backend: {info['backend']}; --devices auto = {info['auto_devices']} {info['auto_accelerator']} "
           f"worker(s) x {info['threads_per_worker']} thread(s){measured}; torch {info['torch_version']}")
