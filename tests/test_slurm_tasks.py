@@ -49,10 +49,16 @@ def _job_with_free_port() -> str:
 
 
 def _scontrol(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in scontrol that records its arguments and then does what Slurm does on a requeue: SIGTERM to
+    every task of the step (the pids in `tasks.pids`), at once and again for 3 s, as the real one's came in
+    whatever moment it came (a CI run lost rank 0's line to one that came as its stop handler was taken down)."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls"
     bin_dir.mkdir(exist_ok=True)
     script = bin_dir / "scontrol"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    pids = tmp_path / "tasks.pids"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                      f'[ "$1" = requeue ] && [ -f {pids} ] && (for i in $(seq 150); do for p in $(cat {pids}); do '
+                      f'kill -TERM "$p" 2>/dev/null; done; sleep 0.02; done) >/dev/null 2>&1 &\nexit 0\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return bin_dir, calls
 
@@ -113,6 +119,7 @@ def test_the_warning_signal_checkpoints_requeues_once_and_the_next_start_carries
     bin_dir, calls = _scontrol(tmp_path)
     run = tmp_path / "requeued"
     tasks = _srun(run, LONG, job, bin_dir)
+    (tmp_path / "tasks.pids").write_text(" ".join(str(t.pid) for t in tasks))
     deadline = time.monotonic() + 180
     while logged_step(run) < 25:
         assert time.monotonic() < deadline and all(t.poll() is None for t in tasks), "the run did not get going"
@@ -120,6 +127,7 @@ def test_the_warning_signal_checkpoints_requeues_once_and_the_next_start_carries
     for task in tasks:  # what Slurm does at --signal=USR1@T: every task of the step gets it
         task.send_signal(signal.SIGUSR1)
     first = _wait(tasks, timeout=60)
+    (tmp_path / "tasks.pids").unlink()  # the next start of the job is not requeued
     assert [code for code, _, _ in first] == [128 + signal.SIGUSR1] * 2, first[0][2][-3000:]
     assert calls.read_text() == f"requeue {job}\n"  # once, by rank 0
     assert f"job {job} requeued (requeue 1 of at most 3)" in first[0][2], first[0][2][-2000:]
