@@ -11,6 +11,7 @@ from typing import Any
 
 MARKER = "<!-- paratrain-commands -->"
 TRAINING = ("train", "search", "bench", "submit")  # the commands whose flags are TrainConfig's fields
+TITLES = {"options": "Options", "optional arguments": "Options", "positional arguments": "Arguments"}
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -37,8 +38,7 @@ def commands_markdown() -> str:
                     if not isinstance(a, argparse._HelpAction)]
             if not rows:
                 continue
-            title = {"options": "Options", "optional arguments": "Options", "positional arguments": "Arguments"}
-            parts.append(f"**{title.get(group.title or '', group.title or 'Options')}**\n")
+            parts.append(f"**{TITLES.get(group.title or '', group.title or 'Options')}**\n")
             parts.append("| flag | default | what it does |\n| --- | --- | --- |")
             parts.extend(rows)
             parts.append("")

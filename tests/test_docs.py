@@ -106,15 +106,23 @@ def _pages_with(tier: str) -> list[Path]:
                   key=lambda p: str(p))
 
 
+def _pages_or_skip(tier: str, why_none: str) -> list:
+    """The pages with blocks of `tier`, or one skipped case that says why there is none."""
+    return _pages_with(tier) or [pytest.param(None, id="none", marks=pytest.mark.skip(reason=why_none))]
+
+
 def _id(page: Path) -> str:
     return str(page.relative_to(REPO))
 
 
+def _joined(code: str) -> list[str]:
+    """A bash block's lines, each command on one (its `\\` continuations joined)."""
+    return re.sub(r"\\\n\s*", " ", code).splitlines()
+
+
 def _commands(code: str) -> list[str]:
     """A bash block's command lines, continuations joined, comments dropped."""
-    joined = re.sub(r"\\\n\s*", " ", code)
-    return [line.split(" #")[0].strip() for line in joined.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return [line.split(" #")[0].strip() for line in _joined(code) if line.strip() and not line.strip().startswith("#")]
 
 
 def _runnable(block: Block) -> str:
@@ -122,7 +130,7 @@ def _runnable(block: Block) -> str:
     if block.language != "bash":
         return block.code
     out = []
-    for line in re.sub(r"\\\n\s*", " ", block.code).splitlines():
+    for line in _joined(block.code):
         # `pip install` (its extras are checked apart) and `pytest` (what runs this) are left out of a line
         kept = [part for part in line.split(" && ") if not part.strip().startswith(NOT_RUN)]
         if not kept:
@@ -138,7 +146,8 @@ def _runnable(block: Block) -> str:
 
 def run_page(page: Path, tier: str, folder: Path) -> None:
     """Write the page's files, then run its blocks of this tier (and its fast ones) in order in `folder`."""
-    for block in blocks_of(page):
+    blocks = [b for b in ALL if b.page == page]
+    for block in blocks:
         if block.tier == "file":
             target = folder / block.file
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +156,7 @@ def run_page(page: Path, tier: str, folder: Path) -> None:
            "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
     # a page's fast blocks (the default tier's) are what its other blocks build on: they run with every tier
     tiers = {"default", tier}
-    for n, block in enumerate(b for b in blocks_of(page) if b.tier in tiers and b.language in RUN_LANGUAGES):
+    for n, block in enumerate(b for b in blocks if b.tier in tiers and b.language in RUN_LANGUAGES):
         if block.language == "python":
             script = folder / f"block_{n}_{block.line}.py"
             script.write_text(block.code)
@@ -225,10 +234,9 @@ def test_integration_tier_blocks_run(page: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", _pages_with("slow") or [None], ids=lambda p: _id(p) if p else "none")
-def test_slow_tier_blocks_run(page: Path | None, tmp_path: Path) -> None:
-    if page is None:
-        pytest.skip("no page has a slow block (the real-data commands are parsed: they name their slow tests)")
+@pytest.mark.parametrize("page", _pages_or_skip("slow", "no page has a slow block (the real-data commands are "
+                                                   "parsed: they name their slow tests)"), ids=_id)
+def test_slow_tier_blocks_run(page: Path, tmp_path: Path) -> None:
     if not (MNIST_DIR.is_dir() and CIFAR_DIR.is_dir()):
         pytest.skip(f"the real datasets are not in {MNIST_DIR.parent} (they come with the project's shared/ folder)")
     (tmp_path / "data").mkdir()
@@ -238,12 +246,10 @@ def test_slow_tier_blocks_run(page: Path | None, tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("page", _pages_with("gpu") or [None], ids=lambda p: _id(p) if p else "none")
-def test_gpu_blocks_run(page: Path | None, tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", _pages_or_skip("gpu", "no page has a gpu block"), ids=_id)
+def test_gpu_blocks_run(page: Path, tmp_path: Path) -> None:
     import torch
 
-    if page is None:
-        pytest.skip("no page has a gpu block")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     run_page(page, "gpu", tmp_path)

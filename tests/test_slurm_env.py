@@ -188,7 +188,7 @@ def test_no_scontrol_and_a_refused_requeue_are_one_line(scontrol: Path, tmp_path
     stopped, cfg = _stopped_in(tmp_path / "run")
     said = requeue.requeue(stopped, detect({**SRUN_TASK, "SLURM_JOB_ID": "13"}), cfg, True)
     assert "scontrol requeue 13 failed (Requeue disabled; the cluster may not allow requeueing" in str(said)
-    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN and not getattr(said, "sigterm_follows", False)
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     said = requeue.requeue(stopped, detect(SRUN_TASK), cfg, True)
     assert "scontrol is not on PATH here (a container without Slurm's commands?), so job 41 was not requeued: add " \
@@ -248,14 +248,15 @@ def test_the_requeue_signal_stays_once_it_came() -> None:
 
 def test_a_requeued_task_leaves_sigterm_ignored_from_the_moment_its_handler_is_taken_down() -> None:
     """Slurm's SIGTERM to a requeued job's tasks came in the moment between the stop handler's removal and a
-    later SIG_IGN, and ended rank 0 before it said the job was requeued (a CI run): it is ignored from there."""
-    old = signal.getsignal(signal.SIGTERM)
+    later SIG_IGN, and ended rank 0 before it said the job was requeued (a CI run): the SIG_IGN that
+    requeue.ask sets while the handler is installed stays when it is taken down."""
+    old, old_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
         with StopRequest(signal.SIGUSR1).installed() as stop:
-            stop.ignore_after(signal.SIGTERM)
-            assert signal.getsignal(signal.SIGTERM) is stop  # still recorded while the run is stopping
+            assert signal.getsignal(signal.SIGTERM) is stop
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what requeue.ask does where the job is requeued
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
-        assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is old_int  # the handlers still its own are put back
         with StopRequest(signal.SIGUSR1).installed():
             pass
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # what was there before, without the call

@@ -7,6 +7,7 @@ import contextlib
 import signal
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 from .errors import UserError
 
@@ -34,7 +35,6 @@ class StopRequest:
         self.signum = 0
         self.also = also
         self.signals = SIGNALS + ((also,) if also else ())
-        self.after: dict[int, object] = {}  # handlers to leave in place of the old ones (ignore_after)
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.signum != self.also or not self.also:  # Slurm's warning, once come, stays: its SIGTERM may follow
@@ -49,13 +49,16 @@ class StopRequest:
         try:
             yield self
         finally:
-            for s, handler in old.items():
-                signal.signal(s, self.after.get(s, handler))  # type: ignore[arg-type]
+            restore(old, self)
 
-    def ignore_after(self, signum: int) -> None:
-        """Leave `signum` ignored when this handler is taken down, with no moment between the two in which it
-        would end the process (Slurm's SIGTERM to a requeued job's tasks, which are still to say why)."""
-        self.after[signum] = signal.SIG_IGN
+
+def restore(old: dict[int, Any], mine: Any) -> None:
+    """Put back the handlers `old` where `mine` still handles the signal; one set since (requeue.ask's
+    SIG_IGN for the SIGTERM that follows a requeue) stays, with no moment between in which the signal would
+    end the process."""
+    for signum, handler in old.items():
+        if signal.getsignal(signum) is mine:
+            signal.signal(signum, handler)
 
 
 class Stopped(UserError):

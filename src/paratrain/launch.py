@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from . import prefork, requeue
 from .config import TrainConfig
 from .errors import UserError, one_line
-from .interrupt import Stopped, came_early
+from .interrupt import Stopped, came_early, restore
 from .oom import OomWatch
 from .proc import die_with_parent, end_process, free_port, name_process, on_loopback, worker_name
 from .rundir import newest_step
@@ -217,13 +217,11 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | 
     except (KeyboardInterrupt, _Terminated) as e:
         signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
         if signum == also:  # rank 0 requeues the job, and Slurm's SIGTERM to every process of the step follows at
-            old_handlers[signal.SIGTERM] = signal.SIG_IGN  # once: this launcher waits for the workers and says why
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: this launcher waits for the workers and says why
         stop_processes(context.processes, signum, REQUEUE_WAIT_S if signum == also else STOP_WAIT_S)
         raise _report_in(results) or _unreported(128 + signum, cfg) from None
     finally:
-        for s, handler in old_handlers.items():
-            signal.signal(s, handler)
+        restore(old_handlers, _raise_terminated)
     if results.empty():
         raise UserError("the workers finished without a summary; see the lines above", code=1)
     return results.get()

@@ -48,14 +48,18 @@ def ask(env: Environment, max_requeues: int, signum: int, saved: str, is_main: b
     if job.restart_count >= max_requeues:
         return Stopped(f"{saved}; job {job.name} was requeued {job.restart_count} time(s) already "
                        f"(--max-requeues {max_requeues}), so it is not requeued again; {again}", signum)
-    if not is_main:  # rank 0 asks, once for the job
-        return _sigterm_follows(Stopped(f"{saved}; rank 0 requeues job {job.name}", signum))
+    if not is_main:  # rank 0 asks, once for the job; Slurm's SIGTERM follows its requeue (see below)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return Stopped(f"{saved}; rank 0 requeues job {job.name}", signum)
     scontrol = shutil.which("scontrol")
     if scontrol is None:
         return Stopped(f"{saved}; scontrol is not on PATH here (a container without Slurm's commands?), so job "
                        f"{job.name} was not requeued: add Slurm's client commands (scontrol, with its "
                        f"slurm.conf and munge socket) to the job's environment, or {again}", signum)
-    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # Slurm's SIGTERM may come before scontrol returns
+    # Slurm ends a requeued job's steps with SIGTERM at once, maybe before scontrol returns: this process is
+    # leaving, and must live to say why (a CI run lost rank 0's line to it). Ignored from here on, also past a
+    # stop handler's end (interrupt.restore); where the job is not requeued, SIGTERM ends the process again.
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         done = subprocess.run([scontrol, "requeue", job.name], capture_output=True, text=True,
                               timeout=SCONTROL_TIMEOUT_S)
@@ -67,14 +71,5 @@ def ask(env: Environment, max_requeues: int, signum: int, saved: str, is_main: b
         signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
         return Stopped(f"{saved}; scontrol requeue {job.name} failed ({why}; the cluster may not allow "
                        f"requeueing: JobRequeue, or sbatch --requeue); {again}", signum)
-    return _sigterm_follows(Stopped(f"{saved}; job {job.name} requeued (requeue {job.restart_count + 1} of at "
-                                    f"most {max_requeues}): when Slurm starts it again, {next_start}", signum))
-
-
-def _sigterm_follows(stopped: Stopped) -> Stopped:
-    """Slurm ends a requeued job's steps with SIGTERM, at once: this process is leaving, and must live to say why
-    (a CI run lost rank 0's line to it). Ignored from here; a training's workers keep it ignored past their stop
-    handler too (worker.py: `sigterm_follows`). Where the job is not requeued, SIGTERM still ends the process."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    stopped.sigterm_follows = True  # type: ignore[attr-defined]
-    return stopped
+    return Stopped(f"{saved}; job {job.name} requeued (requeue {job.restart_count + 1} of at most "
+                   f"{max_requeues}): when Slurm starts it again, {next_start}", signum)

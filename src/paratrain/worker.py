@@ -5,7 +5,6 @@ processes it starts, or as one of torchrun's ranks."""
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -48,9 +47,8 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
                 if also is None or e.signum != also:
                     raise
                 ctx.barrier()  # rank 0's checkpoint is written
+                # where the job is requeued, SIGTERM is ignored from here on (requeue.ask), past this handler too
                 said = requeue.requeue(e, plan.env, cfg, ctx.is_main)
-                if getattr(said, "sigterm_follows", False):  # Slurm's SIGTERM to the requeued job's steps must
-                    stop.ignore_after(signal.SIGTERM)  # find this task leaving, also once this handler is gone
                 ctx.barrier()  # and the requeue asked, before any task leaves
                 raise said from None
     finally:
