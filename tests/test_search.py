@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -271,38 +272,77 @@ def test_a_queued_trial_goes_to_one_worker_only(tmp_path: Path) -> None:
     assert [t for t, n in taken.items() if n > 1] == []
 
 
+class IntegrityError(Exception):  # what sqlalchemy raises, by name
+    pass
+
+
+class OperationalError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("race", [
+    IntegrityError('duplicate key value violates unique constraint "pg_type_typname_nsp_index"'),  # PostgreSQL
+    OperationalError("(sqlite3.OperationalError) table trial_user_attributes already exists")])  # SQLite
 def test_a_storage_whose_tables_another_machine_is_creating_is_tried_again(monkeypatch: pytest.MonkeyPatch,
-                                                                           tmp_path: Path) -> None:
-    """Two machines starting together on a fresh PostgreSQL both create the tables; the later CREATE failed
-    with IntegrityError (duplicate pg_type) and the search ended. It is tried again, and other errors are not."""
+                                                                           tmp_path: Path, race: Exception) -> None:
+    """Two processes opening a fresh storage together both create the tables; the later CREATE failed (on
+    PostgreSQL a duplicate pg_type, on SQLite a table that already exists) and the search ended. It is tried
+    again, and other errors are not."""
     import optuna
 
     from paratrain.search import study as studies
-
-    class IntegrityError(Exception):  # what sqlalchemy raises, by name
-        pass
 
     real, calls = optuna.storages.RDBStorage, []
 
     def racing(*args: object, **kwargs: object) -> object:
         calls.append(1)
         if len(calls) == 1:
-            raise IntegrityError("duplicate key value violates unique constraint \"pg_type_typname_nsp_index\"")
+            raise race
         return real(*args, **kwargs)
 
     monkeypatch.setattr(studies.time, "sleep", lambda s: None)
     monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
     assert studies.storage(f"sqlite:///{tmp_path / 'a.db'}") is not None and len(calls) == 2
 
-    def broken(*args: object, **kwargs: object) -> object:
-        calls.append(1)
-        raise ValueError("no such database")
+    for error in (ValueError("no such database"), OperationalError("unable to open database file")):
+        def broken(*args: object, error: Exception = error, **kwargs: object) -> object:
+            calls.append(1)
+            raise error
 
-    calls.clear()
-    monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
-    with pytest.raises(UserError, match="cannot open the search storage"):
-        studies.storage(f"sqlite:///{tmp_path / 'b.db'}")
-    assert len(calls) == 1
+        calls.clear()
+        monkeypatch.setattr(optuna.storages, "RDBStorage", broken)
+        with pytest.raises(UserError, match="cannot open the search storage"):
+            studies.storage(f"sqlite:///{tmp_path / 'b.db'}")
+        assert len(calls) == 1
+
+
+def _open_storage(url: str, barrier: Any, answers: Any) -> None:
+    from paratrain.search.study import storage
+
+    barrier.wait()
+    try:
+        storage(url)
+        answers.put("opened")
+    except UserError as e:
+        answers.put(str(e))
+
+
+@pytest.mark.integration
+def test_two_processes_opening_one_fresh_sqlite_storage_at_once_both_open_it(tmp_path: Path) -> None:
+    """A probe of the study while the search made its tables ended the search in CI ("table
+    trial_user_attributes already exists"). Without the retry, 20 of 20 such pairs had one fail."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    for round in range(6):
+        barrier, answers = ctx.Barrier(2), ctx.Queue()
+        url = f"sqlite:///{tmp_path / f'{round}.db'}"
+        opening = [ctx.Process(target=_open_storage, args=(url, barrier, answers)) for _ in range(2)]
+        for p in opening:
+            p.start()
+        for p in opening:
+            p.join(timeout=120)
+        assert [answers.get(timeout=10) for _ in opening] == ["opened", "opened"]
 
 
 @pytest.mark.integration
@@ -647,6 +687,8 @@ def test_a_trial_that_kills_its_process_is_tried_once_more_then_failed(tmp_path:
     search starts a new process, tries the trial once more, fails it when that dies too, and goes on."""
     import optuna
 
+    from paratrain.search.study import storage
+
     path = _space_file(tmp_path, "fixed: {model: mlp, dataset: digits}\nparams:\n  lr: [0.001, 0.003, 0.01]\n")
     out = tmp_path / "s"
     search = subprocess.Popen([sys.executable, "-m", "paratrain", "search", "--space", path, "--sampler", "grid",
@@ -657,7 +699,9 @@ def test_a_trial_that_kills_its_process_is_tried_once_more_then_failed(tmp_path:
     while len(killed) < 2 and time.monotonic() < deadline and search.poll() is None:
         time.sleep(0.2)
         try:
-            trials = optuna.load_study(study_name="search", storage=f"sqlite:///{out / 'study.db'}").get_trials()
+            # the search makes the tables: a probe that made them too raced it ("table ... already exists")
+            trials = optuna.load_study(study_name="search", storage=storage(f"sqlite:///{out / 'study.db'}",
+                                                                            create_tables=False)).get_trials()
         except Exception:  # noqa: BLE001 (not created yet, or busy)
             continue
         for t in trials:

@@ -171,6 +171,8 @@ def test_a_search_as_a_job_array_shares_one_study_and_loses_no_trial_to_a_requeu
     1 alone; Slurm starts it again, and every point of the grid completes exactly once."""
     import optuna
 
+    from paratrain.search.study import storage
+
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     submitted = subprocess.run(
@@ -184,9 +186,9 @@ def test_a_search_as_a_job_array_shares_one_study_and_loses_no_trial_to_a_requeu
 
     def running_on_task_1() -> bool:
         """Task 1 is training a trial (its pool process, by `scontrol listpids`, holds a running trial)."""
-        try:
-            study = optuna.load_study(study_name="array", storage=postgres)
-        except KeyError:  # task 0 has not made it yet
+        try:  # the tasks make the tables: a probe that made them too would race them
+            study = optuna.load_study(study_name="array", storage=storage(postgres, create_tables=False))
+        except Exception:  # noqa: BLE001 (task 0 has not made the tables or the study yet)
             return False
         listed = cluster.command("scontrol", "listpids", cluster.job(tasks[1])["JobId"], check=False).split()
         pids = {p for p in listed if p.isdigit()}
