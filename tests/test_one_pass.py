@@ -41,6 +41,27 @@ def test_a_folder_held_by_a_run_is_refused_in_one_line_and_left_as_it_is(
     assert main_code(["train", "--resume", str(run), "--steps", "8", "--quiet"]) == 0  # let go: it carries on
 
 
+def test_a_start_refused_by_a_run_that_made_the_folder_at_once_leaves_that_run_its_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two starts both found the folder missing; the refused one removed the (still empty) folder on its way out,
+    and the other run's lock was left on a deleted folder that a third run could not see."""
+    run, real_open = tmp_path / "a" / "run", os.open
+    other = rundir.held(run)
+
+    def opened_once_the_other_holds_it(path: object, flags: int) -> int:
+        monkeypatch.setattr(rundir.os, "open", real_open)
+        other.__enter__()  # the other run takes the folder between this start's look and its lock
+        return real_open(path, flags)
+
+    monkeypatch.setattr(rundir.os, "open", opened_once_the_other_holds_it)
+    with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):
+        pass
+    assert run.is_dir()
+    with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):  # a third start: refused
+        pass
+    other.__exit__(None, None, None)
+
+
 def test_a_new_folder_is_removed_again_when_the_start_fails(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
     assert main_code(["train", "--out", str(out), "--quiet", "--devices", "1", "--batch-size", "100000"]) == 2

@@ -181,11 +181,14 @@ def held(path: Path) -> Iterator[None]:
         raise UserError(f"--out {path} cannot be created or opened ({e.strerror or e}); pass a folder you can "
                         "write to") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, or "
-                            "pass another --out", code=2) from None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        # Nothing is removed: the folder this start found missing may be the new one of the run that holds it
+        # (both started at once), still empty, and removing it would leave that run's lock on a deleted folder.
+        os.close(fd)
+        raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, or "
+                        "pass another --out", code=2) from None
+    try:
         yield
     except BaseException:
         for folder in made:  # deepest first; only those this start made, and only while empty
