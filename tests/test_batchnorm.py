@@ -18,7 +18,7 @@ from torch import nn
 import paratrain
 from paratrain.batchnorm import CpuSyncBatchNorm, _GlobalBatchNorm, has_batchnorm, synchronise
 from paratrain.dist import loopback_store
-from paratrain.launch import free_port
+from paratrain.proc import reserved_port
 
 
 class BNNet(nn.Sequential):
@@ -156,7 +156,8 @@ def _layer_data() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.integration
 def test_two_processes_normalise_as_one_device_over_the_whole_batch(tmp_path: Path) -> None:
-    mp.spawn(_two_process_layer, args=(free_port(), str(tmp_path)), nprocs=2)
+    with reserved_port() as port:
+        mp.spawn(_two_process_layer, args=(port, str(tmp_path)), nprocs=2)
     parts = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     x, dy = _layer_data()
     for name, options in LAYERS.items():

@@ -127,11 +127,12 @@ def measure_sharded_traffic(model: str, shape: dict[str, Any], n: int, repeats: 
     bytes cannot say."""
     import torch.multiprocessing as mp
 
-    from .proc import free_port
+    from .proc import reserved_port
 
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_time_sharded, args=(free_port(), model, shape, n, repeats, queue), nprocs=n,
-                       start_method="spawn")
+    with reserved_port() as port:
+        mp.start_processes(_time_sharded, args=(port, model, shape, n, repeats, queue), nprocs=n,
+                           start_method="spawn")
     return queue.get()
 
 
@@ -179,11 +180,11 @@ def measure_link(sizes: tuple[int, ...] = (1, 2**14, 2**18, 2**21), repeats: int
     """All-reduce bandwidth and latency between 2 local gloo processes, fitted to the ring model."""
     import torch.multiprocessing as mp
 
-    from .proc import free_port
+    from .proc import reserved_port
 
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_time_allreduce, args=(free_port(), sizes, repeats, queue),
-                       nprocs=2, start_method="spawn")
+    with reserved_port() as port:
+        mp.start_processes(_time_allreduce, args=(port, sizes, repeats, queue), nprocs=2, start_method="spawn")
     times = queue.get()
     xs, ys = [4.0 * s for s in sizes], times  # with n=2: t = bytes / bw + 2 x latency
     slope, intercept = statistics.linear_regression(xs, ys)
@@ -224,11 +225,12 @@ def measure_colocation(model: str, base_batch: int, batch: int, n: int, steps: i
     after the other, so machine drift mostly cancels."""
     import torch.multiprocessing as mp
 
-    from .proc import free_port
+    from .proc import reserved_port
 
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.start_processes(_time_compute, args=(free_port(), n, model, (base_batch, batch),
-                                            steps, queue, shape), nprocs=n, start_method="spawn")
+    with reserved_port() as port:
+        mp.start_processes(_time_compute, args=(port, n, model, (base_batch, batch), steps, queue, shape),
+                           nprocs=n, start_method="spawn")
     results = [queue.get() for _ in range(n)]
     alone = next(t for rank, t, _ in results if rank == 0)
     return statistics.fmean(t for _, _, t in results) / batch / (alone / base_batch)

@@ -26,7 +26,7 @@ from .config import TrainConfig
 from .errors import UserError, one_line
 from .interrupt import Stopped, came_early, restore
 from .oom import OomWatch
-from .proc import die_with_parent, end_process, free_port, name_process, on_loopback, worker_name
+from .proc import die_with_parent, end_process, name_process, on_loopback, reserved_port, worker_name
 from .rundir import newest_step
 from .runplan import RunPlan
 from .tcp_timeout import agent_wait
@@ -162,29 +162,29 @@ MAIN_GUARD_EXIT = 5  # a spawned worker found the user's script calling fit as i
 def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
     cfg = plan.cfg
     plan = dataclasses.replace(plan, clock={**plan.clock, "launched": time.time()})  # this attempt's (restarts)
-    port = free_port()
-    prefork.warm_up()
-    method = prefork.start_method()
-    smp = mp.get_context(method)
-    results = smp.SimpleQueue()
-    workers = plan.hardware.workers
-    heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
-    saved = newest_step(Path(cfg.out))  # by name: where a worker that dies before its first step was
-    steps = smp.Array("q", [saved or 0] * workers, lock=False)
-    # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
-    # its path; each worker reads the checkpoint it carries on from itself (resume.py).
-    # The environment and standard streams as they are now: a forked worker would otherwise have the
-    # forkserver's, from its start.
-    context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, steps, results,
-                                                dict(os.environ), prefork.streams(), target),
-                                 nprocs=workers, join=False, start_method=method)
-    # in a Slurm job its warning before the end reaches every process of the step: the workers stop on it, and
-    # this launcher waits for them as on SIGTERM
-    also = requeue.signal_for(plan.env, cfg)
-    try:
-        return _join(context, results, steps, cfg, also)
-    finally:
-        results.close()  # its pipes now, not at the garbage collector's leisure
+    with reserved_port() as port:  # held for the workers: rank 0 binds it once it has started (seconds)
+        prefork.warm_up()
+        method = prefork.start_method()
+        smp = mp.get_context(method)
+        results = smp.SimpleQueue()
+        workers = plan.hardware.workers
+        heartbeats = smp.Array("d", [time.monotonic()] * workers, lock=False)
+        saved = newest_step(Path(cfg.out))  # by name: where a worker that dies before its first step was
+        steps = smp.Array("q", [saved or 0] * workers, lock=False)
+        # The plan travels to the workers: its in-memory tensors through shared memory, a memory-mapped cache as
+        # its path; each worker reads the checkpoint it carries on from itself (resume.py).
+        # The environment and standard streams as they are now: a forked worker would otherwise have the
+        # forkserver's, from its start.
+        context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, steps, results,
+                                                    dict(os.environ), prefork.streams(), target),
+                                     nprocs=workers, join=False, start_method=method)
+        # in a Slurm job its warning before the end reaches every process of the step: the workers stop on it, and
+        # this launcher waits for them as on SIGTERM
+        also = requeue.signal_for(plan.env, cfg)
+        try:
+            return _join(context, results, steps, cfg, also)
+        finally:
+            results.close()  # its pipes now, not at the garbage collector's leisure
 
 
 def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, also: int | None = None) -> dict[str, Any]:

@@ -3,11 +3,13 @@ network interface) and how it leaves. No torch at import: the command line uses 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -31,10 +33,17 @@ def tune_malloc() -> None:
     libc.mallopt(M_TOP_PAD, 256 * 2**20)
 
 
-def free_port() -> int:
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A free port on 127.0.0.1 for the rendezvous of this machine's workers, kept for them while the block
+    runs. A port found free and let go could be taken (by any bind to port 0, or a connection's own port) in
+    the seconds before rank 0 binds it. A socket bound to it, not listening, keeps the kernel from handing it
+    to anyone; bound with SO_REUSEADDR, as rank 0's store socket is (dist.loopback_store), it lets that one
+    bind and listen."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def die_with_parent() -> None:

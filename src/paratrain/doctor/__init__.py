@@ -51,35 +51,35 @@ def sweep_here(accelerator: str, workers: int, threads: int, timeout_s: float) -
     """The sweep on `workers` spawned processes of this machine: (rank 0's result, None) or (None, why)."""
     from ..devices import Hardware, device_map
     from ..launch import stop_processes
-    from ..proc import free_port
+    from ..proc import reserved_port
     from .collectives import JOIN_TIMEOUT_S, spawned
 
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
     devices = list(device_map(Hardware(accelerator, workers, threads, "")))
-    port = free_port()
-    processes = [spawn.Process(target=spawned, args=(rank, workers, port, devices, SWEEP_BUDGET_S, timeout_s,
-                                                      threads, results), daemon=True) for rank in range(workers)]
-    for p in processes:
-        p.start()
-    started = time.monotonic()
-    deadline = started + JOIN_TIMEOUT_S + SWEEP_BUDGET_S + 2 * timeout_s  # joining, the sweep, a timed-out call
-    found: dict[int, tuple[str, Any]] = {}
-    try:
-        while len(found) < workers and time.monotonic() < deadline:
-            try:
-                rank, status, value = results.get(timeout=1.0)
-            except queues.Empty:
-                for rank, p in enumerate(processes):  # a worker that died without a word (killed, crashed)
-                    if rank not in found and p.exitcode not in (None, 0):
-                        found[rank] = ("error", f"its process ended with exit code {p.exitcode}")
-                        deadline = min(deadline, time.monotonic() + 5)
-                continue
-            found[rank] = (status, value)
-            if status == "error":  # the others fail too, or wait on the one that failed: a little grace
-                deadline = min(deadline, time.monotonic() + 5)
-    finally:
-        stop_processes([p for p in processes if p.is_alive()], signal.SIGKILL)
+    with reserved_port() as port:  # held until the workers are done with it
+        processes = [spawn.Process(target=spawned, args=(rank, workers, port, devices, SWEEP_BUDGET_S, timeout_s,
+                                                          threads, results), daemon=True) for rank in range(workers)]
+        for p in processes:
+            p.start()
+        started = time.monotonic()
+        deadline = started + JOIN_TIMEOUT_S + SWEEP_BUDGET_S + 2 * timeout_s  # joining, the sweep, a timed-out call
+        found: dict[int, tuple[str, Any]] = {}
+        try:
+            while len(found) < workers and time.monotonic() < deadline:
+                try:
+                    rank, status, value = results.get(timeout=1.0)
+                except queues.Empty:
+                    for rank, p in enumerate(processes):  # a worker that died without a word (killed, crashed)
+                        if rank not in found and p.exitcode not in (None, 0):
+                            found[rank] = ("error", f"its process ended with exit code {p.exitcode}")
+                            deadline = min(deadline, time.monotonic() + 5)
+                    continue
+                found[rank] = (status, value)
+                if status == "error":  # the others fail too, or wait on the one that failed: a little grace
+                    deadline = min(deadline, time.monotonic() + 5)
+        finally:
+            stop_processes([p for p in processes if p.is_alive()], signal.SIGKILL)
     errors = [f"worker {r}: {v}" for r, (s, v) in sorted(found.items()) if s == "error"]
     if errors:
         return None, "; ".join(errors[:2])
