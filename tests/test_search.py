@@ -524,6 +524,28 @@ def test_no_trial_starts_after_the_time_budget(tmp_path: Path) -> None:
     assert counts(study)[0] == 3
 
 
+def test_a_pool_process_takes_trials_once_the_others_are_ready_or_gone(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool's first processes wait for each other before taking trials (one once trained every trial while
+    the other imported torch); one that never comes (ended, or a machine so loaded that it takes minutes)
+    holds the others no longer than READY_WAIT_S."""
+    import threading
+
+    from paratrain.search import runner
+    from paratrain.search.study import Settings, counts, open_study
+
+    sp = space.parse({"fixed": {"model": "mlp", "dataset": "synthetic"}, "params": {"width": [8, 16, 32]}})
+    base = {"model": "mlp", "dataset": "synthetic", "seed": 0, "steps": 1}
+    s = Settings("random", 4, 2, None, 0.9, 3, 1, 1, f"sqlite:///{tmp_path / 'study.db'}", "s", str(tmp_path), 0,
+                 False)
+    study = open_study(s, sp, base)
+    ready = threading.Barrier(2)
+    monkeypatch.setattr(runner, "READY_WAIT_S", 0.5)  # nobody else comes: after the wait, it trains alone
+    started = time.monotonic()
+    runner.worker(0, s, sp, base, 1, "cpu", ready)
+    assert counts(study)[0] == 3 and time.monotonic() - started >= 0.5 and ready.broken
+
+
 # ---- a password in the storage URL stays secret ----
 
 def _files_hold(folder: Path, secret: str) -> list[str]:

@@ -310,15 +310,19 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
     from . import study as studies
 
     spawn = multiprocessing.get_context("spawn")
+    # The first processes take trials together: one that started faster once trained every trial before the
+    # other had imported torch (a process that takes the place of a dead one waits for nobody)
+    ready = spawn.Barrier(parallel) if parallel > 1 else None
 
-    def start(index: int) -> Any:
-        process = spawn.Process(target=runner.pool_worker, args=(index, s, sp, base, threads, accelerator, ignored))
+    def start(index: int, ready: Any = None) -> Any:
+        process = spawn.Process(target=runner.pool_worker,
+                                args=(index, s, sp, base, threads, accelerator, ignored, ready))
         process.start()
         if started is not None:
             started.append(process.pid)
         return process
 
-    processes = {i: start(i) for i in range(parallel)}
+    processes = {i: start(i, ready) for i in range(parallel)}
     deaths, finished = 0, studies.counts(study)[0]  # deaths since a trial last finished
     # a log file gets a line per finished trial instead of a bar redrawn every second
     bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
@@ -331,6 +335,8 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
                 if process.exitcode is None:
                     continue
                 del processes[index]
+                if ready is not None:  # the others need not wait for it
+                    ready.abort()
                 if process.exitcode == 0:
                     continue
                 if process.exitcode in (2, 130, 143):  # bad input (said in its line), Ctrl-C, SIGTERM: the end

@@ -10,10 +10,12 @@ kept aside and reported for the winner.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,15 @@ from . import keep
 from .space import Space
 from .study import Settings, TrialReport, counts, described, make_sampler, open_study, over_budget
 
+# how long a pool process waits for the others to be ready before it takes trials alone (a machine so loaded
+# that torch's import takes minutes)
+READY_WAIT_S = 120
 
-def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int, accelerator: str) -> None:
-    """One process of the pool: load the data once, then run trials until the search has its budget."""
+
+def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int, accelerator: str,
+           ready: Any = None) -> None:
+    """One process of the pool: load the data once, then run trials until the search has its budget. `ready`:
+    a barrier of the pool's first processes, passed once each has its data and study."""
     import optuna
     import torch
 
@@ -42,6 +50,9 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     study = open_study(s, space, base, index, pool=True)
     study.sampler = make_sampler(s, index, len(study.get_trials(deepcopy=False)))  # a resumed search draws anew
     grid = described(study)["sampler"] == "grid"
+    if ready is not None:
+        with contextlib.suppress(threading.BrokenBarrierError):  # broken when one of them ended first
+            ready.wait(timeout=READY_WAIT_S)
 
     def budget() -> int:  # read afresh: the search run again with another --trials moves it under a worker
         return study.user_attrs["budget"]
@@ -178,7 +189,7 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
 
 
 def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,
-                accelerator: str, ignored: int | None = None) -> None:
+                accelerator: str, ignored: int | None = None, ready: Any = None) -> None:
     """The entry point of a pool process (torch.multiprocessing passes its index): a user error is one line
     and its exit code, Ctrl-C exit code 130. `ignored`: a signal the search handles for it (Slurm's requeue
     signal reaches every process of the job; the search then stops this one as on Ctrl-C), and so do the
@@ -186,7 +197,7 @@ def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], thr
     if ignored:
         signal.signal(ignored, signal.SIG_IGN)
     try:
-        worker(index, s, space, base, threads, accelerator)
+        worker(index, s, space, base, threads, accelerator, ready)
     except UserError as e:
         print(f"paratrain: error: search worker {index}: {e}", file=sys.stderr, flush=True)
         sys.exit(e.code)
