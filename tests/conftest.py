@@ -168,11 +168,16 @@ def kill_a_worker_midway(command: list[str], run: Path, at_step: int, cwd: Path 
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     try:
         deadline = time.monotonic() + 120
-        while logged_step(run) < at_step:
-            assert time.monotonic() < deadline and launcher.poll() is None, "the run did not get going"
-            time.sleep(0.002)
+
+        def wait_for(step: int) -> None:
+            while logged_step(run) < step:
+                assert time.monotonic() < deadline and launcher.poll() is None, "the run did not get going"
+                time.sleep(0.002)
+
+        wait_for(1)  # the workers are found while they train, so the kill follows `at_step` without a `ps` between
         workers = training_workers(launcher.pid)
         assert len(workers) == 2, workers
+        wait_for(at_step)
         os.kill(workers[1], signal.SIGKILL)
         code = launcher.wait(timeout=240)
     finally:

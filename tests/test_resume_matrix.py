@@ -104,20 +104,39 @@ def _step_logged(run: Path) -> int:
     return max(steps)
 
 
-def _when_step(run: Path, step: int, action: Any, processes: Any) -> threading.Thread:
-    """In the background: once rank 0 has logged `step`, do action(processes())."""
+class _When(threading.Thread):
+    """In the background: once rank 0 has logged `step`, do action(processes()). The processes are found
+    once the run logs its first step, so the action follows `step` without a `ps` between. join() raises what
+    went wrong in the background (a test would otherwise fail later on a misleading exit code)."""
 
-    def watch() -> None:
+    def __init__(self, run: Path, step: int, action: Any, processes: Any) -> None:
+        super().__init__(daemon=True)
+        self.run_folder, self.step, self.action, self.processes = run, step, action, processes
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            assert self._at(1), "the run logged no step in 120 s"
+            pids = self.processes()
+            assert pids and self._at(self.step), f"step {self.step} was not logged in 120 s (processes: {pids})"
+            self.action(pids)
+        except BaseException as e:  # noqa: BLE001 (handed to join)
+            self.error = e
+
+    def _at(self, step: int) -> bool:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if _step_logged(run) >= step:
-                action(processes())
-                return
+            if _step_logged(self.run_folder) >= step:
+                return True
             time.sleep(0.002)
+        return False
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
 
 
 def _pause_and_signal(signum: int) -> Any:
@@ -140,10 +159,10 @@ def _sigterm_run(cfg: config.TrainConfig, workers: int, data: Any, at: int) -> d
         config.save_yaml(cfg.replace(devices="1"), path)
         proc = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--config", str(path)],
                                 stderr=subprocess.PIPE, text=True)
-        watcher = _when_step(run, at, _pause_and_signal(signal.SIGTERM), lambda: [proc.pid])
+        watcher = _When(run, at, _pause_and_signal(signal.SIGTERM), lambda: [proc.pid])
         code, err = proc.wait(timeout=120), proc.stderr.read()
     else:
-        watcher = _when_step(run, at, _pause_and_signal(signal.SIGTERM), _workers)
+        watcher = _When(run, at, _pause_and_signal(signal.SIGTERM), _workers)
         with pytest.raises(Stopped) as stopped:  # the workers' message, raised in the caller
             _run(cfg, workers, data)
         code, err = stopped.value.code, ""
@@ -233,7 +252,7 @@ def test_killed_worker_restarts_to_the_same_weights(tmp_path: Path, digits: Any,
     def kill(pids: list[int]) -> None:
         os.kill(pids[-1], signal.SIGKILL)
 
-    watcher = _when_step(run, 25, kill, _workers)
+    watcher = _When(run, 25, kill, _workers)
     summary = _run(cfg, 2, digits)
     watcher.join()
     assert "restarting all workers from the last checkpoint (restart 1 of 1)" in capfd.readouterr().err
