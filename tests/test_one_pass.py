@@ -54,12 +54,14 @@ def test_a_start_refused_by_a_run_that_made_the_folder_at_once_leaves_that_run_i
         return real_open(path, flags)
 
     monkeypatch.setattr(rundir.os, "open", opened_once_the_other_holds_it)
-    with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):
-        pass
-    assert run.is_dir()
-    with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):  # a third start: refused
-        pass
-    other.__exit__(None, None, None)
+    try:
+        with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):
+            pass
+        assert run.is_dir()
+        with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):  # a third: refused
+            pass
+    finally:
+        other.__exit__(None, None, None)
 
 
 def test_a_new_folder_is_removed_again_when_the_start_fails(tmp_path: Path) -> None:

@@ -163,8 +163,11 @@ def _sigterm_run(cfg: config.TrainConfig, workers: int, data: Any, at: int) -> d
         code, err = proc.wait(timeout=120), proc.stderr.read()
     else:
         watcher = _When(run, at, _pause_and_signal(signal.SIGTERM), _workers)
-        with pytest.raises(Stopped) as stopped:  # the workers' message, raised in the caller
-            _run(cfg, workers, data)
+        try:
+            with pytest.raises(Stopped) as stopped:  # the workers' message, raised in the caller
+                _run(cfg, workers, data)
+        finally:
+            watcher.join()  # what went wrong in the background first: not "DID NOT RAISE"
         code, err = stopped.value.code, ""
     watcher.join()
     assert code == 143, err

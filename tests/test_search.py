@@ -527,23 +527,31 @@ def test_no_trial_starts_after_the_time_budget(tmp_path: Path) -> None:
 def test_a_pool_process_takes_trials_once_the_others_are_ready_or_gone(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The pool's first processes wait for each other before taking trials (one once trained every trial while
-    the other imported torch); one that never comes (ended, or a machine so loaded that it takes minutes)
-    holds the others no longer than READY_WAIT_S."""
-    import threading
-
+    the other imported torch): no longer than READY_WAIT_S, and not at all once the search says one ended."""
     from paratrain.search import runner
     from paratrain.search.study import Settings, counts, open_study
+
+    monkeypatch.setattr(runner, "READY_WAIT_S", 1.0)
+
+    def waited(flags: list[int], index: int = 0) -> float:
+        started = time.monotonic()
+        runner.wait_for_the_others(flags, index)
+        assert flags[index] == 1  # it said it is ready
+        return time.monotonic() - started
+
+    assert waited([0, 0, 0]) >= 1.0  # the other never came
+    assert waited([0, 1, 0]) < 0.5  # it came
+    assert waited([0, 0, 1]) < 0.5  # it ended: go on
+    assert waited([1, 0, 0, 0], index=2) >= 1.0  # one of three still missing
 
     sp = space.parse({"fixed": {"model": "mlp", "dataset": "synthetic"}, "params": {"width": [8, 16, 32]}})
     base = {"model": "mlp", "dataset": "synthetic", "seed": 0, "steps": 1}
     s = Settings("random", 4, 2, None, 0.9, 3, 1, 1, f"sqlite:///{tmp_path / 'study.db'}", "s", str(tmp_path), 0,
                  False)
     study = open_study(s, sp, base)
-    ready = threading.Barrier(2)
-    monkeypatch.setattr(runner, "READY_WAIT_S", 0.5)  # nobody else comes: after the wait, it trains alone
-    started = time.monotonic()
-    runner.worker(0, s, sp, base, 1, "cpu", ready)
-    assert counts(study)[0] == 3 and time.monotonic() - started >= 0.5 and ready.broken
+    flags = [0, 1, 0]  # the pool's other process is ready: this one trains
+    runner.worker(0, s, sp, base, 1, "cpu", flags)
+    assert counts(study)[0] == 3 and flags == [1, 1, 0]
 
 
 # ---- a password in the storage URL stays secret ----
@@ -721,7 +729,8 @@ def test_a_trial_that_kills_its_process_is_tried_once_more_then_failed(tmp_path:
     while len(killed) < 2 and time.monotonic() < deadline and search.poll() is None:
         time.sleep(0.2)
         try:
-            # the search makes the tables: a probe that made them too raced it ("table ... already exists")
+            # the search makes the tables: a probe that made them too raced it ("table ... already exists"); what
+            # it may still write (Optuna's version row) the search's retry covers
             trials = optuna.load_study(study_name="search", storage=storage(f"sqlite:///{out / 'study.db'}",
                                                                             create_tables=False)).get_trials()
         except Exception:  # noqa: BLE001 (not created yet, or busy)

@@ -105,12 +105,11 @@ def test_a_two_worker_run_listens_on_loopback_only(tmp_path: Path, two_namespace
 
 
 def _end(proc: subprocess.Popen) -> None:
-    """End the run and every process of its session: SIGTERM, and SIGKILL where that is not enough."""
+    """End the run and every process of its session: SIGTERM, then SIGKILL for any left."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):  # any process left holds its standard error open
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)

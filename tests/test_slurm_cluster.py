@@ -187,7 +187,7 @@ def test_a_search_as_a_job_array_shares_one_study_and_loses_no_trial_to_a_requeu
 
     def running_on_task_1() -> bool:
         """Task 1 is training a trial (its pool process, by `scontrol listpids`, holds a running trial)."""
-        try:  # the tasks make the tables: a probe that made them too would race them
+        try:  # the tasks make the tables: a probe that made them too would race them (see test_search)
             study = optuna.load_study(study_name="array", storage=storage(postgres, create_tables=False))
         except Exception:  # noqa: BLE001 (task 0 has not made the tables or the study yet)
             return False

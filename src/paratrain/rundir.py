@@ -172,7 +172,7 @@ def held(path: Path) -> Iterator[None]:
     before any file of the run is read or written and let go when the run ends (the kernel lets go when this
     process ends, however it ends). A second command on the same folder is refused in one line that names
     the process holding it, and touches nothing. The folder is made if missing, and removed again (with the
-    parents made for it) if this start fails and leaves it empty."""
+    parents made for it) if this start fails and leaves it empty (not when refused: see below)."""
     made = [p for p in [path, *path.parents] if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -182,21 +182,29 @@ def held(path: Path) -> Iterator[None]:
                         "write to") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        # Nothing is removed: the folder this start found missing may be the new one of the run that holds it
-        # (both started at once), still empty, and removing it would leave that run's lock on a deleted folder.
+    except OSError as e:
         os.close(fd)
-        raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, or "
-                        "pass another --out", code=2) from None
+        if isinstance(e, BlockingIOError):
+            # Nothing is removed: the folder this start found missing may be the new one of the run that holds
+            # it (both started at once), still empty, and removing it would leave that run's lock on a deleted
+            # folder.
+            raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, or "
+                            "pass another --out", code=2) from None
+        _remove_empty(made)
+        raise
     try:
         yield
     except BaseException:
-        for folder in made:  # deepest first; only those this start made, and only while empty
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        _remove_empty(made)
         raise
     finally:
         os.close(fd)
+
+
+def _remove_empty(made: list[Path]) -> None:
+    for folder in made:  # deepest first; only those this start made, and only while empty
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def holder(path: Path) -> str:

@@ -311,8 +311,10 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
 
     spawn = multiprocessing.get_context("spawn")
     # The first processes take trials together: one that started faster once trained every trial before the
-    # other had imported torch (a process that takes the place of a dead one waits for nobody)
-    ready = spawn.Barrier(parallel) if parallel > 1 else None
+    # other had imported torch (a process that takes the place of a dead one waits for nobody). A flag per
+    # process and a last one, "go on", with no lock: a process killed while it waits holds up nobody (a
+    # multiprocessing.Barrier's wake-up waits for every sleeper, a dead one too, and hung the search).
+    ready = spawn.Array("b", parallel + 1, lock=False) if parallel > 1 else None
 
     def start(index: int, ready: Any = None) -> Any:
         process = spawn.Process(target=runner.pool_worker,
@@ -336,7 +338,7 @@ def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, ac
                     continue
                 del processes[index]
                 if ready is not None:  # the others need not wait for it
-                    ready.abort()
+                    ready[parallel] = 1
                 if process.exitcode == 0:
                     continue
                 if process.exitcode in (2, 130, 143):  # bad input (said in its line), Ctrl-C, SIGTERM: the end

@@ -10,12 +10,10 @@ kept aside and reported for the winner.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ READY_WAIT_S = 120
 def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int, accelerator: str,
            ready: Any = None) -> None:
     """One process of the pool: load the data once, then run trials until the search has its budget. `ready`:
-    a barrier of the pool's first processes, passed once each has its data and study."""
+    the flags of the pool's first processes, which wait for each other once each has its data and study."""
     import optuna
     import torch
 
@@ -51,8 +49,7 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     study.sampler = make_sampler(s, index, len(study.get_trials(deepcopy=False)))  # a resumed search draws anew
     grid = described(study)["sampler"] == "grid"
     if ready is not None:
-        with contextlib.suppress(threading.BrokenBarrierError):  # broken when one of them ended first
-            ready.wait(timeout=READY_WAIT_S)
+        wait_for_the_others(ready, index)
 
     def budget() -> int:  # read afresh: the search run again with another --trials moves it under a worker
         return study.user_attrs["budget"]
@@ -132,6 +129,15 @@ def past_deadline(study: Any) -> bool:
     study (a --worker on another machine keeps it too); trials running then finish."""
     deadline = study.user_attrs.get("deadline")
     return deadline is not None and time.time() >= deadline
+
+
+def wait_for_the_others(ready: Any, index: int) -> None:
+    """Say this pool process is ready (its flag, `index`), and wait until every first process is, or the search
+    says go on (the last flag: one of them ended), or READY_WAIT_S has passed."""
+    ready[index] = 1
+    deadline = time.monotonic() + READY_WAIT_S
+    while not (all(ready[:-1]) or ready[-1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def finished_value(study: Any, number: int) -> float | None:
