@@ -167,6 +167,34 @@ def test_the_requeue_signal_requeues_the_job_once_from_rank_0(scontrol: Path, tm
     assert str(said[1]) == f"stopped by SIGUSR1 at step 12 (checkpointed in {cfg.out}); rank 0 requeues job 41"
 
 
+class _Reports:
+    """The launcher's results queue, as the workers filled it."""
+
+    def __init__(self, *items: dict) -> None:
+        self.items = list(items)
+
+    def empty(self) -> bool:
+        return not self.items
+
+    def get(self) -> dict:
+        return self.items.pop(0)
+
+
+def test_the_launcher_says_rank_0s_stop_where_another_worker_stopped_first() -> None:
+    """A one-task job's launcher printed rank 1's "rank 0 requeues job 41" (rank 1 stops first: it asks
+    nobody) instead of rank 0's "job 41 requeued"; of the errors, the first is still the one said."""
+    from paratrain.launch import _report_in
+
+    usr1 = 128 + signal.SIGUSR1
+    said = _report_in(_Reports({"error": "stopped; rank 0 requeues job 41", "code": usr1, "stopped": True, "rank": 1},
+                               {"error": "stopped; job 41 requeued", "code": usr1, "stopped": True, "rank": 0}))
+    assert isinstance(said, Stopped) and str(said) == "stopped; job 41 requeued" and said.code == usr1
+    said = _report_in(_Reports({"error": "a NaN loss at step 3", "code": 3, "stopped": False, "rank": 1},
+                               {"error": "a NaN loss at step 3 (rank 0)", "code": 3, "stopped": False, "rank": 0}))
+    assert not isinstance(said, Stopped) and str(said) == "a NaN loss at step 3" and said.code == 3
+    assert _report_in(_Reports({"test_accuracy": 0.9})) is None  # a summary is no report
+
+
 def test_only_the_requeue_signal_of_a_slurm_job_requeues() -> None:
     cfg = C.TrainConfig()
     assert requeue.signal_for(detect(SRUN_TASK), cfg) == signal.SIGUSR1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import adam_moments, logged_step, max_abs_diff, train_here, weights
+from conftest import adam_moments, logged_step, max_abs_diff, train_here, training_workers, weights
 
 from paratrain.env import PORT_BASE, PORT_SPAN
 
@@ -64,20 +64,20 @@ def _scontrol(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _srun(out: Path, args: tuple[str, ...], job: str, bin_dir: Path | None = None,
-          restarts: int = 0) -> list[subprocess.Popen]:
-    """`srun -n 2 paratrain train ARGS --out OUT` on this one node, as srun sets its tasks' environment."""
+          restarts: int = 0, ntasks: int = 2) -> list[subprocess.Popen]:
+    """`srun -n NTASKS paratrain train ARGS --out OUT` on this one node, as srun sets its tasks' environment."""
     host = socket.gethostname()
     base = {k: v for k, v in os.environ.items()
             if not k.startswith("SLURM") and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                        "MASTER_PORT", "LOCAL_WORLD_SIZE")}
     if bin_dir is not None:
         base["PATH"] = f"{bin_dir}{os.pathsep}{base['PATH']}"
-    tasks = []
-    for rank in (0, 1):
+    tasks, n = [], str(ntasks)
+    for rank in range(ntasks):
         env = {**base, "SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_JOB_NODELIST": host, "SLURM_NODELIST": host,
-               "SLURMD_NODENAME": host, "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_TASKS_PER_NODE": "2",
-               "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_STEP_NODELIST": host, "SLURM_STEP_NUM_TASKS": "2",
-               "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0",
+               "SLURMD_NODENAME": host, "SLURM_NTASKS": n, "SLURM_NPROCS": n, "SLURM_TASKS_PER_NODE": n,
+               "SLURM_STEP_ID": "0", "SLURM_STEPID": "0", "SLURM_STEP_NODELIST": host, "SLURM_STEP_NUM_TASKS": n,
+               "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": n, "SLURM_NODEID": "0",
                "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "PYTHONUNBUFFERED": "1"}
         if restarts:
             env["SLURM_RESTART_COUNT"] = str(restarts)
@@ -144,3 +144,39 @@ def test_the_warning_signal_checkpoints_requeues_once_and_the_next_start_carries
     assert max_abs_diff(a["ema_model"], b["ema_model"]) <= 1e-6
     assert max_abs_diff(adam_moments(a), adam_moments(b)) <= 1e-6
     assert calls.read_text() == f"requeue {job}\n"  # the finished start requeued nothing
+
+
+def test_a_one_task_job_of_two_workers_is_requeued_by_its_launcher_and_carries_on(tmp_path: Path) -> None:
+    """`srun -n 1 paratrain train --devices 2`: the task is a launcher with 2 workers of its own. Slurm's warning
+    reaches all three; rank 0 requeues the job, and Slurm's SIGTERM to every process of the step follows. The
+    launcher ignores it (it printed a traceback and lost rank 0's line), says the job was requeued, and the next
+    start carries on from the checkpoint."""
+    job = _job_with_free_port()
+    bin_dir, calls = _scontrol(tmp_path)
+    run, args = tmp_path / "requeued", (*LONG, "--devices", "2", "--threads-per-worker", "1")
+    [launcher] = _srun(run, args, job, bin_dir, ntasks=1)
+    deadline = time.monotonic() + 180
+    while logged_step(run) < 1:
+        assert time.monotonic() < deadline and launcher.poll() is None, "the run did not get going"
+        time.sleep(0.005)
+    step = [launcher.pid, *training_workers(launcher.pid)]
+    assert len(step) == 3, step
+    (tmp_path / "tasks.pids").write_text(" ".join(map(str, step)))  # what the stand-in scontrol sends SIGTERM
+    while logged_step(run) < 25:
+        assert time.monotonic() < deadline and launcher.poll() is None, "the run stopped early"
+        time.sleep(0.005)
+    for pid in step:  # Slurm's --signal=USR1@T reaches every process of the step
+        os.kill(pid, signal.SIGUSR1)
+    [(code, _, stderr)] = _wait([launcher], timeout=60)
+    (tmp_path / "tasks.pids").unlink()
+    assert code == 128 + signal.SIGUSR1 and "Traceback" not in stderr, stderr[-3000:]
+    assert calls.read_text() == f"requeue {job}\n"  # once, by rank 0
+    assert f"job {job} requeued (requeue 1 of at most 3)" in stderr, stderr[-2000:]
+    saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+    assert 25 <= saved < 600
+
+    [(code, _, stderr)] = _wait(_srun(run, args, job, bin_dir, restarts=1, ntasks=1))
+    assert code == 0, stderr[-3000:]
+    assert f"carrying on from the checkpoint of step {saved}" in stderr  # in the job's log, as a group's start
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["resumed_from_step"], summary["steps"], summary["requeues"]) == (saved, 600, 1)

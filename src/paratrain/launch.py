@@ -59,7 +59,7 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
         if summary is not None:
             result_queue.put(summary)
     except UserError as e:  # every worker may meet it (a NaN on one is seen by all); the launcher reads the first
-        result_queue.put({"error": one_line(e), "code": e.code, "stopped": isinstance(e, Stopped)})
+        result_queue.put({"error": one_line(e), "code": e.code, "stopped": isinstance(e, Stopped), "rank": rank})
         end_process(e.code)
     except RuntimeError as e:
         if not _timed_out(e):
@@ -271,14 +271,21 @@ def _out_of_memory(processes: list, first: int, watch: Any, steps: Any) -> UserE
 
 
 def _report_in(results: Any) -> UserError | None:
-    """What a worker reported before it left (a UserError, or Stopped after a signal); None where none did."""
+    """What a worker reported before it left (a UserError, or Stopped after a signal); None where none did.
+    The first report, but of the workers' stops rank 0's: it acts for the job (requeues it), and its line says
+    what was done, where another's only says that rank 0 does it."""
+    reports = []
     while not results.empty():
         item = results.get()
         if isinstance(item, dict) and "error" in item:
-            if item["stopped"]:
-                return Stopped(item["error"], item["code"] - 128)
-            return UserError(item["error"], code=item["code"])
-    return None
+            reports.append(item)
+    if not reports:
+        return None
+    first = reports[0]
+    if first["stopped"]:
+        first = next((r for r in reports if r["stopped"] and r.get("rank") == 0), first)
+        return Stopped(first["error"], first["code"] - 128)
+    return UserError(first["error"], code=first["code"])
 
 
 def _unreported(code: int, cfg: TrainConfig) -> UserError:

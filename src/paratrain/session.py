@@ -54,8 +54,9 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         finally:
             marks["data_s"] = time.time() - started
 
-    if env.slurm and env.slurm.restart_count and not env.in_group and not cfg.resume and \
-            (Path(cfg.out) / "config.yaml").is_file():  # Slurm started the requeued job again: carry the run on
+    requeued = bool(env.slurm and env.slurm.restart_count and not env.in_group and not cfg.resume and
+                    (Path(cfg.out) / "config.yaml").is_file())
+    if requeued:  # Slurm started the requeued job again: carry the run on
         cfg = cfg.replace(resume=cfg.out, overwrite=False)
     fresh = not cfg.resume and not env.in_group  # torchrun's and srun's starts and restarts carry a run on
     if cfg.overwrite and env.in_group:
@@ -88,8 +89,11 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         plan = dataclasses.replace(plan, cfg=cfg)
         if env.is_main:
             _write_record(cfg, parts, out)
+            if requeued and done is not None:  # in the job's log, quiet or not, as a group's start says it (worker)
+                print(f"paratrain: carrying on from the checkpoint of step {done} found in {cfg.out}",
+                      file=sys.stderr, flush=True)
             if not cfg.quiet:
-                _announce(plan, length, done)
+                _announce(plan, length, None if requeued else done)
         marks["launched"] = time.time()
         summary = launch.run(dataclasses.replace(plan, clock=marks))
     if summary is not None and not env.in_group:  # the workers have left: how long that took
