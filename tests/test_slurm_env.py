@@ -181,8 +181,8 @@ class _Reports:
 
 
 def test_the_launcher_says_rank_0s_stop_where_another_worker_stopped_first() -> None:
-    """A one-task job's launcher printed rank 1's "rank 0 requeues job 41" (rank 1 stops first: it asks
-    nobody) instead of rank 0's "job 41 requeued"; of the errors, the first is still the one said."""
+    """A one-task job's launcher printed rank 1's "rank 0 requeues job 41" where rank 1's report came first (a
+    race) instead of rank 0's "job 41 requeued"; of the errors, the first is still the one said."""
     from paratrain.launch import _report_in
 
     usr1 = 128 + signal.SIGUSR1

@@ -44,6 +44,10 @@ class StopRequest:
     def installed(self) -> Iterator[StopRequest]:
         """Handle SIGINT, SIGTERM (and `also`) with this object while training (main thread only)."""
         old = {s: signal.signal(s, self) for s in self.signals}
+        # a worker forked from the forkserver starts with the requeue signals blocked (prefork.shielded): a
+        # warning that came since waits, and comes now, to this handler
+        if hasattr(signal, "pthread_sigmask"):  # not on Windows
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
         if came_early(self.also):  # Slurm's warning came while the run started: it stops at its first step
             self.signum = self.also
         try:

@@ -58,7 +58,7 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
                          on_step=partial(steps.__setitem__, rank))
         if summary is not None:
             result_queue.put(summary)
-    except UserError as e:  # every worker may meet it (a NaN on one is seen by all); the launcher reads the first
+    except UserError as e:  # every worker may meet it (a NaN on one is seen by all); the launcher says one (_report_in)
         result_queue.put({"error": one_line(e), "code": e.code, "stopped": isinstance(e, Stopped), "rank": rank})
         end_process(e.code)
     except RuntimeError as e:

@@ -93,7 +93,7 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
                 print(f"paratrain: carrying on from the checkpoint of step {done} found in {cfg.out}",
                       file=sys.stderr, flush=True)
             if not cfg.quiet:
-                _announce(plan, length, None if requeued else done)
+                _announce(plan, length, done if not requeued or done >= length.total_steps else None)
         marks["launched"] = time.time()
         summary = launch.run(dataclasses.replace(plan, clock=marks))
     if summary is not None and not env.in_group:  # the workers have left: how long that took
