@@ -23,8 +23,6 @@ SRUN_VARS = ("SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID")
 # the rendezvous port of a Slurm step, unless MASTER_PORT says: in [PORT_BASE, PORT_BASE + PORT_SPAN), by job id,
 # so that two jobs sharing a node rarely meet at one port (Lightning and submitit derive it the same way)
 PORT_BASE, PORT_SPAN = 15000, 20000
-# Slurm's pre-emption and time-limit warnings (USR2 where NCCL catches USR1; TERM is a stop, never a requeue)
-REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 
 
 @dataclass(frozen=True)

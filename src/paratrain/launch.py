@@ -162,8 +162,11 @@ MAIN_GUARD_EXIT = 5  # a spawned worker found the user's script calling fit as i
 def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
     cfg = plan.cfg
     plan = dataclasses.replace(plan, clock={**plan.clock, "launched": time.time()})  # this attempt's (restarts)
+    # in a Slurm job its warning before the end reaches every process of the step: the workers stop on it, and
+    # this launcher waits for them as on SIGTERM; the forkserver and the resource tracker keep it blocked
+    also = requeue.signal_for(plan.env, cfg)
     with reserved_port() as port:  # held for the workers: rank 0 binds it once it has started (seconds)
-        prefork.warm_up()
+        prefork.warm_up(also)
         method = prefork.start_method()
         smp = mp.get_context(method)
         results = smp.SimpleQueue()
@@ -178,9 +181,6 @@ def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
         context = mp.start_processes(_worker, args=(workers, port, plan, restarts, heartbeats, steps, results,
                                                     dict(os.environ), prefork.streams(), target),
                                      nprocs=workers, join=False, start_method=method)
-        # in a Slurm job its warning before the end reaches every process of the step: the workers stop on it, and
-        # this launcher waits for them as on SIGTERM
-        also = requeue.signal_for(plan.env, cfg)
         try:
             return _join(context, results, steps, cfg, also)
         finally:

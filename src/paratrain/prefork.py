@@ -22,7 +22,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from .env import REQUEUE_SIGNALS, detect
+from .env import detect
 
 PRELOAD = ["paratrain._in_forkserver", "torch", "torch._dynamo", "paratrain.worker", "paratrain.launch"]
 
@@ -35,39 +35,31 @@ def start_method() -> str:
     return "forkserver"
 
 
-def warm_up() -> None:
+def warm_up(shield: int | None = None) -> None:
     """Start multiprocessing's helper processes now: its resource tracker, and the forkserver (it returns at
-    once; the server imports in the background). Every later launch of this process reuses them."""
-    from multiprocessing import forkserver
+    once; the server imports in the background). Every later launch of this process reuses them. `shield`:
+    in a Slurm job, its requeue signal (requeue.signal_for), blocked in them for life (shielded)."""
+    from multiprocessing import forkserver, resource_tracker
 
-    with shielded():
-        start_tracker()
+    with shielded(shield):
+        resource_tracker.ensure_running()
         if start_method() == "forkserver":
             multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
             forkserver.ensure_running()
 
 
-def start_tracker() -> None:
-    """multiprocessing's resource tracker (it counts the queues' semaphores), started now, shielded."""
-    from multiprocessing import resource_tracker
-
-    with shielded():
-        resource_tracker.ensure_running()
-
-
 @contextlib.contextmanager
-def shielded() -> Iterator[None]:
-    """In a Slurm job, block its requeue signals while helper processes start, which keep the mask for life.
+def shielded(signum: int | None) -> Iterator[None]:
+    """Block `signum` while helper processes start, which keep the mask for life.
 
     Slurm's warning before a job's end reaches every process of the step, and ends one that does not handle
     it: the forkserver would die, and with it (PR_SET_PDEATHSIG) every worker before it saves; the resource
     tracker would die and print tracebacks. A forked worker inherits the block and lets go of it as it
     installs its stop handler (interrupt.StopRequest), so a warning that came meanwhile is kept for it."""
-    if detect().slurm is None:
+    if signum is None:
         yield
         return
-    signals = {signal.Signals[f"SIG{name}"] for name in REQUEUE_SIGNALS}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
     try:
         yield
     finally:

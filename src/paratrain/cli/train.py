@@ -52,11 +52,13 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import prefork
+    from .. import prefork, requeue
 
     cfg = resolve_config(args)
+    env = detect()
     if prefork.worth_warming(cfg.devices, cfg.strategy) and not args.print_split:
-        prefork.warm_up()  # imports torch for the workers while this process imports it and reads the data
+        # imports torch for the workers while this process imports it and reads the data
+        prefork.warm_up(requeue.signal_for(env, cfg))
     from .. import session, strategies
     from ..inputs import load_for
 
@@ -70,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{cfg.resume or 'this run'} trains a network, optimizer or tensors of your own: carry it on "
                         "in Python, paratrain.fit(model=make_net, data=..., optimizer=..., "
                         "config=TrainConfig(resume=...))")
-    env = detect()
     if env.is_main:
         check_writable(cfg.out)  # rank 0 writes the run directory (other nodes may not see it)
     session.run(cfg, lambda: load_for(cfg), env=env)  # which prints the last line

@@ -12,7 +12,6 @@ from typing import Any
 
 import yaml
 
-from ..env import REQUEUE_SIGNALS
 from ..errors import UserError, closest
 
 # custom: paratrain.fit(model=...)
@@ -30,6 +29,8 @@ PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 BATCHNORM = ("sync", "local")
+# Slurm's pre-emption and time-limit warnings (USR2 where NCCL catches USR1; TERM is a stop, never a requeue)
+REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 # the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
 STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp")
 # --loss: auto is cross-entropy for class indices, else the mean squared error (losses.py)
