@@ -161,6 +161,7 @@ def _sigterm_run(cfg: config.TrainConfig, workers: int, data: Any, at: int) -> d
                                 stderr=subprocess.PIPE, text=True)
         watcher = _When(run, at, _pause_and_signal(signal.SIGTERM), lambda: [proc.pid])
         code, err = proc.wait(timeout=120), proc.stderr.read()
+        watcher.join()
     else:
         watcher = _When(run, at, _pause_and_signal(signal.SIGTERM), _workers)
         try:
@@ -169,7 +170,6 @@ def _sigterm_run(cfg: config.TrainConfig, workers: int, data: Any, at: int) -> d
         finally:
             watcher.join()  # what went wrong in the background first: not "DID NOT RAISE"
         code, err = stopped.value.code, ""
-    watcher.join()
     assert code == 143, err
     state = _state(run)
     assert at < state["step"] < STEPS
