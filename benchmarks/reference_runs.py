@@ -106,16 +106,18 @@ def hashed(value: object) -> str:
 
 
 def fingerprint(run: Path, work: Path) -> dict[str, str]:
-    from paratrain import checkpoint
+    from paratrain.checkpoint import files as checkpoint
 
     state = checkpoint.load(run)  # the newest checkpoint: a whole-model file, or a sharded folder read whole
     found = {"weights": hashed(state["model"]), "optimizer": hashed(optimizer_by_name(state)),
              "step": str(state["step"])}
     if "ema_model" in state:
         found["ema"] = hashed(state["ema_model"])
-    if (run / "config.yaml").is_file():  # the work folder's path out: it differs between runs of this script
-        found["config.yaml"] = hashlib.sha256((run / "config.yaml").read_text().replace(str(work), "WORK")
-                                              .encode()).hexdigest()[:16]
+    if (run / "config.yaml").is_file():
+        # the work folder's and this checkout's paths out: they differ between runs and checkouts (an imported
+        # network is named by its path under examples/)
+        text = (run / "config.yaml").read_text().replace(str(work), "WORK").replace(str(REPO), "REPO")
+        found["config.yaml"] = hashlib.sha256(text.encode()).hexdigest()[:16]
     return found
 
 
@@ -124,7 +126,7 @@ def optimizer_by_name(state: dict) -> dict:
     (a whole-model file numbers the parameters; a sharded checkpoint names them), so that the two forms of one
     run's state hash alike. A file's numbers are named by the model's keys where the model has no buffers (its
     keys are then its parameters, in order); elsewhere they stay numbers."""
-    from paratrain import sharded
+    from paratrain.checkpoint import dcp as sharded
 
     if "sharded" in state:
         flat = sharded.whole(state["sharded"], ("optimizer",)).get("optimizer", {})
@@ -159,7 +161,7 @@ def _trial_key(run: Path) -> str:
     if (run / "config.yaml").is_file():
         cfg = yaml.safe_load((run / "config.yaml").read_text())
     else:
-        from paratrain import checkpoint
+        from paratrain.checkpoint import files as checkpoint
 
         cfg = checkpoint.load(run, whole=False)["config"]
     return f"lr={cfg['lr']:g},width={cfg['width']}"

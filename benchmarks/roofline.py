@@ -76,7 +76,7 @@ def plain_loop(name: str, steps: int, channels_last: bool = False) -> float:
     import torch
     from throughput import timed_steps  # the plain loop of benchmarks/throughput.py
 
-    from paratrain.proc import tune_malloc
+    from paratrain.runtime.proc import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(os.cpu_count() or 1)

@@ -41,7 +41,7 @@ def plain_loop(data_dir: str | None, steps: int, batch: int) -> float:
     import torch.nn.functional as F
 
     from paratrain.models import build_model
-    from paratrain.proc import tune_malloc
+    from paratrain.runtime.proc import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -80,7 +80,7 @@ def dataloader_loop(data_dir: str | None, steps: int, batch: int) -> float:
     from torchvision import transforms
 
     from paratrain.models import build_model
-    from paratrain.proc import tune_malloc
+    from paratrain.runtime.proc import tune_malloc
 
     tune_malloc()
     torch.set_num_threads(os.cpu_count() or 1)

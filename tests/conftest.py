@@ -122,7 +122,7 @@ def logged_step(run: Path) -> int:
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The weights of a run's newest checkpoint (one file, or a sharded strategy's folder read whole)."""
-    from paratrain import checkpoint
+    from paratrain.checkpoint import files as checkpoint
 
     return checkpoint.load(run_dir)["model"]
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from paratrain import autodevices, runplan
 from paratrain import config as C
 from paratrain.data import load_dataset
-from paratrain.devices import Hardware
-from paratrain.env import LOCAL, Environment
+from paratrain.measure import autodevices
+from paratrain.parallel import runplan
+from paratrain.runtime.devices import Hardware
+from paratrain.runtime.env import LOCAL, Environment
 
 # its integration tests bound wall times or compare measured rates: .ci/run runs them with nothing beside
 pytestmark = pytest.mark.alone

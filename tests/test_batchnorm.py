@@ -16,9 +16,9 @@ from conftest import weights
 from torch import nn
 
 import paratrain
-from paratrain.batchnorm import CpuSyncBatchNorm, _GlobalBatchNorm, has_batchnorm, synchronise
-from paratrain.dist import loopback_store
-from paratrain.proc import reserved_port
+from paratrain.components.batchnorm import CpuSyncBatchNorm, _GlobalBatchNorm, has_batchnorm, synchronise
+from paratrain.runtime.dist import loopback_store
+from paratrain.runtime.proc import reserved_port
 
 
 class BNNet(nn.Sequential):

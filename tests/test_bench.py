@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import max_abs_diff, run_cli, train_here, weights
 
-from paratrain.bench import add_speedups, default_configs, parse_configs
-from paratrain.devices import usable_cores
-from paratrain.errors import UserError
+from paratrain.core.errors import UserError
+from paratrain.measure.bench import add_speedups, default_configs, parse_configs
+from paratrain.runtime.devices import usable_cores
 
 
 def test_parse_configs() -> None:
@@ -151,7 +151,7 @@ def test_a_report_of_runs_draws_one_scaling_curve_per_workload(tmp_path: Path) -
     """LeNet-5 on 1 and 2 devices and an MLP on 2: the scaling plot joins the LeNet-5 runs only."""
     import json
 
-    from paratrain import bench, plot
+    from paratrain.measure import bench, plot
 
     for name, model, n, rate in (("a", "lenet5", 1, 5000.0), ("b", "lenet5", 2, 8000.0), ("c", "mlp", 2, 1600.0)):
         run = tmp_path / name
@@ -175,8 +175,8 @@ def test_a_report_of_runs_draws_one_scaling_curve_per_workload(tmp_path: Path) -
 
 
 def test_a_configuration_the_workload_cannot_run_on_is_known_before_any_run(tmp_path: Path) -> None:
-    from paratrain.bench import run_bench
     from paratrain.cli.bench import _refused
+    from paratrain.measure.bench import run_bench
 
     configs = parse_configs("tower-cpu:2,pipeline-cpu:2x2")
     why = [_refused(c, {"dataset": "digits", "steps": 5, "compile": True}) for c in configs]

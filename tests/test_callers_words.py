@@ -16,7 +16,7 @@ from torch import nn
 import paratrain
 from paratrain import UserError
 from paratrain.data import fetch, folder
-from paratrain.train import Trainer
+from paratrain.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))

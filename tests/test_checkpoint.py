@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from paratrain import checkpoint
-from paratrain.errors import WriteFailed
+from paratrain.checkpoint import files as checkpoint
+from paratrain.core.errors import WriteFailed
 
 WRITER = """
 import sys, torch
@@ -156,7 +156,7 @@ def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
     tests/test_faults.py runs it for real under torchrun): only a rank that lacks the newest step is sent it."""
     import torch.distributed as dist
 
-    from paratrain.dist import DistContext
+    from paratrain.runtime.dist import DistContext
 
     def gather(offers: list, offer: tuple) -> None:
         assert offer == mine
@@ -191,7 +191,7 @@ def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pyte
     import torch.distributed as dist
 
     from paratrain import UserError
-    from paratrain.dist import DistContext
+    from paratrain.runtime.dist import DistContext
 
     monkeypatch.setattr(dist, "all_gather_object",
                         lambda offers, offer: offers.__setitem__(slice(None), [offer, (-1, 0, "it is of model mlp")]))
@@ -239,7 +239,7 @@ def test_the_newest_step_file_wins_over_an_older_last_pt(tmp_path: Path) -> None
 
 
 def test_when_no_checkpoint_loads_the_error_says_so_in_one_line(tmp_path: Path) -> None:
-    from paratrain.errors import UserError
+    from paratrain.core.errors import UserError
 
     for step in (10, 20):
         _save(tmp_path / "checkpoints", step)

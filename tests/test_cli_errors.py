@@ -150,7 +150,8 @@ def test_checkpoint_of_another_model(capsys: pytest.CaptureFixture, tmp_path: Pa
 
 
 def test_resume_with_another_model(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
-    from paratrain import checkpoint, config
+    from paratrain import config
+    from paratrain.checkpoint import files as checkpoint
     from paratrain.models import build_model
 
     run = tmp_path / "run"

@@ -4,7 +4,7 @@ import pytest
 
 from paratrain import config
 from paratrain.cli import build_parser, resolve_config
-from paratrain.errors import UserError
+from paratrain.core.errors import UserError
 
 
 def _resolve(*argv: str) -> config.TrainConfig:
@@ -83,7 +83,7 @@ def test_configuration_errors_need_no_torch() -> None:
     import sys
 
     code = ("import sys, paratrain.config as C\n"
-            "from paratrain.strategies import checked\n"
+            "from paratrain.parallel.strategies import checked\n"
             "for s in ('ddp', 'tower', 'pipeline', 'hybrid'):\n"
             "    try: checked(C.validate(C.TrainConfig(strategy=s, stages=1)))\n"
             "    except C.UserError as e: print(e)\n"

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from paratrain import devices
 from paratrain.cli import main
-from paratrain.errors import UserError
+from paratrain.core.errors import UserError
+from paratrain.runtime import devices
 
 
 def test_devices_json(capsys: pytest.CaptureFixture) -> None:

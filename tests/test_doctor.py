@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from paratrain import doctor
-from paratrain.doctor import Check, collective_checks, equivalence_checks, partition_check, read_link
-from paratrain.doctor.collectives import bus_factor, fit
-from paratrain.errors import UserError
-from paratrain.tcp_timeout import agent_wait, fitting, give_up_s
+from paratrain.core.errors import UserError
+from paratrain.measure import doctor
+from paratrain.measure.doctor import Check, collective_checks, equivalence_checks, partition_check, read_link
+from paratrain.measure.doctor.collectives import bus_factor, fit
+from paratrain.runtime.tcp_timeout import agent_wait, fitting, give_up_s
 
 # its integration tests bound wall times or compare measured rates: .ci/run runs them with nothing beside
 pytestmark = pytest.mark.alone
@@ -113,8 +113,8 @@ def test_a_link_file_is_read_back_and_a_bad_one_is_one_line(tmp_path: Path) -> N
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(UserError, match="cannot read the link file .*; write one with `paratrain doctor --out DIR`"):
         read_link(str(tmp_path / "bad.json"))
-    from paratrain import forecast as plan
     from paratrain.cli.plan import _link
+    from paratrain.measure import scaling as plan
 
     args = argparse.Namespace(bandwidth_gbs=None, latency_us=None, link=str(path))
     assert _link(args, plan)[1:] == (bandwidth, latency)
@@ -193,7 +193,7 @@ def test_the_gpu_acceptance_script_refuses_a_host_without_a_gpu(tmp_path: Path) 
 
 
 def test_nvlink_is_named_only_where_every_pair_of_gpus_has_it() -> None:
-    from paratrain.doctor.inventory import nvlinked
+    from paratrain.measure.doctor.inventory import nvlinked
 
     full = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\nGPU0\t X \tNV12\tNV12\t0-63\nGPU1\tNV12\t X \tNV12\t0-63\n"
             "GPU2\tNV12\tNV12\t X \t0-63\n")

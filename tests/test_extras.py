@@ -12,7 +12,7 @@ import pytest
 from conftest import main_code
 
 import paratrain
-from paratrain import extras
+from paratrain.core import optional as extras
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = ("optuna", "matplotlib", "tensorboard", "sklearn", "scipy", "psycopg")
@@ -59,7 +59,7 @@ def test_a_run_without_tensorboard_writes_every_figure_but_the_event_files(tmp_p
 
 
 def test_a_report_without_matplotlib_is_its_tables(tmp_path: Path, without) -> None:  # noqa: ANN001
-    from paratrain import bench, plot
+    from paratrain.measure import bench, plot
 
     assert main_code(["train", "--steps", "4", "--devices", "1", "--out", str(tmp_path / "run"), "--quiet",
                       "--no-tensorboard"]) == 0

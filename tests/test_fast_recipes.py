@@ -12,13 +12,14 @@ from conftest import max_abs_diff, weights
 from torch import nn
 
 import paratrain
-from paratrain import config, recipes
+from paratrain import config
+from paratrain.components.evaluation import evaluate
+from paratrain.config import recipes
+from paratrain.core.errors import UserError
 from paratrain.data.transforms import BatchPipeline
-from paratrain.dist import DistContext
-from paratrain.errors import UserError
-from paratrain.evaluation import evaluate
 from paratrain.models import build_model
-from paratrain.strategies import checked
+from paratrain.parallel.strategies import checked
+from paratrain.runtime.dist import DistContext
 
 OPTIONS = dict(width=512, depth=2, activation="relu", dropout=None, filters=8, kernel=5)
 
@@ -48,7 +49,7 @@ def test_the_new_options_are_checked_in_one_line() -> None:
 
 
 def test_channels_last_is_the_registry_convolutional_networks_under_ddp_and_asked_for_elsewhere() -> None:
-    from paratrain.build import memory_format
+    from paratrain.components.build import memory_format
 
     cfg = config.TrainConfig()
     assert memory_format(cfg) == torch.channels_last  # lenet5, ddp
@@ -67,7 +68,7 @@ def test_epochs_given_over_a_recipe_of_steps_train_epochs() -> None:
 
 
 def test_adams_betas_reach_the_optimizer() -> None:
-    from paratrain.optim import make_optimizer
+    from paratrain.components.optim import make_optimizer
 
     cfg = config.TrainConfig(beta1=0.7, beta2=0.9)
     for name in ("adam", "adamax", "nadam"):
@@ -76,7 +77,7 @@ def test_adams_betas_reach_the_optimizer() -> None:
 
 
 def test_label_smoothing_trains_on_the_smoothed_loss() -> None:
-    from paratrain.losses import training_loss
+    from paratrain.components.losses import training_loss
 
     logits, y = torch.randn(8, 10), torch.randint(0, 10, (8,))
     assert training_loss(config.TrainConfig())(logits, y) == F.cross_entropy(logits, y)

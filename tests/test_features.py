@@ -9,14 +9,17 @@ import pytest
 import torch
 from conftest import max_abs_diff, run_cli, train, train_here, weights
 
-from paratrain import checkpoint, config, dist, runplan
+from paratrain import config
 from paratrain import fit as paratrain_fit
+from paratrain.checkpoint import files as checkpoint
+from paratrain.components.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
+from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
-from paratrain.devices import Hardware
-from paratrain.errors import UserError
-from paratrain.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
-from paratrain.worker import work
+from paratrain.parallel import runplan
+from paratrain.runtime import dist
+from paratrain.runtime.devices import Hardware
+from paratrain.training.worker import work
 
 
 def _cfg(**kw: object) -> config.TrainConfig:
@@ -172,7 +175,7 @@ def _recorded_net() -> torch.nn.Module:
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("32", torch.float32)])
 def test_bf16_autocast_runs_the_forward_in_bf16(tmp_path: Path, precision: str, dtype: torch.dtype) -> None:
-    from paratrain.userparts import Parts
+    from paratrain.components.parts import Parts
 
     _Recorder.seen.clear()
     cfg = _cfg(out=str(tmp_path / precision), quiet=True, tensorboard=False, steps=60, precision=precision,
@@ -205,8 +208,8 @@ def test_the_custom_optimizer_needs_its_factory() -> None:
 
 def test_weight_decay_and_nesterov_change_the_update_as_torch_does(tmp_path: Path) -> None:
     """Three steps with --weight-decay and --nesterov against the same steps by a hand-built torch.optim.SGD."""
-    from paratrain.build import make_batch_transforms, make_model
-    from paratrain.data.sharding import epoch_permutation, global_batch
+    from paratrain.components.build import make_batch_transforms, make_model
+    from paratrain.data.batches import epoch_permutation, global_batch
 
     cfg = _cfg(out=str(tmp_path / "r"), quiet=True, tensorboard=False, steps=3, optimizer="sgd", lr=0.05,
                momentum=0.9, nesterov=True, weight_decay=0.01, model="mlp", width=32, depth=1, seed=3)
@@ -356,8 +359,8 @@ def test_a_nan_stop_names_the_step_it_happened_at(tmp_path: Path) -> None:
         value = torch.nn.functional.cross_entropy(logits, y)
         return value * float("nan") if len(calls) == 7 else value  # the 7th training step's loss
 
-    from paratrain.errors import UserError
-    from paratrain.userparts import Parts
+    from paratrain.components.parts import Parts
+    from paratrain.core.errors import UserError
 
     cfg = _cfg(out=str(tmp_path / "nan"), quiet=True, tensorboard=False, steps=20, checkpoint_every=1)
     data = load_dataset("digits")
@@ -397,8 +400,8 @@ def test_step_lines_and_tensorboard_events(tmp_path: Path) -> None:
 # ---- recipes ----------------------------------------------------------------------------------------
 
 def test_recipes_list_and_validate(capsys: pytest.CaptureFixture) -> None:
-    from paratrain import recipes
     from paratrain.cli import main
+    from paratrain.config import recipes
 
     names = {"lenet5-mnist", "convnet-mnist", "mnist-net-sgd", "cifar10-tutorial", "mnist-fast", "cifar10-fast"}
     assert names <= set(recipes.available())
@@ -487,8 +490,8 @@ def test_a_cosine_schedule_of_one_step_ends_at_zero() -> None:
 def test_evaluation_gives_the_mean_loss_and_accuracy_of_the_whole_set() -> None:
     """Against cross-entropy and argmax computed directly on the same 50 examples, in batches of 16 that do
     not divide them."""
+    from paratrain.components.evaluation import evaluate
     from paratrain.data.transforms import BatchPipeline
-    from paratrain.evaluation import evaluate
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
@@ -538,7 +541,7 @@ def test_a_checkpoint_at_an_epochs_end_is_validated_on_resume(tmp_path: Path) ->
     common = dict(batch_size=256, optimizer="gd", lr=1e-30, early_stopping=2, seed=3)
     whole = _fit(tmp_path, "whole", epochs=30, **common)
     data = load_dataset("digits")
-    per_epoch = len(data.train[1]) // 256  # whole global batches (sharding.steps_per_epoch)
+    per_epoch = len(data.train[1]) // 256  # whole global batches (config.length.steps_per_epoch)
     part = _fit(tmp_path, "part", steps=per_epoch, **common)  # one epoch, saved at its last step
     assert part["epochs_validated"] == 1
     state = checkpoint.load(tmp_path / "part")

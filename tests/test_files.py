@@ -16,8 +16,8 @@ from conftest import main_code, max_abs_diff, run_cli, weights
 
 import paratrain
 from paratrain import config as C
+from paratrain.core.errors import UserError
 from paratrain.data.tables import load_csv, load_tensors
-from paratrain.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from paratrain.forecast import Workload, predict, ring_allreduce_s, step_time_s
+from paratrain.measure.scaling import Workload, predict, ring_allreduce_s, step_time_s
 
 
 def test_ring_allreduce_formula() -> None:
@@ -80,7 +80,7 @@ def test_plan_checks_itself_against_measured_gloo_workers(tmp_path: Path) -> Non
     (row,) = [r for r in bench["results"] if r["name"] == "ddp-cpu:2"]
     # the plan stands beside the bench's own measurement, and predicts from its measured link and workload
     assert check["name"] == "ddp-cpu:2" and check["measured"] == row["examples_per_sec"]["mean"] > 0
-    from paratrain.forecast import Workload, predict, workload_from_bench
+    from paratrain.measure.scaling import Workload, predict, workload_from_bench
 
     w, _ = workload_from_bench(bench)
     w = Workload(w.compute_per_example_s * check["colocation_slowdown"], w.fixed_per_step_s, w.grad_bytes)
@@ -92,7 +92,7 @@ def test_plan_checks_itself_against_measured_gloo_workers(tmp_path: Path) -> Non
 
 
 def test_fsdp_moves_one_and_a_half_times_the_bytes_and_updates_a_shard() -> None:
-    from paratrain.forecast import sharded_traffic_s, validate
+    from paratrain.measure.scaling import sharded_traffic_s, validate
 
     nbytes, bw = 4e8, 1e10
     assert sharded_traffic_s(1, nbytes, bw, 1e-5, 5) == 0.0

@@ -13,11 +13,12 @@ import torch
 from conftest import main_code, max_abs_diff, weights
 from torch import nn
 
-from paratrain import checkpoint, sharded
-from paratrain.dist import DistContext
-from paratrain.errors import UserError
-from paratrain.evaluation import evaluate
-from paratrain.rundir import step_checkpoints
+from paratrain.checkpoint import dcp as sharded
+from paratrain.checkpoint import files as checkpoint
+from paratrain.checkpoint.run_folder import step_checkpoints
+from paratrain.components.evaluation import evaluate
+from paratrain.core.errors import UserError
+from paratrain.runtime.dist import DistContext
 
 ONE = DistContext(0, 1, torch.device("cpu"), None)
 
@@ -94,7 +95,7 @@ def test_a_checkpoint_of_fsdps_first_release_is_read_as_it_was_written(tmp_path:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from paratrain.config import TrainConfig
-    from paratrain.strategies.base import Strategy
+    from paratrain.parallel.strategies.base import Strategy
 
     model, optimizer = _trained()
     weights_, state = get_state_dict(model, optimizer)  # as fsdp saved before the pipelines shared its format

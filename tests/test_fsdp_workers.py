@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import kill_a_worker_midway, max_abs_diff, run_cli, train_here
 
-from paratrain import checkpoint, sharded
+from paratrain.checkpoint import dcp as sharded
+from paratrain.checkpoint import files as checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 from conftest import FakeGPUs
 
-from paratrain import config, devices, runplan
+from paratrain import config
+from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
-from paratrain.errors import UserError
+from paratrain.parallel import runplan
+from paratrain.runtime import devices
 
 
 @pytest.mark.parametrize("count", [1, 2, 8])
@@ -60,7 +62,7 @@ def test_pipeline_stages_and_hybrid_copies_each_get_their_own_gpu(fake_gpus: Fak
 
 
 def test_a_gpu_worker_joins_nccl_and_a_cpu_worker_gloo(fake_gpus: FakeGPUs, monkeypatch: pytest.MonkeyPatch) -> None:
-    from paratrain import dist
+    from paratrain.runtime import dist
 
     fake_gpus(2)
     joined = []
@@ -72,7 +74,7 @@ def test_a_gpu_worker_joins_nccl_and_a_cpu_worker_gloo(fake_gpus: FakeGPUs, monk
 
 
 def test_the_doctors_inventory_lists_the_gpus_and_their_peers(fake_gpus: FakeGPUs) -> None:
-    from paratrain.doctor.inventory import described, inventory
+    from paratrain.measure.doctor.inventory import described, inventory
 
     fake_gpus(2, name="NVIDIA A100-SXM4-80GB")
     info = inventory()
@@ -100,7 +102,7 @@ def test_fp16_mixed_precision_on_the_cpu_runs_bf16_and_says_so(tmp_path: Path, c
 
 def test_precisions_the_devices_lack(monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 on a GPU without it is refused in one line; on a CPU without bfloat16 instructions it runs, noted."""
-    from paratrain import devices
+    from paratrain.runtime import devices
 
     gpu = devices.Hardware("gpu", 1, 1, "nccl")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)

@@ -19,8 +19,8 @@ import pytest
 
 import paratrain
 from paratrain.cli import main
+from paratrain.core.errors import UserError
 from paratrain.data import cifar10, mnist
-from paratrain.errors import UserError
 
 MB = 2**20
 IDX_HEADER = bytes([0, 0, 8, 3]) + b"".join(d.to_bytes(4, "big") for d in (60_000, 28, 28))
@@ -153,7 +153,7 @@ def test_oversubscription_is_bounded(capsys: pytest.CaptureFixture, tmp_path: Pa
 
 def test_the_batch_is_checked_before_any_worker_starts(capsys: pytest.CaptureFixture, tmp_path: Path,
                                                        monkeypatch) -> None:  # noqa: ANN001
-    from paratrain import launch
+    from paratrain.parallel import launch
 
     def no_launch(*args: object, **kwargs: object) -> None:
         raise AssertionError("workers were started")
@@ -202,7 +202,7 @@ def test_files_of_the_run_replace_links_instead_of_following_them(tmp_path: Path
     # and a link planted after the start is replaced, not written through
     (run / "summary.json").unlink()
     (run / "summary.json").symlink_to(victim)
-    from paratrain.rundir import write_atomic
+    from paratrain.core.files import write_atomic
 
     write_atomic(run / "summary.json", "{}\n")
     assert victim.read_text() == "precious\n" and not (run / "summary.json").is_symlink()

@@ -9,36 +9,26 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "paratrain"
 
-# Bottom to top. The number is the layer of docs/explanations/architecture.md; where one layer's modules build on
-# each other, it is cut in ordered parts. A name stands for its module, or its package and every module in it (a module
-# named on its own, as data.sharding is, belongs where it is named). The modules of one entry are siblings: none
-# imports another, except inside its own package.
+# Bottom to top, by folder: the layers of docs/explanations/architecture.md. A name stands for a package and every
+# module in it, or for one of the few modules at the top. The folders of one entry are siblings: none imports the
+# other; inside a folder its modules import each other freely (the cycle test still holds them).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("0 base", ("errors", "import_path", "clock", "tcp_timeout", "oom", "_in_forkserver", "data.sharding")),
-    ("0 base: who started this process", ("env",)),
-    ("0 base: on errors and env", ("interrupt", "userframes", "proc", "prefork", "extras")),
-    ("1 records", ("rundir", "devices", "dist")),
-    ("1 records: sharded checkpoints' folders", ("sharded",)),
-    ("1 records: the configuration and the checkpoint files", ("config", "checkpoint")),
-    ("1 records: on the configuration", ("runlength", "recipes", "requeue")),
-    ("2 components", ("data", "models", "batchnorm", "phases")),
-    ("2 components: on the data and the models", ("userparts", "optim", "losses", "evaluation", "metrics", "runlog",
-                                                  "predict")),
-    ("3 assembly: a run's pieces from its configuration", ("build",)),
-    ("3 assembly", ("inputs", "usercheck", "strategies")),
-    ("4 plan", ("runplan",)),
-    ("5 worker: a run's state as it goes, and its summary", ("runstate",)),
-    ("5 worker: the checkpoint a worker carries on from, the training loop", ("resume", "train")),
-    ("5 worker", ("worker",)),
-    ("6 processes", ("launch",)),
-    ("6 processes: what --devices auto measures on them", ("autodevices",)),
-    ("7 entries: the session that opens a run", ("session",)),
-    ("7 entries: a run's trained network loaded back", ("trained",)),
-    ("7 entries", ("api", "search", "doctor", "bench", "forecast", "plot")),
-    ("7 entries: the command line", ("cli",)),
-    ("7 entries: the package", ("", "__main__")),
+    ("0 core: errors, optional dependencies, the user's line, safe files", ("core",)),
+    ("1 runtime: this process, who started it, its devices and group", ("runtime",)),
+    ("2 config: the configuration, the run's length, the recipes", ("config",)),
+    ("3 data and models", ("data", "models")),
+    ("4 checkpoints, and what a training run is made of", ("checkpoint", "components")),
+    ("5 parallel: strategies, the plan, the launcher", ("parallel",)),
+    ("6 training: one worker's life, the Trainer", ("training",)),
+    ("7 a trained run loaded back; measurements", ("inference", "measure")),
+    ("8 the session that opens a run", ("session",)),
+    ("9 entries: the Python API, search", ("api", "search")),
+    ("10 the command line", ("cli",)),
+    ("11 the package", ("", "__main__")),
 ]
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 60
+MAX_TOP_MODULES = 6  # __init__, __main__, api, session: the rest lives in the folders above
 
 
 def _modules() -> dict[str, Path]:
@@ -133,6 +123,36 @@ def test_no_module_is_over_the_ceiling() -> None:
 def test_the_check_sees_an_upward_import_in_a_function(tmp_path: Path) -> None:
     """The graph reads a function's own imports: the test above could not pass over one."""
     path = tmp_path / "mod.py"
-    path.write_text("import os\n\n\ndef f():\n    from .launch import run\n")
-    assert _imports("rundir", path, {"rundir": path, "launch": path, "worker": path}) == {"launch"}
-    assert _entry("rundir")[0] < _entry("launch")[0]
+    path.write_text("import os\n\n\ndef f():\n    from ..parallel.launch import run\n")
+    modules = {"checkpoint.run_folder": path, "parallel.launch": path, "training.worker": path}
+    assert _imports("checkpoint.run_folder", path, modules) == {"parallel.launch"}
+    assert _entry("checkpoint.run_folder")[0] < _entry("parallel.launch")[0]
+
+
+def test_the_top_of_the_package_holds_folders_and_a_few_modules() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top of src/paratrain: {top}; give them a folder"
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    named = {entry.partition(".")[0] for _, entries in LAYERS for entry in entries}
+    assert folders <= named, f"folders in no layer: {sorted(folders - named)}"
+
+
+def _long_functions(path: Path, limit: int, root: Path = PACKAGE) -> list[str]:
+    tree = ast.parse(path.read_text())
+    return [f"{path.relative_to(root)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_no_function_is_over_the_ceiling() -> None:
+    long = [f for path in sorted(PACKAGE.rglob("*.py")) for f in _long_functions(path, MAX_FUNCTION_LINES)]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (cut them into named steps):\n" + "\n".join(long)
+
+
+def test_the_function_check_counts_a_method_and_a_nested_function(tmp_path: Path) -> None:
+    path = tmp_path / "mod.py"
+    body = "        x = 1\n" * 60
+    path.write_text(f"class C:\n    def long(self):\n{body}\n\ndef outer():\n    def inner():\n{body}\n"
+                    "\ndef short():\n    return 1\n")
+    found = [line.split()[1] for line in _long_functions(path, 60, tmp_path)]
+    assert sorted(found) == ["inner", "long", "outer"]

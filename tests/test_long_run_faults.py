@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import alive, descendants, logged_step, max_abs_diff, train_here, training_workers, weights
 
-from paratrain import checkpoint
+from paratrain.checkpoint import files as checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]  # wall-time bounds: .ci/run runs it alone
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from paratrain.errors import UserError
+from paratrain.core.errors import UserError
 from paratrain.models import REGISTRY, build_model, input_size
 from paratrain.models.layers import BandedLRN
 

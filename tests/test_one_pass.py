@@ -18,8 +18,8 @@ from conftest import main_code
 from torch import nn
 
 import paratrain
-from paratrain import rundir
-from paratrain.errors import UserError
+from paratrain.checkpoint import run_folder as rundir
+from paratrain.core.errors import UserError
 
 QUICK = {"quiet": True, "tensorboard": False}
 FLAGS = ("--quiet", "--no-tensorboard", "--devices", "1", "--steps", "4")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from paratrain import oom
+from paratrain.runtime import oom
 
 
 def test_the_kill_count_is_read_from_cgroup_v2_and_v1_files(tmp_path: Path) -> None:

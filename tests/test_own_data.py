@@ -21,9 +21,9 @@ from PIL import Image
 import paratrain
 import paratrain.data
 from paratrain import UserError
+from paratrain.core.import_path import absolute, is_import_path
 from paratrain.data import dataset, decode, folder
 from paratrain.data.source import MappedImages
-from paratrain.import_path import absolute, is_import_path
 from paratrain.models.imported import call_factory, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,7 +187,7 @@ def test_a_changed_file_rebuilds_the_cache_and_a_failed_build_keeps_the_old_one(
         raise KeyboardInterrupt  # Ctrl-C in the middle of decoding
 
     good = {f: (cache / f).read_bytes() for f in ("manifest.json", "images.npy", "labels.npy", "sums.npy")}
-    monkeypatch.setattr(folder, "decode_many", broken)
+    monkeypatch.setattr("paratrain.data.decode.decode_many", broken)  # what decode_into maps over the images
     with pytest.raises(KeyboardInterrupt):
         folder.load(str(tmp_path / "d"), quiet=True, workers=1)
     assert {f: (cache / f).read_bytes() for f in good} == good  # the good cache is as it was
@@ -588,7 +588,7 @@ def test_a_dataset_cache_is_its_own_datasets_and_of_its_size(tmp_path: Path, cap
 
 
 def test_a_folder_run_of_the_earlier_split_is_not_resumed(shapes: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    from paratrain import checkpoint
+    from paratrain.checkpoint import files as checkpoint
 
     run = tmp_path / "r"
     assert _main(["train", "--model", f"{EXAMPLE}:build", "--dataset", "imagefolder", "--data-dir", str(shapes),

@@ -10,9 +10,9 @@ import torch
 from conftest import max_abs_diff, run_cli, train_here, weights
 
 from paratrain.cli import main
-from paratrain.errors import UserError
+from paratrain.core.errors import UserError
 from paratrain.models import build_model
-from paratrain.strategies.stages import (
+from paratrain.parallel.strategies.stages import (
     Layout,
     balanced_cuts,
     layer_costs,
@@ -192,7 +192,7 @@ class _Blocks(torch.nn.Module):
 
 
 def test_a_module_that_applies_its_children_in_order_is_cut_by_name() -> None:
-    from paratrain.strategies.stages import layers_of
+    from paratrain.parallel.strategies.stages import layers_of
 
     net = _Blocks()
     layers = layers_of(net, "blocks", torch.zeros(1, 1, 8, 8))

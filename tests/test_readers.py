@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from paratrain.core.errors import UserError
 from paratrain.data import cifar10, load_dataset, mnist
-from paratrain.errors import UserError
 
 
 def _idx(path: Path, array: np.ndarray, magic: bytes | None = None) -> Path:

@@ -11,10 +11,10 @@ from torch import nn
 
 import paratrain
 from paratrain import config as C
+from paratrain.components.parts import Parts
+from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
-from paratrain.errors import UserError
-from paratrain.strategies import get
-from paratrain.userparts import Parts
+from paratrain.parallel.strategies import get
 
 DIGITS = load_dataset("digits")
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import free_port, run_cli, train_here
 
-from paratrain.errors import UserError
+from paratrain.core.errors import UserError
 from paratrain.search import space
 
 SPACE = "fixed: {model: mlp, dataset: synthetic}\nparams:\n  width: [16, 32]\n  lr: [0.001, 0.003, 0.01]\n"
@@ -636,7 +636,7 @@ def test_pipeline_hybrid_and_fsdp_trials_equal_the_same_run_alone(tmp_path: Path
                                                                   flags: list[str]) -> None:
     import torch
 
-    from paratrain import checkpoint
+    from paratrain.checkpoint import files as checkpoint
 
     stages = ", stages: 2" if strategy != "fsdp" else ""
     path = _space_file(tmp_path, f"fixed: {{model: mlp, dataset: digits, strategy: {strategy}{stages}}}\n"
@@ -676,9 +676,10 @@ def test_a_nan_trial_on_two_workers_fails_alone_and_is_not_trained_again(tmp_pat
 def test_a_tower_trial_drives_the_gpus_of_its_pool_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Pool process 1 of trials on 2 (faked) GPUs: its tower keeps the parameters on cuda:2 and its replicas
     on cuda:2 and cuda:3, with the threads of its share of the cores."""
-    from paratrain import config, runplan
+    from paratrain import config
     from paratrain.data import load_dataset
-    from paratrain.devices import Hardware
+    from paratrain.parallel import runplan
+    from paratrain.runtime.devices import Hardware
 
     cfg = config.validate(config.TrainConfig(strategy="tower", out=str(tmp_path), devices="2", steps=1))
     data = load_dataset("digits")
@@ -829,7 +830,7 @@ def test_without_scikit_learn_a_search_says_why_it_draws_no_importance(tmp_path:
     from paratrain.search import report
 
     real = importlib.util.find_spec
-    from paratrain import extras
+    from paratrain.core import optional as extras
 
     monkeypatch.setattr(extras, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
     (tmp_path / "importance.png").write_bytes(b"an earlier start's")

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from paratrain.data.sharding import epoch_permutation, eval_range, global_batch, steps_per_epoch, worker_part
+from paratrain.config.length import steps_per_epoch
+from paratrain.data.batches import epoch_permutation, eval_range, global_batch, worker_part
 
 
 @pytest.mark.parametrize("n,batch,world", [(1000, 100, 1), (1000, 100, 2), (1000, 96, 4), (1003, 64, 8)])

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from paratrain import config as C
-from paratrain import requeue
-from paratrain.devices import for_group, usable_cores
-from paratrain.env import PORT_BASE, PORT_SPAN, detect, expand_hostlist, job_port, tasks_per_node
-from paratrain.errors import UserError
-from paratrain.interrupt import Stopped, StopRequest
+from paratrain.core.errors import UserError
+from paratrain.parallel import requeue
+from paratrain.runtime.devices import for_group, usable_cores
+from paratrain.runtime.env import PORT_BASE, PORT_SPAN, detect, expand_hostlist, job_port, tasks_per_node
+from paratrain.runtime.interrupt import Stopped, StopRequest
 
 # What a real srun -n 2 set in each task on a one-node cluster (slurm-wlm 22.05), less the paths and ports
 # that do not matter here; task 1 differs in SLURM_PROCID and SLURM_LOCALID.
@@ -183,7 +183,7 @@ class _Reports:
 def test_the_launcher_says_rank_0s_stop_where_another_worker_stopped_first() -> None:
     """A one-task job's launcher printed rank 1's "rank 0 requeues job 41" where rank 1's report came first (a
     race) instead of rank 0's "job 41 requeued"; of the errors, the first is still the one said."""
-    from paratrain.launch import _report_in
+    from paratrain.parallel.launch import _report_in
 
     usr1 = 128 + signal.SIGUSR1
     said = _report_in(_Reports({"error": "stopped; rank 0 requeues job 41", "code": usr1, "stopped": True, "rank": 1},
@@ -253,7 +253,7 @@ def test_uneven_tasks_across_nodes_count_the_nodes() -> None:
 
 
 def test_one_visible_gpu_is_each_srun_tasks_own_but_never_torchruns(fake_gpus) -> None:  # noqa: ANN001
-    from paratrain.devices import group_devices
+    from paratrain.runtime.devices import group_devices
 
     fake_gpus(1)
     env = detect({**SRUN_TASK, "SLURM_PROCID": "1", "SLURM_LOCALID": "1"})
@@ -297,7 +297,7 @@ def test_the_warning_that_came_while_the_run_started_stops_it_at_once() -> None:
     before it was installed, and the run stops at its first step (and requeues) instead of the task dying."""
     import os
 
-    from paratrain.interrupt import came_early, hold
+    from paratrain.runtime.interrupt import came_early, hold
 
     old = signal.getsignal(signal.SIGUSR2)
     try:

@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import adam_moments, descendants, logged_step, max_abs_diff, train_here, training_workers, weights
 
-from paratrain.env import PORT_BASE, PORT_SPAN
+from paratrain.runtime.env import PORT_BASE, PORT_SPAN
 
 pytestmark = pytest.mark.integration
 

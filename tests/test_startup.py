@@ -17,7 +17,8 @@ import pytest
 from conftest import alive, descendants, main_code, run_cli, training_workers
 
 import paratrain
-from paratrain import checkpoint, clock, prefork
+from paratrain.checkpoint import files as checkpoint
+from paratrain.runtime import clock, prefork
 
 # its integration tests bound wall times or compare measured rates: .ci/run runs them with nothing beside
 pytestmark = pytest.mark.alone
@@ -49,20 +50,38 @@ def test_process_start_is_before_now_and_after_boot() -> None:
         "imports": 2.0, "data": 0.5, "plan": 0.5, "spawn": None, "join": None, "build": None, "first_step": None}
 
 
-def test_the_forkserver_is_warmed_only_where_workers_will_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RANK", raising=False)
-    assert not prefork.worth_warming("1")
-    assert prefork.worth_warming("2")
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert not prefork.worth_warming("auto") and prefork.worth_warming("2")
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    assert not prefork.worth_warming("2")  # torchrun started this worker
+def test_the_forkserver_starts_only_once_the_plan_knows_workers_will_be_forked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is started on a guess: one worker (what --devices auto plans on until it has measured), the
+    tower's one process, and a rank of torchrun's start no forkserver; a plan of two workers does, before its
+    data is read."""
+    from paratrain import config
+    from paratrain.data import load_dataset
+    from paratrain.parallel import runplan
+    from paratrain.runtime.devices import Hardware
+    from paratrain.runtime.env import detect
+
+    events: list[str] = []
+    monkeypatch.setattr(prefork, "warm_up", lambda shield=None: events.append("warm_up"))
+    digits = load_dataset("digits", None)
+
+    def plan(workers: int, **more: object) -> list[str]:
+        events.clear()
+        cfg = config.validate(config.TrainConfig(model="mlp", dataset="digits", steps=2, out="unused", **more))
+        runplan.make(cfg, lambda: events.append("data") or digits, hardware=Hardware("cpu", workers, 1, "gloo"))
+        return list(events)
+
+    assert plan(1) == ["data"]
+    assert plan(2) == ["warm_up", "data"]
     monkeypatch.setenv("PARATRAIN_START_METHOD", "spawn")
     assert prefork.start_method() == "spawn"
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    events.clear()
+    cfg = config.validate(config.TrainConfig(model="mlp", dataset="digits", steps=2, out="unused"))
+    runplan.make(cfg, lambda: events.append("data") or digits, env=detect())  # torchrun started this worker
+    assert events == ["data"]
 
 
 @pytest.mark.integration

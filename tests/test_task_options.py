@@ -14,9 +14,9 @@ from conftest import main_code
 
 import paratrain
 from paratrain import config as C
-from paratrain import recipes
+from paratrain.config import recipes
+from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
-from paratrain.errors import UserError
 
 QUICK = ["--no-tensorboard", "--quiet", "--devices", "1"]
 
@@ -132,7 +132,8 @@ def _digits_run(tmp_path: Path) -> Path:
 def test_report_and_plan_of_a_regression_use_its_loss_and_its_own_network(tmp_path: Path) -> None:
     """`paratrain report` of runs without accuracy shows their test loss; the plan models the bench's network as
     built for its data (an MLP over the table's 10 features), not for images."""
-    from paratrain import bench, forecast, plot
+    from paratrain.measure import bench, plot
+    from paratrain.measure import scaling as forecast
 
     for name, workers in (("one", "1"), ("two", "2")):
         assert main_code(["train", "--dataset", "diabetes", "--model", "mlp", "--width", "16", "--steps", "6",

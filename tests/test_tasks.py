@@ -16,9 +16,9 @@ from conftest import kill_a_worker_midway, max_abs_diff, weights
 from torch import nn
 
 import paratrain
+from paratrain.components.inputs import tensor_splits
+from paratrain.core.errors import UserError
 from paratrain.data import Splits
-from paratrain.errors import UserError
-from paratrain.inputs import tensor_splits
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -273,7 +273,7 @@ def test_the_worker_named_is_the_one_whose_own_error_ended_the_run(tmp_path: Pat
 
     import torch.multiprocessing as mp
 
-    from paratrain.launch import _first_cause
+    from paratrain.parallel.launch import _first_cause
 
     broken = "Traceback ...\nRuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:1\n"
     cause = "Traceback ...\n  File \"net.py\", line 9, in forward\nIndexError: index out of range in self\n"

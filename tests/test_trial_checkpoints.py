@@ -11,7 +11,8 @@ import torch
 from conftest import main_code
 
 import paratrain
-from paratrain import checkpoint, config
+from paratrain import config
+from paratrain.checkpoint import files as checkpoint
 from paratrain.data import load_dataset
 from paratrain.search import keep
 from paratrain.search.runner import train_one

@@ -27,8 +27,8 @@ import pytest
 import torch
 from conftest import alive, descendants, logged_step, max_abs_diff, train, train_here, veth_namespaces, weights
 
-from paratrain import checkpoint
-from paratrain.tcp_timeout import give_up_s
+from paratrain.checkpoint import files as checkpoint
+from paratrain.runtime.tcp_timeout import give_up_s
 
 pytestmark = [pytest.mark.integration, pytest.mark.alone]  # wall-time bounds: .ci/run runs it alone
 

@@ -16,9 +16,10 @@ __version__ = "0.1.0"
 __all__ = ["Classifier", "Predictor", "Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_classifier",
            "load_model", "load_predictor"]
 
-_WHERE = {"fit": "api", "evaluate": "api", "load_model": "trained", "load_classifier": "trained",
-          "load_predictor": "trained", "Classifier": "predict", "Predictor": "predict",
-          "TrainConfig": "config", "Splits": "data", "UserError": "errors"}
+_WHERE = {"fit": "api", "evaluate": "api", "load_model": "inference.trained",
+          "load_classifier": "inference.trained", "load_predictor": "inference.trained",
+          "Classifier": "inference.predictor", "Predictor": "inference.predictor",
+          "TrainConfig": "config", "Splits": "data", "UserError": "core.errors"}
 
 
 def __getattr__(name: str) -> Any:

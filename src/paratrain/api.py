@@ -21,15 +21,15 @@ import torch
 from torch import nn
 
 from . import config as C
+from .components.inputs import DataLike, as_splits, file_kind, is_folder
+from .components.metrics import check as check_metrics
+from .components.parts import Parts
+from .core.errors import UserError
+from .core.files import check_writable
 from .data import Splits
-from .env import detect
-from .errors import UserError
-from .inputs import DataLike, as_splits, file_kind, is_folder
-from .metrics import check as check_metrics
-from .rundir import check_writable
-from .strategies import checked
-from .trained import check_callables, evaluate_tensors, model_name, restore, run_of, user_facing
-from .userparts import Parts
+from .inference.trained import check_callables, evaluate_tensors, model_name, restore, run_of, user_facing
+from .parallel.strategies import checked
+from .runtime.env import detect
 
 
 def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = None,
@@ -68,20 +68,37 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     """
     import multiprocessing
 
-    from . import launch, session
+    from . import session
+    from .parallel import launch
 
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # This is a spawned worker importing the user's script, which calls fit at import (no __main__ guard):
         # leave quietly, before any work; the parent sees the exit code and says what to do.
         os._exit(launch.MAIN_GUARD_EXIT)
+    check_callables(model=None if isinstance(model, str) else model, optimizer=optimizer, loss=loss)
+    metrics = check_metrics(metrics)
+    env = detect()  # once, for this call
+    cfg, model, data = _fit_config(config, model, data, optimizer, env)
+    _check_fit(cfg, data, loss, cache_key, env)
+    try:
+        parts = Parts(model, optimizer, loss, metrics=metrics or None)
+        return session.run(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key,
+                                                  env.in_group), parts, env=env, words=in_python)
+    except UserError as e:  # the run's own words name flags (--resume RUN): a Python caller passes fields
+        e.args = (in_python(str(e)),)
+        raise e.with_traceback(None) from None  # bad input: its message, not paratrain's insides
+
+
+def _fit_config(config: C.TrainConfig | None, model: Any, data: Any, optimizer: Any,
+                env: Any) -> tuple[C.TrainConfig, Any, Any]:
+    """fit's configuration, resolved and checked as the command line's is: the run carried on (resume=), and
+    the model, optimizer and data as the caller gave them; the model and data as the run will take them."""
     if config is not None and not isinstance(config, C.TrainConfig):
         raise UserError(f"config must be a paratrain.TrainConfig, not a {type(config).__name__}; "
                         "e.g. TrainConfig(steps=100)")
     cfg = config or C.TrainConfig()
     if isinstance(model, str):  # a registry name or an import path, as config.model takes it
         cfg, model = cfg.replace(model=model), None
-    check_callables(model=model, optimizer=optimizer, loss=loss)
-    metrics = check_metrics(metrics)
     if cfg.resume:
         cfg = resumed(cfg)
     if model is not None:
@@ -89,26 +106,35 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     elif cfg.model == "custom":
         raise UserError("config.model 'custom' needs the network's factory: paratrain.fit(model=make_net, ...)")
     if optimizer is not None:
-        cfg = cfg.replace(optimizer="custom")  # what config.yaml records; usercheck.describe_optimizer says which
+        cfg = cfg.replace(optimizer="custom")  # what config.yaml records; parts_check.describe_optimizer says which
     elif cfg.optimizer == "custom":
         raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
                         "paratrain.fit(..., optimizer=make_optimizer)")
-    if (kind := file_kind(data, cfg.dataset)) is not None:  # a table or a tensors file, read as the CLI reads it
-        data = str(data)
-        cfg = cfg.replace(dataset=kind, data_dir=data)
-    elif is_folder(data):
-        data = str(data)  # a folder of class sub-folders
-        cfg = cfg.replace(dataset="imagefolder", data_dir=data)
-    elif isinstance(data, str):
-        cfg = cfg.replace(dataset=data)
-    elif data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
-        cfg = cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS else "custom")
+    cfg, data = _with_data(cfg, data)
     try:
-        cfg = checked(C.validate(C.with_run_dir(cfg, detect())))
+        cfg = checked(C.validate(C.with_run_dir(cfg, env)))
         C.check_read(cfg, C.changed(config or C.TrainConfig()))  # what the caller set, as flags are checked
     except UserError as e:  # in the words of the TrainConfig the caller wrote, not of the flags
         raise UserError(C.in_python_words(str(e)), e.code) from None
-    env = detect()
+    return cfg, model, data
+
+
+def _with_data(cfg: C.TrainConfig, data: Any) -> tuple[C.TrainConfig, Any]:
+    """The dataset fields for fit's `data`, and the data as the run takes it (a path as a string)."""
+    if (kind := file_kind(data, cfg.dataset)) is not None:  # a table or a tensors file, read as the CLI reads it
+        return cfg.replace(dataset=kind, data_dir=str(data)), str(data)
+    if is_folder(data):  # a folder of class sub-folders
+        return cfg.replace(dataset="imagefolder", data_dir=str(data)), str(data)
+    if isinstance(data, str):
+        return cfg.replace(dataset=data), data
+    if data is not None:  # tensors of the user's own (or a Splits a loader returned, which keeps its name)
+        return cfg.replace(dataset=data.name if isinstance(data, Splits) and data.name in C.DATASETS
+                           else "custom"), data
+    return cfg, data
+
+
+def _check_fit(cfg: C.TrainConfig, data: Any, loss: Any, cache_key: str | None, env: Any) -> None:
+    """What fit refuses before any data is read."""
     if env.is_main:
         check_writable(cfg.out, "out")  # rank 0 writes the run directory (other nodes may not see it)
     if loss is not None and cfg.label_smoothing:
@@ -117,13 +143,6 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
     if cache_key is not None and not isinstance(data, torch.utils.data.Dataset):
         raise UserError("cache_key names the cache of a torch Dataset given as data; a folder's cache is found by "
                         "its path (and config.cache_dir), a dataset name's needs none")
-    try:
-        parts = Parts(model, optimizer, loss, metrics=metrics or None)
-        return session.run(cfg, lambda: as_splits(cfg.dataset if data is None else data, cfg, cache_key,
-                                                  env.in_group), parts, env=env, words=in_python)
-    except UserError as e:  # the run's own words name flags (--resume RUN): a Python caller passes fields
-        e.args = (in_python(str(e)),)
-        raise e.with_traceback(None) from None  # bad input: its message, not paratrain's insides
 
 
 def in_python(message: str) -> str:
@@ -156,9 +175,8 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     one device, and its --metric's and `metrics` (as fit takes them: test_NAME); a figure the task has not
     (accuracy without classes) is None. `data` defaults to the run's own dataset (a run on tensors of your own
     needs them again); a run of a user's network needs its factory (`model`)."""
-    from . import checkpoint, devices, dist
-    from .build import make_batch_transforms, memory_format
-    from .evaluation import evaluate as evaluate_on
+    from .checkpoint import files as checkpoint
+    from .runtime import devices
 
     check_callables(model=model, loss=loss)
     run = run_of(run)
@@ -166,7 +184,16 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     cfg = C.from_dict(state["config"])
     if state.get("data", {}).get("kind", "images") != "images":
         return _finite(evaluate_tensors(run, state, data, model, loss, data_dir, accelerator, check_metrics(metrics)))
-    data = _as_test_pair(data)
+    cfg, data, whole = _test_config(run, state, cfg, _as_test_pair(data), dataset, data_dir, download)
+    device = devices.device_map(devices.resolve(accelerator, "1", None))[0]  # a bad --accelerator fails before any data
+    splits = _test_splits(run, state, cfg, data, whole)
+    return _finite(_score(run, state, cfg, splits, device, model, loss, metrics))
+
+
+def _test_config(run: Path, state: dict[str, Any], cfg: C.TrainConfig, data: Any, dataset: str | None,
+                 data_dir: str | None, download: bool | None) -> tuple[C.TrainConfig, Any, bool]:
+    """The run's configuration set to read the test data the caller names (or the run's own), the data left
+    to read, and whether it is scored whole."""
     if data is None and data_dir is not None and dataset is None and cfg.dataset == "custom":
         data = data_dir  # a folder of test images for a run on a Dataset of yours (paratrain eval --data-dir)
     # data the caller names is scored whole: not a dataset's name, nor the run's own folder (below)
@@ -201,7 +228,12 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
                         "never followed")
     cfg = C.validate(cfg.replace(dataset=dataset, data_dir=data_dir, overwrite=False, **folder,
                                  download=C.TrainConfig.download if download is None else download))
-    device = devices.device_map(devices.resolve(accelerator, "1", None))[0]  # a bad --accelerator fails before any data
+    return cfg, data, whole
+
+
+def _test_splits(run: Path, state: dict[str, Any], cfg: C.TrainConfig, data: Any, whole: bool) -> Splits:
+    """The test data read, normalised as in training."""
+    dataset = cfg.dataset
     if isinstance(data, torch.utils.data.Dataset):  # decoded into a cache of its own, not into the run
         import tempfile
 
@@ -220,22 +252,30 @@ def evaluate(run: str | Path, data: DataLike | None = None, *, model: Callable[[
     if "data" in state:  # normalise as in training, whatever training set the caller passes now
         _check_shapes(run, state, splits)
         splits = dataclasses.replace(splits, mean=tuple(state["data"]["mean"]), std=tuple(state["data"]["std"]))
+    return splits
+
+
+def _score(run: Path, state: dict[str, Any], cfg: C.TrainConfig, splits: Splits, device: str, model: Any,
+           loss: Any, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's network on the test split, on one device, judged as the run was."""
+    from .components.build import make_batch_transforms, memory_format
+    from .components.evaluation import evaluate as evaluate_on
+    from .components.metrics import Meter, for_run
+    from .runtime import dist
+
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
     net = restore(cfg, splits, state, run, model, use_ema)
     if memory_format(cfg) == torch.channels_last:  # as it trained
         net.to(memory_format=torch.channels_last)
     ctx = dist.init(0, 1, device)
     splits = splits.to(ctx.device)
-    from .metrics import Meter, for_run
-
     chosen = for_run(cfg.metric, check_metrics(metrics), splits)
     meter = Meter(chosen, ctx.device) if chosen else None
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
                                  cfg.eval_batch_size, loss, cfg.test_flip, meter=meter)  # judged as the run was
-    return _finite({"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
-                    **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
-                    "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema,
-                    "step": state["step"]})
+    return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
+            **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
+            "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}
 
 
 def _finite(result: dict[str, Any]) -> dict[str, Any]:

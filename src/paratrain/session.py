@@ -2,13 +2,15 @@
 `paratrain train`, `paratrain.fit` and each search trial.
 
     run(cfg, load_data)
-      env     the process environment, detected once (env.py): a local start, or one of torchrun's or srun's ranks
-      folder  held for the run's life (rundir.held); fresh / overwrite / resume decided here
-      checks  what can be checked before any worker starts, from config.yaml and the checkpoints' names
-      plan    runplan.make: processes, devices, batch split, data, the user's code tried once
-      files   config.yaml and parts.yaml (rank 0), after every check: bad input leaves the old run as it was
-      launch  launch.run(plan): every worker carries on from the one checkpoint it finds (resume.py); a stop on
-              Slurm's requeue signal requeues the job (worker.py, requeue.py)
+      env       the process environment, detected once at the entry and handed down (runtime/env.py)
+      folder    held for the run's life (checkpoint/run_folder.held); fresh / overwrite / resume decided here
+      _plan     what can be checked before any worker starts (config.yaml, the checkpoints listed once by
+                checkpoint/manager.py), then parallel/runplan.make: processes, devices, batch split, data, the
+                run's length, the user's code tried once; --devices auto's choice
+      _open     config.yaml and parts.yaml (rank 0), after every check: bad input leaves the old run as it was
+      launch    parallel/launch.run(plan, training.worker.work): every worker carries on from the one checkpoint
+                it finds (checkpoint/resume.py); a stop on Slurm's requeue signal requeues the job
+      _finish   the summary's last figures, and summary.json written (once)
 """
 
 from __future__ import annotations
@@ -23,17 +25,22 @@ from typing import Any
 
 import yaml
 
-from . import autodevices, clock, launch, runplan
 from . import config as C
+from .checkpoint.manager import Found, RunCheckpoints
+from .checkpoint.resume import dataset_mismatch, model_mismatch
+from .checkpoint.run_folder import check_fresh, clear_run, held
+from .components.log import write_summary
+from .components.parts import Parts
+from .config.length import check_not_past
+from .core.errors import UserError, WriteFailed
+from .core.files import check_owned, write_atomic
 from .data import Splits
-from .devices import Hardware
-from .env import Environment, detect
-from .errors import UserError, WriteFailed
-from .resume import dataset_mismatch, model_mismatch
-from .rundir import check_fresh, check_owned, clear_run, held, newest_step, step_checkpoints, weights_only, write_atomic
-from .runlength import Length, check_not_past, run_length
-from .runlog import write_summary
-from .userparts import Parts
+from .measure import autodevices
+from .parallel import launch, runplan
+from .runtime import clock
+from .runtime.devices import Hardware
+from .runtime.env import Environment, detect
+from .training.worker import work
 
 
 def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,
@@ -42,11 +49,40 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         last_line: bool = True, words: Callable[[str], str] = str) -> dict[str, Any] | None:
     """Open the run's folder, plan the run, write its record, launch the workers; rank 0's summary (None on
     other ranks of a launcher's group). `hardware`, `devices`, `report`: as runplan.make takes them (a search
-    trial's share of the pool and its pruner); `last_line`: print the result line (a search prints its own);
-    `words`: a note in the caller's words (paratrain.fit's: fields, not flags)."""
+    trial's share of the pool and its pruner); `env`: the caller's environment (detected here where not given);
+    `last_line`: print the result line (a search prints its own); `words`: a note in the caller's words
+    (paratrain.fit's: fields, not flags)."""
     env = env or detect()
     marks = {"process_start": clock.process_start(), "train_called": time.time()}
+    cfg, requeued = _carried_on(cfg, env)
+    fresh = not cfg.resume and not env.in_group  # torchrun's and srun's starts and restarts carry a run on
+    out = Path(cfg.out)
+    with held(out) if env.is_main else contextlib.nullcontext():  # rank 0 writes it (other nodes may not see it)
+        plan, choice = _plan(cfg, _timed(load_data, marks), parts, env, fresh,
+                             hardware=hardware, devices=devices, report=report)
+        _open(plan, fresh, requeued)
+        marks["launched"] = time.time()
+        summary = launch.run(dataclasses.replace(plan, clock=marks), work)
+    if summary is not None and not env.in_group:  # this launcher finishes the summary, and writes it
+        _finish(plan, summary, choice, words)
+    if summary is not None and last_line:  # also with --quiet, from the command line and from Python alike
+        _say_result(plan.cfg, summary)
+    return summary
 
+
+def _carried_on(cfg: C.TrainConfig, env: Environment) -> tuple[C.TrainConfig, bool]:
+    """The configuration of this start, and whether it is a requeued Slurm job's start (which carries its run
+    on: cfg.resume is set here, for it, and nowhere else in the launcher)."""
+    if cfg.overwrite and env.in_group:
+        raise UserError(f"--overwrite clears a run before a fresh start, and every {env.launcher} start (and restart) "
+                        "carries on the run in --out: clear the folder before launching, or pass a new --out")
+    requeued = bool(env.slurm and env.slurm.restart_count and not env.in_group and not cfg.resume and
+                    (Path(cfg.out) / "config.yaml").is_file())
+    return (cfg.replace(resume=cfg.out, overwrite=False) if requeued else cfg), requeued
+
+
+def _timed(load_data: Callable[[], Splits], marks: dict[str, float]) -> Callable[[], Splits]:
+    """`load_data`, its time kept in `marks` (the start-up figures of summary.json)."""
     def read_data() -> Splits:
         started = time.time()
         try:
@@ -54,91 +90,88 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         finally:
             marks["data_s"] = time.time() - started
 
-    requeued = bool(env.slurm and env.slurm.restart_count and not env.in_group and not cfg.resume and
-                    (Path(cfg.out) / "config.yaml").is_file())
-    if requeued:  # Slurm started the requeued job again: carry the run on
-        cfg = cfg.replace(resume=cfg.out, overwrite=False)
-    fresh = not cfg.resume and not env.in_group  # torchrun's and srun's starts and restarts carry a run on
-    if cfg.overwrite and env.in_group:
-        raise UserError(f"--overwrite clears a run before a fresh start, and every {env.launcher} start (and restart) "
-                        "carries on the run in --out: clear the folder before launching, or pass a new --out")
-    out = Path(cfg.out)
-    with held(out) if env.is_main else contextlib.nullcontext():  # rank 0 writes it (other nodes may not see it)
-        if fresh:
-            check_fresh(cfg.out, cfg.overwrite)
-        if cfg.resume:  # config.yaml of the run carried on: its model and dataset, before any data is read
-            _check_resumed(cfg)
-        auto = autodevices.applies(cfg, env, hardware)  # measured below, on the plan's own network and data
-        plan = runplan.make(cfg, read_data, parts, hardware=autodevices.layout(1) if auto else hardware,
-                            devices=devices, report=report, env=env)
-        length = run_length(plan.cfg, len(plan.data.train[1]))
-        choice = None
-        if auto:
-            plan, choice = autodevices.choose(plan, length.total_steps)
-            if not plan.cfg.quiet:
-                autodevices.say(autodevices.line(choice))
-        cfg, parts = plan.cfg, plan.parts
-        done = None if fresh else newest_step(out)  # no checkpoint is read here: each worker reads its own
-        if done is not None:  # before config.yaml says otherwise (each worker checks the checkpoint it reads)
-            check_not_past(done, length.total_steps, cfg.out)
-            _check_form(out, cfg.strategy)
-        if env.is_main and fresh:  # last: any bad input above leaves the old run as it was
-            clear_run(out)  # --overwrite's run, or the leftovers of one that never took a step
-        # done with: a restart of this run (--max-restarts) carries it on, and its checkpoints must not ask again
-        cfg = cfg.replace(overwrite=False)
-        plan = dataclasses.replace(plan, cfg=cfg)
-        if env.is_main:
-            _write_record(cfg, parts, out)
-            if requeued and done is not None:  # in the job's log, quiet or not, as a group's start says it (worker)
-                print(f"paratrain: carrying on from the checkpoint of step {done} found in {cfg.out}",
-                      file=sys.stderr, flush=True)
-            if not cfg.quiet:
-                _announce(plan, length, done if not requeued or done >= length.total_steps else None)
-        marks["launched"] = time.time()
-        summary = launch.run(dataclasses.replace(plan, clock=marks))
-    if summary is not None and not env.in_group:  # the workers have left: how long that took
-        summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
-        summary["devices_auto"] = choice
-        if choice is None and (note := autodevices.far_below(plan, summary)) and not cfg.quiet:
-            autodevices.say(words(note))
-        try:
-            write_summary(out, summary)
-        except WriteFailed as e:  # the run is done and saved: only this last figure is not on disk
-            print(f"paratrain: warning: {e.path} keeps the summary without the shutdown time ({e.cause.strerror})",
-                  file=sys.stderr, flush=True)
-    if summary is not None and last_line:  # also with --quiet, from the command line and from Python alike
-        rate = summary["examples_per_sec"]  # None when no step was timed (a start that trained none, and no record)
-        accuracy = summary["test_accuracy"]  # None where the task has no classes
-        metrics = "".join(f"test_{k} {summary[f'test_{k}']:.4f}  " for k in summary.get("metrics") or ()
-                          if summary.get(f"test_{k}") is not None)
-        print((f"test_accuracy {accuracy:.4f}  " if accuracy is not None else "")
-              + f"test_loss {summary['test_loss']:.4f}  {metrics}examples/sec {f'{rate:.0f}' if rate else '-'}  "
-              f"train_time {summary['train_time_s']:.1f}s  steps {summary['steps']}  -> {cfg.out}", flush=True)
-        if cfg.time_phases:
-            print(clock.table(summary), flush=True)
-    return summary
+    return read_data
 
 
-def _check_resumed(cfg: C.TrainConfig) -> None:
+def _plan(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None, env: Environment, fresh: bool,
+          **chosen: Any) -> tuple[runplan.RunPlan, dict[str, Any] | None]:
+    """Every check that can be made before a worker starts, then the plan (and `--devices auto`'s choice): the
+    run folder's checkpoints listed once, here, and carried in the plan; none is opened (each worker reads its
+    own)."""
+    checkpoints = RunCheckpoints(cfg.out)
+    if fresh:
+        check_fresh(cfg.out, cfg.overwrite)
+    if cfg.resume:  # config.yaml of the run carried on: its model and dataset, before any data is read
+        _check_resumed(cfg, checkpoints)
+    auto = autodevices.applies(cfg, env, chosen["hardware"])  # measured below, on the plan's own network and data
+    if auto:
+        chosen["hardware"] = autodevices.layout(1)
+    plan = runplan.make(cfg, load_data, parts, env=env, **chosen)
+    choice = None
+    if auto:
+        plan, choice = autodevices.choose(plan, plan.length.total_steps)
+        if not plan.cfg.quiet:
+            autodevices.say(autodevices.line(choice))
+    found = Found() if fresh else checkpoints.found()
+    if found.newest_step is not None:  # before config.yaml says otherwise (each worker checks what it reads)
+        check_not_past(found.newest_step, plan.length.total_steps, cfg.out)
+        checkpoints.check_form(plan.cfg.strategy)
+    # overwrite done with: a restart of this run (--max-restarts) carries it on, and must not clear it again
+    return dataclasses.replace(plan, cfg=plan.cfg.replace(overwrite=False), checkpoints=found,
+                               launcher_writes_summary=not env.in_group), choice
+
+
+def _open(plan: runplan.RunPlan, fresh: bool, requeued: bool) -> None:
+    """Rank 0 writes the run's record, after every check (bad input leaves the old run as it was), and says
+    what starts."""
+    cfg, out, done = plan.cfg, Path(plan.cfg.out), plan.checkpoints.newest_step
+    if not plan.env.is_main:
+        return
+    if fresh:
+        clear_run(out)  # --overwrite's run, or the leftovers of one that never took a step
+    _write_record(cfg, plan.parts, out)
+    if requeued and done is not None:  # in the job's log, quiet or not, as a group's start says it (worker)
+        print(f"paratrain: carrying on from the checkpoint of step {done} found in {cfg.out}",
+              file=sys.stderr, flush=True)
+    if not cfg.quiet:
+        _announce(plan, done if not requeued or done >= plan.length.total_steps else None)
+
+
+def _finish(plan: runplan.RunPlan, summary: dict[str, Any], choice: dict[str, Any] | None,
+            words: Callable[[str], str]) -> None:
+    """The workers have left: the summary's last figures (how long leaving took, auto's choice), written once."""
+    summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
+    summary["devices_auto"] = choice
+    if choice is None and (note := autodevices.far_below(plan, summary)) and not plan.cfg.quiet:
+        autodevices.say(words(note))
+    try:
+        write_summary(Path(plan.cfg.out), summary)
+    except WriteFailed as e:  # the run is done and saved: only its summary is not on disk
+        print(f"paratrain: warning: {e.path} could not be written ({e.cause.strerror}); the run's checkpoints are "
+              "saved", file=sys.stderr, flush=True)
+
+
+def _say_result(cfg: C.TrainConfig, summary: dict[str, Any]) -> None:
+    rate = summary["examples_per_sec"]  # None when no step was timed (a start that trained none, and no record)
+    accuracy = summary["test_accuracy"]  # None where the task has no classes
+    metrics = "".join(f"test_{k} {summary[f'test_{k}']:.4f}  " for k in summary.get("metrics") or ()
+                      if summary.get(f"test_{k}") is not None)
+    print((f"test_accuracy {accuracy:.4f}  " if accuracy is not None else "")
+          + f"test_loss {summary['test_loss']:.4f}  {metrics}examples/sec {f'{rate:.0f}' if rate else '-'}  "
+          f"train_time {summary['train_time_s']:.1f}s  steps {summary['steps']}  -> {cfg.out}", flush=True)
+    if cfg.time_phases:
+        print(clock.table(summary), flush=True)
+
+
+def _check_resumed(cfg: C.TrainConfig, checkpoints: RunCheckpoints) -> None:
     """The run carried on must be of this model and dataset: config.yaml says (the workers check the
     checkpoint they read the same way, resume.check)."""
-    if why := weights_only(cfg.resume):  # a search trial's weights: before any data is read or record written
+    if why := checkpoints.why_not_resumable():  # a search trial's weights: before any data is read or record written
         raise UserError(why)
     saved = C.load_yaml(Path(cfg.resume) / "config.yaml")
     for why in (model_mismatch(saved.get("model"), cfg), dataset_mismatch(saved.get("dataset"), cfg)):
         if why:
             raise UserError(why)
-
-
-def _check_form(out: Path, strategy: str) -> None:
-    """The newest checkpoint's form is one the strategy reads: every strategy reads a sharded folder (fsdp's,
-    hsdp's, a pipeline's), fsdp and hsdp no whole-model file. A run is refused before its config.yaml would say
-    another strategy."""
-    sharded = step_checkpoints(out / "checkpoints")[-1][1].is_dir()
-    if not sharded and strategy in C.SHARDED:
-        raise UserError(f"the checkpoint in {out} holds one whole model, which --strategy {strategy} does not read "
-                        "(it reads sharded checkpoints); carry it on with ddp, tower or pipeline (without --strategy: "
-                        f"the one that wrote it), or start a new run under --strategy {strategy}")
 
 
 def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
@@ -150,8 +183,8 @@ def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
                      + yaml.safe_dump(parts.record, sort_keys=False))
 
 
-def _announce(plan: runplan.RunPlan, length: Length, done: int | None) -> None:
-    cfg, parts = plan.cfg, plan.parts
+def _announce(plan: runplan.RunPlan, done: int | None) -> None:
+    cfg, parts, length = plan.cfg, plan.parts, plan.length
     if done is not None and done >= length.total_steps:
         print(f"paratrain: the run in {cfg.out} has done all its {done} steps: it is evaluated "
               "again; pass --steps N (steps=N) with more steps to train it further", flush=True)

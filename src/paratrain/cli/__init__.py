@@ -12,10 +12,10 @@ import sys
 from typing import NoReturn
 
 from ..config import REQUEUE_SIGNALS
-from ..env import detect
-from ..errors import UserError, one_line
-from ..interrupt import Stopped, hold, signal_number
-from ..proc import end_process
+from ..core.errors import UserError, one_line
+from ..runtime.env import detect
+from ..runtime.interrupt import Stopped, hold, signal_number
+from ..runtime.proc import end_process
 from . import bench, devices, doctor, evaluate, export, plan, recipes, report, search, submit, train
 from .parser import Parser
 from .train import resolve_config
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = None
     try:
-        env = detect()  # a Slurm variable that does not parse is one line too
+        env = args.env = detect()  # once per process, handed to the command; a bad Slurm variable is one line
         # the command, not a caller's main([...]): `kill -USR1 PID` prints where every thread is (a stuck run); in
         # a Slurm job USR1 is the scheduler's warning before the end (--requeue-signal), never a dump
         if hasattr(signal, "SIGUSR1") and argv is None and env.slurm is None:

@@ -1,4 +1,4 @@
-"""`paratrain bench`: the same training in every device configuration, with plots (paratrain/bench.py runs it)."""
+"""`paratrain bench`: the same training in every device configuration, with plots (measure/bench.py runs it)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as C
-from ..rundir import check_writable
-from ..strategies import checked
+from ..core.files import check_writable
+from ..parallel.strategies import checked
 from .parser import add_train_flags, at_least_one
 
 # What each configuration sets (its devices and parallelism), or the bench itself (where the runs go, their
@@ -68,7 +68,7 @@ def as_flags(values: dict[str, Any]) -> list[str]:
 def _refused(config: Any, values: dict[str, Any]) -> str | None:
     """Why the workload cannot run as `config` (the tower refuses --compile, a pipeline --ema, ...), checked
     as train would check it, before any process starts; None where it can."""
-    from ..errors import UserError
+    from ..core.errors import UserError
 
     flags = dict(zip(config.flags[::2], config.flags[1::2], strict=True))
     own = {flag[2:].replace("-", "_"): value for flag, value in flags.items() if flag != "--accelerator"}
@@ -80,8 +80,9 @@ def _refused(config: Any, values: dict[str, Any]) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import bench, devices, plot
-    from ..inputs import load_for
+    from ..components.inputs import load_for
+    from ..measure import bench, plot
+    from ..runtime import devices
 
     at_least_one(args, "repeats", "epochs", "steps", "batch_size")
     check_writable(args.out)

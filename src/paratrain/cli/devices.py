@@ -13,7 +13,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import devices
+    from ..runtime import devices
 
     info = devices.describe()
     if args.json:

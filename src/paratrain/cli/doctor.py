@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..rundir import check_writable
+from ..core.files import check_writable
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -24,9 +24,9 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import doctor
-    from ..env import detect
-    from ..errors import UserError
+    from ..core.errors import UserError
+    from ..measure import doctor
+    from ..runtime.env import detect
 
     if args.timeout <= 0:
         raise UserError(f"--timeout must be a number of seconds above 0, not {args.timeout}")
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(report: dict, out: str | None) -> None:
-    from ..doctor import Check, _size
-    from ..doctor.inventory import described
+    from ..measure.doctor import Check, _size
+    from ..measure.doctor.inventory import described
 
     for node in report["nodes"]:
         print("\n".join(described(node)))

@@ -23,12 +23,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import api
-    from ..errors import UserError
+    from ..core.errors import UserError
 
     if (args.run_dir is None) == (args.checkpoint is None):
         raise UserError("name one checkpoint: paratrain eval RUN_DIR (or --checkpoint RUN_DIR_OR_PT)")
-    from ..errors import NeedsFactory, NeedsNoFactory
-    from ..import_path import is_import_path
+    from ..core.errors import NeedsFactory, NeedsNoFactory
+    from ..core.import_path import is_import_path
 
     factory = None
     if args.model is not None:

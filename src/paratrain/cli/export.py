@@ -16,8 +16,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import checkpoint
-    from ..errors import UserError
+    from ..checkpoint import files as checkpoint
+    from ..core.errors import UserError
 
     out = Path(args.out)
     if out.is_dir():

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from .. import config as C
-from ..errors import one_line
+from ..core.errors import one_line
 
 
 class Parser(argparse.ArgumentParser):
@@ -41,7 +41,7 @@ class Parser(argparse.ArgumentParser):
 
     def _did_you_mean(self, message: str) -> str:
         """The closest flag of the command in use to the first unknown one."""
-        from ..errors import closest
+        from ..core.errors import closest
 
         unknown = next((t.split("=")[0] for t in message.split(":", 1)[1].split() if t.startswith("--")), None)
         if unknown is None:
@@ -78,7 +78,7 @@ def add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = fro
 
 def at_least_one(args: argparse.Namespace, *names: str) -> None:
     """Reject a count below 1 in any of the flags `names` (those given)."""
-    from ..errors import UserError
+    from ..core.errors import UserError
 
     for name in names:
         value = getattr(args, name)
@@ -88,7 +88,7 @@ def at_least_one(args: argparse.Namespace, *names: str) -> None:
 
 def _model_type(names: list[str]) -> Any:
     def model(value: str) -> str:
-        from ..import_path import is_import_path
+        from ..core.import_path import is_import_path
 
         if value in names or is_import_path(value):
             return value

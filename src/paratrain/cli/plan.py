@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..rundir import check_writable
+from ..core.errors import UserError
+from ..core.files import check_writable
 from .parser import at_least_one
 
 
@@ -42,7 +42,7 @@ def _link(args: argparse.Namespace, plan: Any) -> tuple[str, float, float]:
     if args.link in plan.LINKS:
         return args.link, *plan.LINKS[args.link]
     if args.link.endswith(".json") or Path(args.link).is_file():  # what `paratrain doctor --out DIR` measured
-        from ..doctor import read_link
+        from ..measure.doctor import read_link
 
         return read_link(args.link)
     raise UserError(f"unknown --link '{args.link}'; choose measured, {', '.join(plan.LINKS)}, or a link.json that "
@@ -92,7 +92,7 @@ def _validate(plan: Any, results: dict, w: Any, base: dict, link: tuple[float, f
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import forecast as plan
+    from ..measure import scaling as plan
 
     if args.out:
         check_writable(args.out)
@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps({"link": link, "bandwidth": bw, "latency": lat, "rows": rows,
                                                    "validation": checks}, indent=2) + "\n")
-        from ..extras import how_to_install, installed
-        from ..plot import plan_curve
+        from ..core.optional import how_to_install, installed
+        from ..measure.plot import plan_curve
 
         if installed("matplotlib"):
             plan_curve(rows, out / "plan.png", link)

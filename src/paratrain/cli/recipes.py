@@ -10,7 +10,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import recipes
+    from ..config import recipes
 
     for name, line in recipes.available().items():
         print(f"{name:<18} {line}")

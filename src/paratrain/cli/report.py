@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..rundir import check_writable
+from ..core.files import check_writable
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +16,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import bench, plot
+    from ..measure import bench, plot
 
     out = check_writable(args.out)
     results = [bench.result_from_run(Path(run)) for run in args.runs]

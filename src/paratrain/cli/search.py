@@ -18,7 +18,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..extras import require
+    from ..core.optional import require
 
     require("optuna", "paratrain search")  # before anything else is read or written
     from ..search import command

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config as C
-from ..errors import UserError
+from ..core.errors import UserError
 from .parser import Parser
 from .search import add as add_search
 from .train import add as add_train

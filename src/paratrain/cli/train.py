@@ -6,10 +6,10 @@ import argparse
 import sys
 
 from .. import config as C
-from ..env import detect
-from ..errors import UserError
-from ..rundir import check_writable
-from ..strategies import checked
+from ..core.errors import UserError
+from ..core.files import check_writable
+from ..parallel.strategies import checked
+from ..runtime.env import detect
 from .parser import add_train_flags
 
 
@@ -24,7 +24,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     """dataclass defaults <- the resumed run's config or a recipe <- --config YAML <- flags, each layer put on
     the one below by config.overlay (a length or decay period in one unit drops the lower layer's other)."""
-    from .. import recipes
+    from ..config import recipes
 
     base = C.TrainConfig()
     if args.resume:
@@ -37,7 +37,7 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     values = C.load_yaml(args.config) if args.config else {}
     flags = {name: getattr(args, name) for name in C.FIELDS if getattr(args, name) is not None}
     keys = C.changed(C.from_dict(values)) - set(flags)  # the file's own settings (not its copies of the defaults)
-    env = detect()
+    env = getattr(args, "env", None) or detect()  # main's, detected once (a caller's namespace may lack it)
     cfg = checked(C.validate(C.with_run_dir(C.overlay(C.overlay(base, values), flags), env)))
     C.check_read(cfg, flags)
     # a file may come from elsewhere (another run's config.yaml): what it sets in vain is a warning
@@ -52,15 +52,13 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import prefork, requeue
-
     cfg = resolve_config(args)
-    env = detect()
-    if prefork.worth_warming(cfg.devices, cfg.strategy) and not args.print_split:
-        # imports torch for the workers while this process imports it and reads the data
-        prefork.warm_up(requeue.signal_for(env, cfg))
-    from .. import session, strategies
-    from ..inputs import load_for
+    env = args.env  # main's: detected once per process
+    # No forkserver starts here: runplan.make starts it once the plan knows that workers will be forked (a
+    # guess made here started one beside a --devices auto run that then trained in this process).
+    from .. import session
+    from ..components.inputs import load_for
+    from ..parallel import strategies
 
     if args.print_split:
         strategy = strategies.get(cfg.strategy)

@@ -6,7 +6,7 @@ value can come from the dataclass default, a YAML file, or the command line, in 
 
 from __future__ import annotations
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .checks import READ_BY, changed, check_read, in_python_words, unread, validate
 from .fields import (
                      ACTIVATIONS,

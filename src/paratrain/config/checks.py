@@ -7,8 +7,8 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import UserError
-from ..import_path import absolute, is_import_path
+from ..core.errors import UserError
+from ..core.import_path import absolute, is_import_path
 from .fields import DATASET_DEFAULTS, FIELDS, METRICS, TrainConfig, did_you_mean, model_for_data, shown
 
 

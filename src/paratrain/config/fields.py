@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import UserError, closest
+from ..core.errors import UserError, closest
 
 # custom: paratrain.fit(model=...)
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "gru",

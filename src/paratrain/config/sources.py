@@ -9,10 +9,10 @@ from typing import Any
 
 import yaml
 
-from ..env import LOCAL, Environment
-from ..errors import UserError
-from ..import_path import is_import_path
-from ..rundir import write_atomic
+from ..core.errors import UserError
+from ..core.files import write_atomic
+from ..core.import_path import is_import_path
+from ..runtime.env import LOCAL, Environment
 from .fields import FIELDS, TrainConfig, _coerce, did_you_mean, model_for_data, shown
 
 

@@ -1,10 +1,10 @@
-"""Datasets as in-memory uint8 tensors, and the pure sharding functions."""
+"""Datasets as in-memory uint8 tensors, and the pure functions that split a global batch over workers (batches)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .splits import Splits
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "diabetes", "tokens",

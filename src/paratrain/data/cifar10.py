@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .fetch import refuse_image_folder, undone_on_failure
 from .mnist import read_bytes
 from .splits import Splits, hold_out

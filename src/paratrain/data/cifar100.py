@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .cifar10 import _ArraysOnly, locate
 from .fetch import refuse_image_folder
 from .mnist import read_bytes

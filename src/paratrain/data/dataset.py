@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .decode import channel_sums, private_name, progress_bar, put_in_place, square
 from .folder import CACHE_VERSION, MAX_DEFAULT_SIZE, locked, seeded_rows, splits_of
 from .splits import Splits

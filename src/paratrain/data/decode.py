@@ -118,3 +118,41 @@ def statistics(sums: np.ndarray, pixels: int) -> tuple[tuple[float, ...], tuple[
     mean = total[:, 0] / count
     var = np.maximum(total[:, 1] / count - mean * mean, 0.0) * count / max(count - 1, 1)
     return tuple(mean.tolist()), tuple(np.sqrt(var).tolist())
+
+
+def decode_into(tmp: Path, pool: Any, paths: list[str], bad: dict[int, str], good: list[int],
+                 shape: tuple[int, int], quiet: bool) -> np.ndarray:
+    """Decode `paths` (the images that probed well, numbered `good` in the listing) into tmp/images.npy, each
+    at `shape` (channels, side); one that fails only now is added to `bad`. Their per-channel sums."""
+    channels, side = shape
+    images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
+                                       shape=(len(paths), channels, side, side))
+    sums = np.zeros((len(paths), channels, 2))  # per image and channel: sum, sum of squares (0..1)
+    bar = progress_bar(len(paths), quiet)
+    pieces = chunks(len(paths), 64)
+    results = pool.map(decode_many, [[paths[i] for i in c] for c in pieces],
+                       [side] * len(pieces), [channels] * len(pieces))
+    for piece, decoded in zip(pieces, results, strict=True):
+        for i, arr in zip(piece, decoded, strict=True):
+            if isinstance(arr, str):  # the header read but the pixels did not: truncated data
+                bad[good[i]] = arr
+                continue
+            images[i] = arr
+            sums[i] = channel_sums(arr)
+        bar.update(len(piece))
+    bar.close()
+    images.flush()
+    return sums
+
+
+def keep_rows(tmp: Path, keep: np.ndarray) -> None:
+    """Drop from tmp/images.npy the rows of images that failed only when decoded, a chunk at a time (the set
+    may not fit in memory)."""
+    full = np.load(tmp / "images.npy", mmap_mode="r")
+    kept_rows = np.lib.format.open_memmap(tmp / "kept.npy", mode="w+", dtype=np.uint8,
+                                          shape=(len(keep), *full.shape[1:]))
+    for start in range(0, len(keep), 4096):
+        kept_rows[start:start + 4096] = full[keep[start:start + 4096]]
+    kept_rows.flush()
+    del full, kept_rows
+    os.replace(tmp / "kept.npy", tmp / "images.npy")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import UserError
+from ..core.errors import UserError
 
 
 @contextmanager

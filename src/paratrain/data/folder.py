@@ -30,16 +30,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..devices import usable_cores
-from ..errors import UserError
+from ..core.errors import UserError
+from ..runtime.devices import usable_cores
 from .decode import (
     Inline,
-    channel_sums,
     chunks,
-    decode_many,
+    decode_into,
+    keep_rows,
     private_name,
     probe_many,
-    progress_bar,
     put_in_place,
     statistics,
 )
@@ -192,39 +191,12 @@ def build_cache(listing: Listing, stamps: list[list], folder: Path, image_size: 
         tmp = private_name(folder, "building")
         tmp.mkdir()
         try:
-            images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                               shape=(len(good), channels, side, side))
-            sums = np.zeros((len(good), channels, 2))  # per image and channel: sum, sum of squares (0..1)
-            bar = progress_bar(len(good), quiet)
-            pieces = chunks(len(good), 64)
-            results = pool.map(decode_many, [[paths[good[i]] for i in c] for c in pieces],
-                               [side] * len(pieces), [channels] * len(pieces))
-            for piece, decoded in zip(pieces, results, strict=True):
-                for i, arr in zip(piece, decoded, strict=True):
-                    if isinstance(arr, str):  # the header read but the pixels did not: truncated data
-                        bad[good[i]] = arr
-                        continue
-                    images[i] = arr
-                    sums[i] = channel_sums(arr)
-                bar.update(len(piece))
-            bar.close()
+            sums = decode_into(tmp, pool, [paths[i] for i in good], bad, good, (channels, side), quiet)
             if bad and not skip_bad:
                 refuse_bad(bad, listing, skip_bad)
             keep = np.asarray([i for i in range(len(good)) if good[i] not in bad], dtype=np.int64)
             if len(keep) != len(good):  # images that failed only when decoded: drop their rows
-                images.flush()
-                del images
-                full = np.load(tmp / "images.npy", mmap_mode="r")
-                kept_rows = np.lib.format.open_memmap(tmp / "kept.npy", mode="w+", dtype=np.uint8,
-                                                      shape=(len(keep), *full.shape[1:]))
-                for start in range(0, len(keep), 4096):  # a chunk at a time: the set may not fit in memory
-                    kept_rows[start:start + 4096] = full[keep[start:start + 4096]]
-                kept_rows.flush()
-                del full, kept_rows
-                os.replace(tmp / "kept.npy", tmp / "images.npy")
-            else:
-                images.flush()
-                del images
+                keep_rows(tmp, keep)
             kept = [good[i] for i in keep]
             np.save(tmp / "labels.npy", listing.labels[kept])
             np.save(tmp / "sums.npy", sums[keep])  # any split's statistics, without reading its images

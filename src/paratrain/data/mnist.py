@@ -17,7 +17,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .fetch import refuse_image_folder, undone_on_failure
 from .splits import Splits, hold_out
 

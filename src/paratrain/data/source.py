@@ -33,7 +33,7 @@ class MappedImages:
     def array(self) -> np.ndarray:
         if self._array is None:  # opened lazily: once per process, after unpickling too
             if _stamp(self.path) != self.stamp:
-                from ..errors import UserError
+                from ..core.errors import UserError
 
                 raise UserError(f"{self.path} was replaced while this run used it{self.REPLACED}; run again")
             self._array = np.load(self.path, mmap_mode="r")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .mapped import MappedTensor, take
 from .splits import Splits
 from .tensors import bad_rows, tensor_splits
@@ -222,7 +222,7 @@ def load_csv(path: str | os.PathLike, target: str | None, val_size: int | None, 
     wanted = [t.strip() for t in target.split(",")]
     missing = [t for t in wanted if t not in header]
     if missing:
-        from ..errors import closest
+        from ..core.errors import closest
 
         close = closest(missing[0], header)
         raise UserError(f"--target {missing[0]}: {where} has no such column"

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..core.errors import UserError
 from .mapped import MappedTensor
 from .splits import Splits
 

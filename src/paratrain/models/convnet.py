@@ -13,7 +13,7 @@ class ConvNet(nn.Sequential):
                  kernel: int = 5, image_size: int = 28) -> None:
         side = ((image_size - kernel + 1) // 2 - 4) // 2  # conv k, pool 2, conv 3, conv 3, pool 2
         if side < 1:
-            from ..errors import UserError
+            from ..core.errors import UserError
 
             raise UserError(f"--kernel {kernel} leaves no image for the convnet's later layers; use 9 or less")
         super().__init__(

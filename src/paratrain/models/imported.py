@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from ..import_path import is_file
-from ..userframes import failed
+from ..core.errors import UserError
+from ..core.import_path import is_file
+from ..core.tracebacks import failed
 
 SHAPE_ARGUMENTS = ("channels", "image_size", "num_classes")
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import UserError
-from ..import_path import is_import_path
-from ..userframes import failed
+from ..core.errors import UserError
+from ..core.import_path import is_import_path
+from ..core.tracebacks import failed
 from .airnet import AirNet
 from .cifar10_net import Cifar10Net
 from .convnet import ConvNet

@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import socket
-import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from .. import config as C
-from .. import requeue
-from ..env import detect
-from ..errors import UserError
-from ..extras import installed
-from ..interrupt import came_early, signal_name
-from ..rundir import check_writable
-from ..strategies import checked
+from ..config import TrainConfig
+from ..core.errors import UserError
+from ..core.files import check_writable
+from ..core.optional import installed
+from ..parallel import requeue
+from ..parallel.strategies import checked
+from ..runtime.env import detect
+from ..runtime.interrupt import signal_name
 from .objective import choose
 from .objective import of_study as objective_of
+from .pool import Warned, raising_on, run_pool
 from .urls import masked
 
 # `paratrain train` options that a search sets itself (or that mean something else here); --strategy is
@@ -67,7 +68,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]) -> None:
     """--sampler picks how trials are chosen; --strategy is each trial's parallelism (it once meant the
     sampler here)."""
-    from ..strategies import REGISTRY
+    from ..parallel.strategies import REGISTRY
 
     NAMES = tuple(REGISTRY)  # noqa: N806
     if strategy is not None and strategy not in NAMES:
@@ -80,7 +81,36 @@ def check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...])
 
 
 def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
-    from . import keep, report, space
+    """`paratrain search`: check the options, open the study, run the pool of trials (requeued in a Slurm job
+    on its warning), tidy the trials' folders and report the best."""
+    from . import keep
+
+    sp, base, cfg = _configure(args, train_values)
+    accelerator, gpus, parallel, threads = _pool_size(args, cfg)
+    out = check_writable(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings, study, budget = _open_study(args, sp, base, cfg, out, parallel)
+    devices = _say_start(args, settings, study, budget, (accelerator, gpus, parallel, threads))
+    this_start, wall = _search(args, settings, sp, base, cfg, study, budget, (accelerator, parallel, threads))
+    keep.tidy(study, out, settings.keep)  # as the search stands now (a trial another machine finished last)
+    from . import study as studies
+
+    done = studies.counts(study)[0]
+    if args.time_budget and not args.worker and done < budget:
+        print(f"search: the time budget of {args.time_budget:.0f} s is spent, {done} of {budget} trials done; run "
+              "the same command again (with a new --time-budget, or none) to go on")
+    if study.user_attrs.get("exhausted"):
+        print(f"search: ended early: {study.user_attrs['exhausted']}; the space has no new points left to try")
+    if args.worker:
+        print(f"search worker: done after {this_start:.0f} s")
+        return 0
+    _report_best(study, base, out, (wall, this_start), devices, args.time_budget, settings)
+    return 0
+
+
+def _configure(args: argparse.Namespace, train_values: dict[str, Any]) -> tuple[Any, Any, TrainConfig]:
+    """The space, the trials' base configuration and the resolved one, every option checked before any work."""
+    from . import keep, space
     from . import study as studies
 
     sp = space.load(args.space)
@@ -95,16 +125,21 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     base, cfg = _base_config(args, train_values, sp)
     _check_numbers(args)
     args.devices_per_trial = _devices_per_trial(args.devices_per_trial, cfg, sp)
-    accelerator, gpus, parallel, threads = _pool_size(args, cfg)
-    out = check_writable(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = studies.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
-                               args.crossover_prob, args.trials, parallel, args.devices_per_trial,
-                               _storage_url(args, out), args.study, str(out),
-                               args.seed, args.worker, args.pruner, args.keep_trial_checkpoints)
-    budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
-    from ..inputs import load_for
+    return sp, base, cfg
 
+
+def _open_study(args: argparse.Namespace, sp: Any, base: Any, cfg: TrainConfig, out: Path,
+                parallel: int) -> tuple[Any, Any, int]:
+    """The search's settings, its study (new, resumed, or joined by a --worker) and its budget of trials; the
+    data read once, so that a missing or corrupt dataset fails here."""
+    from ..components.inputs import load_for
+    from . import study as studies
+
+    settings = studies.Settings(args.sampler, args.population, args.generations, args.mutation_prob,
+                                args.crossover_prob, args.trials, parallel, args.devices_per_trial,
+                                _storage_url(args, out), args.study, str(out),
+                                args.seed, args.worker, args.pruner, args.keep_trial_checkpoints)
+    budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
     data = load_for(cfg)  # a missing or corrupt dataset fails here, once
     settings = dataclasses.replace(settings, objective=choose(args.objective, cfg.metric, data.classification))
     study = studies.open_study(settings, sp, base)
@@ -120,6 +155,15 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         requeued = studies.requeue_abandoned(study)
         if requeued:
             print(f"search: {requeued} trial(s) left running by an interrupted search are queued again")
+    return settings, study, budget
+
+
+def _say_start(args: argparse.Namespace, settings: Any, study: Any, budget: int,
+               pool: tuple[str, int, int, int]) -> dict[str, Any]:
+    """What the search will do, in two lines; the devices each pool process gets."""
+    from . import study as studies
+
+    accelerator, gpus, parallel, threads = pool
     finished = studies.counts(study)[0]
     if args.sampler != "grid" and budget < settings.wanted():
         print(f"search: the space has {budget} distinct points; each is trained once, so {budget} trials, not "
@@ -129,17 +173,26 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
           flush=True)
     devices = device_plan(accelerator, parallel, args.devices_per_trial, threads)
     print(f"search: devices: {devices['described']}", flush=True)
+    return devices
+
+
+def _search(args: argparse.Namespace, settings: Any, sp: Any, base: Any, cfg: TrainConfig, study: Any, budget: int,
+            pool: tuple[str, int, int]) -> tuple[float, float]:
+    """Run the pool of trials; this start's seconds and the search's over every start."""
+    from . import study as studies
+
+    accelerator, parallel, threads = pool
     start, earlier = time.perf_counter(), study.user_attrs.get("wall_s") or 0.0
-    env = detect()
+    env = getattr(args, "env", None) or detect()  # the command line's, detected once
     # in a Slurm job, its warning before the end stops the pool (its trials as on Ctrl-C: left to be tried again)
     # and requeues the job from here; the pool's processes leave the signal to this one
     warned = requeue.signal_for(env, cfg)
-    pool: list[int] = []  # the pool's processes, as they start
+    processes: list[int] = []  # the pool's processes, as they start
     try:
-        with _raising_on(warned):
-            _pool(settings, sp, base, parallel, threads, accelerator, study, budget, warned, pool)
-    except _Warned:  # the pool has stopped: its trials are queued again now, for whichever worker comes first
-        studies.requeue_abandoned(study, {f"{socket.gethostname()}:{pid}" for pid in pool})
+        with raising_on(warned):
+            run_pool(settings, sp, base, parallel, threads, accelerator, study, budget, warned, processes)
+    except Warned:  # the pool has stopped: its trials are queued again now, for whichever worker comes first
+        studies.requeue_abandoned(study, {f"{socket.gethostname()}:{pid}" for pid in processes})
         raise requeue.ask(env, cfg.max_requeues, warned, f"stopped by {signal_name(warned)}: the trials that were "
                           "running stopped, to be tried again", env.is_main,
                           again="sbatch the same script again to go on with the search",
@@ -148,18 +201,16 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
         this_start = time.perf_counter() - start
         if not args.worker:
             study.set_user_attr("wall_s", earlier + this_start)
-    wall = earlier + this_start
-    keep.tidy(study, out, settings.keep)  # as the search stands now (a trial another machine finished last)
-    done = studies.counts(study)[0]
-    if args.time_budget and not args.worker and done < budget:
-        print(f"search: the time budget of {args.time_budget:.0f} s is spent, {done} of {budget} trials done; run "
-              "the same command again (with a new --time-budget, or none) to go on")
-    if study.user_attrs.get("exhausted"):
-        print(f"search: ended early: {study.user_attrs['exhausted']}; the space has no new points left to try")
-    if args.worker:
-        print(f"search worker: done after {this_start:.0f} s")
-        return 0
-    result = report.write(study, base, out, wall, devices, args.time_budget)
+    return this_start, earlier + this_start
+
+
+def _report_best(study: Any, base: Any, out: Path, times: tuple[float, float], devices: dict[str, Any],
+                 time_budget: float | None, settings: Any) -> None:
+    """The search's files (best.yaml, trials.csv, leaderboard, plots) and its last lines."""
+    from . import report
+
+    wall, this_start = times
+    result = report.write(study, base, out, wall, devices, time_budget)
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
@@ -172,7 +223,6 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     if result["no_importance"]:
         print(f"search: {result['no_importance']}")
     print(f"search: trial folders in {out / 'trials'}: {KEPT[settings.keep]}")
-    return 0
 
 
 def _trainings(result: dict[str, Any]) -> str:
@@ -216,7 +266,7 @@ def _base_config(args: argparse.Namespace, train_values: dict[str, Any], sp: Any
 def device_plan(accelerator: str, parallel: int, per_trial: int, threads: int) -> dict[str, Any]:
     """Which devices each of the pool's processes gives its trials (disjoint GPU sets), for the start line
     and summary.yaml."""
-    from ..devices import Hardware
+    from ..runtime.devices import Hardware
     from .runner import trial_devices
 
     slots = [list(trial_devices(Hardware(accelerator, per_trial, threads, ""), i)) for i in range(parallel)]
@@ -231,7 +281,7 @@ def device_plan(accelerator: str, parallel: int, per_trial: int, threads: int) -
 def _devices_per_trial(given: int | None, cfg: Any, sp: Any) -> int:
     """--devices-per-trial, or a pipeline's stages; checked against a fixed strategy once, here, instead of
     failing every trial alike."""
-    from .. import strategies
+    from ..parallel import strategies
 
     searched = {p.name for p in sp.params}
     devices = given or (cfg.stages if cfg.strategy == "pipeline" and "stages" not in searched else 1)
@@ -257,7 +307,7 @@ def _pool_size(args: argparse.Namespace, cfg: Any) -> tuple[str, int, int, int]:
     """(accelerator, GPUs, trials at once, threads per process): never more processes x threads than cores."""
     import torch
 
-    from ..devices import usable_cores
+    from ..runtime.devices import usable_cores
 
     gpus = torch.cuda.device_count() if cfg.accelerator in ("auto", "gpu") else 0
     cores = usable_cores()
@@ -271,116 +321,3 @@ def _pool_size(args: argparse.Namespace, cfg: Any) -> tuple[str, int, int, int]:
                         f"oversubscribe them); use --parallel {max(1, cores // workers)} (or --oversubscribe, "
                         "slow but it runs, for tests)")
     return "gpu" if gpus else "cpu", gpus, parallel, max(1, cores // (parallel * workers))
-
-
-class _Warned(BaseException):
-    """Slurm's requeue signal reached the search (a BaseException, as Ctrl-C is: the pool stops on it)."""
-
-
-@contextlib.contextmanager
-def _raising_on(signum: int | None) -> Any:
-    import signal
-
-    def warned(_signum: int, _frame: Any) -> None:
-        raise _Warned
-
-    old = signal.signal(signum, warned) if signum else None
-    try:
-        if came_early(signum):  # it came while the search started
-            raise _Warned
-        yield
-    finally:
-        if signum:
-            signal.signal(signum, old)
-
-
-def _pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
-          budget: int, ignored: int | None = None, started: list[int] | None = None) -> None:
-    """P worker processes run the trials; this one shows the progress (polling the storage), starts a new
-    process where one died (its trial is tried once more, then failed: see studies.after_death), and makes
-    sure none of them outlives the search."""
-    import multiprocessing
-    import multiprocessing.connection
-    import signal
-
-    from tqdm import tqdm
-
-    from ..launch import stop_processes
-    from . import runner
-    from . import study as studies
-
-    spawn = multiprocessing.get_context("spawn")
-    # The first processes take trials together: one that started faster once trained every trial before the
-    # other had imported torch (a process that takes the place of a dead one waits for nobody). A flag per
-    # process and a last one, "go on", with no lock: a process killed while it waits holds up nobody (a
-    # multiprocessing.Barrier's wake-up waits for every sleeper, a dead one too, and hung the search).
-    ready = spawn.Array("b", parallel + 1, lock=False) if parallel > 1 else None
-
-    def start(index: int, ready: Any = None) -> Any:
-        process = spawn.Process(target=runner.pool_worker,
-                                args=(index, s, sp, base, threads, accelerator, ignored, ready))
-        process.start()
-        if started is not None:
-            started.append(process.pid)
-        return process
-
-    processes = {i: start(i, ready) for i in range(parallel)}
-    deaths, finished = 0, studies.counts(study)[0]  # deaths since a trial last finished
-    # a log file gets a line per finished trial instead of a bar redrawn every second
-    bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
-    try:
-        while processes:
-            multiprocessing.connection.wait([p.sentinel for p in processes.values()], timeout=1.0)
-            if (now := studies.counts(study)[0]) > finished:  # the search moves on: its processes are sound
-                deaths, finished = 0, now
-            for index, process in list(processes.items()):
-                if process.exitcode is None:
-                    continue
-                del processes[index]
-                if ready is not None:  # the others need not wait for it
-                    ready[parallel] = 1
-                if process.exitcode == 0:
-                    continue
-                if process.exitcode in (2, 130, 143):  # bad input (said in its line), Ctrl-C, SIGTERM: the end
-                    stop_processes(list(processes.values()), signal.SIGINT)
-                    raise UserError(f"search worker {index} stopped (exit code {process.exitcode}); run the same "
-                                    "command again to resume", code=process.exitcode)
-                deaths += 1
-                how = (f"killed by {signal.Signals(-process.exitcode).name}" if process.exitcode < 0 else
-                       f"exit code {process.exitcode}")
-                what = studies.after_death(study, f"{socket.gethostname()}:{process.pid}", how)
-                if deaths > MAX_DEATHS_PER_PROCESS * parallel:
-                    stop_processes(list(processes.values()), signal.SIGINT)
-                    raise UserError(f"the search's worker processes died {deaths} times with no trial finished "
-                                    f"between (the last: {how}); the search stopped: see the lines above, then "
-                                    "run it again to resume", code=1)
-                print(f"search: worker process {index} died ({how}); {what}; a new one takes its place",
-                      file=sys.stderr, flush=True)
-                processes[index] = start(index)
-            _progress(bar, study)
-    except BaseException:  # Ctrl-C, or the storage failing under the progress poll: no process outlives us
-        stop_processes(list(processes.values()), signal.SIGINT)
-        raise
-    finally:
-        with contextlib.suppress(Exception):  # the storage may be what failed
-            _progress(bar, study)
-        bar.close()
-
-
-# more deaths than this (per process of the pool) with no trial finished between: a fault of the search itself
-MAX_DEATHS_PER_PROCESS = 3
-
-
-def _progress(bar: Any, study: Any) -> None:
-    from . import study as studies
-
-    finished = studies.counts(study)[0]
-    values = [t.value for t in study.get_trials(deepcopy=False) if t.value is not None]
-    objective = objective_of(study)
-    if bar.disable and finished > getattr(bar, "shown", 0):  # a disabled bar counts nothing itself
-        best = f", best {objective.words} {objective.best(values):.4g}" if values else ""
-        print(f"search: {finished}/{bar.total} trials done{best}", flush=True)
-        bar.shown = finished
-    bar.update(max(0, finished - bar.n))
-    if values:
-        bar.set_postfix(best=f"{objective.best(values):.4g}")

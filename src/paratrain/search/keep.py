@@ -20,9 +20,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint, sharded
-from ..errors import UserError
-from ..rundir import WEIGHTS_ONLY, step_checkpoints
+from ..checkpoint import dcp as sharded
+from ..checkpoint import files as checkpoint
+from ..checkpoint.run_folder import WEIGHTS_ONLY, step_checkpoints
+from ..core.errors import UserError
 from .objective import of_study
 
 POLICIES = ("none", "best", "all")

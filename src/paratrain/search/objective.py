@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UserError
-from ..metrics import BUILT_IN, names
+from ..components.metrics import BUILT_IN, names
+from ..core.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from .. import config as C
-from ..extras import how_to_install, installed
+from ..core.optional import how_to_install, installed
 from .objective import ACCURACY, Objective, of_study
 
 RUN_ONLY = ("out", "resume", "quiet", "tensorboard")  # not part of a configuration to reuse

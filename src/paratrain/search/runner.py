@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as C
-from ..errors import UserError
-from ..interrupt import Stopped
+from ..core.errors import UserError
+from ..runtime.interrupt import Stopped
 from . import keep
 from .space import Space
 from .study import Settings, TrialReport, counts, described, make_sampler, open_study, over_budget
@@ -37,88 +37,110 @@ def worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads:
     import optuna
     import torch
 
-    from ..inputs import load_for
-    from ..proc import tune_malloc
+    from ..components.inputs import load_for
+    from ..runtime.proc import tune_malloc
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(threads)
     tune_malloc()
-    cfg0 = C.validate(C.from_dict(base))
-    data = load_for(cfg0)
+    data = load_for(C.validate(C.from_dict(base)))
     study = open_study(s, space, base, index, pool=True)
     study.sampler = make_sampler(s, index, len(study.get_trials(deepcopy=False)))  # a resumed search draws anew
-    grid = described(study)["sampler"] == "grid"
+    objective = _Objective(s, space, base, study, data, (index, threads, accelerator))
     if ready is not None:
         wait_for_the_others(ready, index)
+    while True:
+        finished, running, waiting = counts(study)
+        if (objective.grid and not waiting) or (not objective.grid and not waiting
+                                                and finished + running >= objective.budget()):
+            return
+        if study.user_attrs.get("exhausted") or past_deadline(study):
+            return
+        if objective.redraws >= MAX_REDRAWS:
+            study.set_user_attr("exhausted", f"the sampler proposed only points already trained, {MAX_REDRAWS} "
+                                f"times in a row, after {finished} distinct trials")
+            return
+        objective.redraws += 1
+        study.optimize(objective, n_trials=1)
+        keep.tidy(study, s.out, s.keep)  # the trial just finished may be the new best, or not
 
-    def budget() -> int:  # read afresh: the search run again with another --trials moves it under a worker
-        return study.user_attrs["budget"]
 
-    def objective(trial: Any) -> float:
-        if grid and not trial.user_attrs.get("grid_point"):  # the queue ran dry under us: not a grid point
+class _Objective:
+    """One pool process's objective for Optuna: a trial's point drawn, skipped where the search has no place for
+    it, reused where trained already, else trained; its figures recorded on the trial."""
+
+    def __init__(self, s: Settings, space: Space, base: dict[str, Any], study: Any, data: Any,
+                 where: tuple[int, int, str]) -> None:
+        self.s, self.space, self.base, self.study, self.data = s, space, base, study, data
+        self.index, self.threads, self.accelerator = where  # the pool process, its threads, its devices' kind
+        self.grid = described(study)["sampler"] == "grid"
+        self.redraws = 0  # proposals in a row that repeated an earlier trial
+
+    def budget(self) -> int:  # read afresh: the search run again with another --trials moves it under a worker
+        return self.study.user_attrs["budget"]
+
+    def __call__(self, trial: Any) -> float:
+        import optuna
+
+        if (self.grid and not trial.user_attrs.get("grid_point")) or \
+                (not self.grid and over_budget(self.study, trial.number, self.budget())):
+            # the queue ran dry under us (not a grid point), or another worker took the last place first
             trial.set_user_attr("unused", True)
             raise optuna.TrialPruned()
-        if not grid and over_budget(study, trial.number, budget()):  # another worker took the last place first
-            trial.set_user_attr("unused", True)
-            raise optuna.TrialPruned()
-        params = space.suggest(trial)
-        if not grid:  # a point queued again after its run was abandoned is new too: that run holds no point
-            earlier = duplicate_of(study, trial.number, space, params)
+        params = self.space.suggest(trial)
+        if not self.grid:  # a point queued again after its run was abandoned is new too: that run holds no point
+            earlier = duplicate_of(self.study, trial.number, self.space, params)
             if earlier is not None:
                 trial.set_user_attr("duplicate_of", earlier)
-                value = finished_value(study, earlier)
+                value = finished_value(self.study, earlier)
                 if value is not None:  # training is deterministic for a seed: the sampler gets the value
                     trial.set_user_attr("params", params)  # without a second training
                     trial.set_user_attr("reused", earlier)
                     return value
                 raise optuna.TrialPruned()  # still training, or failed, or pruned: drawn again
             trial.set_user_attr("distinct", True)
-        redraws[0] = 0
+        self.redraws = 0
         trial.set_user_attr("params", params)  # as trained (floats at the space's precision)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
-        cfg = C.validate(C.from_dict({**base, **params, "out": str(Path(s.out) / "trials" / f"{trial.number:04d}"),
+        summary = self._train(trial, params)
+        return float("nan") if summary is None else self._value(trial, summary)
+
+    def _train(self, trial: Any, params: dict[str, Any]) -> dict[str, Any] | None:
+        """The trial's training; None where this point failed (the reason on the trial), the search going on."""
+        s = self.s
+        cfg = C.validate(C.from_dict({**self.base, **params, "out": str(Path(s.out) / "trials" / f"{trial.number:04d}"),
                                       "quiet": True, "tensorboard": False}))
         report = TrialReport(s.storage, s.study, s.pruner, trial._trial_id, trial, s.objective.key) \
             if s.pruner != "none" else None
         try:
-            summary = train_one(cfg, data, index, threads, accelerator, s.devices_per_trial, report)
+            return train_one(cfg, self.data, self.index, self.threads, self.accelerator, s.devices_per_trial, report)
         except Stopped:  # Ctrl-C or SIGTERM reached a data-parallel trial's workers: the search stops, the trial
             raise  # is left running and queued again on resume
         except UserError as e:  # a NaN loss, an impossible combination: this point fails, the search goes on
             trial.set_user_attr("error", str(e))
-            return float("nan")
         except Exception as e:  # noqa: BLE001 (a CUDA out-of-memory error, a bug of a network): this point fails
             import traceback
 
             traceback.print_exc()
             trial.set_user_attr("error", f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
-            return float("nan")
+        return None
+
+    def _value(self, trial: Any, summary: dict[str, Any]) -> float:
+        """The trained trial's figures recorded, and its objective's value (NaN: this point failed)."""
+        import optuna
+
+        objective = self.s.objective
         for key in ("test_accuracy", "train_time_s", "val_loss", "examples_per_sec"):
             trial.set_user_attr(key, summary[key])
-        trial.set_user_attr("test_value", summary.get(f"test_{s.objective.name}"))  # the objective's, on test
+        trial.set_user_attr("test_value", summary.get(f"test_{objective.name}"))  # the objective's, on test
         if summary.get("pruned"):  # its curve stays in the study; a pruned trial is never the best
             trial.set_user_attr("pruned_at_epoch", summary["epochs_validated"])
             raise optuna.TrialPruned()
-        value = summary.get(s.objective.key)
+        value = summary.get(objective.key)
         if value is None:  # a NaN or infinite figure (the summary's None): this point failed, the search goes on
-            trial.set_user_attr("error", f"its {s.objective.words} is not a number")
+            trial.set_user_attr("error", f"its {objective.words} is not a number")
             return float("nan")
         return value
-
-    redraws = [0]  # proposals in a row that repeated an earlier trial
-    while True:
-        finished, running, waiting = counts(study)
-        if (grid and not waiting) or (not grid and not waiting and finished + running >= budget()):
-            return
-        if study.user_attrs.get("exhausted") or past_deadline(study):
-            return
-        if redraws[0] >= MAX_REDRAWS:
-            study.set_user_attr("exhausted", f"the sampler proposed only points already trained, {MAX_REDRAWS} "
-                                f"times in a row, after {finished} distinct trials")
-            return
-        redraws[0] += 1
-        study.optimize(objective, n_trials=1)
-        keep.tidy(study, s.out, s.keep)  # the trial just finished may be the new best, or not
 
 
 MAX_REDRAWS = 100
@@ -173,7 +195,7 @@ def duplicate_of(study: Any, number: int, space: Space, params: dict[str, Any]) 
 def trial_devices(hardware: Any, index: int) -> tuple[str, ...]:
     """The devices of the trials that pool process `index` runs: GPUs index*D .. index*D+D-1 (disjoint from
     the other processes'), or the CPU."""
-    from ..devices import device_map
+    from ..runtime.devices import device_map
 
     return device_map(hardware, index * hardware.workers)
 
@@ -184,8 +206,8 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
     the launch), so `paratrain train --resume TRIAL` carries it on: in this process on one device, or
     data-parallel on devices_per_trial workers. Pool process `index` owns GPUs index*D .. index*D+D-1."""
     from .. import session
-    from ..devices import Hardware
-    from ..env import LOCAL
+    from ..runtime.devices import Hardware
+    from ..runtime.env import LOCAL
 
     hardware = Hardware(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
     devices = trial_devices(hardware, index)

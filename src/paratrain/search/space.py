@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from .. import config as C
-from ..errors import UserError
-from ..strategies import checked
+from ..core.errors import UserError
+from ..parallel.strategies import checked
 
 ROUND_DIGITS = 4  # significant digits a searched float keeps: points closer than that are one point, trained once
 # What the search itself sets for every trial, so a space may neither fix nor search it: why, and the search's
@@ -107,7 +107,7 @@ def _rounded(value: float) -> float:
 
 
 def _bundled() -> dict[str, Any]:
-    folder = resources.files("paratrain") / "spaces"
+    folder = resources.files(__package__) / "spaces"
     return {f.name[:-5]: f for f in folder.iterdir() if f.name.endswith(".yaml")}
 
 

@@ -12,8 +12,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UserError
-from ..extras import installed, require
+from ..core.errors import UserError
+from ..core.optional import installed, require
 from .objective import ACCURACY, Objective
 from .space import Space
 from .urls import masked, scrubbed

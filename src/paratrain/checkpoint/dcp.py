@@ -1,0 +1,253 @@
+"""Sharded checkpoints: a folder per step, `step-NNNNNNNN/`, written by torch.distributed.checkpoint (DCP).
+
+Every rank writes its own shards of the weights, the optimizer state and the EMA (no rank gathers the
+whole model), and DCP's metadata says where each piece of every tensor lies, so a later run reads them
+into whatever shards it holds: a run saved on 2 workers carries on with 1 or with 4. Rank 0 adds
+`meta.pt` (the step, scheduler, configuration: what checkpoint.load checks, the same as a whole-model
+file's) and makes the folder visible in one rename, so a kill leaves the last folder whole or absent.
+The shards of every rank go to one folder: several nodes need a shared file system (as DCP itself does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import UserError
+from ..core.files import writing
+from .run_folder import step_checkpoints
+
+META = "meta.pt"  # rank 0's part of a sharded checkpoint: everything but the tensors
+FORMAT = "dcp"  # meta.pt's "format": how the tensors are stored (torch.distributed.checkpoint)
+TENSORS = ("model", "optimizer", "ema_model")  # what a sharded checkpoint's DCP part holds
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether `path` is a sharded checkpoint's folder (DCP's metadata and rank 0's meta.pt in it)."""
+    return path.is_dir() and (path / ".metadata").is_file() and (path / META).is_file()
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """DCP warns, in a single process, that it assumes a single process: that is what we meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled, unavailable or uninitialized.*")
+        yield
+
+
+def state_dict_options(flat: bool = True) -> Any:
+    """How the strategies take their state dicts for these checkpoints: the optimizer state flattened to one
+    key per parameter name ("state.NAME.exp_avg", "param_groups.NAME.lr"), so that ranks that hold different
+    parameters (a pipeline's stages) write parts that never collide, and any strategy's ranks read theirs.
+    `flat` False: a checkpoint of fsdp's first release, read as it was written (flat_optimizer)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=flat)
+
+
+def flat_optimizer(metadata: Any) -> bool:
+    """Whether a checkpoint (its DCP metadata) holds the optimizer state flattened by parameter name; fsdp's
+    first checkpoints kept the parameter groups by number (the group's "params" list names its parameters)."""
+    return "optimizer.param_groups.0.params" not in metadata.state_dict_metadata
+
+
+def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], folder: str | Path,
+              step: int, keep: int) -> Path:
+    """Write the step's sharded checkpoint (collective: every rank of the group `ctx` calls it, with its own
+    shards in `tensors`); keep the `keep` newest step checkpoints. `meta()` is built on rank 0 only."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    folder = Path(folder)
+    final, building = folder / f"step-{step:08d}", folder / f".step-{step:08d}.tmp"
+    if ctx.is_main:
+        with writing(final):
+            for stale in folder.glob(".step-*"):  # a save or a pruning that a kill cut off
+                shutil.rmtree(stale, ignore_errors=True)
+            building.mkdir(parents=True)
+    ctx.barrier()  # the folder exists before any rank writes into it
+    with writing(final), _quiet():
+        try:
+            written = dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed)
+        except CheckpointException as e:  # a BaseException around a rank's OSError (a full disk): unwrapped
+            raise _cause(e) from None
+    _check_shared(ctx, building, written)
+    if ctx.is_main:
+        with writing(final):
+            _publish(building, final, {**meta(), "format": FORMAT, "torch": str(torch.__version__)})
+            # a run that wrote whole-model files before (carried on under another strategy): the same step's file
+            # and last.pt would name another checkpoint than the newest
+            for other in (folder / f"step-{step:08d}.pt", folder / "last.pt"):
+                other.unlink(missing_ok=True)
+            for _, old in step_checkpoints(folder)[:-keep]:
+                remove(old)
+    ctx.barrier()  # no rank goes on (or leaves on a signal) before the checkpoint is whole
+    return final
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException (DCP keeps it as .exc)."""
+    failures = getattr(e, "failures", None) or {}
+    first = next(iter(failures.values()), e)
+    return getattr(first, "exc", first)
+
+
+def _check_shared(ctx: Any, building: Path, written: Any) -> None:
+    """Every rank's shards must be in rank 0's folder: on several nodes without a shared file system they land
+    on each node's own disk, and the checkpoint could never be read. Agreed by all (collective)."""
+    missing = torch.zeros(1, device=ctx.device)
+    if ctx.is_main:
+        files = {item.relative_path for item in (written.storage_data or {}).values()}
+        missing.fill_(sum(not (building / name).is_file() for name in files))
+    ctx.all_reduce_sum(missing)
+    if missing.item():
+        raise UserError(f"the shards of a sharded checkpoint did not all reach {building.parent}: the nodes do not "
+                        "share it; pass an --out on a file system every node mounts (fsdp, hsdp and the pipelines "
+                        "write each rank's part there)")
+
+
+def _publish(building: Path, final: Path, meta: dict[str, Any]) -> None:
+    """Add rank 0's meta.pt, make every file durable, then show the folder under its step's name at once.
+    The same step saved again (a finished run's last save, after its step's own) holds the same tensors:
+    only its meta.pt is replaced, by a rename, so the step is never absent."""
+    _write_durably(building / META, meta)
+    for path in building.iterdir():
+        _fsync(path)
+    if final.exists():
+        os.replace(building / META, final / META)
+        shutil.rmtree(building, ignore_errors=True)
+    else:
+        os.replace(building, final)
+    _fsync(final.parent)
+
+
+def _write_durably(path: Path, value: Any) -> None:
+    with open(path, "wb") as f:
+        torch.save(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove(path: Path) -> None:
+    """Remove a step checkpoint: a file, or a sharded folder renamed out of sight first (a kill in the middle
+    of its removal leaves no half folder under a step's name)."""
+    if not path.is_dir():
+        path.unlink(missing_ok=True)
+        return
+    hidden = path.with_name(f".{path.name}.removing")
+    try:
+        os.replace(path, hidden)
+    except OSError:
+        return
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def _metadata(path: Path) -> Any:
+    """DCP's metadata of the checkpoint folder `path` (where each piece of every tensor lies)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        return dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 (a truncated or foreign .metadata fails in many ways)
+        raise UserError(f"checkpoint {path} is unreadable (its .metadata: {type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:120]}); use another one") from None
+
+
+def check_complete(path: Path) -> Any:
+    """Every file the metadata names is there and long enough: a folder that lost a rank's shards is refused
+    here, before a run commits to it, so the one before is carried on from instead. Returns the metadata."""
+    metadata = _metadata(path)
+    ends: dict[str, int] = {}
+    for item in (metadata.storage_data or {}).values():
+        ends[item.relative_path] = max(ends.get(item.relative_path, 0), item.offset + item.length)
+    for name, end in ends.items():
+        try:
+            size = (path / name).stat().st_size
+        except OSError:
+            size = -1
+        if size < end:
+            raise UserError(f"checkpoint {path} is incomplete ({name} is missing or cut short); use another one")
+    return metadata
+
+
+def check_version(meta: dict[str, Any], path: Path) -> None:
+    """DCP reads checkpoints of earlier torch releases; one written by a later release is refused."""
+    saved = str(meta.get("torch", ""))
+    if _release(saved) > _release(torch.__version__):
+        raise UserError(f"checkpoint {path} was written by torch {saved}, newer than this torch "
+                        f"{torch.__version__}; install torch>={saved.split('+')[0]} to read it")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    numbers = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        numbers.append(int(digits or 0))
+    return tuple(numbers)
+
+
+def _weights_only_planner() -> Any:
+    """A load planner that refuses code in the checkpoint's pickles (built here: DCP is imported where a read
+    needs it)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class WeightsOnlyPlanner(DefaultLoadPlanner):
+        """DCP unpickles a checkpoint's items that are not tensors (an optimizer's hyper-parameters) with
+        weights_only=False; each is first loaded with weights_only=True, so a pickle that carries code is refused
+        before DCP opens it (as checkpoint.load refuses one)."""
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            torch.load(value, weights_only=True)
+            value.seek(0)
+            super().load_bytes(read_item, value)
+
+    return WeightsOnlyPlanner()
+
+
+def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
+    """Load the checkpoint's pieces that `into` asks for into its tensors, in place, whatever shards they are
+    (collective where `distributed`: every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with _quiet():
+        try:
+            dcp.load(into, checkpoint_id=Path(path), planner=_weights_only_planner(), no_dist=not distributed)
+        except (Exception, CheckpointException) as e:  # a BaseException: a rank's failure, wrapped
+            cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
+            cause = getattr(cause, "exc", cause)  # DCP's record of a rank's exception holds it as .exc
+            first = " ".join(f"{type(cause).__name__}: {cause}".split())[:200]
+            raise UserError(f"checkpoint {path} could not be read into this run's shards ({first}); it is "
+                            "damaged, or of another network") from None
+
+
+def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model"),
+          metadata: Any = None) -> dict[str, dict[str, torch.Tensor]]:
+    """The checkpoint's whole tensors of `parts` on the CPU, in one process (no group): {"model": {name:
+    tensor}, and "ema_model" where it has one}, for evaluation, export and load_model. The optimizer's are
+    named by their place in its state dict ("state.NAME.exp_avg")."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = metadata or _metadata(Path(path))  # `metadata`: where the caller has read it already
+    into: dict[str, dict[str, torch.Tensor]] = {}
+    for key, item in metadata.state_dict_metadata.items():
+        top, _, name = key.partition(".")
+        if top in parts and isinstance(item, TensorStorageMetadata):
+            into.setdefault(top, {})[name] = torch.empty(item.size, dtype=item.properties.dtype)
+    read(path, into, distributed=False)
+    return into

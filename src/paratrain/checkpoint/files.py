@@ -1,0 +1,240 @@
+"""Checkpoints: written atomically, read safely (weights_only), checked against the model in use."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import UserError
+from ..core.files import writing
+from . import dcp as sharded
+from .run_folder import step_checkpoints, weights_only
+
+REQUIRED = ("model", "optimizer", "step", "epoch", "config")
+WEIGHTS_KEPT = "weights"  # a checkpoint's "kept": only its weights were kept (search/keep.py), it cannot carry a run on
+# a link that fails for these would fail as a copy too; any other cause (EPERM on vfat, ENOSYS or EOPNOTSUPP on
+# FUSE and network mounts) means the file system has no hard links: last.pt is then written as a copy
+WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOENT)
+
+
+def save(state: dict[str, Any], path: str | Path) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over `path`: a kill at any
+    moment leaves either the old complete file or the new complete file, never half of one. A write that
+    fails (a full disk) removes its temporary file and raises WriteFailed naming `path`."""
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:  # a file object: torch.save's error then carries the OSError
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -> Path:
+    """Save `step-NNNNNNNN.pt`, point `last.pt` at it atomically, and keep only the `keep` newest step
+    files (last.pt is a hard link, so it survives the pruning of its step file)."""
+    folder = Path(folder)
+    step_path = folder / f"step-{step:08d}.pt"
+    save(state, step_path)
+    last = folder / "last.pt"
+    tmp = folder / ".last.pt.link"
+    with writing(last):
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(step_path, tmp)
+            os.replace(tmp, last)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            if e.errno in WRITE_FAILURES:  # a full or read-only disk: reported, not tried again as a copy
+                raise
+            save(state, last)  # a filesystem without hard links: write it again
+    sharded.remove(folder / f"step-{step:08d}")  # the same step's sharded folder, where the run changed strategy
+    for _, old in step_checkpoints(folder)[:-keep]:
+        sharded.remove(old)  # a file, or a sharded folder of the steps before the run changed strategy
+    return step_path
+
+
+def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | None:
+    """The checkpoint of the highest step in `folder` (a run's checkpoints/) that loads; None where it holds
+    none. One line on stderr names the newer ones that did not load, and why; a UserError when none loads.
+
+    last.pt is a hard link to the newest step file, so damage to one is damage to both: the step files
+    kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on. Sharded
+    step folders (sharded.py: fsdp's, hsdp's, a pipeline's) have no last.pt: the newest complete one is taken."""
+    folder = Path(folder)
+    skipped: list[tuple[Path, str]] = []
+    for path in _newest_first(folder):
+        try:
+            state = load(path, whole)
+        except UserError as e:
+            skipped.append((path, str(e)))
+            continue
+        if skipped:
+            names = ", ".join(p.name for p, _ in skipped)
+            print(f"paratrain: skipped {names} in {folder} ({skipped[0][1]}); using {path.name}, step "
+                  f"{state['step']}", file=sys.stderr, flush=True)
+        return state
+    if skipped:
+        more = f" (and {len(skipped) - 1} other checkpoint(s) there)" if len(skipped) > 1 else ""
+        raise UserError(f"no checkpoint in {folder} loads: {skipped[0][1]}{more}")
+    return None
+
+
+def _newest_first(folder: Path) -> list[Path]:
+    """The step files by step, newest first, then last.pt where it is another file (a copy, on a filesystem
+    without hard links); each file once."""
+    seen: set[tuple[int, int]] = set()
+    found = []
+    for path in [*(p for _, p in reversed(step_checkpoints(folder))), folder / "last.pt"]:
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            found.append(path)
+    return found
+
+
+def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
+    """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused. A run
+    directory: the newest of its checkpoints that loads (newest_loadable). A sharded checkpoint's folder
+    (sharded.py): its meta.pt, with "sharded" naming the folder, and (`whole`) its whole weights and EMA read
+    in this process; the workers that carry a run on read their own parts instead (whole=False)."""
+    path = Path(path)
+    if path.is_dir() and not sharded.is_sharded(path) and not path.name.startswith("step-"):  # a run directory
+        state = newest_loadable(path / "checkpoints", whole)
+        if state is not None:
+            return state
+        path = path / "checkpoints" / "last.pt"
+    is_sharded = sharded.is_sharded(path)
+    if path.is_dir() and not is_sharded:
+        raise UserError(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is missing); "
+                        "use another one")
+    if not path.is_file() and not is_sharded:
+        raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
+    try:
+        with open(path / sharded.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
+            state = _load_open(f, path)
+    except OSError as e:  # removed while being read (a pruning, a search tidying its trials)
+        raise UserError(f"checkpoint {path} is unreadable ({e.strerror or e}); use another one") from None
+    needed = [k for k in REQUIRED if not (is_sharded and k in sharded.TENSORS)]
+    if not isinstance(state, dict) or any(k not in state for k in needed):
+        raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
+                        f"{', '.join(k for k in needed if not isinstance(state, dict) or k not in state)})")
+    if is_sharded:
+        sharded.check_version(state, path)
+        metadata = sharded.check_complete(path)
+        state["sharded"] = str(path)  # in memory: the folder its strategy reads its shards from
+        state["flat_optimizer"] = sharded.flat_optimizer(metadata)  # in memory: how to read its optimizer state
+        if whole:
+            state.update(sharded.whole(path, metadata=metadata))
+    return state
+
+
+def _load_open(f: Any, path: Path) -> Any:
+    if not zipfile.is_zipfile(f):  # torch.save writes a zip archive; anything else is damaged or foreign
+        raise UserError(f"checkpoint {path} is unreadable: it is not a torch checkpoint (damaged, or another "
+                        "kind of file); use another one")
+    f.seek(0)
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {path} was refused: it holds more than weights ({first[:160]}); "
+                        "only load checkpoints you trust, written by paratrain") from None
+    except Exception as e:  # torch.load on a damaged file fails in many ways; all mean "unreadable"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {path} is unreadable ({first[:160]}); it is truncated or not a "
+                        "torch checkpoint: use another one") from None
+
+
+def agree(ctx: Any, local: dict[str, Any] | None, error: str | None,
+          restarts: int) -> tuple[dict[str, Any] | None, int]:
+    """The group's one checkpoint to carry on from: the newest any worker found, and the most restarts any of
+    them counts (collective: every worker calls it, also one with an `error`).
+
+    Each worker offers the step of the checkpoint it read from its own disk. Rank 0 writes the checkpoints,
+    on its node only, and after a torchrun restart rank 0 may be on another node; so a worker that found an
+    older one, or none, receives the newest from a worker that holds it, point to point. A worker that found
+    the same step keeps what it read: on one machine (one disk) nothing is sent. torchrun counts restarts
+    per node (a node whose workers were healthy restarts them without counting), so the restart count is the
+    group's largest. A worker's `error` (an unreadable checkpoint, one of another model) stops every worker
+    with that message. The checkpoint is None where nobody has one."""
+    import torch.distributed as dist
+
+    if not ctx.distributed:
+        if error:
+            raise UserError(error)
+        return local, restarts
+    offers: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(offers, (-1 if local is None else int(local["step"]), restarts, error))
+    for rank, (_, _, problem) in enumerate(offers):
+        if problem:
+            raise UserError(f"rank {rank}: {problem}")
+    newest = max(step for step, _, _ in offers)
+    restarts = max(r for _, r, _ in offers)
+    if newest < 0:
+        return None, restarts
+    holder = min(r for r in range(ctx.world_size) if offers[r][0] == newest)
+    lacking = [r for r in range(ctx.world_size) if offers[r][0] != newest]
+    if ctx.rank == holder:
+        for rank in lacking:
+            dist.send_object_list([local], dst=rank)
+    elif ctx.rank in lacking:
+        box: list[Any] = [None]
+        dist.recv_object_list(box, src=holder)
+        local = box[0]
+    return local, restarts
+
+
+MODEL_OPTIONS = ("width", "depth", "activation", "filters", "kernel")  # the options that shape a registry model
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path,
+                 options: dict[str, Any] | None = None) -> None:
+    """Load the checkpoint's weights into `model`, or say why they do not fit: another network of the user's,
+    or the model options `options` (the run's configuration now) changed since the checkpoint."""
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        saved = state["config"] if isinstance(state.get("config"), dict) else {}
+        detail = " ".join(str(e).split())[:200]
+        if saved.get("model") == "custom":
+            ran = (state.get("parts") or {}).get("model")
+            raise UserError(f"checkpoint {path} holds weights that do not fit the network your factory builds "
+                            f"({detail[:120]}); pass the factory the run was trained with"
+                            + (f", {ran}" if ran else "")) from None
+        changed = [k for k in MODEL_OPTIONS if options is not None and k in saved and options.get(k) != saved[k]]
+        if changed:
+            raise UserError(f"checkpoint {path} holds a {saved.get('model')} built with "
+                            + ", ".join(f"{k} {saved[k]}" for k in changed) + "; resume it without changing "
+                            + ", ".join(f"--{k}" for k in changed)) from None
+        raise UserError(f"checkpoint {path} holds weights of another shape than this {saved.get('model', '?')} "
+                        f"({detail})") from None
+
+
+def check_resumable(state: dict[str, Any], run: str | Path) -> None:
+    """A checkpoint that kept only its weights cannot carry a run on exactly: say so, and what would (the
+    launcher has said so already from the folder's mark, rundir.weights_only; this is for a mark gone)."""
+    if state.get("kept") == WEIGHTS_KEPT:
+        raise UserError(weights_only(run) or f"{run} kept only its weights, so it cannot be carried on")

@@ -1,0 +1,83 @@
+"""The one owner of a run's checkpoints (as torchtitan's CheckpointManager owns its step-N folders).
+
+    RunCheckpoints(run_dir)   lists checkpoints/ once, on first asked: the steps there, the newest, its form
+                              (one whole-model file, or a sharded step folder), whether it kept only its weights
+      .found()                that listing as a `Found`, small and frozen: what the launcher carries in the plan
+      .check_form(strategy)   the newest checkpoint's form is one the strategy reads
+      .newest_loadable()      in a worker: the newest checkpoint that loads (its tensors read by the strategy
+                              where it is sharded)
+      .save(...)              a step's checkpoint written, in either form, the older ones pruned
+
+The launcher asks it once (session.py) and hands the answer to the workers in the plan; each worker reads the
+checkpoint it carries on from itself, once (resume.py), since only a worker knows which part it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import UserError
+from . import dcp
+from . import files as checkpoint_files
+from .run_folder import WEIGHTS_ONLY, step_checkpoints, weights_only
+
+SHARDED_STRATEGIES = ("fsdp", "hsdp")  # the strategies that read only sharded checkpoints (config.SHARDED)
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a run folder's checkpoints/ held when it was listed, by name (no checkpoint opened)."""
+
+    newest_step: int | None = None  # None: no checkpoint
+    sharded: bool = False  # the newest is a sharded step folder (not one whole-model file)
+    weights_only: bool = False  # a search trial's kept weights: it cannot carry a run on
+
+
+class RunCheckpoints:
+    """A run folder's checkpoints: listed once, then asked."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.folder = self.run_dir / "checkpoints"
+        self._found: Found | None = None
+
+    def found(self) -> Found:
+        """The listing, made on the first call only."""
+        if self._found is None:
+            steps = step_checkpoints(self.folder)
+            self._found = Found(steps[-1][0] if steps else None, bool(steps) and steps[-1][1].is_dir(),
+                                (self.folder / WEIGHTS_ONLY).is_file())
+        return self._found
+
+    def why_not_resumable(self) -> str | None:
+        """Why this run cannot be carried on, where its checkpoint kept only its weights; else None."""
+        return weights_only(self.run_dir) if self.found().weights_only else None
+
+    def check_form(self, strategy: str) -> None:
+        """The newest checkpoint's form is one `strategy` reads: every strategy reads a sharded folder (fsdp's,
+        hsdp's, a pipeline's), fsdp and hsdp no whole-model file. Refused before config.yaml would say another
+        strategy."""
+        found = self.found()
+        if found.newest_step is not None and not found.sharded and strategy in SHARDED_STRATEGIES:
+            raise UserError(f"the checkpoint in {self.run_dir} holds one whole model, which --strategy {strategy} "
+                            "does not read (it reads sharded checkpoints); carry it on with ddp, tower or pipeline "
+                            f"(without --strategy: the one that wrote it), or start a new run under --strategy "
+                            f"{strategy}")
+
+    def newest_loadable(self) -> dict[str, Any] | None:
+        """The newest checkpoint that loads (None: none there); a sharded one's tensors are left for the strategy
+        to read, each rank its own part."""
+        return checkpoint_files.newest_loadable(self.folder, whole=False)
+
+    def save(self, step: int, keep: int, *, state: dict[str, Any] | None = None, ctx: Any = None,
+             tensors: dict[str, Any] | None = None, meta: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Write step `step`'s checkpoint and keep the newest `keep`: one whole-model file from `state` (rank 0),
+        or every rank's part of a sharded step folder from `tensors` and rank 0's `meta` (collective)."""
+        if state is not None:
+            checkpoint_files.save_step(state, self.folder, step, keep)
+        else:
+            dcp.save_step(ctx, tensors, meta, self.folder, step, keep)
+        self._found = None  # listed again if asked

@@ -1,0 +1,89 @@
+"""Accuracy and loss over a whole split, shared out over the workers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.batches import eval_range
+from ..data.transforms import BatchPipeline
+from ..runtime.dist import DistContext
+
+
+def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
+             batch_size: int, loss: Any = None, flip: bool = False, lockstep: bool = False,
+             meter: Any = None) -> tuple[float, float]:
+    """Accuracy and mean loss over the whole set: each worker takes a contiguous, unpadded share and
+    the sums are all-reduced, so the figures are exactly those of the full set. `flip`: the outputs are
+    the mean of the image's and its mirror image's (test-time augmentation, --test-flip). `lockstep`: every
+    forward is a collective (a sharded model gathers its weights), so every worker runs as many, a worker
+    whose share is shorter by one example running an empty batch last. `meter`: metrics.Meter, updated with
+    every batch of this worker's share."""
+    with torch.no_grad():  # not a decorator: mutation testing (mutmut) leaves decorated functions alone
+        return _evaluate(model, pair, prep, ctx, batch_size, loss, flip, lockstep, meter)
+
+
+def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
+              batch_size: int, loss: Any, flip: bool, lockstep: bool, meter: Any) -> tuple[float, float]:
+    x_all, y_all = pair
+    share = eval_range(len(y_all), ctx.rank, ctx.world_size)
+    longest = len(eval_range(len(y_all), 0, ctx.world_size)) if lockstep else len(share)  # rank 0's is longest
+    sums = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)
+    was_training = model.training
+    model.eval()
+    for start in range(share.start, share.start + longest, batch_size):
+        start, stop = min(start, share.stop), min(start + batch_size, share.stop)
+        x = prep.eval(x_all[start:stop])
+        logits = model(x)
+        if flip:
+            logits = (logits + model(x.flip(3))) / 2
+        if stop == start:  # lock-step's empty batch: its forward ran, it adds nothing
+            continue
+        sums += batch_sums(logits, y_all[start:stop], loss)
+        if meter is not None:
+            meter.update(logits, y_all[start:stop])
+    model.train(was_training)
+    return totals(sums, ctx)
+
+
+SUMS = 4  # a batch's loss sum, correct predictions, examples, and examples with a class to predict
+
+
+def classified(logits: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether accuracy means something for this batch: a score per class, and one class index an example."""
+    return logits.dim() == 2 and y.dim() == 1 and not y.is_floating_point()
+
+
+def batch_sums(logits: torch.Tensor, y: torch.Tensor, loss: Any = None) -> torch.Tensor:
+    """One batch's (loss sum, correct, count, classified count), in float64: summed over batches and workers they
+    give the figures of the whole set exactly. `loss`: the batch mean (None: cross-entropy)."""
+    if loss is None:
+        loss_sum = F.cross_entropy(logits, y, reduction="sum").double()
+    else:  # a user's loss is the batch mean
+        loss_sum = loss(logits.float(), y).double() * len(y)
+    return _slots(loss_sum, logits, y)
+
+
+def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A training batch's figures in batch_sums' slots, from its mean loss."""
+    return _slots(loss.double() * len(y), logits, y)
+
+
+def _slots(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """(loss sum, correct, count, classified count) of a batch whose loss sum is known."""
+    n = torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)
+    if not classified(logits, y):  # a regression's, say: no accuracy
+        return torch.stack([loss_sum, torch.zeros_like(n), n, torch.zeros_like(n)])
+    return torch.stack([loss_sum, (logits.argmax(1) == y).sum().double(), n, n])
+
+
+def totals(sums: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
+    """Accuracy (NaN where the task has no classes) and mean loss from every worker's sums (collective)."""
+    loss_sum, correct, count, with_class = ctx.all_reduce_sum(sums).tolist()
+    if count == 0:
+        return math.nan, math.nan
+    return (correct / with_class if with_class else math.nan), loss_sum / count

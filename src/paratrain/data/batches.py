@@ -1,0 +1,37 @@
+"""Pure, seeded functions that decide which examples each worker sees.
+
+The global batch at each step is the same whatever the number of workers: one seeded permutation
+per epoch, global batch i is the i-th fixed slice of it, and worker r takes the r-th contiguous part
+(the `tf.split` of the classic tower recipe). So N workers compute exactly the gradient of 1 worker.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The order of the n training examples in `epoch`; a function of (seed, epoch) only."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def global_batch(perm: torch.Tensor, step: int, batch_size: int) -> torch.Tensor:
+    """Indices of global batch `step` (0-based within the epoch)."""
+    return perm[step * batch_size: (step + 1) * batch_size]
+
+
+def worker_part(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Worker `rank`'s contiguous share of a global batch whose size world_size divides."""
+    if len(batch) % world_size:
+        raise ValueError(f"a batch of {len(batch)} does not split evenly over {world_size} workers")
+    per = len(batch) // world_size
+    return batch[rank * per: (rank + 1) * per]
+
+
+def eval_range(n: int, rank: int, world_size: int) -> range:
+    """Worker `rank`'s contiguous share of an evaluation set: sizes differ by at most one, no padding,
+    no duplicates, so summing the workers' counts gives exactly the whole set's accuracy."""
+    base, extra = divmod(n, world_size)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (1 if rank < extra else 0))

@@ -1,0 +1,74 @@
+"""The 1-versus-N check: 10 steps of a small network on synthetic images on one device and on N, with each
+strategy the devices allow, and of a GRU over token ids (a task that is not images: integer inputs, an
+embedding) under ddp, compared weight by weight (`accelerate test` compares one configuration trained on one
+process and distributed; this does it for each of paratrain's strategies)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ... import config
+from ...checkpoint import files as checkpoint
+from ...core.errors import UserError
+from ...data import load_dataset
+from ...parallel import launch, runplan
+from ...training.worker import work
+
+STEPS = 10
+# SGD with momentum far from divergence: N workers differ from one only by the order of float sums (measured
+# 1e-8 on CPU workers); a broken all-reduce or a wrong batch split moves the weights by 1e-3 or more.
+SETTINGS = dict(batch_size=64, steps=STEPS, optimizer="sgd", lr=0.01, momentum=0.9, seed=0, quiet=True,
+                tensorboard=False, checkpoint_every=STEPS)
+TASKS = {"images": dict(model="mlp", dataset="synthetic", width=64, depth=2),
+         "token ids": dict(model="gru", dataset="tokens", width=32, depth=1)}
+BOUND = 1e-4
+
+
+def strategies_for(n: int) -> list[tuple[str, str]]:
+    """(task, strategy): on images ddp on N workers, the tower (one process) and a pipeline of 2 stages; on
+    token ids ddp; where the devices allow."""
+    return [("images", "ddp"), ("images", "tower"), ("images", "pipeline"), ("token ids", "ddp")] if n >= 2 else []
+
+
+def _train(folder: Path, accelerator: str, task: str, strategy: str, n: int, threads: int,
+           data: Any) -> dict[str, torch.Tensor]:
+    extra = {"stages": 2, "microbatches": 2} if strategy == "pipeline" else {}
+    devices = 2 if strategy == "pipeline" else n
+    cfg = config.validate(config.TrainConfig(**SETTINGS, **TASKS[task], **extra, strategy=strategy,
+                                             accelerator=accelerator, devices=str(devices),
+                                             threads_per_worker=threads, out=str(folder)))
+    folder.mkdir(parents=True, exist_ok=True)
+    launch.run(runplan.make(cfg, lambda: data), work)
+    return checkpoint.load(folder)["model"]  # the newest checkpoint, a file or a sharded folder
+
+
+def check(accelerator: str, n: int, threads: int) -> list[dict[str, Any]]:
+    """One result per task and strategy: the largest weight difference between 1 device and N (or the
+    error)."""
+    data = {task: load_dataset(TASKS[task]["dataset"]) for task in TASKS}
+    results, one = [], {}
+    with tempfile.TemporaryDirectory(prefix="paratrain-doctor-") as tmp:
+        for task, strategy in strategies_for(n):
+            used = 2 if strategy == "pipeline" else n
+            result: dict[str, Any] = {"task": task, "strategy": strategy, "devices": used, "steps": STEPS}
+            try:
+                if task not in one:
+                    try:
+                        one[task] = _train(Path(tmp) / task / "one", accelerator, task, "ddp", 1, threads, data[task])
+                    except (UserError, RuntimeError) as e:  # no reference: the task's comparisons fail with it
+                        one[task] = RuntimeError(f"the one-device run failed: {' '.join(str(e).split())[:300]}")
+                if isinstance(one[task], Exception):
+                    raise one[task]
+                # the tower is planned as N workers, then runs as one process with their threads
+                many = _train(Path(tmp) / task / strategy, accelerator, task, strategy, n, max(1, threads // used),
+                              data[task])
+                result["max_abs_diff"] = max(float((one[task][k] - many[k]).abs().max()) for k in one[task])
+                result["ok"] = result["max_abs_diff"] <= BOUND
+            except (UserError, RuntimeError) as e:  # a strategy that failed here is the check's finding
+                result["error"], result["ok"] = " ".join(str(e).split())[:300], False
+            results.append(result)
+    return results

@@ -1,0 +1,46 @@
+"""How a model is spread over the workers: one module per strategy, each a subclass of base.Strategy.
+Which examples each worker takes of a global batch lives in data/batches.py.
+
+The registry names each strategy's class by import path, so choosing `ddp` never imports the pipeline
+machinery; config.py lists the names (STRATEGIES) without knowing the strategies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from ...config import STRATEGIES
+
+if TYPE_CHECKING:
+    from ...config import TrainConfig
+    from .base import Strategy
+
+REGISTRY = {
+    "ddp": "paratrain.parallel.strategies.ddp:DDP",
+    "tower": "paratrain.parallel.strategies.tower:TowerStrategy",
+    "pipeline": "paratrain.parallel.strategies.pipeline:PipelineStrategy",
+    "hybrid": "paratrain.parallel.strategies.hybrid:Hybrid",
+    "fsdp": "paratrain.parallel.strategies.fsdp:FSDP",
+    "hsdp": "paratrain.parallel.strategies.fsdp:HSDP",
+}
+
+
+def checked(cfg: TrainConfig) -> TrainConfig:
+    """`cfg`, once its strategy has checked the options it cannot take (a UserError otherwise): the
+    configuration's own checks (config.validate) know nothing of the strategies."""
+    strategy = get(cfg.strategy)
+    strategy.check_foreign(cfg)
+    strategy.check(cfg)
+    return cfg
+
+
+def get(name: str) -> type[Strategy]:
+    """The strategy class registered as `name`."""
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+assert tuple(REGISTRY) == STRATEGIES, "config.STRATEGIES names the strategies registered here, in order"
+
+__all__ = ["REGISTRY", "checked", "get"]

@@ -1,0 +1,255 @@
+"""What a strategy is: the rules for spreading one training over the workers, in the order a run needs them.
+
+Before launch (classmethods, in the launching process, without torch; runplan.make calls them): `check` the
+options, fill in `defaults`, `arrange` the batch split over the `copies` of the model, `prepare` what needs the
+data (a pipeline's cuts). What the workers must know of these decisions is the plan's `layout`, given to
+the instance. In each worker (an instance): `build` the part of the model this worker trains, `load` a
+checkpoint's weights into it and `restore` its optimizer state (a strategy owns loading as it owns saving),
+`wrap` it; every step `forward_backward`, `reduce_gradients`,
+`clip_grad_norm`; and `save`, `evaluate` and `summary` for checkpoints, evaluation and summary.json.
+
+The hooks leave room for a strategy whose workers do not hold the whole model: `build` returns whatever
+module this worker updates (a pipeline stage; sharded tensors under FSDP2), `average` makes the weight
+average (--ema) of it, `save` decides who writes what (rank 0 writes one whole-model file here; fsdp and the
+pipelines have every rank write its own part through torch.distributed.checkpoint, `_save_sharded`),
+`load`/`restore` read either form back (every strategy reads a sharded checkpoint: what it holds of it), and
+`evaluate`/`clip_grad_norm` run or reduce across workers where needed (a pipeline evaluates through its
+schedule; no strategy gathers the whole model). Not routed through a strategy: the weight histograms.
+Pipelines refuse --ema (their stages do not average a whole model).
+Adding a strategy: a module with a subclass, and one line in strategies/__init__.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ...core.errors import UserError
+
+if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.checked calls `check` without it
+    import torch
+    from torch import nn
+    from torch.optim.swa_utils import AveragedModel
+
+    from ...checkpoint.manager import RunCheckpoints
+    from ...components.parts import Parts
+    from ...components.phases import PhaseTimer
+    from ...config import TrainConfig
+    from ...data import Splits
+    from ...data.transforms import BatchPipeline
+    from ...runtime.devices import Hardware
+    from ...runtime.dist import DistContext
+    from ...runtime.env import Environment
+
+AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16"}  # --precision -> autocast dtype
+
+
+class Strategy:
+    name: ClassVar[str]
+    unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages
+    pipelined: ClassVar[bool] = False  # cuts the layers into stages (--stages, --split, --print-split)
+    lockstep: ClassVar[bool] = False  # every forward is a collective: evaluation runs as many on every worker
+
+    # ---- before launch, in the launching process ----
+
+    @classmethod
+    def check(cls, cfg: TrainConfig) -> None:
+        """Raise UserError for options this strategy cannot take (strategies.checked calls it)."""
+        if cfg.stages is not None:
+            raise UserError(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
+        for on, flag in ((cfg.compile, "--compile"), (cfg.memory_format == "channels_last", "--memory-format "
+                                                        "channels_last")):
+            if on and cfg.strategy != "ddp":
+                raise UserError(f"{flag} is available with --strategy ddp, not {cfg.strategy}; leave it out")
+
+    @classmethod
+    def check_foreign(cls, cfg: TrainConfig) -> None:
+        """Raise UserError for another strategy's own options (every strategy's, whatever its `check`)."""
+        sharding = ((cfg.shard_modules, "--shard-modules"), (cfg.shard_size is not None, "--shard-size"),
+                    (not cfg.reshard_after_forward, "--no-reshard-after-forward"), (cfg.cpu_offload, "--cpu-offload"))
+        for on, flag in sharding:
+            if on and cfg.strategy not in ("fsdp", "hsdp"):
+                raise UserError(f"{flag} is for --strategy fsdp or hsdp, not {cfg.strategy}")
+
+    @classmethod
+    def defaults(cls, cfg: TrainConfig) -> TrainConfig:
+        """The configuration with this strategy's defaults filled in, before the devices are resolved."""
+        return cfg
+
+    @classmethod
+    def copies(cls, cfg: TrainConfig, workers: int) -> int:
+        """Into how many shares the global batch splits on `workers` workers."""
+        return workers
+
+    @classmethod
+    def arrange(cls, cfg: TrainConfig, hardware: Hardware,
+                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        """The batch split over the workers, checked once before any process starts; the processes to
+        start; and the strategy's layout (what its workers read from the run's plan)."""
+        copies = cls.copies(cfg, hardware.workers)
+        if cfg.batch_per_worker:
+            cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
+        if cfg.batch_size % copies:
+            raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {cls.unit}; "
+                            f"use a multiple of {copies}")
+        return cfg, hardware, {}
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+        """What is decided once the data is loaded, for every worker alike: the resolved configuration, and
+        what it adds to the layout."""
+        return cfg, {}
+
+    # ---- in each worker ----
+
+    def __init__(self, ctx: DistContext, cfg: TrainConfig, layout: dict[str, Any] | None = None) -> None:
+        self.ctx, self.cfg, self.layout = ctx, cfg, layout or {}
+        self.module: Any = None  # what this worker trains (set by build)
+        self.model: Any = None  # what it calls: the module, or its wrapper (set by build, wrap)
+        self.loss: Any = None
+
+    def gradients_ready_at(self) -> float | None:
+        """When (time.perf_counter) this worker's own gradients of the step were ready, before it waited for
+        the others' (where the strategy can tell: data parallel on the CPU); None elsewhere."""
+        return None
+
+    @property
+    def batch_share(self) -> tuple[int, int]:
+        """(which, of how many): this worker's share of every global batch."""
+        return self.ctx.rank, self.ctx.world_size
+
+    def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+        """The module whose parameters this worker updates, on its device (the optimizer is built over it).
+        `model` is the whole model with its initial weights, on the CPU (`load` then loads a checkpoint)."""
+        self.loss = loss
+        self.module = self.model = model.to(self.ctx.device)
+        return self.module
+
+    def load(self, saved: dict) -> None:
+        """Load a checkpoint's weights into what this worker trains (after `build`): one whole-model file, or
+        a sharded checkpoint's folder (fsdp's or a pipeline's), of which this worker reads what it holds."""
+        from ...checkpoint import files as checkpoint
+
+        if "sharded" in saved:
+            self._read_sharded_weights(saved)
+        else:
+            checkpoint.load_weights(self.module, saved, self.cfg.resume, self.cfg.to_dict())
+
+    def average(self, decay: float) -> AveragedModel:
+        """The weight average (--ema) of what this worker trains (after `load`: it starts from those weights)."""
+        from ...components.optim import make_ema
+
+        return make_ema(self.module, decay)
+
+    def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
+        """Load a checkpoint's optimizer state into this worker's optimizer, and its weight average into
+        `ema` (a whole-model file's, or this worker's part of a sharded checkpoint's)."""
+        if "sharded" in saved:
+            self._read_sharded_state(optimizer, ema, saved)
+            return
+        optimizer.load_state_dict(saved["optimizer"])
+        if ema is not None and "ema_model" in saved:
+            ema.module.load_state_dict(saved["ema_model"])
+
+    # ---- sharded checkpoints (sharded.py): every rank writes and reads its own part, named as in the whole
+    # model; the optimizer state flattened to one key per parameter ("state.NAME.exp_avg", "param_groups.NAME.lr")
+    # so that ranks holding different parameters (a pipeline's stages) write parts that never collide ----
+
+    def _read_sharded_weights(self, saved: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        from ...checkpoint import dcp as sharded
+
+        weights = get_model_state_dict(self.module)
+        sharded.read(saved["sharded"], {"model": weights}, self.ctx.distributed)
+        set_model_state_dict(self.module, weights)
+
+    def _read_sharded_state(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        from ...checkpoint import dcp as sharded
+
+        options = sharded.state_dict_options(saved.get("flat_optimizer", True))
+        into: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.module, optimizer, options=options)}
+        if ema is not None and saved.get("ema_n_averaged") is not None:
+            into["ema_model"] = ema.module.state_dict()
+        sharded.read(saved["sharded"], into, self.ctx.distributed)
+        set_optimizer_state_dict(self.module, optimizer, into["optimizer"], options=options)
+        if "ema_model" in into:
+            ema.module.load_state_dict(into["ema_model"])
+
+    def _save_sharded(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
+                      extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
+        """Every rank writes its part of the weights, optimizer state and EMA (checkpoint/dcp.py; replicas'
+        parts once); rank 0 adds `extras()`. No rank gathers the whole model."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from ...checkpoint import dcp as sharded
+
+        weights, optimizer_state = get_state_dict(self.module, optimizer, options=sharded.state_dict_options())
+        tensors = {"model": weights, "optimizer": optimizer_state}
+        if ema is not None:
+            tensors["ema_model"] = ema.module.state_dict()
+        checkpoints.save(step, keep, ctx=self.ctx, tensors=tensors, meta=extras)
+
+    def wrap(self) -> None:
+        """Wrap the module for training, once its state is restored."""
+
+    def agree_buffers(self, module: nn.Module) -> None:
+        """Give every worker rank 0's buffers (BatchNorm's running statistics) before an evaluation or a
+        checkpoint, so that the split evaluation, the summary and the saved network are one network
+        (collective; none where the model has no buffers)."""
+        from ...components.batchnorm import broadcast_buffers
+
+        if self.ctx.distributed:
+            broadcast_buffers(module)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        import torch
+
+        dtype = AUTOCAST[self.cfg.precision]
+        return torch.autocast(self.ctx.device.type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()
+
+    def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
+                         backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One micro-batch: the mean loss and logits (None where this worker computes no loss). `sync`:
+        whether the gradients are reduced in this backward; `backward(loss)` scales and back-propagates."""
+        with self._autocast():
+            logits = self.model(x)
+        loss = self.loss(logits.float(), y)
+        backward(loss)
+        return loss, logits
+
+    def reduce_gradients(self, timer: PhaseTimer) -> None:
+        """Whatever gradient reduction forward_backward left to do before the update."""
+
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """Clip the gradients to a total norm of `max_norm` (here every worker holds every gradient)."""
+        from torch.nn.utils import clip_grad_norm_
+
+        clip_grad_norm_(self.module.parameters(), max_norm)
+
+    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
+                 flip: bool, meter: Any = None) -> tuple[float, float]:
+        """Accuracy and mean loss of the model being trained over a whole split (collective: every worker
+        evaluates its share, the sums are all-reduced); `meter` (metrics.Meter) sees every batch."""
+        from ...components.evaluation import evaluate
+
+        return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
+
+    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
+             extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
+        """Write a checkpoint: rank 0 writes the whole model, optimizer state and weight average with
+        `extras()` (scheduler, step, config; built on the writing rank only) to one file; a strategy whose
+        workers hold parts of the model writes a sharded checkpoint instead (`_save_sharded`)."""
+        if self.ctx.is_main:
+            state = {"model": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+                     "optimizer": optimizer.state_dict(), **extras()}
+            if ema is not None:
+                state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
+            checkpoints.save(step, keep, state=state)
+
+    def summary(self) -> dict[str, Any]:
+        """What the strategy adds to summary.json (collective where it measures across workers)."""
+        return {"strategy": self.name, "world_size": self.ctx.world_size, "pipeline": None}

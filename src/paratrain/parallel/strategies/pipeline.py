@@ -1,0 +1,185 @@
+"""Model parallelism: the layers cut into K stages, a worker each, micro-batches flowing through them.
+The machinery (where to cut, the stage, its schedule, evaluation through it) is in stages.py. No worker holds
+the whole model: each evaluates and checkpoints its own stage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ...core.errors import UserError
+from ...core.tracebacks import failed
+from .base import Strategy
+
+if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.checked calls `check` without it)
+    import torch
+    from torch import nn
+    from torch.optim.swa_utils import AveragedModel
+
+    from ...checkpoint.manager import RunCheckpoints
+    from ...components.parts import Parts
+    from ...components.phases import PhaseTimer
+    from ...config import TrainConfig
+    from ...data import Splits
+    from ...data.transforms import BatchPipeline
+    from ...runtime.devices import Hardware
+    from ...runtime.env import Environment
+    from .stages import Pipeline
+
+
+class PipelineStrategy(Strategy):
+    name = "pipeline"
+    pipelined = True  # (one copy of the pipeline: the batch split cannot fail)
+
+    @classmethod
+    def check(cls, cfg: TrainConfig) -> None:
+        if cfg.stages is None or cfg.stages < 2:
+            raise UserError(f"--strategy {cfg.strategy} needs --stages K, 2 or more (the pieces the layers are "
+                            "cut into)")
+        # What a pipeline does not do (yet): each needs the whole model's gradients or weights per step.
+        for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
+                         (cfg.precision != "32", "--precision " + cfg.precision),
+                         (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases"),
+                         (cfg.compile, "--compile"),
+                         (cfg.memory_format == "channels_last", "--memory-format channels_last")):
+            if on:
+                raise UserError(f"{flag} is not available with --strategy {cfg.strategy}; leave it out or use "
+                                "--strategy ddp")
+
+    @classmethod
+    def defaults(cls, cfg: TrainConfig) -> TrainConfig:
+        return cfg.replace(devices=str(cfg.stages)) if cfg.devices == "auto" else cfg  # a worker per stage
+
+    @classmethod
+    def copies(cls, cfg: TrainConfig, workers: int) -> int:
+        if workers != cfg.stages:
+            raise UserError(f"--strategy pipeline runs one worker per stage: --stages {cfg.stages} needs --devices "
+                            f"{cfg.stages}, not {workers}; for more workers use --strategy hybrid")
+        return 1
+
+    @classmethod
+    def arrange(cls, cfg: TrainConfig, hardware: Hardware,
+                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        cfg, hardware, layout = super().arrange(cfg, hardware, env)
+        copies = cls.copies(cfg, hardware.workers)
+        if (cfg.batch_size // copies) % cfg.microbatches:
+            raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
+                            f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
+                            f"{copies * cfg.microbatches}")
+        return cfg, hardware, layout
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+        from torch.distributed.pipelining import ScheduleGPipe
+
+        from ...components.batchnorm import has_batchnorm
+        from ...components.build import make_model
+
+        if not hasattr(ScheduleGPipe, "eval"):  # evaluation runs the schedule forward only
+            raise UserError(f"--strategy {cfg.strategy} evaluates through the pipeline schedule's eval(), which this "
+                            "torch lacks; install torch>=2.9")
+        model = make_model(cfg, data, parts)
+        if cfg.batchnorm == "sync" and has_batchnorm(model):
+            raise UserError(f"--strategy {cfg.strategy} cannot keep --batchnorm sync: a stage normalises each "
+                            "micro-batch, which one device never does; pass --batchnorm local to run it so anyway, "
+                            "or use --strategy ddp")
+        cfg = cls.cut(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
+        return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
+
+    @classmethod
+    def cut(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None,
+            model: nn.Module | None = None) -> tuple[TrainConfig, str]:
+        """Resolve --split (auto: balance the counted cost) into cut points, once, for every worker; and the
+        table that --print-split shows. `model`: the network, where the caller has built it already."""
+
+        from ...components.build import make_model
+        from . import stages
+
+        example = stages.example_batch(cfg, data, 1)
+        model = stages.layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model, example)
+        try:
+            cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, example)
+        except UserError:
+            raise
+        except Exception as e:  # noqa: BLE001 (the network's own failure, on one image in evaluation mode)
+            raise failed("the network failed as its layers' costs were counted (one image, evaluation mode)",
+                         e) from None
+        return cfg.replace(split=",".join(map(str, cuts))), stages.split_table(model, cuts, costs)
+
+    # ---- in each worker: its stage ----
+
+    stage: Pipeline
+
+    @property
+    def batch_share(self) -> tuple[int, int]:
+        return self.stage.layout.replica, self.stage.layout.replicas  # every stage of a copy sees its batch
+
+    def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+
+        from ...components.batchnorm import has_batchnorm
+        from .stages import Layout, Pipeline, example_batch, layers_of
+
+        cfg, ctx = self.cfg, self.ctx
+        layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
+        micro = cfg.batch_size // layout.replicas // cfg.microbatches
+        cuts = self.layout["cuts"]  # resolved once before launch (prepare)
+        example = example_batch(cfg, data, micro)
+        self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, layout, ctx.device, cfg.microbatches,
+                              cfg.schedule, example, loss)
+        self.module = self.model = self.stage.module
+        if cfg.batchnorm == "local" and ctx.is_main and not cfg.quiet and has_batchnorm(model):
+            print(f"paratrain: note: --strategy {cfg.strategy} with --batchnorm local: each stage normalises its "
+                  "BatchNorm layers over one micro-batch, so the run does not equal one device", flush=True)
+        return self.module
+
+    def agree_buffers(self, module: nn.Module) -> None:
+        """Hybrid: the copies of a stage take copy 0's buffers (each stage owns its layers' buffers)."""
+        from ...components.batchnorm import broadcast_buffers
+
+        if self.stage.layout.replicas > 1:
+            broadcast_buffers(module, group=self.stage.dp_group)
+
+    def load(self, saved: dict) -> None:
+        """This stage's layers: its part of a sharded checkpoint (base), or of a whole model's file (the stage
+        names its layers as the whole model does)."""
+        from ...checkpoint import files as checkpoint
+
+        if "sharded" in saved:
+            super().load(saved)
+            return
+        names = dict(self.stage.module.named_children())
+        mine = {k: v for k, v in saved["model"].items() if k.split(".", 1)[0] in names}
+        checkpoint.load_weights(self.module, {**saved, "model": mine}, self.cfg.resume, self.cfg.to_dict())
+
+    def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
+        if "sharded" in saved:
+            super().restore(optimizer, None, saved)  # no EMA: pipelines refuse --ema
+        else:
+            self.stage.load_optimizer(optimizer, saved["optimizer"])
+
+    def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
+                         backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self.stage.step(x, y)  # the schedule runs the backward; only the last stage has the loss
+
+    def reduce_gradients(self, timer: PhaseTimer) -> None:
+        self.stage.average_gradients()
+
+    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
+                 flip: bool, meter: Any = None) -> tuple[float, float]:
+        """Through the schedule, forward only, in batches of a copy's training batch (the stages' shapes are
+        fixed: `batch_size` does not apply); the copies share the split out."""
+        from ...components.evaluation import totals
+
+        return totals(self.stage.evaluate(pair, prep, loss, flip, meter), self.ctx)
+
+    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
+             extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
+        """Each stage writes its own layers and their optimizer state (one copy's, under hybrid): a sharded
+        checkpoint, which every strategy reads."""
+        self._save_sharded(optimizer, ema, extras, checkpoints, step, keep)
+
+    def summary(self) -> dict[str, Any]:
+        cfg, cuts = self.cfg, ",".join(map(str, self.layout["cuts"]))
+        return {**super().summary(), "pipeline": {"stages": cfg.stages, "microbatches": cfg.microbatches,
+                                                  "schedule": cfg.schedule, "cuts": cuts,
+                                                  "bubble": self.stage.bubble()}}

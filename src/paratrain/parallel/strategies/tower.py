@@ -1,0 +1,62 @@
+"""The classic multi-GPU "tower" recipe, in one process, for comparison with DDP (the model is
+models/tower.py): the parameters on one device, a replica per device fed fresh weights every step, the
+gradients summed on the parameter device, one optimizer step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...core.errors import UserError
+from .base import Strategy
+
+if TYPE_CHECKING:
+    from ...components.parts import Parts
+    from ...config import TrainConfig
+    from ...data import Splits
+    from ...runtime.devices import Hardware
+    from ...runtime.env import Environment
+
+
+class TowerStrategy(Strategy):
+    name = "tower"
+    unit = "towers"
+
+    @classmethod
+    def arrange(cls, cfg: TrainConfig, hardware: Hardware,
+                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        """One process whose device is the parameter device; its replicas are the run's devices (GPUs,
+        or copies on the CPU), in the layout."""
+        from ...runtime import devices
+
+        cfg, hardware, layout = super().arrange(cfg, hardware, env)
+        if env.in_group:
+            raise UserError("--strategy tower runs in one process; start it without torchrun")
+        on_cpu = hardware.accelerator == "cpu" or cfg.param_device == "cpu"
+        # the cores its workers would have had (a search trial's share of the pool, not every core)
+        threads = min(devices.usable_cores(), hardware.threads_per_worker * hardware.workers)
+        one = devices.Hardware("cpu" if on_cpu else "gpu", 1, threads, "none")
+        # config.yaml records the resolved devices, which a resumed run then asks for again
+        return (cfg.replace(accelerator=hardware.accelerator, devices=str(hardware.workers)), one,
+                {**layout, "replicas": list(range(hardware.workers))})  # places in the run's device map
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+        from ...components.batchnorm import has_batchnorm
+        from ...components.build import make_model
+
+        # Its replicas run the layer through functional_call on copies of the buffers: on the CPU they share
+        # the running statistics (updated N times a step), on GPUs the updates are lost.
+        if has_batchnorm(make_model(cfg, data, parts)):
+            raise UserError("--strategy tower cannot train a network with BatchNorm layers (its replicas would "
+                            "update the running statistics wrongly); use --strategy ddp")
+        return cfg, {}
+
+    def wrap(self) -> None:
+        import torch
+
+        from ...models.tower import Tower
+
+        self.model = Tower(self.module, [torch.device(d) for d in self.layout["replicas"]])
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "world_size": len(self.layout["replicas"])}

@@ -1,0 +1,104 @@
+"""The process that workers are forked from: started early, it imports torch while the launcher reads the data.
+
+A spawned worker spends ~1.5 s importing torch, and its first optimizer step ~1.7 s more importing
+torch._dynamo (torch.optim's step imports it whether or not anything is compiled). A forkserver that has
+them loaded forks workers that start in a moment; each is as fresh as a spawned one (it imports the user's
+main script again, as spawn does). This module imports no torch, so the command line can start it first.
+
+What a forked worker must undo to be as a spawned one (launch._worker calls `detach`): it holds the
+launcher's end of the forkserver's lifeline (so a killed launcher would leave the forkserver, and through
+it the workers, alive), SIGTERM ignored (the forkserver ignores it: see _in_forkserver.py), and the
+environment and standard streams of the forkserver's start rather than of the launch (handed over with
+the worker's arguments: `environ` and `Streams`). Linux only: elsewhere workers are spawned, as
+multiprocessing's own defaults there advise (macOS's system frameworks are not fork-safe).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Iterator
+
+PRELOAD = ["paratrain.runtime._in_forkserver", "torch", "torch._dynamo", "paratrain.training.worker",
+           "paratrain.parallel.launch"]
+
+
+def start_method() -> str:
+    """forkserver on Linux; else spawn. PARATRAIN_START_METHOD=spawn asks for spawn (how workers started
+    before; benchmarks/startup.py compares the two)."""
+    if os.environ.get("PARATRAIN_START_METHOD") == "spawn" or not sys.platform.startswith("linux"):
+        return "spawn"
+    return "forkserver"
+
+
+def warm_up(shield: int | None = None) -> None:
+    """Start multiprocessing's helper processes now: its resource tracker, and the forkserver (it returns at
+    once; the server imports in the background). Every later launch of this process reuses them. `shield`:
+    in a Slurm job, its requeue signal (requeue.signal_for), blocked in them for life (shielded)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    with shielded(shield):
+        resource_tracker.ensure_running()
+        if start_method() == "forkserver":
+            multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+            forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def shielded(signum: int | None) -> Iterator[None]:
+    """Block `signum` while helper processes start, which keep the mask for life.
+
+    Slurm's warning before a job's end reaches every process of the step, and ends one that does not handle
+    it: the forkserver would die, and with it (PR_SET_PDEATHSIG) every worker before it saves; the resource
+    tracker would die and print tracebacks. A forked worker inherits the block and lets go of it as it
+    installs its stop handler (interrupt.StopRequest), so a warning that came meanwhile is kept for it."""
+    if signum is None:
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def streams() -> Streams | None:
+    """The launcher's standard streams for a forked worker (a spawned one has them already)."""
+    return Streams() if start_method() == "forkserver" else None
+
+
+def detach() -> None:
+    """In a worker forked from the forkserver, first thing: let go of the launcher's end of the forkserver's
+    lifeline, which the forkserver hands every child (it exits when every end is closed, so a launcher
+    killed with SIGKILL ends it, and PR_SET_PDEATHSIG then ends the workers); and take SIGTERM back,
+    which the forkserver ignores. A no-op in a spawned worker."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # multiprocessing's own record of the lifeline in this process
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class Streams:
+    """The launcher's standard output and error as they are at the launch, for a worker to write to: a forked
+    worker would otherwise write where the forkserver's pointed when it started (a caller may have
+    redirected them since, as pytest's capture does)."""
+
+    def __reduce__(self) -> tuple:  # pickled as the worker is started: the files travel with it
+        from multiprocessing.reduction import DupFd
+
+        return (_adopt, (DupFd(1), DupFd(2)))
+
+
+def _adopt(out: object, err: object) -> None:
+    """In the worker, as its arguments are unpickled: point its standard output and error at the launcher's."""
+    for handle, fd in ((out, 1), (err, 2)):
+        received = handle.detach()
+        if received != fd:
+            os.dup2(received, fd)
+            os.close(received)

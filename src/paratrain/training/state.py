@@ -1,0 +1,181 @@
+"""What a worker's run changes as it goes (RunState), its loss and compiler settings, and the summary its
+rank 0 writes (summary.json) from that state and the run's record: apart from the loop (trainer.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+from ..runtime import clock
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
+    from ..runtime.env import Environment
+
+
+def quiet_compiler() -> None:
+    """torch.compile in a worker: code generation in this process (inductor's pool of compile processes would
+    put more processes than cores beside the workers, and leaves a semaphore behind at a worker's exit), and
+    without the warning that a CPU machine has no CUDA runtime (which no CPU run needs)."""
+    import logging
+
+    import torch._inductor.config as inductor
+
+    inductor.compile_threads = 1
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
+@dataclass
+class RunState:
+    """What a run changes as it goes. A checkpoint restores the model, optimizer, scheduler, scaler, EMA and step."""
+
+    model: nn.Module  # this worker's trained module, unwrapped (the strategy's `module`)
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    ema: AveragedModel | None
+    step: int = 0
+    first_step: int = 0  # where this process started (a resumed run's checkpoint step)
+    saved_step: int = -1  # the step of the last checkpoint written
+    steps_run: int = 0
+    train_time: float = 0.0
+    eval_time: float = 0.0
+    val: tuple[float, float, dict[str, float]] = (math.nan, math.nan, {})  # accuracy, loss, metrics
+    stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
+    # or "pruned" (a search's pruner)
+    validated: int = 0  # epochs validated (a checkpoint at an epoch's last step comes before its validation)
+    best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
+    since_best: int = 0  # and the epochs validated since it
+
+    def watch_val_loss(self, patience: int | None) -> None:
+        """--early-stopping after a validation: every worker holds the same validation loss (evaluation reduces
+        it), so every worker decides alike, with no message passed."""
+        if patience is None:
+            return
+        if self.val[1] < self.best_val_loss:
+            self.best_val_loss, self.since_best = self.val[1], 0
+        else:  # a NaN validation loss too
+            self.since_best += 1
+        if self.since_best >= patience and self.stop is None:
+            self.stop = "early"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run's summary says besides its state: what ran, where, who started it, how it started and ended."""
+
+    cfg: TrainConfig
+    model: str  # the registry's name, or the user's network's
+    per_epoch: int  # updates per epoch (the plan's length)
+    devices: list[str]  # each worker's device
+    run_dir: Path
+    env: Environment
+    restarts: int
+    parts: dict[str, Any] | None  # the user's own parts that ran (parts.yaml)
+    classes: list[str] | None
+    marks: dict[str, float]  # start-up marks (runtime/clock.py)
+    finish_s: dict[str, float | None]  # the finish's phases
+    step_phases: dict[str, Any]  # the step's phases (--time-phases)
+
+
+def sync_waits(waits: torch.Tensor | None, train_time: float) -> dict[str, Any]:
+    """Each worker's seconds spent waiting for the busiest worker at the steps' synchronisation, and the
+    straggler: the worker that waited least, where another waited more than 1 s and 10% of the training
+    time. Measured where a worker's own part of a step can be timed apart from its waiting (`waits`): data
+    parallel on the CPU (None elsewhere: on a GPU the host does not see the wait inside NCCL's all-reduce)."""
+    if waits is None:
+        return {"sync_wait_s": None, "straggler": None}
+    waits = waits.tolist()
+    straggler = waits.index(min(waits)) if max(waits) > max(1.0, 0.1 * train_time) else None
+    return {"sync_wait_s": [round(w, 3) for w in waits], "straggler": straggler}
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    """The bytes of `tensor` this worker holds: its own shard of a sharded (DTensor) one."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def memory_figures(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: Any) -> dict[str, Any]:
+    """For each worker: the bytes of the model state it holds (its parameters, their gradients, which exist
+    during every step, and its optimizer state: its shards under fsdp), and its peak memory (the GPU's
+    allocated bytes, or the process's resident set on the CPU). A collective: every worker calls it."""
+    import resource
+
+    params = sum(_local_bytes(p) for p in module.parameters())
+    grads = sum(_local_bytes(p) for p in module.parameters() if p.requires_grad)
+    state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
+    on_gpu = ctx.device.type == "cuda"
+    peak = torch.cuda.max_memory_allocated(ctx.device) if on_gpu else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts it in KiB
+    rows = torch.zeros(ctx.world_size, 4, dtype=torch.float64, device=ctx.device)
+    rows[ctx.rank] = torch.tensor([params, grads, state, peak], dtype=torch.float64)
+    ctx.all_reduce_sum(rows)
+    held = [{"parameters": int(p), "gradients": int(g), "optimizer": int(o), "total": int(p + g + o)}
+            for p, g, o, _ in rows.tolist()]
+    return {"model_state_bytes": held, "peak_memory_bytes": [int(r[3]) for r in rows.tolist()],
+            "peak_memory_of": "gpu allocated" if on_gpu else "process rss"}
+
+
+def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dict],
+               test_ema: tuple[float, float, dict] | None, added: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's figures: the run's state and record, its test (and the EMA's), the strategy's own."""
+    cfg, per_update, env = record.cfg, record.cfg.batch_size * record.cfg.accumulate, record.env
+    reported = test_ema if cfg.eval_ema else test
+
+    def finite(v: float) -> float | None:
+        return v if math.isfinite(v) else None
+
+    return {
+        "model": record.model,
+        "dataset": cfg.dataset, "strategy": added["strategy"], "world_size": added["world_size"],
+        "global_batch_size": per_update, "steps": state.step,
+        "epochs": math.ceil(state.step / record.per_epoch),
+        "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": record.step_phases,
+        "examples_per_sec": state.steps_run * per_update / state.train_time
+        if state.steps_run and state.train_time else None,
+        "test_accuracy": finite(reported[0]), "test_loss": reported[1],  # None: no classes, or no test set
+        "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
+        "test_accuracy_raw": finite(test[0]), "test_accuracy_ema": finite(test_ema[0]) if test_ema else None,
+        "evaluated_with": "ema" if cfg.eval_ema else "weights", "stopped_by_time": state.stop == "time",
+        "stopped_early": state.stop == "early", "pruned": state.stop == "pruned",
+        "epochs_validated": state.validated,
+        "final_lr": state.optimizer.param_groups[0]["lr"], "precision": cfg.precision, "seed": cfg.seed,
+        "torch_version": torch.__version__, "devices": record.devices,
+        "run_dir": str(record.run_dir), "pipeline": added["pipeline"], "restarts": record.restarts,
+        "resumed_from_step": state.first_step or None, "parts": record.parts, "classes": record.classes,
+        "startup_s": clock.startup(record.marks), "first_step_at_s": clock.first_step_at(record.marks),
+        "finish_s": record.finish_s, "ended_at": time.time(),
+        "launcher": env.launcher_name,  # who started the workers; Slurm's job and requeues
+        "slurm_job": env.slurm.name if env.slurm else None, "requeues": env.slurm.restart_count if env.slurm else None,
+        "metrics": list(reported[2]),  # their names (--metric, fit's metrics=): val_NAME and test_NAME
+        **{f"val_{k}": finite(v) for k, v in state.val[2].items()},
+        **{f"test_{k}": finite(v) for k, v in reported[2].items()},
+    }
+
+
+# What a start that trains no step (a finished run evaluated again) takes from the run's summary.json: the
+# figures of the training, which this start did not measure.
+TRAINED_FIGURES = ("strategy", "world_size", "train_time_s", "step_phases_s", "examples_per_sec", "val_accuracy",
+                   "val_loss", "stopped_by_time", "stopped_early", "pruned", "epochs_validated", "devices", "restarts",
+                   "resumed_from_step", "startup_s", "first_step_at_s", "sync_wait_s", "straggler")
+
+
+def trained_figures(run_dir: Path, step: int) -> dict[str, Any]:
+    """The figures of the start that trained up to `step`, from summary.json; none where that file is
+    missing, unreadable or an earlier start's (stopped or killed after its last step, before its summary)."""
+    try:
+        earlier = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(earlier, dict) or earlier.get("steps") != step:
+        return {}
+    return {k: earlier[k] for k in TRAINED_FIGURES if k in earlier}

@@ -1,0 +1,394 @@
+"""The one training loop. Every worker runs a Trainer; rank 0 writes and prints.
+
+    Trainer.__init__   set-up: the strategy builds this worker's module; optimizer, schedule, EMA; resume
+    Trainer.run        epochs: _train_epoch (steps), _validate, then _finish (test, checkpoint, summary)
+    one step           _forward_backward (micro-batches) -> _agree (one tiny all-reduce) -> _update -> _after_update
+    a stop signal      _leave: checkpoint, then raise Stopped (no evaluation)
+
+What depends on the parallelism (how the model is split, wrapped, reduced, gathered, saved) is the
+strategy's (strategies/); what a run changes as it goes is in one RunState.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint.manager import RunCheckpoints
+from ..checkpoint.run_folder import kept_after_failure
+from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
+from ..components.evaluation import SUMS, evaluate, step_sums
+from ..components.log import RunLog, write_summary
+from ..components.losses import evaluation_loss, training_loss
+from ..components.metrics import Meter, for_run
+from ..components.parts import Parts
+from ..components.phases import PhaseTimer
+from ..config.length import step_seed
+from ..core.errors import UserError, WriteFailed
+from ..data import Splits
+from ..data.batches import epoch_permutation, global_batch, worker_part
+from ..parallel import strategies
+from ..parallel.runplan import RunPlan
+from ..runtime.dist import DistContext
+from ..runtime.interrupt import Stopped, StopRequest, signal_name
+from .state import RunRecord, RunState, memory_figures, quiet_compiler, summary_of, sync_waits, trained_figures
+
+
+class Trainer:
+    """One worker's training run: build it (set-up, from the checkpoint `saved` it carries on from), then
+    `run()` it once."""
+
+    def __init__(self, ctx: DistContext, plan: RunPlan, saved: dict[str, Any] | None = None,
+                 stop: StopRequest | None = None, devices: list[str] | None = None, restarts: int = 0,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        cfg, data = plan.cfg, plan.data
+        self.ctx, self.cfg, self.stop_request, self.on_step = ctx, cfg, stop, on_step
+        self.devices, self.restarts = devices, restarts
+        self.parts = plan.parts or Parts()
+        self.loss = self.parts.loss  # None: --loss (auto: cross-entropy for class indices, else the mse)
+        self.eval_loss = self.loss if self.loss is not None else evaluation_loss(cfg, data.classification)
+        self.metrics = for_run(cfg.metric, self.parts.metrics, data)  # name -> metric, beside the loss
+        self.length = plan.length
+        self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
+        self.report, self.env = plan.report, plan.env
+        self.writes_summary = not plan.launcher_writes_summary
+        self.state = self._set_up(data, saved)
+        # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
+        self.data = data.to(ctx.device)
+        self.prep = make_batch_transforms(cfg, self.data, ctx.device)
+        self.run_dir = Path(cfg.out)
+        self.checkpoints = RunCheckpoints(self.run_dir)  # the one owner of the run's checkpoints/
+        self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
+                          self.state.validated)
+        self.timer = PhaseTimer(ctx, cfg.time_phases)
+        self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
+        self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
+        # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
+        self.to_means = torch.tensor([self.strategy.batch_share[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
+        self.t_start = self.t_window = 0.0
+        # straggler accounting (summary.json's sync_wait_s), where a worker's own part of a step can be timed
+        # apart from its waiting (data parallel on the CPU): this worker's busy time since the last _agree
+        # (its forward-backward until its gradients were ready, and its update), and every worker's waits
+        self.waits_measured = ctx.device.type == "cpu" and cfg.strategy == "ddp"
+        self.busy = 0.0
+        self.waits = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+        self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
+        self.finish_s: dict[str, float | None] = {}
+
+    # ---- set-up ----
+
+    def _set_up(self, data: Splits, saved: dict[str, Any] | None) -> RunState:
+        cfg = self.cfg  # `saved`: read by this process (resume.py), its own to update in place
+        torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
+        module = self.strategy.build(make_model(cfg, data, self.parts), data,
+                                     self.loss or training_loss(cfg, data.classification))
+        if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
+            self.strategy.load(saved)
+        if memory_format(cfg) == torch.channels_last:  # before DDP lays out its buckets and the EMA copies it
+            module.to(memory_format=torch.channels_last)
+        state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
+                                                  self.length.per_epoch, self.ctx.device),
+                         self.strategy.average(cfg.ema) if cfg.ema else None)
+        if saved is not None:
+            self._restore(state, saved)
+        if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
+            quiet_compiler()
+            module.compile()
+        self.strategy.wrap()
+        return state
+
+    def _restore(self, state: RunState, saved: dict[str, Any]) -> None:
+        self.strategy.restore(state.optimizer, state.ema, saved)
+        state.scheduler.load_state_dict(saved.get("scheduler", {"last_epoch": saved["step"]}))
+        state.scaler.load_state_dict(saved.get("scaler", {}))
+        if state.ema is not None and saved.get("ema_n_averaged") is not None:  # restore() loaded its weights
+            state.ema.n_averaged.fill_(saved["ema_n_averaged"])
+        state.step = state.first_step = int(saved["step"])
+        # a checkpoint of an earlier version: its epochs count as validated
+        state.validated = int(saved.get("validated", state.step // self.length.per_epoch))
+        state.best_val_loss, state.since_best = saved.get("early_stopping", (math.inf, 0))
+        if self.cfg.early_stopping is not None and state.since_best >= self.cfg.early_stopping:
+            state.stop = "early"  # it had stopped early: resumed (or restarted), it trains no further
+
+    # ---- the run ----
+
+    def run(self) -> dict[str, Any] | None:
+        """Train, evaluate, write the run directory. Returns the summary on rank 0, None elsewhere."""
+        try:
+            return self._run()
+        except WriteFailed as e:  # a full disk, say: one line that says what was kept and how to go on
+            raise WriteFailed(e.path, e.cause, kept_after_failure(self.run_dir, e.remedy())) from None
+
+    def _run(self) -> dict[str, Any] | None:
+        state, length = self.state, self.length
+        try:
+            self.t_start = self.t_window = time.perf_counter()
+            self.strategy.model.train()
+            if state.validated < min(state.step // length.per_epoch, length.epochs):  # saved before its validation
+                self._validate(state.validated, 0.0)
+            for epoch in range(state.step // length.per_epoch, length.epochs):
+                if state.stop:  # --early-stopping decided at the validation just made up for
+                    break
+                epoch_time = self._train_epoch(epoch)
+                if state.stop == "signal":
+                    self._leave(epoch)
+                self._validate(epoch, epoch_time)
+                if state.stop:
+                    break
+            return self._finish()
+        except BaseException:  # a NaN loss, a signal, a failed collective or write: flush the logs, keep the cause
+            with contextlib.suppress(WriteFailed):
+                self.log.close()
+            raise
+
+    def _train_epoch(self, epoch: int) -> float:
+        """The epoch's steps (from a resumed step on); its training time."""
+        state, length, ctx = self.state, self.length, self.ctx
+        perm = epoch_permutation(len(self.data.train[1]), self.cfg.seed, epoch).to(ctx.device)
+        ctx.synchronize()
+        t_epoch = time.perf_counter()
+        for i in range(state.step - epoch * length.per_epoch,
+                       min(length.per_epoch, length.total_steps - epoch * length.per_epoch)):
+            time_up, asked = self._agree(self._forward_backward(perm, i))
+            self._update()
+            self._after_update(epoch)
+            if state.steps_run == 1:
+                ctx.synchronize()
+                self.marks["first_step_done"] = time.time()
+            if asked:
+                state.stop = "signal"
+                break
+            if time_up:
+                state.stop = "time"
+                break
+        ctx.synchronize()
+        epoch_time = time.perf_counter() - t_epoch
+        state.train_time += epoch_time
+        return epoch_time
+
+    # ---- one step ----
+
+    def _forward_backward(self, perm: torch.Tensor, i: int) -> torch.Tensor:
+        """Forward and backward over the step's micro-batches (--accumulate); the summed mean losses."""
+        cfg, acc = self.cfg, self.cfg.accumulate
+        self.generator.manual_seed(step_seed(cfg.seed, self.state.step, self.ctx.rank))
+        t_start = time.perf_counter()
+        step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        which, of = self.strategy.batch_share
+        for k in range(acc):
+            with self.timer.phase("data"):
+                x, y = self._fetch(worker_part(global_batch(perm, i * acc + k, cfg.batch_size), which, of))
+            sync = k == acc - 1 and not self.timer.active  # timed runs all-reduce explicitly (reduce_gradients)
+            with self.timer.phase("compute"):
+                loss, logits = self.strategy.forward_backward(x, y, sync, self._backward)
+            if loss is None:  # a pipeline stage before the last
+                continue
+            step_loss += loss.detach().double()
+            self.window += step_sums(loss.detach(), logits.detach(), y)  # read back at log steps only (no stall)
+        self.busy += (self.strategy.gradients_ready_at() or time.perf_counter()) - t_start
+        return step_loss
+
+    def _fetch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples `idx` of the training set, transformed (the one place the loop reads the data)."""
+        x, y = self.data.train
+        return self.prep.train(x[idx], self.generator), y[idx]
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.state.scaler.scale(loss / self.cfg.accumulate).backward()
+
+    def _agree(self, step_loss: torch.Tensor) -> tuple[bool, bool]:
+        """One tiny all-reduce per update: every worker learns, before updating, whether any loss is
+        non-finite, whether rank 0's clock ran out (--max-time), and whether any worker was asked to stop
+        (SIGINT/SIGTERM), so they all stop at the same step. Returns (time up, asked to stop)."""
+        cfg, ctx = self.cfg, self.ctx
+        time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
+        asked = self.stop_request is not None and self.stop_request.signum != 0
+        flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
+        summed = torch.stack([step_loss / cfg.accumulate, *flag])
+        if self.waits_measured and ctx.distributed:
+            # Each worker's busy time rides along (one slot each): a worker waited, this step, for as long as
+            # the busiest worker was busy beyond it. A straggler's stall counts against it, wherever it falls in
+            # its own work; what the communication itself takes counts for no one.
+            busy = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+            busy[ctx.rank] = self.busy
+            summed = ctx.all_reduce_sum(torch.cat([summed, busy]))
+            self.waits += summed[3:].max() - summed[3:]
+        else:
+            ctx.all_reduce_sum(summed)
+        self.busy = 0.0
+        mean_loss, time_flag, signal_flag = (summed[:3] / self.to_means).tolist()
+        if not math.isfinite(mean_loss):
+            raise UserError(f"the loss became {mean_loss} at step {self.state.step + 1}; stopped before updating. "
+                            f"Lower --lr; the last good checkpoint is kept in {self.checkpoints.folder}", code=3)
+        return bool(time_flag), bool(signal_flag)
+
+    def _update(self) -> None:
+        """Reduce what the strategy left unreduced, then one optimizer step (and the EMA's)."""
+        state, cfg = self.state, self.cfg
+        self.strategy.reduce_gradients(self.timer)
+        t_start = time.perf_counter()
+        with self.timer.phase("optimizer"):
+            if cfg.clip_grad_norm:
+                state.scaler.unscale_(state.optimizer)
+                self.strategy.clip_grad_norm(cfg.clip_grad_norm)
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+            state.scheduler.step()
+            if state.ema is not None:
+                state.ema.update_parameters(state.model)
+        self.busy += time.perf_counter() - t_start  # told to the others at the next step's _agree
+        self.timer.steps += 1
+        state.step += 1
+        state.steps_run += 1
+        if self.on_step is not None:  # the launcher's record of where each worker is (launch._worker)
+            self.on_step(state.step)
+
+    def _after_update(self, epoch: int) -> None:
+        state, cfg = self.state, self.cfg
+        if cfg.histogram_every and state.step % cfg.histogram_every == 0:
+            self.log.histograms(state.step, state.model)
+        state.optimizer.zero_grad(set_to_none=True)
+        if state.step % cfg.log_every == 0 or state.step == self.length.total_steps:
+            self._log_step(epoch)
+        self.log.advance()
+        if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
+            self._checkpoint(epoch)
+
+    # ---- logging, checkpoints, evaluation ----
+
+    def _log_step(self, epoch: int) -> None:
+        """The training loss and accuracy since the last log line, over all workers (a collective)."""
+        loss_sum, correct, count, with_class = self.ctx.all_reduce_sum(self.window).tolist()
+        now = time.perf_counter()
+        elapsed, per_update = now - self.t_window, self.cfg.batch_size * self.cfg.accumulate
+        self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / count, examples_per_sec=count / elapsed,
+                      train_accuracy=correct / with_class if with_class else None,
+                      lr=self.state.optimizer.param_groups[0]["lr"], time_s=elapsed,
+                      sec_per_batch=elapsed * per_update / count)
+        self.window.zero_()
+        self.t_window = now
+
+    def _agree_buffers(self) -> None:
+        """Every worker takes the buffers that rank 0 holds and saves (BatchNorm's running statistics, which
+        --batchnorm local lets drift apart), so an evaluation split over the workers judges the saved network.
+        Training never reads them, so this changes no step."""
+        self.strategy.agree_buffers(self.state.model)
+        if self.state.ema is not None:
+            self.strategy.agree_buffers(self.state.ema.module)
+
+    def _checkpoint(self, epoch: int) -> None:
+        """Save the run's state (a collective: the strategy decides who writes what)."""
+        state = self.state
+        self._agree_buffers()
+        self.strategy.save(state.optimizer, state.ema, lambda: self._extras(epoch), self.checkpoints, state.step,
+                           self.cfg.keep_checkpoints)
+        state.saved_step = state.step
+
+    def _extras(self, epoch: int) -> dict[str, Any]:
+        """What a checkpoint holds besides the model and the optimizer state."""
+        state = self.state
+        extras = {"scheduler": state.scheduler.state_dict(), "scaler": state.scaler.state_dict(), "step": state.step,
+                  "epoch": epoch, "config": self.cfg.to_dict(),
+                  "data": self.data.shape_info(),  # to rebuild the model without the data
+                  "validated": state.validated, "early_stopping": (state.best_val_loss, state.since_best)}
+        if self.parts.record:
+            extras["parts"] = self.parts.record  # which network, optimizer and loss of the user's ran
+        if state.ema is not None:  # its weights are the strategy's to save
+            extras["ema_n_averaged"] = int(state.ema.n_averaged)
+        return extras
+
+    def _leave(self, epoch: int) -> None:
+        """Stopped by a signal: save what was done and leave quickly, without evaluating."""
+        if self.state.saved_step != self.state.step:
+            self._checkpoint(epoch)
+        signum = self.stop_request.signum if self.stop_request is not None and self.stop_request.signum else \
+            signal.SIGTERM
+        raise Stopped(f"stopped by {signal_name(signum)} at step {self.state.step}; the checkpoint is in "
+                      f"{self.checkpoints.folder}; continue with --resume {self.run_dir}", signum)
+
+    def _evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], ema: bool = False) -> tuple[float, float, dict]:
+        """Accuracy, loss and metrics of the model being trained (the strategy evaluates it where it lies), or
+        of its weight average; the loss is the user's, the plain cross-entropy (evaluation.batch_sums' None), or
+        the mean squared error."""
+        cfg, meter = self.cfg, Meter(self.metrics, self.ctx.device) if self.metrics else None
+        if ema:
+            acc, loss = evaluate(self.state.ema.module, pair, self.prep, self.ctx, cfg.eval_batch_size,
+                                 self.eval_loss, cfg.test_flip, self.strategy.lockstep, meter)
+        else:
+            acc, loss = self.strategy.evaluate(pair, self.prep, cfg.eval_batch_size, self.eval_loss, cfg.test_flip,
+                                               meter)
+        return acc, loss, meter.values(self.ctx) if meter is not None else {}
+
+    def _validate(self, epoch: int, epoch_time: float) -> None:
+        state, t_eval = self.state, time.perf_counter()
+        self._agree_buffers()
+        if len(self.data.val[1]):
+            state.val = self._evaluate(self.data.val, ema=self.cfg.eval_ema)
+        state.eval_time += time.perf_counter() - t_eval
+        self.log.epoch(step=state.step, epoch=epoch + 1, epochs=self.length.epochs, val_accuracy=state.val[0],
+                       val_loss=state.val[1], epoch_time_s=epoch_time, validated=bool(len(self.data.val[1])),
+                       **{f"val_{name}": value for name, value in state.val[2].items()})
+        # a whole epoch's validation counts (a --max-time or signal stop in mid-epoch is validated again,
+        # whole, when the run is resumed)
+        if state.step >= min((epoch + 1) * self.length.per_epoch, self.length.total_steps):
+            state.validated = epoch + 1
+            state.watch_val_loss(self.cfg.early_stopping)
+            self._ask_to_go_on(epoch)
+        self.t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
+
+    def _ask_to_go_on(self, epoch: int) -> None:
+        """A search trial: rank 0 reports the validation figures (its objective among them) and hears whether
+        the pruner stops the trial; every worker learns the answer (one tiny all-reduce) and stops alike."""
+        if self.report is None:
+            return
+        verdict, (acc, loss, metrics) = torch.zeros(1, device=self.ctx.device), self.state.val
+        if self.ctx.is_main and self.report(epoch + 1, {"val_accuracy": acc, "val_loss": loss,
+                                                        **{f"val_{k}": v for k, v in metrics.items()}}):
+            verdict.fill_(1)
+        if self.ctx.distributed:
+            torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
+        if verdict.item() and self.state.stop is None:
+            self.state.stop = "pruned"
+
+    def _record(self) -> RunRecord:
+        ctx, parts, classes = self.ctx, self.parts, self.data.classes
+        return RunRecord(self.cfg, parts.model_name() if parts.model is not None else self.cfg.model,
+                         self.length.per_epoch, self.devices or [str(ctx.device)] * ctx.world_size, self.run_dir,
+                         self.env, self.restarts, parts.record or None, list(classes) if classes else None,
+                         self.marks, self.finish_s, self.timer.per_step())
+
+    def _finish(self) -> dict[str, Any] | None:
+        """Test, save the last checkpoint, and (rank 0) write the summary."""
+        state, t_eval = self.state, time.perf_counter()
+        self._agree_buffers()
+        test = self._evaluate(self.data.test)
+        test_ema = self._evaluate(self.data.test, ema=True) if state.ema is not None else None
+        state.eval_time += time.perf_counter() - t_eval
+        t_saved = time.perf_counter()
+        self._checkpoint(self.length.epochs)
+        t_logs = time.perf_counter()
+        self.log.close()
+        self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
+                         "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
+        added = self.strategy.summary()  # a collective for some strategies: every worker calls it
+        waits = {**sync_waits(self.waits if self.waits_measured else None, state.train_time),
+                 **memory_figures(state.model, state.optimizer, self.ctx)}  # a collective
+        if not self.ctx.is_main:
+            return None
+        summary = {**summary_of(state, self._record(), test, test_ema, added), **waits}
+        if state.steps_run == 0:  # a finished run evaluated again: its training's figures are the earlier start's
+            summary.update(trained_figures(self.run_dir, state.step))
+        if summary["straggler"] is not None:
+            self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
+                         f"{max(summary['sync_wait_s']):.1f} s for it at the steps' all-reduce, of "
+                         f"{state.train_time:.1f} s of training (summary.json: sync_wait_s)")
+        if self.writes_summary:  # else the launcher's session writes it, with its own last figures, once
+            write_summary(self.run_dir, summary)
+        return summary
