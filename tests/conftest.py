@@ -75,6 +75,32 @@ def cifar_dir() -> Path:
     return CIFAR_DIR
 
 
+QUICK = {"quiet": True, "tensorboard": False, "devices": "1"}  # digits_run's
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 5-step lenet5 run on digits, trained once for the module's tests (which leave it as it is)."""
+    import paratrain
+
+    run = tmp_path_factory.mktemp("runs") / "digits"
+    paratrain.fit(None, "digits", paratrain.TrainConfig(steps=5, out=str(run), **QUICK))
+    return run
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 colour PNGs of 3 shapes, 4 a class (examples/make_shapes.py), made once for the module's tests.
+    test_own_data.py has a `shapes` of its own, of 20 a class."""
+    if str(REPO / "examples") not in sys.path:
+        sys.path.insert(0, str(REPO / "examples"))
+    import make_shapes
+
+    root = tmp_path_factory.mktemp("shapes")
+    make_shapes.write(root, per_class=4)  # colour PNGs, 3 classes
+    return root
+
+
 def main_code(argv: list[str]) -> int:
     """`paratrain ARGV` in this process: its exit code, also when argparse exits."""
     from paratrain.cli import main

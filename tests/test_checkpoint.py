@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from paratrain.checkpoint import files as checkpoint
-from paratrain.core.errors import WriteFailed
+from paratrain.core.errors import UserError, WriteFailed
 
 WRITER = """
 import sys, torch
-from paratrain import checkpoint
+from paratrain.checkpoint import files as checkpoint
 folder = sys.argv[1]
 step = 0
 while True:
@@ -274,3 +274,52 @@ def test_a_run_whose_newest_checkpoint_is_damaged_is_evaluated_and_resumed_on_tw
     assert "skipped step-00000020.pt" in resumed.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from_step"] == 15 and summary["steps"] == 25
+
+
+# ---- the one owner of a run's checkpoints (checkpoint/manager.py) ----
+
+
+def test_the_owner_lists_the_folder_once_and_knows_the_newest_step_and_its_form(tmp_path: Path,
+                                                                                 monkeypatch) -> None:  # noqa: ANN001
+    from paratrain.checkpoint import manager
+
+    listed = []
+    real = manager.step_checkpoints
+    monkeypatch.setattr(manager, "step_checkpoints", lambda folder: listed.append(folder) or real(folder))
+    (tmp_path / "checkpoints" / "step-00000003").mkdir(parents=True)  # a sharded step folder, the newest
+    (tmp_path / "checkpoints" / "step-00000002.pt").write_bytes(b"")
+    owner = manager.RunCheckpoints(tmp_path)
+    assert owner.found() == manager.Found(newest_step=3, sharded=True, weights_only=False)
+    owner.check_form("fsdp")  # fsdp reads a sharded checkpoint
+    owner.check_form("ddp")
+    assert owner.why_not_resumable() is None
+    assert len(listed) == 1  # every question answered from one listing
+    assert manager.RunCheckpoints(tmp_path / "fresh").found() == manager.Found()
+
+
+def test_the_owner_refuses_a_whole_model_file_to_fsdp_and_a_trials_weights_to_resume(tmp_path: Path) -> None:
+    from paratrain.checkpoint import manager
+    from paratrain.checkpoint.run_folder import WEIGHTS_ONLY
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step-00000004.pt").write_bytes(b"")
+    (tmp_path / "checkpoints" / WEIGHTS_ONLY).write_text("weights")
+    owner = manager.RunCheckpoints(tmp_path)
+    with pytest.raises(UserError, match="holds one whole model, which --strategy hsdp does not read"):
+        owner.check_form("hsdp")
+    owner.check_form("pipeline")
+    assert "kept only its weights" in owner.why_not_resumable()
+
+
+def test_the_owner_saves_a_step_prunes_the_old_and_lists_anew(tmp_path: Path) -> None:
+    from paratrain.checkpoint import manager
+
+    owner = manager.RunCheckpoints(tmp_path)
+    assert owner.found().newest_step is None
+    for step in (1, 2, 3):
+        owner.save(step, keep=2, state={"model": {"w": torch.ones(1) * step}, "optimizer": {}, "step": step,
+                                         "epoch": 0, "config": {}})
+    assert owner.found().newest_step == 3 and not owner.found().sharded
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000002.pt",
+                                                                                  "step-00000003.pt"]
+    assert owner.newest_loadable()["model"]["w"].item() == 3

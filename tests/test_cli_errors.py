@@ -1,4 +1,5 @@
-"""Bad input: one line on stderr naming the problem and the fix, exit code 2, no traceback."""
+"""Bad input: one line on stderr naming the problem and the fix, exit code 2, no traceback; and the flags' help,
+which says what each does (a mistyped flag is named, never taken as an abbreviation)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import main_code, run_cli
 
 from paratrain.cli import main
+from paratrain.data import folder
 
 
 def _one_line_error(capsys: pytest.CaptureFixture, code: int, expected: str) -> None:
@@ -350,3 +352,39 @@ def test_a_decay_period_flag_wins_over_the_files_other_unit(tmp_path: Path, caps
     assert cfg.lr_decay_steps == 10
     assert capsys.readouterr().err.strip() == (f"paratrain: warning: lr_decay_steps and lr_decay_epochs are both set: "
                                                f"the steps are the decay period, in {path}")
+
+
+def test_flags_say_what_they_do_once_and_are_never_abbreviated(capsys) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--no-download never download: a missing dataset is an error" in text
+    assert "--no-tensorboard write no TensorBoard event files" in text
+    assert "(default: per dataset) (default: None)" not in text and "(default: None)" not in text
+    assert _main(["train", "--epoch", "1"]) == 2  # once taken as --epochs 1
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --epoch 1 (did you mean --epochs?)" in err, err
+    assert _main(["search", "--space", "mlp-mnist", "--out", "x", "--trails", "3"]) == 2
+    assert "(did you mean --trials?)" in capsys.readouterr().err
+
+
+def test_eval_of_a_gray_network_on_colour_images_is_refused_before_decoding(
+        digits_run: Path, shapes: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_decoding(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the folder was decoded before the refusal")
+
+    monkeypatch.setattr(folder, "build_cache", no_decoding)
+    code = main_code(["eval", str(digits_run), "--dataset", "imagefolder", "--data-dir", str(shapes)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "trained on digits images of 1 channel in 10 classes" in err[0] and "holds colour images" in err[0], err
+
+
+def test_eval_with_a_factory_for_a_built_in_network_says_to_drop_the_flag(digits_run: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "nets.py").write_text("from torch import nn\n\ndef mine():\n    return nn.Linear(64, 10)\n")
+    code = main_code(["eval", str(digits_run), "--model", f"{tmp_path / 'nets.py'}:mine"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "holds a lenet5 (a built-in network, built from its checkpoint): drop --model" in err[0], err
+    assert "model=" not in err[0], err

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+import paratrain
 from paratrain import config
 from paratrain.cli import build_parser, resolve_config
 from paratrain.core.errors import UserError
@@ -94,3 +95,9 @@ def test_configuration_errors_need_no_torch() -> None:
                        "--strategy pipeline needs --stages K, 2 or more (the pieces the layers are cut into)",
                        "--strategy hybrid needs --stages K, 2 or more (the pieces the layers are cut into)"]
     assert out[4] == "False"
+
+
+def test_strings_are_read_as_yaml_reads_them() -> None:
+    cfg = paratrain.TrainConfig(lr="0.01", steps="100", quiet="true", devices=2, ema="0.999")
+    assert (cfg.lr, cfg.steps, cfg.quiet, cfg.devices, cfg.ema) == (0.01, 100, True, "2", 0.999)
+    assert cfg.replace(lr=0.5).lr == 0.5  # replace goes through the same door

@@ -202,7 +202,7 @@ def test_files_of_the_run_replace_links_instead_of_following_them(tmp_path: Path
     # and a link planted after the start is replaced, not written through
     (run / "summary.json").unlink()
     (run / "summary.json").symlink_to(victim)
-    from paratrain.core.files import write_atomic
+    from paratrain.core.outputs import write_atomic
 
     write_atomic(run / "summary.json", "{}\n")
     assert victim.read_text() == "precious\n" and not (run / "summary.json").is_symlink()

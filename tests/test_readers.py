@@ -1,4 +1,5 @@
-"""The IDX (MNIST) and CIFAR-10 readers on the real files and on broken ones."""
+"""The IDX (MNIST) and CIFAR-10 readers on the real files and on broken ones, and the downloads that fetch
+their files: a failed one leaves nothing behind, and a folder of images is never downloaded into."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import main_code
 
+import paratrain
 from paratrain.core.errors import UserError
-from paratrain.data import cifar10, load_dataset, mnist
+from paratrain.data import cifar10, fetch, load_dataset, mnist
+
+QUICK = {"quiet": True, "tensorboard": False, "devices": "1"}
 
 
 def _idx(path: Path, array: np.ndarray, magic: bytes | None = None) -> Path:
@@ -241,3 +246,61 @@ def test_a_download_that_fails_its_md5_is_refused_and_deleted(tmp_path: Path, mo
     with pytest.raises(UserError, match="could not download CIFAR-10 .*File not found or corrupted"):
         cifar10.load(str(folder), download=True, val_size=None)
     assert served == [cifar10.URL] and not folder.exists()  # deleted, and the folder it made too
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "cifar10"])
+def test_a_failed_download_leaves_nothing(tmp_path: Path, monkeypatch, dataset: str) -> None:  # noqa: ANN001
+    import torchvision
+    import torchvision.datasets.utils
+
+    def mnist_offline(root: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        (Path(root) / "MNIST" / "raw").mkdir(parents=True, exist_ok=True)  # as torchvision does, then fails
+        (Path(root) / "MNIST" / "raw" / "train-images-idx3-ubyte.gz").write_bytes(b"x")
+        raise OSError("no network")
+
+    def cifar_offline(url: str, root: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        Path(root).mkdir(parents=True, exist_ok=True)
+        (Path(root) / "cifar-10-python.tar.gz").write_bytes(b"x")
+        raise OSError("no network")
+
+    monkeypatch.setattr(torchvision.datasets, "MNIST", mnist_offline)
+    monkeypatch.setattr(torchvision.datasets.utils, "download_url", cifar_offline)
+    monkeypatch.chdir(tmp_path)  # anything written by mistake lands here, not in the checkout
+    existing = tmp_path / "mine"
+    existing.mkdir()
+    for folder, left in ((tmp_path / "new" / "deeper", []), (existing, [])):
+        with pytest.raises(UserError, match="could not download"):
+            paratrain.fit(None, dataset, paratrain.TrainConfig(data_dir=str(folder), out=str(tmp_path / "r"),
+                                                               **QUICK))
+        assert not (tmp_path / "new").exists() and sorted(existing.iterdir()) == left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # nothing else, no run folder either
+
+
+@pytest.mark.parametrize(("dataset", "title"), [("cifar10", "CIFAR-10"), ("mnist", "MNIST")])
+def test_a_folder_of_images_given_as_a_dataset_is_not_downloaded_into(
+        shapes: Path, dataset: str, title: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchvision.datasets.utils
+
+    def no_download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("downloaded into the user's folder")
+
+    monkeypatch.setattr(torchvision.datasets.utils, "download_url", no_download)
+    monkeypatch.setattr(torchvision.datasets.MNIST, "download", no_download)
+    before = sorted(p.relative_to(shapes) for p in shapes.rglob("*"))
+    code = main_code(["train", "--dataset", dataset, "--data-dir", str(shapes), "--steps", "1", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "holds folders of images" in err[0] and f"not {title}'s files" in err[0], err
+    assert f"--dataset imagefolder --data-dir {shapes}" in err[0], err
+    assert sorted(p.relative_to(shapes) for p in shapes.rglob("*")) == before
+
+
+def test_a_folder_without_images_may_still_take_a_download(tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    for root in (tmp_path, tmp_path / "absent"):  # neither raises: text files, and a folder not there yet
+        fetch.refuse_image_folder(root, "CIFAR-10")
+    (tmp_path / "cats").mkdir()
+    (tmp_path / "cats" / "1.png").write_bytes(b"")
+    with pytest.raises(UserError, match="holds folders of images"):
+        fetch.refuse_image_folder(tmp_path, "CIFAR-10")

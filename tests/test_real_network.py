@@ -1,5 +1,6 @@
 """What a new user met with a real network (torchvision's ResNet-18 on their own images, issue 35): the
-pipeline's cost probe on a BatchNorm-tailed network, and a network that fails while it is planned."""
+pipeline's cost probe on a BatchNorm-tailed network, and a network that fails while it is planned (a model
+factory that raises: one UserError naming its line, under every strategy)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from paratrain.data import load_dataset
 from paratrain.parallel.strategies import get
 
 DIGITS = load_dataset("digits")
+QUICK = {"quiet": True, "tensorboard": False}
 
 
 def resnet_layers() -> nn.Sequential:
@@ -47,6 +49,23 @@ def test_a_network_that_fails_while_its_cost_is_counted_is_one_line_naming_its_l
     message = str(e.value)
     assert "\n" not in message and "ValueError: shapes do not match" in message
     assert "test_real_network.py" in message and "in forward" in message
+
+
+class Raising(nn.Sequential):
+    def __init__(self) -> None:
+        raise ValueError("no such layer")  # the user's line the error names
+
+
+@pytest.mark.parametrize("options", [dict(devices="1"), dict(strategy="tower", devices="2"),
+                                     dict(strategy="pipeline", stages=2, devices="2"),
+                                     dict(strategy="hybrid", stages=2, devices="4", oversubscribe=True)])
+def test_a_raising_factory_is_one_user_error_naming_its_line_under_every_strategy(tmp_path: Path,
+                                                                                   options: dict) -> None:
+    with pytest.raises(UserError) as e:
+        paratrain.fit(Raising, "digits", paratrain.TrainConfig(out=str(tmp_path / "r"), steps=2, **QUICK, **options))
+    assert str(e.value).startswith("your model factory Raising failed: ValueError: no such layer (at "
+                                   "test_real_network.py:"), str(e.value)
+    assert 'in __init__: raise ValueError("no such layer")' in str(e.value)
 
 
 @pytest.mark.integration

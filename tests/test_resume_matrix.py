@@ -229,7 +229,11 @@ def test_resume_after_sigterm_mid_epoch_is_exact(tmp_path: Path, digits: Any, un
 # going on uninterrupted: up to 1.5e-7 (weights, optimizer state, EMA). The bound is about 60x that.
 # (The uninterrupted 1- and 2-worker Adam runs differ from each other by 1e-6 after 10 steps and 1e-4
 # after 60: Adam's first steps move every weight by about lr whatever the gradient's size, so it carries
-# last-bit differences on at full size. That is the worker counts differing, not the resume.)
+# last-bit differences on at full size. That is the worker counts differing, not the resume. How far it
+# carries them depends on the CPU: on the build machine of 2026-11-27 the run resumed from 1 worker on 2
+# ended 1.85e-4 from the 1-worker run, as far (to 1e-8) as the 2-worker run is from it; on earlier machines
+# 1.5e-7. So the resumed run must lie within NOISE of one of the two uninterrupted runs; a resume that lost
+# the optimizer state or the EMA lands far from both.)
 NOISE = 1e-5
 
 
@@ -244,9 +248,10 @@ def test_resume_on_another_count(tmp_path: Path, digits: Any, uninterrupted: dic
     shutil.copy(uninterrupted[before, opt] / "checkpoints" / "step-00000030.pt", run / "checkpoints" / "last.pt")
     summary = _run(_cfg(run, opt), after, digits, _state(run))
     assert summary["resumed_from_step"] == 30 and summary["world_size"] == after
-    gap = _gap(_state(run), _state(uninterrupted[before, opt]))
-    print(f"{before} -> {after} workers, {opt}: max difference {gap:.3g}")
-    assert gap < NOISE
+    gaps = [_gap(_state(run), _state(uninterrupted[n, opt])) for n in (before, after)]
+    print(f"{before} -> {after} workers, {opt}: max difference {gaps[0]:.3g} from {before} worker(s) "
+          f"uninterrupted, {gaps[1]:.3g} from {after}")
+    assert min(gaps) < NOISE
 
 
 def test_killed_worker_restarts_to_the_same_weights(tmp_path: Path, digits: Any, uninterrupted: dict,

@@ -144,3 +144,19 @@ def test_a_finished_run_resumed_keeps_its_record(tmp_path: Path, capsys: pytest.
                    f"(--steps or --epochs; steps= or epochs= in Python) to train it further, or evaluate it with "
                    f"`paratrain eval {run}` (paratrain.evaluate)"), err
     assert {name: (run / name).read_bytes() for name in files} == files
+
+
+@pytest.mark.integration
+def test_a_logged_run_has_plain_lines_and_a_resume_says_so(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    run = tmp_path / "r"
+    proc = run_cli("train", "--devices", "2", "--steps", "4", "--log-every", "2", "--out", str(run))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logged = proc.stdout + proc.stderr  # redirected: no progress bar redrawn with carriage returns
+    assert "\r" not in logged and "step 2/4  loss" in proc.stdout and "epoch 1/1" in proc.stdout
+    assert "leaked semaphore" not in proc.stderr
+    proc = run_cli("train", "--resume", str(run), "--steps", "6", "--devices", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[0] == f"paratrain: resuming {run} from its checkpoint of step 4"
+    assert "leaked semaphore" not in proc.stderr

@@ -25,7 +25,7 @@ from .components.inputs import DataLike, as_splits, file_kind, is_folder
 from .components.metrics import check as check_metrics
 from .components.parts import Parts
 from .core.errors import UserError
-from .core.files import check_writable
+from .core.outputs import check_writable
 from .data import Splits
 from .inference.trained import check_callables, evaluate_tensors, model_name, restore, run_of, user_facing
 from .parallel.strategies import checked

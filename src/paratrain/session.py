@@ -33,7 +33,7 @@ from .components.log import write_summary
 from .components.parts import Parts
 from .config.length import check_not_past
 from .core.errors import UserError, WriteFailed
-from .core.files import check_owned, write_atomic
+from .core.outputs import check_owned, write_atomic
 from .data import Splits
 from .measure import autodevices
 from .parallel import launch, runplan

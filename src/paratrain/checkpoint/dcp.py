@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..core.errors import UserError
-from ..core.files import writing
+from ..core.outputs import writing
 from .run_folder import step_checkpoints
 
 META = "meta.pt"  # rank 0's part of a sharded checkpoint: everything but the tensors

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ..core.errors import UserError
-from ..core.files import writing
-from . import dcp as sharded
+from ..core.outputs import writing
+from . import dcp
 from .run_folder import step_checkpoints, weights_only
 
 REQUIRED = ("model", "optimizer", "step", "epoch", "config")
@@ -67,9 +67,9 @@ def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -
             if e.errno in WRITE_FAILURES:  # a full or read-only disk: reported, not tried again as a copy
                 raise
             save(state, last)  # a filesystem without hard links: write it again
-    sharded.remove(folder / f"step-{step:08d}")  # the same step's sharded folder, where the run changed strategy
+    dcp.remove(folder / f"step-{step:08d}")  # the same step's sharded folder, where the run changed strategy
     for _, old in step_checkpoints(folder)[:-keep]:
-        sharded.remove(old)  # a file, or a sharded folder of the steps before the run changed strategy
+        dcp.remove(old)  # a file, or a sharded folder of the steps before the run changed strategy
     return step_path
 
 
@@ -79,7 +79,7 @@ def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | 
 
     last.pt is a hard link to the newest step file, so damage to one is damage to both: the step files
     kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on. Sharded
-    step folders (sharded.py: fsdp's, hsdp's, a pipeline's) have no last.pt: the newest complete one is taken."""
+    step folders (checkpoint/dcp.py: fsdp's, hsdp's, a pipeline's) have no last.pt: the newest complete one is taken."""
     folder = Path(folder)
     skipped: list[tuple[Path, str]] = []
     for path in _newest_first(folder):
@@ -118,36 +118,36 @@ def _newest_first(folder: Path) -> list[Path]:
 def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
     """Load a paratrain checkpoint with weights_only=True: a pickle that carries code is refused. A run
     directory: the newest of its checkpoints that loads (newest_loadable). A sharded checkpoint's folder
-    (sharded.py): its meta.pt, with "sharded" naming the folder, and (`whole`) its whole weights and EMA read
+    (checkpoint/dcp.py): its meta.pt, with "sharded" naming the folder, and (`whole`) its whole weights and EMA read
     in this process; the workers that carry a run on read their own parts instead (whole=False)."""
     path = Path(path)
-    if path.is_dir() and not sharded.is_sharded(path) and not path.name.startswith("step-"):  # a run directory
+    if path.is_dir() and not dcp.is_sharded(path) and not path.name.startswith("step-"):  # a run directory
         state = newest_loadable(path / "checkpoints", whole)
         if state is not None:
             return state
         path = path / "checkpoints" / "last.pt"
-    is_sharded = sharded.is_sharded(path)
+    is_sharded = dcp.is_sharded(path)
     if path.is_dir() and not is_sharded:
         raise UserError(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is missing); "
                         "use another one")
     if not path.is_file() and not is_sharded:
         raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
     try:
-        with open(path / sharded.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
+        with open(path / dcp.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
             state = _load_open(f, path)
     except OSError as e:  # removed while being read (a pruning, a search tidying its trials)
         raise UserError(f"checkpoint {path} is unreadable ({e.strerror or e}); use another one") from None
-    needed = [k for k in REQUIRED if not (is_sharded and k in sharded.TENSORS)]
+    needed = [k for k in REQUIRED if not (is_sharded and k in dcp.TENSORS)]
     if not isinstance(state, dict) or any(k not in state for k in needed):
         raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
                         f"{', '.join(k for k in needed if not isinstance(state, dict) or k not in state)})")
     if is_sharded:
-        sharded.check_version(state, path)
-        metadata = sharded.check_complete(path)
+        dcp.check_version(state, path)
+        metadata = dcp.check_complete(path)
         state["sharded"] = str(path)  # in memory: the folder its strategy reads its shards from
-        state["flat_optimizer"] = sharded.flat_optimizer(metadata)  # in memory: how to read its optimizer state
+        state["flat_optimizer"] = dcp.flat_optimizer(metadata)  # in memory: how to read its optimizer state
         if whole:
-            state.update(sharded.whole(path, metadata=metadata))
+            state.update(dcp.whole(path, metadata=metadata))
     return state
 
 
@@ -235,6 +235,6 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path
 
 def check_resumable(state: dict[str, Any], run: str | Path) -> None:
     """A checkpoint that kept only its weights cannot carry a run on exactly: say so, and what would (the
-    launcher has said so already from the folder's mark, rundir.weights_only; this is for a mark gone)."""
+    launcher has said so already from the folder's mark, run_folder.weights_only; this is for a mark gone)."""
     if state.get("kept") == WEIGHTS_KEPT:
         raise UserError(weights_only(run) or f"{run} kept only its weights, so it cannot be carried on")

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import SHARDED
 from ..core.errors import UserError
 from . import dcp
 from . import files as checkpoint_files
 from .run_folder import WEIGHTS_ONLY, step_checkpoints, weights_only
-
-SHARDED_STRATEGIES = ("fsdp", "hsdp")  # the strategies that read only sharded checkpoints (config.SHARDED)
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class RunCheckpoints:
         hsdp's, a pipeline's), fsdp and hsdp no whole-model file. Refused before config.yaml would say another
         strategy."""
         found = self.found()
-        if found.newest_step is not None and not found.sharded and strategy in SHARDED_STRATEGIES:
+        if found.newest_step is not None and not found.sharded and strategy in SHARDED:  # those read only sharded
             raise UserError(f"the checkpoint in {self.run_dir} holds one whole model, which --strategy {strategy} "
                             "does not read (it reads sharded checkpoints); carry it on with ddp, tower or pipeline "
                             f"(without --strategy: the one that wrote it), or start a new run under --strategy "

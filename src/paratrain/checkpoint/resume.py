@@ -4,7 +4,7 @@ the group, and checked against the run that asks for it.
 Every start of a worker looks here, whatever started it: a fresh run (whose folder was cleared: it finds
 nothing), `--resume`, a restart after a dead worker (--max-restarts), torchrun's starts and restarts. Each
 worker reads its own disk once; the group agrees on the newest step, and only a worker that lacks it (on
-another node's disk) is sent it (checkpoint.agree). The checks that need the checkpoint run here, in the
+another node's disk) is sent it (checkpoint/files.py: agree). The checks that need the checkpoint run here, in the
 words the launcher's checks of config.yaml use (session.py): its model, its dataset, how its held-out
 images were chosen, and whether the run already went past the steps asked for.
 """

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as C
-from ..core.files import check_writable
+from ..core.outputs import check_writable
 from ..parallel.strategies import checked
 from .parser import add_train_flags, at_least_one
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..core.files import check_writable
+from ..core.outputs import check_writable
 
 
 def add(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import UserError
-from ..core.files import check_writable
+from ..core.outputs import check_writable
 from .parser import at_least_one
 
 

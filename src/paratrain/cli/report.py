@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..core.files import check_writable
+from ..core.outputs import check_writable
 
 
 def add(sub: argparse._SubParsersAction) -> None:

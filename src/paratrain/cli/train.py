@@ -7,7 +7,7 @@ import sys
 
 from .. import config as C
 from ..core.errors import UserError
-from ..core.files import check_writable
+from ..core.outputs import check_writable
 from ..parallel.strategies import checked
 from ..runtime.env import detect
 from .parser import add_train_flags

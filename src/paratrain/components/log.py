@@ -14,8 +14,8 @@ from torch import nn
 from tqdm import tqdm
 
 from ..config import TrainConfig
-from ..core.files import write_atomic, writing
 from ..core.optional import how_to_install, installed
+from ..core.outputs import write_atomic, writing
 
 
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +77,7 @@ class RunLog:
     def _truncate_after(self, step: int, validated: int) -> None:
         """On resume, drop the records a killed run wrote after its last checkpoint (of `step`, `validated`
         epochs validated)."""
-        try:  # O_NOFOLLOW: a link in its place is refused (rundir.check_owned says so before launch)
+        try:  # O_NOFOLLOW: a link in its place is refused (core/outputs.check_owned says so before launch)
             with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
                 lines = f.read().splitlines()
         except FileNotFoundError:

@@ -98,7 +98,7 @@ class Parts:
     model: Callable[[], nn.Module] | None = None
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    record: dict[str, Any] | None = None  # what they are, in words (usercheck.check_and_describe), for the run's record
+    record: dict[str, Any] | None = None  # what they are, in words (parts_check.check_and_describe): the record
     metrics: dict[str, Any] | None = None  # name -> a torchmetrics object or a function (metrics.py)
 
     def model_name(self) -> str:

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 
 from ..core.errors import UserError
-from ..core.files import write_atomic
 from ..core.import_path import is_import_path
+from ..core.outputs import write_atomic
 from ..runtime.env import LOCAL, Environment
 from .fields import FIELDS, TrainConfig, _coerce, did_you_mean, model_for_data, shown
 

@@ -33,7 +33,7 @@ import torch
 
 from .. import __version__
 from ..config import TrainConfig
-from ..core.files import write_atomic
+from ..core.outputs import write_atomic
 from ..data.folder import user_cache
 from ..parallel import launch
 from ..parallel.runplan import RunPlan, with_hardware

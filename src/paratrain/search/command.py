@@ -13,8 +13,8 @@ from typing import Any
 from .. import config as C
 from ..config import TrainConfig
 from ..core.errors import UserError
-from ..core.files import check_writable
 from ..core.optional import installed
+from ..core.outputs import check_writable
 from ..parallel import requeue
 from ..parallel.strategies import checked
 from ..runtime.env import detect

@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import dcp as sharded
+from ..checkpoint import dcp
 from ..checkpoint import files as checkpoint
 from ..checkpoint.run_folder import WEIGHTS_ONLY, step_checkpoints
 from ..core.errors import UserError
@@ -68,4 +68,4 @@ def weights_only(folder: Path) -> None:
     (folder / WEIGHTS_ONLY).write_text("last.pt holds this trial's weights only: --resume refuses it "
                                        "(paratrain search --keep-trial-checkpoints)\n")
     for _, path in steps:
-        sharded.remove(path)  # a file, or a sharded strategy's step folder
+        dcp.remove(path)  # a file, or a sharded strategy's step folder

@@ -2,7 +2,8 @@
 Which examples each worker takes of a global batch lives in data/batches.py.
 
 The registry names each strategy's class by import path, so choosing `ddp` never imports the pipeline
-machinery; config.py lists the names (STRATEGIES) without knowing the strategies.
+machinery; config/fields.py lists the names (STRATEGIES, and SHARDED: those that read only sharded
+checkpoints) without knowing the strategies.
 """
 
 from __future__ import annotations

@@ -152,29 +152,29 @@ class Strategy:
         if ema is not None and "ema_model" in saved:
             ema.module.load_state_dict(saved["ema_model"])
 
-    # ---- sharded checkpoints (sharded.py): every rank writes and reads its own part, named as in the whole
+    # ---- sharded checkpoints (checkpoint/dcp.py): every rank writes and reads its own part, named as in the whole
     # model; the optimizer state flattened to one key per parameter ("state.NAME.exp_avg", "param_groups.NAME.lr")
     # so that ranks holding different parameters (a pipeline's stages) write parts that never collide ----
 
     def _read_sharded_weights(self, saved: dict) -> None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        from ...checkpoint import dcp as sharded
+        from ...checkpoint import dcp
 
         weights = get_model_state_dict(self.module)
-        sharded.read(saved["sharded"], {"model": weights}, self.ctx.distributed)
+        dcp.read(saved["sharded"], {"model": weights}, self.ctx.distributed)
         set_model_state_dict(self.module, weights)
 
     def _read_sharded_state(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-        from ...checkpoint import dcp as sharded
+        from ...checkpoint import dcp
 
-        options = sharded.state_dict_options(saved.get("flat_optimizer", True))
+        options = dcp.state_dict_options(saved.get("flat_optimizer", True))
         into: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.module, optimizer, options=options)}
         if ema is not None and saved.get("ema_n_averaged") is not None:
             into["ema_model"] = ema.module.state_dict()
-        sharded.read(saved["sharded"], into, self.ctx.distributed)
+        dcp.read(saved["sharded"], into, self.ctx.distributed)
         set_optimizer_state_dict(self.module, optimizer, into["optimizer"], options=options)
         if "ema_model" in into:
             ema.module.load_state_dict(into["ema_model"])
@@ -185,9 +185,9 @@ class Strategy:
         parts once); rank 0 adds `extras()`. No rank gathers the whole model."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        from ...checkpoint import dcp as sharded
+        from ...checkpoint import dcp
 
-        weights, optimizer_state = get_state_dict(self.module, optimizer, options=sharded.state_dict_options())
+        weights, optimizer_state = get_state_dict(self.module, optimizer, options=dcp.state_dict_options())
         tensors = {"model": weights, "optimizer": optimizer_state}
         if ema is not None:
             tensors["ema_model"] = ema.module.state_dict()

@@ -5,7 +5,7 @@ state; a block's weights are all-gathered just before it runs and its gradients 
 the whole model, on a CPU or GPU DeviceMesh (a CPU mesh is asked for by name: on a machine with CUDA, FSDP2
 would otherwise pick a CUDA mesh under a gloo group). hsdp shards within groups of --shard-size workers and
 replicates across the groups (a 2-D mesh: the layout for several nodes). Checkpoints go through
-torch.distributed.checkpoint (sharded.py): each rank writes its own shards, and a later run of any worker
+torch.distributed.checkpoint (checkpoint/dcp.py): each rank writes its own shards, and a later run of any worker
 count reads them into its own (the worker count may change on resume). The EMA is a second sharded
 copy, made before the model is sharded (FSDP modules cannot be deep-copied). Evaluation runs the sharded
 model itself, in lock-step (every forward is a collective).

@@ -5,7 +5,7 @@ DeviceMesh (dp x pp), and evaluation through that schedule.
 Every process builds the whole model from the same seed on the CPU (so every layout starts from one
 device's weights) and keeps only its stage's layers, which it moves to its device. No process holds the
 whole model after that: evaluation runs the schedule forward only, and checkpoints are sharded, each stage
-writing its own layers under the whole model's names (strategies/base.py, sharded.py).
+writing its own layers under the whole model's names (strategies/base.py, checkpoint/dcp.py).
 """
 
 from __future__ import annotations

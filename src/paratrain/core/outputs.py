@@ -1,4 +1,4 @@
-"""Files and folders written safely: an output folder checked before any work (so that a bad --out costs one
+"""Output folders and files written safely: an output folder checked before any work (so that a bad --out costs one
 line and nothing else), and files written whole or not at all, a failed write named by the file the user knows."""
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""One pass through a run (issue 34): a run's folder is held for its life, a raising factory is one line under
-every strategy, a search trial is a run that `--resume` carries on, and every worker reads the checkpoint it
-carries on from once (the launcher not at all)."""
+"""The session that opens a run (src/paratrain/session.py), as `paratrain train`, `paratrain.fit` and a search
+trial meet it: the run folder held by its lock for the run's life (a second run refused in one line, the folder
+left as it was, a new folder removed again when the start fails), the refusal to start a fresh run on a used
+folder (in flags on the command line, in TrainConfig's fields in Python), --overwrite and --resume, a torchrun
+start that carries the run on, a search trial that `--resume` carries on, and the checkpoint read once per
+worker (the launcher not at all)."""
 
 from __future__ import annotations
 
@@ -15,14 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import main_code
-from torch import nn
 
 import paratrain
 from paratrain.checkpoint import run_folder as rundir
 from paratrain.core.errors import UserError
 
-QUICK = {"quiet": True, "tensorboard": False}
+QUICK = {"quiet": True, "tensorboard": False, "devices": "1"}
 FLAGS = ("--quiet", "--no-tensorboard", "--devices", "1", "--steps", "4")
+
+
+_main = main_code
 
 
 def test_a_folder_held_by_a_run_is_refused_in_one_line_and_left_as_it_is(
@@ -70,21 +75,80 @@ def test_a_new_folder_is_removed_again_when_the_start_fails(tmp_path: Path) -> N
     assert not (tmp_path / "a").exists()
 
 
-class Raising(nn.Sequential):
-    def __init__(self) -> None:
-        raise ValueError("no such layer")  # the user's line the error names
+def test_a_new_run_on_a_finished_one_is_refused_and_the_old_run_kept(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    run = tmp_path / "r2"
+    assert _main(["train", "--quiet", "--no-tensorboard", "--devices", "1", "--steps", "5", "--checkpoint-every",
+                  "5", "--out", str(run)]) == 0
+    before = {p.name: p.read_bytes() for p in [run / "config.yaml", run / "summary.json"]}
+    capsys.readouterr()
+    assert _main(["train", "--quiet", "--devices", "1", "--steps", "3", "--lr", "0.01", "--out", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds a finished run, checkpoints up to step 5" in err, err
+    assert f"--resume {run}" in err and "--overwrite" in err, err
+    assert {p.name: p.read_bytes() for p in [run / "config.yaml", run / "summary.json"]} == before
 
 
-@pytest.mark.parametrize("options", [dict(devices="1"), dict(strategy="tower", devices="2"),
-                                     dict(strategy="pipeline", stages=2, devices="2"),
-                                     dict(strategy="hybrid", stages=2, devices="4", oversubscribe=True)])
-def test_a_raising_factory_is_one_user_error_naming_its_line_under_every_strategy(tmp_path: Path,
-                                                                                   options: dict) -> None:
+def test_overwrite_clears_the_old_run_first(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    paratrain.fit(None, "digits", paratrain.TrainConfig(steps=5, checkpoint_every=5, out=str(run), **QUICK))
+    (run / "notes.txt").write_text("mine\n")  # a file of the user's: not the run's, so kept
+    summary = paratrain.fit(None, "digits", paratrain.TrainConfig(steps=3, out=str(run), overwrite=True, **QUICK))
+    assert summary["steps"] == 3
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt", "step-00000003.pt"]
+    assert "overwrite: false" in (run / "config.yaml").read_text()  # a resume of it will not clear it
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["config"]["overwrite"] is False
+    assert paratrain.evaluate(run)["step"] == 3
+    assert (run / "notes.txt").read_text() == "mine\n"
+    assert all(r["step"] <= 3 for r in map(__import__("json").loads, (run / "metrics.jsonl").read_text().splitlines()))
+
+
+def test_resume_and_a_fresh_folder_still_work_and_overwrite_with_resume_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    (run / "unrelated").mkdir(parents=True)  # a folder with other things in it holds no run
+    paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))
+    summary = paratrain.fit(None, "digits", paratrain.TrainConfig(resume=str(run), steps=4, **QUICK))
+    assert summary["steps"] == 4 and summary["resumed_from_step"] == 2
+    with pytest.raises(UserError, match="drop one of them"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(resume=str(run), overwrite=True, **QUICK))
+
+
+def test_a_run_without_checkpoint_is_not_offered_to_resume_and_torchrun_refuses_overwrite(tmp_path: Path,
+                                                                                         monkeypatch) -> None:  # noqa: ANN001
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 3\n")  # a run killed before its first checkpoint
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "step-notes.pt").write_text("")  # and a stray file: no crash on its name
+    with pytest.raises(UserError, match="holds an unfinished run; it has no checkpoint to carry on from: pass a new "
+                                        "out or add overwrite=True"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), **QUICK))
+    # a run that ended before its first step (a script without the __main__ guard) left nothing to keep
+    empty = tmp_path / "e"
+    empty.mkdir()
+    (empty / "config.yaml").write_text("steps: 3\n")
+    (empty / "parts.yaml").write_text("model: Old\n")
+    paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(empty), **QUICK))
+    assert not (empty / "parts.yaml").exists() and "steps: 2" in (empty / "config.yaml").read_text()
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match="every torchrun start \\(and restart\\) carries on the run in out"):
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(run), overwrite=True, **QUICK))
+    assert (run / "config.yaml").read_text() == "steps: 3\n"
+
+
+def test_a_python_run_into_a_used_folder_is_refused_in_fields(digits_run: Path) -> None:
     with pytest.raises(UserError) as e:
-        paratrain.fit(Raising, "digits", paratrain.TrainConfig(out=str(tmp_path / "r"), steps=2, **QUICK, **options))
-    assert str(e.value).startswith("your model factory Raising failed: ValueError: no such layer (at "
-                                   "test_one_pass.py:"), str(e.value)
-    assert 'in __init__: raise ValueError("no such layer")' in str(e.value)
+        paratrain.fit(None, "digits", paratrain.TrainConfig(steps=5, out=str(digits_run), **QUICK))
+    message = str(e.value)
+    assert f"TrainConfig(resume='{digits_run}')" in message and "add overwrite=True" in message, message
+    assert "--" not in message, message
+
+
+def test_the_command_line_keeps_its_flags(digits_run: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main_code(["train", "--quiet", "--devices", "1", "--steps", "5", "--out", str(digits_run)]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {digits_run}" in err and "--overwrite" in err and "TrainConfig" not in err, err
 
 
 def test_a_search_trial_is_a_run_that_resume_carries_on(tmp_path: Path) -> None:
