@@ -29,8 +29,10 @@ def plan_of(tmp_path: Path, **changes: object) -> runplan.RunPlan:
 
 
 @pytest.fixture
-def measured(monkeypatch: pytest.MonkeyPatch) -> dict[int, float]:
-    """Stand-in rates per worker count; the list of layouts measured."""
+def measured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[int, float]:
+    """Stand-in rates per worker count; the list of layouts measured. A cache of its own: a run of an earlier
+    test (any --devices auto run of the same network and batch) must not have answered already."""
+    monkeypatch.setenv("PARATRAIN_DEVICES_CACHE", str(tmp_path / "measured-devices.json"))
     rates: dict[int, float] = {}
     calls: list[int] = []
     monkeypatch.setattr(autodevices, "measure", lambda plan, hw: calls.append(hw.workers) or rates[hw.workers])

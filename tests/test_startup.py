@@ -73,6 +73,11 @@ def test_the_forkserver_starts_only_once_the_plan_knows_workers_will_be_forked(
 
     assert plan(1) == ["data"]
     assert plan(2) == ["warm_up", "data"]
+    # what the command line starts before it imports torch: only where the flags make it certain
+    assert prefork.forks_for("2", "ddp", in_group=False) and prefork.forks_for("4", "pipeline", in_group=False)
+    assert not prefork.forks_for("auto", "ddp", in_group=False)  # auto decides in the plan, after measuring
+    assert not prefork.forks_for("1", "ddp", in_group=False) and not prefork.forks_for("2", "tower", in_group=False)
+    assert not prefork.forks_for("2", "ddp", in_group=True)  # torchrun's rank: torchrun started the workers
     monkeypatch.setenv("PARATRAIN_START_METHOD", "spawn")
     assert prefork.start_method() == "spawn"
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),

@@ -75,10 +75,14 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         # This is a spawned worker importing the user's script, which calls fit at import (no __main__ guard):
         # leave quietly, before any work; the parent sees the exit code and says what to do.
         os._exit(launch.MAIN_GUARD_EXIT)
+    if config is not None and not isinstance(config, C.TrainConfig):
+        raise UserError(f"config must be a paratrain.TrainConfig, not a {type(config).__name__}; "
+                        "e.g. TrainConfig(steps=100)")
     check_callables(model=None if isinstance(model, str) else model, optimizer=optimizer, loss=loss)
     metrics = check_metrics(metrics)
+    cfg, model, data = _fit_config(config, model, data, optimizer)
     env = detect()  # once, for this call
-    cfg, model, data = _fit_config(config, model, data, optimizer, env)
+    cfg = _checked(cfg, config, env)
     _check_fit(cfg, data, loss, cache_key, env)
     try:
         parts = Parts(model, optimizer, loss, metrics=metrics or None)
@@ -89,13 +93,10 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         raise e.with_traceback(None) from None  # bad input: its message, not paratrain's insides
 
 
-def _fit_config(config: C.TrainConfig | None, model: Any, data: Any, optimizer: Any,
-                env: Any) -> tuple[C.TrainConfig, Any, Any]:
-    """fit's configuration, resolved and checked as the command line's is: the run carried on (resume=), and
-    the model, optimizer and data as the caller gave them; the model and data as the run will take them."""
-    if config is not None and not isinstance(config, C.TrainConfig):
-        raise UserError(f"config must be a paratrain.TrainConfig, not a {type(config).__name__}; "
-                        "e.g. TrainConfig(steps=100)")
+def _fit_config(config: C.TrainConfig | None, model: Any, data: Any,
+                optimizer: Any) -> tuple[C.TrainConfig, Any, Any]:
+    """fit's configuration as the caller gave it: the run carried on (resume=), and the model, optimizer and
+    data as the caller gave them; the model and data as the run will take them."""
     cfg = config or C.TrainConfig()
     if isinstance(model, str):  # a registry name or an import path, as config.model takes it
         cfg, model = cfg.replace(model=model), None
@@ -111,12 +112,17 @@ def _fit_config(config: C.TrainConfig | None, model: Any, data: Any, optimizer: 
         raise UserError("this run was trained with an optimizer factory of yours: pass it again, "
                         "paratrain.fit(..., optimizer=make_optimizer)")
     cfg, data = _with_data(cfg, data)
+    return cfg, model, data
+
+
+def _checked(cfg: C.TrainConfig, config: C.TrainConfig | None, env: Any) -> C.TrainConfig:
+    """fit's configuration resolved and checked as the command line's is, in the caller's words."""
     try:
         cfg = checked(C.validate(C.with_run_dir(cfg, env)))
         C.check_read(cfg, C.changed(config or C.TrainConfig()))  # what the caller set, as flags are checked
     except UserError as e:  # in the words of the TrainConfig the caller wrote, not of the flags
         raise UserError(C.in_python_words(str(e)), e.code) from None
-    return cfg, model, data
+    return cfg
 
 
 def _with_data(cfg: C.TrainConfig, data: Any) -> tuple[C.TrainConfig, Any]:

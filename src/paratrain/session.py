@@ -28,7 +28,7 @@ import yaml
 from . import config as C
 from .checkpoint.manager import Found, RunCheckpoints
 from .checkpoint.resume import dataset_mismatch, model_mismatch
-from .checkpoint.run_folder import check_fresh, clear_run, held
+from .checkpoint.run_folder import check_fresh, clear_run, held, kept_after_failure
 from .components.log import write_summary
 from .components.parts import Parts
 from .config.length import check_not_past
@@ -63,8 +63,8 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         _open(plan, fresh, requeued)
         marks["launched"] = time.time()
         summary = launch.run(dataclasses.replace(plan, clock=marks), work)
-    if summary is not None and not env.in_group:  # this launcher finishes the summary, and writes it
-        _finish(plan, summary, choice, words)
+        if summary is not None and not env.in_group:  # this launcher finishes the summary, and writes it
+            _finish(plan, summary, choice, words)
     if summary is not None and last_line:  # also with --quiet, from the command line and from Python alike
         _say_result(plan.cfg, summary)
     return summary
@@ -134,21 +134,23 @@ def _open(plan: runplan.RunPlan, fresh: bool, requeued: bool) -> None:
         print(f"paratrain: carrying on from the checkpoint of step {done} found in {cfg.out}",
               file=sys.stderr, flush=True)
     if not cfg.quiet:
-        _announce(plan, done if not requeued or done >= plan.length.total_steps else None)
+        _announce(plan, done if not requeued or (done is not None and done >= plan.length.total_steps) else None)
 
 
 def _finish(plan: runplan.RunPlan, summary: dict[str, Any], choice: dict[str, Any] | None,
             words: Callable[[str], str]) -> None:
-    """The workers have left: the summary's last figures (how long leaving took, auto's choice), written once."""
+    """The workers have left: the summary's last figures (how long leaving took, auto's choice), and
+    summary.json written, once, while the run folder is still held. A failed write is the run's error, as a
+    failed write of the workers' is: one line naming the checkpoint kept and how to go on."""
     summary["finish_s"]["shutdown"] = max(0.0, time.time() - summary["ended_at"])
     summary["devices_auto"] = choice
     if choice is None and (note := autodevices.far_below(plan, summary)) and not plan.cfg.quiet:
         autodevices.say(words(note))
+    out = Path(plan.cfg.out)
     try:
-        write_summary(Path(plan.cfg.out), summary)
-    except WriteFailed as e:  # the run is done and saved: only its summary is not on disk
-        print(f"paratrain: warning: {e.path} could not be written ({e.cause.strerror}); the run's checkpoints are "
-              "saved", file=sys.stderr, flush=True)
+        write_summary(out, summary)
+    except WriteFailed as e:  # a full disk, say
+        raise WriteFailed(e.path, e.cause, kept_after_failure(out, e.remedy())) from None
 
 
 def _say_result(cfg: C.TrainConfig, summary: dict[str, Any]) -> None:

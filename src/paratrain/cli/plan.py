@@ -1,4 +1,4 @@
-"""`paratrain plan`: predict scaling to 1..1024 devices from a bench (paratrain/plan.py's ring all-reduce model)."""
+"""`paratrain plan`: predict scaling to 1..1024 devices from a bench (measure/scaling.py's ring all-reduce model)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ import torch.multiprocessing as mp
 
 from ..checkpoint.manager import RunCheckpoints
 from ..config import TrainConfig
-from ..core.errors import UserError, one_line
+from ..core.errors import UserError, WriteFailed, one_line
 from ..core.tracebacks import user_frame_in_text
 from ..runtime import prefork
 from ..runtime.interrupt import Stopped, came_early, restore
@@ -182,15 +183,17 @@ def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
                                                     dict(os.environ), prefork.streams(), target),
                                      nprocs=workers, join=False, start_method=method)
         try:
-            return _join(context, results, steps, cfg, requeue_signal)
+            finished = partial(_keep_summary, Path(cfg.out)) if plan.launcher_writes_summary else None
+            return _join(context, results, steps, cfg, requeue_signal, finished)
         finally:
             results.close()  # its pipes now, not at the garbage collector's leisure
 
 
-def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig,
-          requeue_signal: int | None = None) -> dict[str, Any]:
+def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, requeue_signal: int | None = None,
+          finished: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Wait for the workers; rank 0's summary, or the exception that says why the run ended. `requeue_signal`:
-    a signal more that stops them (Slurm's requeue signal)."""
+    a signal more that stops them (Slurm's requeue signal); `finished`: keeps rank 0's summary where the run
+    ends in an error after rank 0 had finished it (_report_in)."""
     old_handlers = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, requeue_signal) if s}
     watch = OomWatch()
     try:
@@ -203,7 +206,7 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig,
         # What is known for sure comes first: a worker that said why it stopped (bad input, a NaN, a full disk),
         # then one the out-of-memory killer killed. The worker join() names may only have failed after them,
         # in a collective they had left.
-        if (said := _report_in(results) or _out_of_memory(context.processes, e.error_index, watch, steps)):
+        if (said := _report_in(results, finished) or _out_of_memory(context.processes, e.error_index, watch, steps)):
             raise said from None
         if isinstance(e, mp.ProcessRaisedException):  # a bug or a crash, not bad input: show its traceback
             raise _crashed(_first_cause(context, e)) from None
@@ -220,7 +223,7 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig,
         if signum == requeue_signal:  # rank 0 requeues the job; Slurm's SIGTERM to every process of the step follows at
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: this launcher waits for the workers and says why
         stop_processes(context.processes, signum, REQUEUE_WAIT_S if signum == requeue_signal else STOP_WAIT_S)
-        raise _report_in(results) or _unreported(128 + signum, cfg) from None
+        raise _report_in(results, finished) or _unreported(128 + signum, cfg) from None
     finally:
         restore(old_handlers, _raise_terminated)
     if results.empty():
@@ -271,15 +274,18 @@ def _out_of_memory(processes: list, first: int, watch: Any, steps: Any) -> UserE
     return None
 
 
-def _report_in(results: Any) -> UserError | None:
+def _report_in(results: Any, finished: Callable[[dict[str, Any]], None] | None = None) -> UserError | None:
     """What a worker reported before it left (a UserError, or Stopped after a signal); None where none did.
     The first report, but of the workers' stops rank 0's: it acts for the job (requeues it), and its line says
-    what was done, where another's only says that rank 0 does it."""
+    what was done, where another's only says that rank 0 does it. `finished(summary)`: given rank 0's summary,
+    where rank 0 had finished the run before the others failed or a signal came (the run is done: it is kept)."""
     reports = []
     while not results.empty():
         item = results.get()
         if isinstance(item, dict) and "error" in item:
             reports.append(item)
+        elif isinstance(item, dict) and finished is not None:
+            finished(item)
     if not reports:
         return None
     first = reports[0]
@@ -287,6 +293,17 @@ def _report_in(results: Any) -> UserError | None:
         first = next((r for r in reports if r["stopped"] and r.get("rank") == 0), first)
         return Stopped(first["error"], first["code"] - 128)
     return UserError(first["error"], code=first["code"])
+
+
+def _keep_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Rank 0 had finished the run when a signal or another worker's failure ended it: its summary.json, which
+    the session would have written, written here (without the shutdown time), so the finished run reads as one."""
+    from ..components.log import write_summary
+
+    try:
+        write_summary(run_dir, summary)
+    except WriteFailed as e:
+        print(f"paratrain: warning: {e.path} could not be written ({e.cause.strerror})", file=sys.stderr, flush=True)
 
 
 def _unreported(code: int, cfg: TrainConfig) -> UserError:

@@ -102,3 +102,10 @@ def _adopt(out: object, err: object) -> None:
         if received != fd:
             os.dup2(received, fd)
             os.close(received)
+
+
+def forks_for(devices: str, strategy: str, in_group: bool) -> bool:
+    """Whether the flags alone say that this run forks workers here: an explicit --devices N of more than one,
+    not the tower (one process drives its devices), not a rank of torchrun's or srun's (they start their own).
+    Never a guess: under --devices auto the plan decides (runplan.make starts the forkserver then)."""
+    return devices.isdigit() and int(devices) > 1 and strategy != "tower" and not in_group
