@@ -317,8 +317,8 @@ def test_the_owner_saves_a_step_prunes_the_old_and_lists_anew(tmp_path: Path) ->
     owner = manager.RunCheckpoints(tmp_path)
     assert owner.found().newest_step is None
     for step in (1, 2, 3):
-        owner.save(step, keep=2, state={"model": {"w": torch.ones(1) * step}, "optimizer": {}, "step": step,
-                                         "epoch": 0, "config": {}})
+        owner.save_file({"model": {"w": torch.ones(1) * step}, "optimizer": {}, "step": step, "epoch": 0,
+                         "config": {}}, step, keep=2)
     assert owner.found().newest_step == 3 and not owner.found().sharded
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000002.pt",
                                                                                   "step-00000003.pt"]

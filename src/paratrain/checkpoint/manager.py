@@ -6,7 +6,8 @@
       .check_form(strategy)   the newest checkpoint's form is one the strategy reads
       .newest_loadable()      in a worker: the newest checkpoint that loads (its tensors read by the strategy
                               where it is sharded)
-      .save(...)              a step's checkpoint written, in either form, the older ones pruned
+      .save_file(...)         a step's checkpoint written as one whole-model file, the older ones pruned
+      .save_sharded(...)      or as a sharded step folder (every rank its part)
 
 The launcher asks it once (session.py) and hands the answer to the workers in the plan; each worker reads the
 checkpoint it carries on from itself, once (resume.py), since only a worker knows which part it holds.
@@ -71,12 +72,14 @@ class RunCheckpoints:
         to read, each rank its own part."""
         return checkpoint_files.newest_loadable(self.folder, whole=False)
 
-    def save(self, step: int, keep: int, *, state: dict[str, Any] | None = None, ctx: Any = None,
-             tensors: dict[str, Any] | None = None, meta: Callable[[], dict[str, Any]] | None = None) -> None:
-        """Write step `step`'s checkpoint and keep the newest `keep`: one whole-model file from `state` (rank 0),
-        or every rank's part of a sharded step folder from `tensors` and rank 0's `meta` (collective)."""
-        if state is not None:
-            checkpoint_files.save_step(state, self.folder, step, keep)
-        else:
-            dcp.save_step(ctx, tensors, meta, self.folder, step, keep)
+    def save_file(self, state: dict[str, Any], step: int, keep: int) -> None:
+        """Write step `step`'s checkpoint as one whole-model file (rank 0) and keep the newest `keep`."""
+        checkpoint_files.save_step(state, self.folder, step, keep)
         self._found = None  # listed again if asked
+
+    def save_sharded(self, ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], step: int,
+                     keep: int) -> None:
+        """Write step `step`'s checkpoint as a sharded folder, every rank its part of `tensors` and rank 0
+        `meta()` (collective), and keep the newest `keep`."""
+        dcp.save_step(ctx, tensors, meta, self.folder, step, keep)
+        self._found = None

@@ -1,8 +1,8 @@
 """Start the workers of a plan: in this process, in N processes started here (forked from prefork.py's
 forkserver, or spawned), or as this process's part of a group that torchrun formed (env.py says which).
-What each worker does is the `target` it is given (training.worker.work, which this layer does not
-import); the launcher's own concerns are the
-processes: their start, heartbeats, signals, restarts after a death, and why a worker died.
+What each worker does is the `target` it is given (training.worker.work, which this layer does not import);
+the launcher's own concerns are the processes: their start, heartbeats, signals, restarts after a death, and
+why a worker died.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ class Strategy:
         tensors = {"model": weights, "optimizer": optimizer_state}
         if ema is not None:
             tensors["ema_model"] = ema.module.state_dict()
-        checkpoints.save(step, keep, ctx=self.ctx, tensors=tensors, meta=extras)
+        checkpoints.save_sharded(self.ctx, tensors, extras, step, keep)
 
     def wrap(self) -> None:
         """Wrap the module for training, once its state is restored."""
@@ -248,7 +248,7 @@ class Strategy:
                      "optimizer": optimizer.state_dict(), **extras()}
             if ema is not None:
                 state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
-            checkpoints.save(step, keep, state=state)
+            checkpoints.save_file(state, step, keep)
 
     def summary(self) -> dict[str, Any]:
         """What the strategy adds to summary.json (collective where it measures across workers)."""
