@@ -382,7 +382,8 @@ def test_what_a_python_user_sees(tmp_path: Path, capsys) -> None:  # noqa: ANN00
         paratrain.fit(Small, None, paratrain.TrainConfig(resume=str(run), out=str(tmp_path / "other"), **QUICK))
     assert _main(["train", "--resume", str(run), "--out", str(tmp_path / "other")]) == 2
     assert "drop --out" in capsys.readouterr().err and not (tmp_path / "other").exists()
-    with pytest.raises(UserError, match="unknown optimizer 'sgdd'; did you mean 'sgd'\\?; choose one of: adam, sgd"):
+    with pytest.raises(UserError, match="unknown optimizer 'sgdd'; did you mean 'sgd'\\?; choose one of: adam, "
+                                        "adamw, sgd"):
         paratrain.fit(Small, "digits", paratrain.TrainConfig(optimizer="sgdd", out=str(tmp_path / "x"), **QUICK))
 
 

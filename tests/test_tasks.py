@@ -107,10 +107,16 @@ def test_what_a_task_cannot_take_is_one_line(tmp_path: Path, model, options: dic
         _fit(model, _pairs(), tmp_path / "run", steps=1, batch_size=4, devices="1", **options)
 
 
-@pytest.mark.parametrize("net", [lambda: nn.Linear(3, 2), "mlp"])
-def test_integer_targets_that_are_not_class_indices_need_a_loss(tmp_path: Path, net) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("net", "message"), [
+    (lambda: nn.Linear(3, 2), r"returned \(2, 2\) for 2 examples and the targets are token ids \(2, 2\): the "
+                              r"cross-entropy needs a score for every token of the vocabulary at every position"),
+    ("mlp", "model 'mlp' gives numbers, and these targets are integers of shape"),
+])
+def test_integer_targets_that_are_not_class_indices_are_token_ids(tmp_path: Path, net, message: str) -> None:  # noqa: ANN001
+    """Integer targets a row an example are token ids: the cross-entropy over every position judges them, so a
+    network must give a score a token at every position."""
     data = {k: (torch.randn(8, 3), torch.randint(0, 5, (8, 2))) for k in ("train", "val", "test")}
-    with pytest.raises(UserError, match="not one class index: pass the loss that judges them"):
+    with pytest.raises(UserError, match=message):
         _fit(net, data, tmp_path / "run", steps=1, batch_size=4, devices="1")
 
 

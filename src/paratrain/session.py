@@ -158,8 +158,12 @@ def _say_result(cfg: C.TrainConfig, summary: dict[str, Any]) -> None:
     accuracy = summary["test_accuracy"]  # None where the task has no classes
     metrics = "".join(f"test_{k} {summary[f'test_{k}']:.4f}  " for k in summary.get("metrics") or ()
                       if summary.get(f"test_{k}") is not None)
+    if summary.get("test_perplexity") is not None:  # a language model's
+        metrics += f"test_perplexity {summary['test_perplexity']:.2f}  "
+    tokens = summary.get("tokens_per_sec")
+    speed = f"tokens/sec {tokens:.0f}" if tokens else f"examples/sec {f'{rate:.0f}' if rate else '-'}"
     print((f"test_accuracy {accuracy:.4f}  " if accuracy is not None else "")
-          + f"test_loss {summary['test_loss']:.4f}  {metrics}examples/sec {f'{rate:.0f}' if rate else '-'}  "
+          + f"test_loss {summary['test_loss']:.4f}  {metrics}{speed}  "
           f"train_time {summary['train_time_s']:.1f}s  steps {summary['steps']}  -> {cfg.out}", flush=True)
     if cfg.time_phases:
         print(clock.table(summary), flush=True)

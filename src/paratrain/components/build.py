@@ -64,6 +64,10 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
     check_tensor_model(cfg, data)
     if cfg.model == "gru":
         return _gru(cfg, data)
+    if cfg.model == "gpt":
+        from ..models.gpt import GPT
+
+        return GPT(data.vocabulary, data.input_shape[0], cfg.width, cfg.depth, cfg.heads, cfg.dropout or 0.0)
     net = build_model("mlp", math.prod(data.input_shape), 1, data.num_outputs, width=cfg.width, depth=cfg.depth,
                       activation=cfg.activation, dropout=cfg.dropout)
     if not data.input_shape:  # one number an example: a column of width 1 for the first layer
@@ -76,7 +80,9 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
 def check_tensor_model(cfg: TrainConfig, data: Splits, every_id: bool = False) -> None:
     """The registry's network against data that is not images: mlp over float features, gru over token ids.
     `every_id`: also read every token id for a negative one (once, before the run: a pass over the data)."""
-    if cfg.model == "gru":
+    if cfg.model == "gpt":
+        _check_gpt(data)
+    elif cfg.model == "gru":
         if data.train[0].is_floating_point() or len(data.input_shape) != 1:
             raise UserError(f"model 'gru' reads token ids, integers N x L; these inputs are {data.train[0].dtype}, "
                             f"{data.input_shape} an example: use model 'mlp' for features")
@@ -86,9 +92,24 @@ def check_tensor_model(cfg: TrainConfig, data: Splits, every_id: bool = False) -
         raise UserError(f"model '{cfg.model}' takes images; this data is tensors of shape {data.input_shape} an "
                         "example: use model 'mlp' (features), 'gru' (token ids) or a network of your own "
                         "(paratrain.fit(model=make_net, ...))")
+    elif data.sequence:
+        raise UserError(f"model 'mlp' gives numbers, and these targets are integers of shape {data.target_shape} an "
+                        "example (token ids, judged by the cross-entropy over every position): use model 'gpt' or a "
+                        "network of your own that gives N x T x V scores, or give float targets")
     elif not data.train[0].dtype.is_floating_point:
         raise UserError(f"model 'mlp' takes float inputs; these are {data.train[0].dtype}: for features, give them "
                         "as floats; for token ids, use model 'gru' or a network of your own that embeds them")
+
+
+def _check_gpt(data: Splits) -> None:
+    x, shape = data.train[0], data.input_shape
+    if x.is_floating_point() or x.dtype == torch.uint8 or len(shape) != 1:
+        raise UserError(f"model 'gpt' reads token ids, integers N x T; these inputs are {x.dtype}, {shape} an "
+                        "example: give it --dataset text, or token ids")
+    if not data.sequence or data.target_shape != shape:
+        raise UserError(f"model 'gpt' predicts a token at every position: its targets are token ids N x T like its "
+                        f"inputs (the next tokens); these are {data.train[1].dtype}, {data.target_shape} an example "
+                        "(for one class a sequence, use model 'gru')")
 
 
 def _gru(cfg: TrainConfig, data: Splits) -> nn.Module:

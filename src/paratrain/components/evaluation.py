@@ -6,12 +6,12 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..data.batches import eval_range
 from ..data.transforms import BatchPipeline
 from ..runtime.dist import DistContext
+from .losses import counted, cross_entropy
 
 
 def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
@@ -50,7 +50,9 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
     return totals(sums, ctx)
 
 
-SUMS = 4  # a batch's loss sum, correct predictions, examples, and examples with a class to predict
+# a batch's loss sum, correct predictions, examples, examples with a class to predict, and what the loss is a
+# mean over (the targets the built-in cross-entropy counts: a sequence's tokens; else the examples)
+SUMS = 5
 
 
 def classified(logits: torch.Tensor, y: torch.Tensor) -> bool:
@@ -59,31 +61,31 @@ def classified(logits: torch.Tensor, y: torch.Tensor) -> bool:
 
 
 def batch_sums(logits: torch.Tensor, y: torch.Tensor, loss: Any = None) -> torch.Tensor:
-    """One batch's (loss sum, correct, count, classified count), in float64: summed over batches and workers they
-    give the figures of the whole set exactly. `loss`: the batch mean (None: cross-entropy)."""
+    """One batch's SUMS slots, in float64: summed over batches and workers they give the figures of the whole
+    set exactly. `loss`: the batch mean (None: the built-in cross-entropy, summed over the targets it counts)."""
     if loss is None:
-        loss_sum = F.cross_entropy(logits, y, reduction="sum").double()
-    else:  # a user's loss is the batch mean
-        loss_sum = loss(logits.float(), y).double() * len(y)
-    return _slots(loss_sum, logits, y)
+        return _slots(cross_entropy(logits, y, reduction="sum").double(), logits, y, counted(y))
+    return step_sums(loss(logits.float(), y), logits, y)  # a user's loss is the batch mean
 
 
-def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """A training batch's figures in batch_sums' slots, from its mean loss."""
-    return _slots(loss.double() * len(y), logits, y)
+def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, per_target: bool = False) -> torch.Tensor:
+    """A batch's figures in batch_sums' slots, from its mean loss: a mean over the targets the cross-entropy
+    counts (`per_target`: the built-in one's over a sequence's tokens), else over the examples."""
+    weight = counted(y) if per_target else torch.tensor(float(len(y)), dtype=torch.float64, device=y.device)
+    return _slots(loss.double() * weight, logits, y, weight)
 
 
-def _slots(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """(loss sum, correct, count, classified count) of a batch whose loss sum is known."""
+def _slots(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(loss sum, correct, count, classified count, weight) of a batch whose loss sum is known."""
     n = torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)
-    if not classified(logits, y):  # a regression's, say: no accuracy
-        return torch.stack([loss_sum, torch.zeros_like(n), n, torch.zeros_like(n)])
-    return torch.stack([loss_sum, (logits.argmax(1) == y).sum().double(), n, n])
+    if not classified(logits, y):  # a regression's or a sequence's, say: no accuracy
+        return torch.stack([loss_sum, torch.zeros_like(n), n, torch.zeros_like(n), weight])
+    return torch.stack([loss_sum, (logits.argmax(1) == y).sum().double(), n, n, weight])
 
 
 def totals(sums: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
     """Accuracy (NaN where the task has no classes) and mean loss from every worker's sums (collective)."""
-    loss_sum, correct, count, with_class = ctx.all_reduce_sum(sums).tolist()
-    if count == 0:
+    loss_sum, correct, count, with_class, weight = ctx.all_reduce_sum(sums).tolist()
+    if count == 0 or weight == 0:
         return math.nan, math.nan
-    return (correct / with_class if with_class else math.nan), loss_sum / count
+    return (correct / with_class if with_class else math.nan), loss_sum / weight

@@ -25,6 +25,11 @@ DataLike = str | os.PathLike | Splits | dict[str, tuple[torch.Tensor, torch.Tens
 def load_for(cfg: C.TrainConfig) -> Splits:
     """The dataset a training configuration names, shaped for its model (the synthetic images take the
     model's native channels)."""
+    if cfg.dataset == "text":  # a UTF-8 file or folder, tokenized once into a memory-mapped cache
+        from ..data import text
+
+        return text.load(cfg.data_dir, cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.cache_dir,
+                         cfg.quiet)
     if cfg.dataset in ("tensors", "csv"):  # files of tensors or a table (config.validate: they name one)
         from ..data import tables
 

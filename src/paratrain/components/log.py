@@ -107,17 +107,19 @@ class RunLog:
             return
         self._write({"step": step, **fields})
         acc = fields["train_accuracy"]  # None where the task has no classes (a regression)
+        rate = f"{fields['tokens_per_sec']:,.0f} tokens/sec" if "tokens_per_sec" in fields else \
+            f"{fields['examples_per_sec']:,.0f} examples/sec"
         self.say(f"step {step}/{self.total_steps}  loss {fields['loss']:.4f}  "
                  + (f"train_accuracy {acc:.4f}  " if acc is not None else "")
-                 + f"{fields['examples_per_sec']:,.0f} examples/sec  {sec_per_batch:.3f} sec/batch  "
-                 f"lr {fields['lr']:.3g}")
+                 + (f"perplexity {fields['perplexity']:.2f}  " if "perplexity" in fields else "")
+                 + f"{rate}  {sec_per_batch:.3f} sec/batch  lr {fields['lr']:.3g}")
         if self.bar is not None:
             shown = {"loss": f"{fields['loss']:.4g}", **({"acc": f"{acc:.4f}"} if acc is not None else {})}
             self.bar.set_postfix(**shown, refresh=False)
         if self.tb is not None:
             self._scalars(step, {f"train/{key}": fields[key] for key in ("loss", "train_accuracy", "lr",
-                                                                         "examples_per_sec")
-                                 if fields[key] is not None})
+                                                                         "examples_per_sec", "tokens_per_sec")
+                                 if fields.get(key) is not None})
 
     def epoch(self, *, step: int, epoch: int, epochs: int, validated: bool = True, **fields: Any) -> None:
         """The epoch's line; `validated`: there is a validation set (none with --val-size 0)."""

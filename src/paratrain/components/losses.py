@@ -1,23 +1,48 @@
 """The built-in losses a run is trained and judged with (--loss; paratrain.fit's loss= replaces them): the
-loss decides the task, as the targets suggest by default (cross-entropy for class indices, else the mean
-squared error)."""
+loss decides the task, as the targets suggest by default (cross-entropy for integer targets: class indices,
+or token ids; else the mean squared error)."""
 
 from __future__ import annotations
 
 from functools import partial
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
 from ..config import LOSSES, TrainConfig
 
-FUNCTIONS = {"cross-entropy": F.cross_entropy, "mse": F.mse_loss, "l1": F.l1_loss, "smooth-l1": F.smooth_l1_loss,
+IGNORE = -100  # a target position that no loss counts (padding; transformers' labels use it too)
+
+
+def class_last(logits: torch.Tensor, targets: torch.Tensor) -> bool:
+    """Scores laid out N x T x V against N x T targets (a language model's), rather than torch's N x V x T."""
+    return logits.dim() > 2 and logits.shape[:-1] == targets.shape
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0,
+                  reduction: str = "mean") -> torch.Tensor:
+    """torch's cross-entropy, over class indices (N x K scores) or token ids (N x T targets against N x T x V
+    scores, or torch's own N x V x T): the mean over the targets that count (IGNORE: not counted)."""
+    if class_last(logits, targets):
+        logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE, label_smoothing=label_smoothing,
+                           reduction=reduction)
+
+
+def counted(targets: torch.Tensor) -> torch.Tensor:
+    """How many targets the cross-entropy counts (IGNORE's are not), as float64."""
+    return (targets != IGNORE).sum().double()
+
+
+FUNCTIONS = {"cross-entropy": cross_entropy, "mse": F.mse_loss, "l1": F.l1_loss, "smooth-l1": F.smooth_l1_loss,
              "bce": F.binary_cross_entropy_with_logits}
 assert tuple(FUNCTIONS) == tuple(n for n in LOSSES if n != "auto")
 
 
 def loss_name(cfg: TrainConfig, classification: bool) -> str:
-    """--loss, or auto's choice for the data: cross-entropy for class indices, else the mean squared error."""
+    """--loss, or auto's choice for the data: cross-entropy for integer targets (`classification`: class
+    indices, or token ids), else the mean squared error."""
     if cfg.loss != "auto":
         return cfg.loss
     return "cross-entropy" if classification else "mse"
@@ -28,7 +53,7 @@ def training_loss(cfg: TrainConfig, classification: bool = True) -> Any:
     (evaluation keeps the plain one)."""
     name = loss_name(cfg, classification)
     if name == "cross-entropy" and cfg.label_smoothing:
-        return partial(F.cross_entropy, label_smoothing=cfg.label_smoothing)
+        return partial(cross_entropy, label_smoothing=cfg.label_smoothing)
     return FUNCTIONS[name]
 
 
@@ -37,3 +62,10 @@ def evaluation_loss(cfg: TrainConfig, classification: bool) -> Any:
     (evaluation.batch_sums sums it exactly)."""
     name = loss_name(cfg, classification)
     return None if name == "cross-entropy" else FUNCTIONS[name]
+
+
+def perplexity(loss: float) -> float:
+    """exp of a mean cross-entropy in nats (inf past what a float holds)."""
+    import math
+
+    return math.exp(loss) if loss < 700 else math.inf

@@ -32,6 +32,8 @@ def make_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> to
         return torch.optim.Adamax(params, lr=cfg.lr, betas=betas, weight_decay=wd)
     if cfg.optimizer == "nadam":
         return torch.optim.NAdam(params, lr=cfg.lr, betas=betas, weight_decay=wd)
+    if cfg.optimizer == "adamw":  # the decay decoupled from the gradient's moments (Loshchilov & Hutter)
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, weight_decay=wd)
     return torch.optim.Adam(params, lr=cfg.lr, betas=betas, weight_decay=wd)
 
 

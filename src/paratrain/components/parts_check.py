@@ -49,25 +49,27 @@ def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> 
             raise UserError(f"your optimizer factory {name_of(parts.optimizer)} returned a "
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
         record["optimizer"] = describe_optimizer(optimizer)
-    default = name_of(FUNCTIONS[loss_name(cfg, data.classification)])  # mse_loss, cross_entropy
+    default = name_of(FUNCTIONS[loss_name(cfg, data.categorical)])  # mse_loss, cross_entropy
     record["loss"] = name_of(parts.loss) if parts.loss is not None else \
         f"{default} (paratrain's {'default' if cfg.loss == 'auto' else '--loss'})"
     return record
 
 
 def check_task(cfg: Any, data: Any, loss: Any) -> None:
-    """Targets that are not class indices: the default loss is the mean squared error, which takes float
-    targets; label smoothing smooths classes (runplan.make asks, for every run on tensors)."""
+    """Targets that are not class indices: token ids (integers, a row an example) take the cross-entropy
+    (auto's), float targets the losses that compare numbers; label smoothing smooths classes and tokens
+    (runplan.make asks, for every run on tensors)."""
     if data.classification:
         return
-    if cfg.label_smoothing:
+    if cfg.label_smoothing and not data.sequence:
         raise UserError(f"label_smoothing smooths class targets; these targets are {data.train[1].dtype} of shape "
                         f"{data.target_shape} an example: leave it at 0")
-    if loss is None and not data.train[1].is_floating_point():
-        raise UserError(f"the targets are integers of shape {data.target_shape} an example, not one class index: "
-                        "pass the loss that judges them (paratrain.fit(..., loss=...)), or give float targets for "
-                        "the default mean squared error" + (" (--loss bce: 0/1 labels as floats)"
-                                                            if cfg.loss == "bce" else ""))
+    if loss is None and data.sequence and cfg.loss not in ("auto", "cross-entropy"):
+        raise UserError(f"--loss {cfg.loss} compares numbers, and these targets are integers of shape "
+                        f"{data.target_shape} an example (token ids): leave --loss out for the cross-entropy over "
+                        "every token, give float targets" + (" (--loss bce: 0/1 labels as floats)"
+                                                             if cfg.loss == "bce" else "") +
+                        ", or pass a loss of your own (paratrain.fit(..., loss=...))")
 
 
 def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: Any, loss: Any,
@@ -122,6 +124,13 @@ def _check_output(out: Any, rows: bool, n: int, data: Any, loss: Any) -> None:
     got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
     if not rows:
         raise UserError(f"your network returned {got} for {n} examples; it must return one row per example")
+    if loss is None and data.sequence:
+        if not (isinstance(out, torch.Tensor) and out.dim() == len(data.target_shape) + 2 and
+                (tuple(out.shape[1:-1]) == data.target_shape or tuple(out.shape[2:]) == data.target_shape)):
+            raise UserError(f"your network returned {got} for {n} examples and the targets are token ids "
+                            f"{(n, *data.target_shape)}: the cross-entropy needs a score for every token of the "
+                            f"vocabulary at every position, {(n, *data.target_shape, 'V')}")
+        return
     if loss is None and tuple(out.shape[1:]) != data.target_shape:
         raise UserError(f"your network returned {got} for {n} examples and the targets are "
                         f"{(n, *data.target_shape)}: the default loss (mean squared error) needs the same shape; "

@@ -94,6 +94,20 @@ def _check_numbers(cfg: TrainConfig) -> None:
             _bad(f"--{name.replace('_', '-')} must be at least 0 and below 1, not {value}")
 
 
+def _check_text(cfg: TrainConfig) -> None:
+    """Text's and the gpt's own options."""
+    if cfg.tokenizer != "bytes" and cfg.dataset != "text":
+        _bad(f"--tokenizer is for --dataset text, not {cfg.dataset}")
+    if cfg.context < 1:
+        _bad(f"--context must be at least 1 token, not {cfg.context}")
+    if cfg.heads is not None and cfg.model != "gpt":
+        _bad(f"--heads is for --model gpt, not {cfg.model}")
+    if cfg.model == "gpt" and (cfg.heads or 1) < 1:
+        _bad(f"--heads must be at least 1, not {cfg.heads}")
+    if cfg.model == "gpt" and cfg.width % (cfg.heads or 1):
+        _bad(f"--heads {cfg.heads} must divide --width {cfg.width} (each head has width / heads)")
+
+
 def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.data_dir and cfg.dataset in ("digits", "synthetic", "diabetes", "tokens"):
         _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
@@ -102,16 +116,19 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--label-smoothing smooths the cross-entropy's class targets, not --loss {cfg.loss}: drop one")
     if cfg.target is not None and cfg.dataset != "csv":
         _bad(f"--target names a column of --dataset csv, not of {cfg.dataset}")
-    if cfg.dataset in ("tensors", "csv") and not cfg.data_dir:
-        _bad(f"--dataset {cfg.dataset} needs --data-dir " + ("FILE.csv, the table" if cfg.dataset == "csv" else
-                                                              "PATH, an .npz file or a folder of .npy/.pt files"))
+    if cfg.dataset in ("tensors", "csv", "text") and not cfg.data_dir:
+        _bad(f"--dataset {cfg.dataset} needs --data-dir " + {"csv": "FILE.csv, the table",
+                                                              "text": "PATH, a UTF-8 file or a folder of .txt files"}
+             .get(cfg.dataset, "PATH, an .npz file or a folder of .npy/.pt files"))
+    _check_text(cfg)
     if cfg.dataset == "csv" and not cfg.target:
         _bad("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
-    folder_only = [n for n in ("image_size", "cache_dir") if getattr(cfg, n) is not None]
+    folder_only = [n for n in ("image_size", "cache_dir") if getattr(cfg, n) is not None and
+                   not (n == "cache_dir" and cfg.dataset == "text")]  # text keeps its tokens in the cache too
     folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
     if cfg.test_size is not None and cfg.dataset not in ("imagefolder", "custom", "tensors", "csv", "diabetes",
-                                                         "tokens"):
-        _bad(f"--test-size is for --dataset imagefolder, tensors or csv, not {cfg.dataset}")
+                                                         "tokens", "text"):
+        _bad(f"--test-size is for --dataset imagefolder, tensors, csv or text, not {cfg.dataset}")
     if cfg.labels != "fine" and cfg.dataset != "cifar100":
         _bad(f"--labels is for --dataset cifar100, not {cfg.dataset}")
     if folder_only and cfg.dataset not in ("imagefolder", "custom"):  # custom: a Dataset given to paratrain.fit

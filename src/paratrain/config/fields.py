@@ -16,14 +16,14 @@ from ..core.errors import UserError, closest
 
 # custom: paratrain.fit(model=...)
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "gru",
-          "custom")
+          "gpt", "custom")
 # imagefolder: a folder of class sub-folders (--data-dir); tensors: an .npz or a folder of .npy/.pt files; csv: a
-# table (--target); custom: tensors given to paratrain.fit
+# table (--target); text: a UTF-8 file or a folder of .txt files; custom: tensors given to paratrain.fit
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "diabetes", "tokens",
-            "imagefolder", "tensors", "csv", "custom")
-FILES = ("imagefolder", "tensors", "csv")  # the datasets that are --data-dir itself
+            "imagefolder", "tensors", "csv", "text", "custom")
+FILES = ("imagefolder", "tensors", "csv", "text")  # the datasets that are --data-dir itself
 # custom: an optimizer factory given to paratrain.fit
-OPTIMIZERS = ("adam", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
+OPTIMIZERS = ("adam", "adamw", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
 PRECISIONS = ("32", "bf16", "16-mixed")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
@@ -33,7 +33,8 @@ BATCHNORM = ("sync", "local")
 REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 # the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
 STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp")
-# --loss: auto is cross-entropy for class indices, else the mean squared error (losses.py)
+# --loss: auto is cross-entropy for integer targets (class indices, or token ids N x T against N x T x V outputs),
+# else the mean squared error (losses.py)
 LOSSES = ("auto", "cross-entropy", "mse", "l1", "smooth-l1", "bce")
 # --metric's built-in metrics (torchmetrics objects: metrics.py builds them)
 METRICS = ("mae", "mse", "rmse", "r2", "f1", "precision", "recall")
@@ -50,10 +51,15 @@ class TrainConfig:
                     "path/to/file.py:factory", choices=MODELS)
     dataset: str = _f("digits", "dataset (digits, diabetes (a regression) and tokens (sequences) are embedded and "
                       "need no download); imagefolder, tensors (an .npz, "
-                      "or a folder of .npy/.pt files: x_train, y_train, ...) and csv (a table) are --data-dir",
+                      "or a folder of .npy/.pt files: x_train, y_train, ...), csv (a table) and text (UTF-8, for "
+                      "a language model) are --data-dir",
                       choices=DATASETS)
     data_dir: str | None = _f(None, "folder with the dataset files, or where to download them; the image folder, "
-                              "tensors file or CSV file")
+                              "tensors file, CSV file, or text (a UTF-8 file or a folder of .txt files)")
+    tokenizer: str = _f("bytes", "text: bytes (a vocabulary of 256, no dependency), a tiktoken encoding (gpt2, "
+                        "cl100k_base; pip install tiktoken), or a Hugging Face tokenizer.json or hub name")
+    context: int = _f(128, "text and gpt: tokens a training window (an example) holds; gpt: the longest sequence "
+                      "it reads")
     standardize: bool = _f(False, "tensors: scale every input feature to zero mean and unit variance over the "
                            "training split (the network takes them so)", flag="--standardize")
     target: str | None = _f(None, "csv: the column to predict (several: A,B); numbers are a regression's, names "
@@ -71,8 +77,10 @@ class TrainConfig:
     skip_bad_images: bool = _f(False, "imagefolder: leave out images that cannot be decoded (counted and "
                                "listed in the cache's manifest) instead of stopping")
     # model options (used by the models that have them)
-    width: int = _f(512, "mlp: neurons per hidden layer; gru: the embedding's and the GRU's width")
-    depth: int = _f(2, "mlp: number of hidden layers; gru: stacked GRU layers")
+    width: int = _f(512, "mlp: neurons per hidden layer; gru: the embedding's and the GRU's width; gpt: the "
+                    "model's width (embedding, attention)")
+    depth: int = _f(2, "mlp: number of hidden layers; gru: stacked GRU layers; gpt: transformer blocks")
+    heads: int | None = _f(None, "gpt: attention heads (default: width / 64, at least 1); they must divide --width")
     activation: str = _f("relu", "mlp: activation", choices=ACTIVATIONS)
     dropout: float | None = _f(None, "dropout probability (default: the model's own)")
     filters: int = _f(64, "convnet: filters of the first convolution (the next two have 4x and 8x); "
@@ -130,15 +138,16 @@ class TrainConfig:
     momentum: float = _f(0.9, "SGD/RMSprop momentum")
     beta1: float = _f(0.9, "Adam/Adamax/NAdam: decay of the gradient's running mean")
     beta2: float = _f(0.999, "Adam/Adamax/NAdam: decay of the squared gradient's running mean")
-    loss: str = _f("auto", "the loss trained and reported: auto (cross-entropy for class indices, else the mean "
-                   "squared error), cross-entropy, mse, l1, smooth-l1, bce (binary cross-entropy on logits: "
+    loss: str = _f("auto", "the loss trained and reported: auto (cross-entropy for class indices and for token "
+                   "ids, N x T targets against N x T x V outputs (-100: ignored); else the mean squared error), "
+                   "cross-entropy, mse, l1, smooth-l1, bce (binary cross-entropy on logits: "
                    "multi-label targets of 0/1)", choices=LOSSES)
     label_smoothing: float = _f(0.0, "training loss: cross-entropy against targets smoothed by this much")
     metric: str | None = _f(None, "metrics reported beside the loss on the validation and test sets, "
                             f"comma-separated: {', '.join(METRICS)} (f1, precision, recall: the mean over the "
                             "classes)")
     nesterov: bool = _f(False, "SGD: Nesterov momentum", flag="--nesterov")
-    weight_decay: float = _f(0.0, "L2 weight decay")
+    weight_decay: float = _f(0.0, "weight decay: L2 added to the gradient; adamw: decoupled, as transformers train")
     clip_grad_norm: float | None = _f(None, "clip the gradients' global L2 norm to this")
     lr_schedule: str = _f("constant", "learning-rate schedule", choices=LR_SCHEDULES)
     lr_decay_rate: float = _f(0.1, "exponential/step: multiply the lr by this every decay period")
@@ -201,10 +210,11 @@ def for_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
 # Sizes that suit each dataset: the 1,437 digits need small batches to get enough steps.
 def model_for_data(cfg: TrainConfig) -> TrainConfig:
     """The default model (lenet5, an image network) on data that is not images: the registry's network for it
-    (gru for the token ids of tokens, mlp for the rest; a tensors file of token ids is told to name gru)."""
-    if cfg.model != TrainConfig.model or cfg.dataset not in ("diabetes", "tokens", "tensors", "csv"):
+    (gru for the token ids of tokens, gpt for text, mlp for the rest; a tensors file of token ids is told to name
+    gru)."""
+    if cfg.model != TrainConfig.model or cfg.dataset not in ("diabetes", "tokens", "tensors", "csv", "text"):
         return cfg
-    return cfg.replace(model="gru" if cfg.dataset == "tokens" else "mlp")
+    return cfg.replace(model={"tokens": "gru", "text": "gpt"}.get(cfg.dataset, "mlp"))
 
 
 DATASET_DEFAULTS: dict[str, dict[str, int]] = {
@@ -220,6 +230,7 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "tokens": {"batch_size": 64, "epochs": 10},
     "tensors": {"batch_size": 64, "epochs": 10},
     "csv": {"batch_size": 64, "epochs": 10},
+    "text": {"batch_size": 32, "epochs": 1},
     "custom": {"batch_size": 64, "epochs": 10},
 }
 

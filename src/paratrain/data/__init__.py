@@ -8,7 +8,7 @@ from ..core.errors import UserError
 from .splits import Splits
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "diabetes", "tokens",
-            "imagefolder", "tensors", "csv")
+            "imagefolder", "tensors", "csv", "text")
 DEFAULT_DATA_DIR = "data"
 
 
@@ -50,7 +50,7 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = True, 
         from . import bundled
 
         return bundled.diabetes(val_size, test_size) if name == "diabetes" else bundled.tokens(val_size, test_size)
-    if name in ("tensors", "csv"):  # the command line's: inputs.load_for reads them (a csv needs its --target)
+    if name in ("tensors", "csv", "text"):  # the command line's: inputs.load_for reads them (a csv needs its --target)
         raise UserError(f"dataset '{name}' is read from --data-dir by paratrain train (paratrain.fit(model, path))")
     if name == "synthetic":
         from . import synthetic

@@ -7,6 +7,8 @@ per epoch, global batch i is the i-th fixed slice of it, and worker r takes the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -14,6 +16,14 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The order of the n training examples in `epoch`; a function of (seed, epoch) only."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n, generator=g)
+
+
+def epoch_order(train_targets: Any, seed: int, epoch: int) -> torch.Tensor:
+    """The training examples of `epoch` in order, by the index the training split reads them at: a
+    permutation of every example, or text's windows by their first token (text.TokenWindows.epoch_starts)."""
+    if hasattr(train_targets, "epoch_starts"):
+        return train_targets.epoch_starts(seed, epoch)
+    return epoch_permutation(len(train_targets), seed, epoch)
 
 
 def global_batch(perm: torch.Tensor, step: int, batch_size: int) -> torch.Tensor:

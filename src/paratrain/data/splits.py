@@ -32,6 +32,9 @@ class Splits:
     vocabulary: int = 0  # integer inputs (token ids): the largest id in any split + 1 (an embedding's size)
     # a file's rows and bytes, where paratrain held split rows out of it (tables.py): evaluation finds them again
     origin: dict | None = None
+    # text (text.py): its tokenizer's name, the window (context), its tokens and UTF-8 bytes a token; generation
+    # decodes with the tokenizer, bits per byte read the bytes
+    text: dict | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -66,6 +69,25 @@ class Splits:
         return self.num_classes > 0
 
     @property
+    def sequence(self) -> bool:
+        """The targets are token ids, a sequence an example (N x T integers): the built-in cross-entropy takes
+        N x T x V outputs against them, and the loss is a mean over the tokens (-100: ignored)."""
+        return not self.images and not self.classification and len(self.target_shape) >= 1 and \
+            not self.train[1].is_floating_point()
+
+    @property
+    def categorical(self) -> bool:
+        """Integer targets the cross-entropy judges by default: class indices, or token ids."""
+        return self.classification or self.sequence
+
+    @property
+    def tokens_per_example(self) -> int | None:
+        """The tokens a sequence model reads an example (its input's length), where the inputs are token ids."""
+        x = self.train[0]
+        return int(self.input_shape[0]) if not self.images and len(self.input_shape) == 1 and \
+            not x.is_floating_point() and x.dtype != torch.uint8 else None
+
+    @property
     def num_outputs(self) -> int:
         """What a network's last layer gives an example: a score per class, or one number per target element."""
         return self.num_classes if self.classification else math.prod(self.target_shape)
@@ -77,6 +99,7 @@ class Splits:
                     "target_shape": list(self.target_shape), "target_dtype": str(self.train[1].dtype),
                     "num_classes": self.num_classes, "mean": list(self.mean), "std": list(self.std),
                     "vocabulary": self.vocabulary, **({"held_out_of": self.origin} if self.origin else {}),
+                    **({"text": self.text} if self.text else {}),
                     **({"classes": list(self.classes)} if self.classes else {})}
         info = {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
                 "mean": list(self.mean), "std": list(self.std)}
@@ -99,7 +122,7 @@ class Splits:
             return cls(name, (inputs, targets), (inputs, targets), (inputs, targets), tuple(info.get("mean", ())),
                        tuple(info.get("std", ())),
                        int(info["num_classes"]), tuple(info["classes"]) if info.get("classes") else None,
-                       kind=info["kind"], vocabulary=int(info.get("vocabulary", 0)))
+                       kind=info["kind"], vocabulary=int(info.get("vocabulary", 0)), text=info.get("text"))
         c, s = int(info["channels"]), int(info["image_size"])
         empty = (torch.zeros(0, c, s, s, dtype=torch.uint8), torch.zeros(0, dtype=torch.int64))
         classes = tuple(info["classes"]) if info.get("classes") else None

@@ -198,7 +198,7 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     # the run's classes, and the targets given (0/1 labels, say)
     metrics = for_run(cfg.metric, given, dataclasses.replace(shaped, train=splits.test))
     meter = Meter(metrics, ctx.device) if metrics else None
-    judge = loss if loss is not None else evaluation_loss(cfg, shaped.classification)  # as the run was judged
+    judge = loss if loss is not None else evaluation_loss(cfg, shaped.categorical)  # as the run was judged
     from ..components.build import (
         make_batch_transforms,  # the run's (its --standardize statistics, from the checkpoint)
     )

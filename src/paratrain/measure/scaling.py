@@ -320,7 +320,7 @@ def _bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any
             idx = torch.arange(batch) % len(y_all)
             return x_all[idx], y_all[idx]
 
-        return make_model(cfg, splits), rows, training_loss(cfg, splits.classification)
+        return make_model(cfg, splits), rows, training_loss(cfg, splits.categorical)
     channels = native_channels(model)
     side = input_size(model, synthetic_side(channels))
 

@@ -51,7 +51,7 @@ CUSTOM = ModelSpec(None, None, convolutional=False)
 def _spec(name: str) -> ModelSpec:
     if name == "custom" or is_import_path(name):  # a network of the user's: any input size
         return CUSTOM
-    if name == "gru":
+    if name in ("gru", "gpt"):
         return TOKENS
     if name not in REGISTRY:
         raise UserError(f"unknown model '{name}'; choose one of: {', '.join(REGISTRY)}")
@@ -94,9 +94,10 @@ def build_model(name: str, in_channels: int, image_size: int, num_classes: int, 
     if is_import_path(name):
         return build_imported(name, in_channels, image_size, num_classes)
     spec = _spec(name)
-    if name == "gru":
-        raise UserError("model 'gru' reads token ids (integers, N x L), not images: give it --dataset tensors or "
-                        "csv, or tensors to paratrain.fit")
+    if name in ("gru", "gpt"):
+        raise UserError(f"model '{name}' reads token ids (integers, N x L), not images: give it "
+                        f"{'--dataset text, ' if name == 'gpt' else ''}--dataset tensors or csv, or tensors to "
+                        "paratrain.fit")
     if spec.builder is None:
         raise UserError("model 'custom' is a network of your own: give its factory to paratrain.fit(model=...); "
                         "from the command line choose a registry model")

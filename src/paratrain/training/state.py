@@ -55,6 +55,20 @@ class RunState:
     best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
     since_best: int = 0  # and the epochs validated since it
 
+    def restore(self, saved: dict[str, Any], per_epoch: int, patience: int | None) -> None:
+        """A checkpoint's schedule, scaler, EMA count, step and early-stopping record (the strategy restores
+        the optimizer state and the EMA's weights)."""
+        self.scheduler.load_state_dict(saved.get("scheduler", {"last_epoch": saved["step"]}))
+        self.scaler.load_state_dict(saved.get("scaler", {}))
+        if self.ema is not None and saved.get("ema_n_averaged") is not None:
+            self.ema.n_averaged.fill_(saved["ema_n_averaged"])
+        self.step = self.first_step = int(saved["step"])
+        # a checkpoint of an earlier version: its epochs count as validated
+        self.validated = int(saved.get("validated", self.step // per_epoch))
+        self.best_val_loss, self.since_best = saved.get("early_stopping", (math.inf, 0))
+        if patience is not None and self.since_best >= patience:
+            self.stop = "early"  # it had stopped early: resumed (or restarted), it trains no further
+
     def watch_val_loss(self, patience: int | None) -> None:
         """--early-stopping after a validation: every worker holds the same validation loss (evaluation reduces
         it), so every worker decides alike, with no message passed."""
@@ -84,6 +98,7 @@ class RunRecord:
     marks: dict[str, float]  # start-up marks (runtime/clock.py)
     finish_s: dict[str, float | None]  # the finish's phases
     step_phases: dict[str, Any]  # the step's phases (--time-phases)
+    language: dict[str, Any] | None = None  # a sequence model's (language_of): tokens, FLOPs, the device's peak
 
 
 def sync_waits(waits: torch.Tensor | None, train_time: float) -> dict[str, Any]:
@@ -159,7 +174,69 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
         "metrics": list(reported[2]),  # their names (--metric, fit's metrics=): val_NAME and test_NAME
         **{f"val_{k}": finite(v) for k, v in state.val[2].items()},
         **{f"test_{k}": finite(v) for k, v in reported[2].items()},
+        **language_figures(state, record, reported, test_ema),
     }
+
+
+def language_of(model: nn.Module, data: Any, per_target: bool) -> dict[str, Any] | None:
+    """What a summary says of a model over token ids: the tokens an example, the FLOPs a token (counted on the
+    whole model), whether the loss is the built-in cross-entropy over the tokens (perplexity), and the text's
+    UTF-8 bytes a token (bits per byte); None for other data."""
+    from ..models.flops import flops_per_token
+
+    tokens = data.tokens_per_example
+    if tokens is None:
+        return None
+    flops, counted = flops_per_token(model, tokens)
+    return {"tokens_per_example": tokens, "flops_per_token": flops, "flops_counted": counted,
+            "per_target": per_target, "bytes_per_token": (data.text or {}).get("bytes_per_token")}
+
+
+def _device_peak(devices: list[str], precision: str) -> tuple[float | None, str]:
+    """One worker's device's peak FLOP/s (runtime/peaks.py) and where it comes from."""
+    from ..runtime import peaks
+
+    device = devices[0] if devices else "cpu"
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device.split(" ")[0]))
+        peak = peaks.gpu_peak(name, precision)
+        return peak, f"{name}: " + ("the maker's dense figure" if peak else "not in paratrain's table of GPUs")
+    threads = int(device.split("(")[1].split()[0]) if "(" in device else torch.get_num_threads()
+    peak = peaks.cpu_peak(threads)
+    return peak, ("this CPU's float32 matrix multiply, measured by paratrain doctor" if peak else
+                  "unknown for this CPU: run paratrain doctor once to measure it")
+
+
+def language_figures(state: RunState, record: RunRecord, reported: tuple[float, float, dict],
+                     test_ema: tuple[float, float, dict] | None) -> dict[str, Any]:
+    """A language model's figures: tokens/s, perplexity and bits per byte (the built-in loss over the tokens),
+    FLOPs a token, the FLOP/s achieved and the model FLOPs utilisation (where the device's peak is known)."""
+    lm = record.language
+    if lm is None:
+        return {}
+    per_update = record.cfg.batch_size * record.cfg.accumulate
+    tokens_per_sec = state.steps_run * per_update * lm["tokens_per_example"] / state.train_time \
+        if state.steps_run and state.train_time else None
+    achieved = lm["flops_per_token"] * tokens_per_sec if tokens_per_sec else None
+    peak, peak_of = _device_peak(record.devices, record.cfg.precision)
+    total_peak = peak * len(record.devices) if peak else None
+    out: dict[str, Any] = {
+        "tokens_per_sec": tokens_per_sec, "flops_per_token": lm["flops_per_token"],
+        "flops_counted": lm["flops_counted"],
+        "achieved_flops_per_sec": achieved, "peak_flops_per_sec": total_peak, "peak_of": peak_of,
+        "mfu": achieved / total_peak if achieved and total_peak else None}
+    if lm["per_target"]:
+        from ..components.losses import perplexity
+
+        losses = {"val": state.val[1], "test": reported[1], **({"test_ema": test_ema[1]} if test_ema else {})}
+        for split, loss in losses.items():
+            ok = math.isfinite(loss)
+            name = split.replace("_ema", "")
+            suffix = "_ema" if split.endswith("_ema") else ""
+            out[f"{name}_perplexity{suffix}"] = perplexity(loss) if ok else None
+            if lm["bytes_per_token"]:
+                out[f"{name}_bits_per_byte{suffix}"] = loss / math.log(2) / lm["bytes_per_token"] if ok else None
+    return out
 
 
 # What a start that trains no step (a finished run evaluated again) takes from the run's summary.json: the

@@ -24,21 +24,31 @@ import torch
 from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.run_folder import kept_after_failure
 from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
+from ..components.dropout import has_dropout, masks
 from ..components.evaluation import SUMS, evaluate, step_sums
 from ..components.log import RunLog, write_summary
-from ..components.losses import evaluation_loss, training_loss
+from ..components.losses import evaluation_loss, perplexity, training_loss
 from ..components.metrics import Meter, for_run
 from ..components.parts import Parts
 from ..components.phases import PhaseTimer
 from ..config.length import step_seed
 from ..core.errors import UserError, WriteFailed
 from ..data import Splits
-from ..data.batches import epoch_permutation, global_batch, worker_part
+from ..data.batches import epoch_order, global_batch, worker_part
 from ..parallel import strategies
 from ..parallel.runplan import RunPlan
 from ..runtime.dist import DistContext
 from ..runtime.interrupt import Stopped, StopRequest, signal_name
-from .state import RunRecord, RunState, memory_figures, quiet_compiler, summary_of, sync_waits, trained_figures
+from .state import (
+    RunRecord,
+    RunState,
+    language_of,
+    memory_figures,
+    quiet_compiler,
+    summary_of,
+    sync_waits,
+    trained_figures,
+)
 
 
 class Trainer:
@@ -53,8 +63,9 @@ class Trainer:
         self.devices, self.restarts = devices, restarts
         self.parts = plan.parts or Parts()
         self.loss = self.parts.loss  # None: --loss (auto: cross-entropy for class indices, else the mse)
-        self.eval_loss = self.loss if self.loss is not None else evaluation_loss(cfg, data.classification)
+        self.eval_loss = self.loss if self.loss is not None else evaluation_loss(cfg, data.categorical)
         self.metrics = for_run(cfg.metric, self.parts.metrics, data)  # name -> metric, beside the loss
+        self.per_target = self.loss is None and data.sequence  # the built-in loss: a mean over the tokens
         self.length = plan.length
         self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report, self.env = plan.report, plan.env
@@ -87,8 +98,10 @@ class Trainer:
     def _set_up(self, data: Splits, saved: dict[str, Any] | None) -> RunState:
         cfg = self.cfg  # `saved`: read by this process (resume.py), its own to update in place
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
-        module = self.strategy.build(make_model(cfg, data, self.parts), data,
-                                     self.loss or training_loss(cfg, data.classification))
+        whole = make_model(cfg, data, self.parts)
+        self.language = language_of(whole, data, self.per_target)  # its FLOPs a token: before any sharding
+        self.drops = has_dropout(whole)  # then every micro-batch draws its masks as one device would
+        module = self.strategy.build(whole, data, self.loss or training_loss(cfg, data.categorical))
         if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
             self.strategy.load(saved)
         if memory_format(cfg) == torch.channels_last:  # before DDP lays out its buckets and the EMA copies it
@@ -97,25 +110,13 @@ class Trainer:
                                                   self.length.per_epoch, self.ctx.device),
                          self.strategy.average(cfg.ema) if cfg.ema else None)
         if saved is not None:
-            self._restore(state, saved)
+            self.strategy.restore(state.optimizer, state.ema, saved)  # the strategy's part, then the rest
+            state.restore(saved, self.length.per_epoch, cfg.early_stopping)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
             quiet_compiler()
             module.compile()
         self.strategy.wrap()
         return state
-
-    def _restore(self, state: RunState, saved: dict[str, Any]) -> None:
-        self.strategy.restore(state.optimizer, state.ema, saved)
-        state.scheduler.load_state_dict(saved.get("scheduler", {"last_epoch": saved["step"]}))
-        state.scaler.load_state_dict(saved.get("scaler", {}))
-        if state.ema is not None and saved.get("ema_n_averaged") is not None:  # restore() loaded its weights
-            state.ema.n_averaged.fill_(saved["ema_n_averaged"])
-        state.step = state.first_step = int(saved["step"])
-        # a checkpoint of an earlier version: its epochs count as validated
-        state.validated = int(saved.get("validated", state.step // self.length.per_epoch))
-        state.best_val_loss, state.since_best = saved.get("early_stopping", (math.inf, 0))
-        if self.cfg.early_stopping is not None and state.since_best >= self.cfg.early_stopping:
-            state.stop = "early"  # it had stopped early: resumed (or restarted), it trains no further
 
     # ---- the run ----
 
@@ -151,7 +152,7 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> float:
         """The epoch's steps (from a resumed step on); its training time."""
         state, length, ctx = self.state, self.length, self.ctx
-        perm = epoch_permutation(len(self.data.train[1]), self.cfg.seed, epoch).to(ctx.device)
+        perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(ctx.device)
         ctx.synchronize()
         t_epoch = time.perf_counter()
         for i in range(state.step - epoch * length.per_epoch,
@@ -186,12 +187,13 @@ class Trainer:
             with self.timer.phase("data"):
                 x, y = self._fetch(worker_part(global_batch(perm, i * acc + k, cfg.batch_size), which, of))
             sync = k == acc - 1 and not self.timer.active  # timed runs all-reduce explicitly (reduce_gradients)
-            with self.timer.phase("compute"):
+            with self.timer.phase("compute"), masks(self.drops, self.strategy, self.cfg, self.state.step, k):
                 loss, logits = self.strategy.forward_backward(x, y, sync, self._backward)
             if loss is None:  # a pipeline stage before the last
                 continue
             step_loss += loss.detach().double()
-            self.window += step_sums(loss.detach(), logits.detach(), y)  # read back at log steps only (no stall)
+            # read back at log steps only (no stall)
+            self.window += step_sums(loss.detach(), logits.detach(), y, self.per_target)
         self.busy += (self.strategy.gradients_ready_at() or time.perf_counter()) - t_start
         return step_loss
 
@@ -265,13 +267,16 @@ class Trainer:
 
     def _log_step(self, epoch: int) -> None:
         """The training loss and accuracy since the last log line, over all workers (a collective)."""
-        loss_sum, correct, count, with_class = self.ctx.all_reduce_sum(self.window).tolist()
+        loss_sum, correct, count, with_class, weight = self.ctx.all_reduce_sum(self.window).tolist()
         now = time.perf_counter()
         elapsed, per_update = now - self.t_window, self.cfg.batch_size * self.cfg.accumulate
-        self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / count, examples_per_sec=count / elapsed,
+        tokens = self.data.tokens_per_example
+        self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / weight, examples_per_sec=count / elapsed,
                       train_accuracy=correct / with_class if with_class else None,
                       lr=self.state.optimizer.param_groups[0]["lr"], time_s=elapsed,
-                      sec_per_batch=elapsed * per_update / count)
+                      sec_per_batch=elapsed * per_update / count,
+                      **({"tokens_per_sec": count * tokens / elapsed} if tokens else {}),
+                      **({"perplexity": perplexity(loss_sum / weight)} if self.per_target else {}))
         self.window.zero_()
         self.t_window = now
 
@@ -362,7 +367,7 @@ class Trainer:
         return RunRecord(self.cfg, parts.model_name() if parts.model is not None else self.cfg.model,
                          self.length.per_epoch, self.devices or [str(ctx.device)] * ctx.world_size, self.run_dir,
                          self.env, self.restarts, parts.record or None, list(classes) if classes else None,
-                         self.marks, self.finish_s, self.timer.per_step())
+                         self.marks, self.finish_s, self.timer.per_step(), self.language)
 
     def _finish(self) -> dict[str, Any] | None:
         """Test, save the last checkpoint, and (rank 0) write the summary."""

@@ -1,0 +1,96 @@
+"""Tokenizers of --tokenizer: bytes (a vocabulary of 256, no dependency, every UTF-8 text), a tiktoken encoding
+by name (gpt2, cl100k_base, ...), or a Hugging Face `tokenizers` file (tokenizer.json) or hub name, where
+those libraries are installed. One `Tokenizer` shape for all: a name (recorded in the run's checkpoints, so
+that `paratrain generate` decodes with the same), a vocabulary size, encode and decode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import UserError
+
+BYTES = "bytes"
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    name: str
+    vocabulary: int
+    encode: Callable[[bytes], list[int] | np.ndarray]  # UTF-8 bytes -> token ids
+    decode: Callable[[list[int]], str]
+
+    @property
+    def dtype(self) -> type:
+        """The smallest unsigned integer that holds every id (the token cache's)."""
+        return np.uint8 if self.vocabulary <= 256 else np.uint16 if self.vocabulary <= 65536 else np.uint32
+
+
+def _bytes() -> Tokenizer:
+    return Tokenizer(BYTES, 256, lambda b: np.frombuffer(b, dtype=np.uint8),
+                     lambda ids: bytes(int(i) for i in ids).decode("utf-8", errors="replace"))
+
+
+def tokenizer_for(name: str) -> Tokenizer:
+    """The tokenizer `name` names (see the module's docstring); a one-line UserError where it cannot be had."""
+    if name == BYTES:
+        return _bytes()
+    if Path(name).suffix == ".json" or Path(name).is_file():
+        return _from_file(Path(name))
+    tiktoken = _tiktoken(name)
+    return tiktoken if tiktoken is not None else _from_hub(name)
+
+
+def _from_file(path: Path) -> Tokenizer:
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise UserError(f"--tokenizer {path}: reading a tokenizer file needs Hugging Face tokenizers: pip install "
+                        "tokenizers") from None
+    try:
+        tok = HFTokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 (a missing or malformed file: the library's own exceptions)
+        raise UserError(f"--tokenizer {path}: not a tokenizer file tokenizers can read ({e})") from None
+    return _hf(str(path.resolve()), tok)
+
+
+def _hf(name: str, tok: object) -> Tokenizer:
+    return Tokenizer(name, tok.get_vocab_size(), lambda b: tok.encode(b.decode("utf-8")).ids,  # type: ignore[attr-defined]
+                     lambda ids: tok.decode([int(i) for i in ids]))  # type: ignore[attr-defined]
+
+
+def _tiktoken(name: str) -> Tokenizer | None:
+    """A tiktoken encoding by name; None where tiktoken is not installed or knows no such name."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    if name not in tiktoken.list_encoding_names():
+        return None
+    try:
+        enc = tiktoken.get_encoding(name)
+    except Exception as e:  # noqa: BLE001 (its first use downloads the vocabulary)
+        raise UserError(f"--tokenizer {name}: tiktoken could not load it ({type(e).__name__}: {str(e)[:120]}); "
+                        "its first use downloads the vocabulary: run once where the internet can be reached, or "
+                        "give --tokenizer bytes") from None
+    return Tokenizer(name, enc.n_vocab, lambda b: enc.encode_ordinary(b.decode("utf-8")),
+                     lambda ids: enc.decode([int(i) for i in ids]))
+
+
+def _from_hub(name: str) -> Tokenizer:
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise UserError(f"--tokenizer {name}: not bytes, a tokenizer file, or a tiktoken encoding (pip install "
+                        "tiktoken for gpt2, cl100k_base, ...); a Hugging Face tokenizer needs pip install "
+                        "tokenizers") from None
+    try:
+        tok = HFTokenizer.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"--tokenizer {name}: not bytes, a tokenizer file, or a tokenizer tiktoken or the Hugging "
+                        f"Face hub knows ({type(e).__name__}); give --tokenizer bytes, a tokenizer.json, or a "
+                        "name such as gpt2") from None
+    return _hf(name, tok)

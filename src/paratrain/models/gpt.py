@@ -1,0 +1,114 @@
+"""The built-in decoder-only transformer (--model gpt): token and position embeddings, `depth` pre-norm blocks
+of causal self-attention (torch's scaled_dot_product_attention) and an MLP, a last norm and a linear head:
+N x T token ids in, N x T x V scores out.
+
+It is an nn.Sequential of [embedding, block, ..., block, norm, head], so a pipeline cuts it between any two of
+those as it cuts any Sequential. The projections are separate Linear layers (query, key, value and output;
+the MLP's two), the layout tensor parallelism shards (column-wise then row-wise), and without biases (as
+LLaMA's): a key's bias has a gradient of exactly 0 in exact arithmetic (a softmax does not see a constant
+added to all its scores), and Adam turns that gradient's rounding noise into steps of the full learning rate,
+which would part 2 workers from 1 device in the last bits. The head is not tied to the
+token embedding: tied, one weight would live in the first and the last pipeline stage.
+
+Dropout (0 by default, as for pre-training today) is on the embeddings' sum and on each residual branch, through
+nn.Dropout, never inside the attention kernel: components/dropout.py then draws every mask as one device
+would, whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+INIT_STD = 0.02  # GPT-2's
+
+
+class Embedding(nn.Module):
+    """Token plus position embeddings (positions up to `context`), then dropout."""
+
+    def __init__(self, vocabulary: int, context: int, width: int, dropout: float) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.positions = nn.Embedding(context, width)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if ids.shape[1] > self.positions.num_embeddings:
+            raise ValueError(f"a sequence of {ids.shape[1]} tokens; this model reads at most "
+                             f"{self.positions.num_embeddings} (its --context)")
+        where = torch.arange(ids.shape[1], device=ids.device)
+        return self.dropout(self.tokens(ids) + self.positions(where))
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.head_width = width // heads
+        self.query, self.key, self.value = (nn.Linear(width, width, bias=False) for _ in range(3))
+        self.out = nn.Linear(width, width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n, t, _ = x.shape
+        # N x T x W -> N x heads x T x head width; the heads counted from the projection's width, so that a
+        # projection sharded by heads (tensor parallelism) runs its own heads
+        q, k, v = (f(x).view(n, t, -1, self.head_width).transpose(1, 2) for f in (self.query, self.key, self.value))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(n, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 4 * width, bias=False)
+        self.down = nn.Linear(4 * width, width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """x + attention(norm(x)), then x + mlp(norm(x)): pre-norm, each branch's output dropped out."""
+
+    def __init__(self, width: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1, self.attention = nn.LayerNorm(width), Attention(width, heads)
+        self.norm2, self.mlp = nn.LayerNorm(width), MLP(width)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.dropout(self.attention(self.norm1(x)))
+        return x + self.dropout(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Sequential):
+    def __init__(self, vocabulary: int, context: int, width: int = 128, depth: int = 2, heads: int | None = None,
+                 dropout: float = 0.0) -> None:
+        heads = heads or max(1, width // 64)
+        if width % heads:
+            raise ValueError(f"{heads} heads do not divide the width {width}")
+        super().__init__(Embedding(vocabulary, context, width, dropout),
+                         *(Block(width, heads, dropout) for _ in range(depth)),
+                         nn.LayerNorm(width), nn.Linear(width, vocabulary, bias=False))
+        self.apply(_init)
+        for block in list(self)[1:1 + depth]:  # GPT-2: a residual branch's last layer scaled by 1/sqrt(2 x depth)
+            for layer in (block.attention.out, block.mlp.down):
+                nn.init.normal_(layer.weight, std=INIT_STD / math.sqrt(2 * depth))
+
+
+def _init(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear | nn.Embedding):
+        nn.init.normal_(module.weight, std=INIT_STD)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+def shape(model: nn.Module) -> dict[str, int] | None:
+    """The gpt's depth, width and context (for its FLOPs a token), or None for another network."""
+    if not isinstance(model, GPT):
+        return None
+    embedding = model[0]
+    return {"depth": len(model) - 3, "width": embedding.tokens.embedding_dim,
+            "context": embedding.positions.num_embeddings}
