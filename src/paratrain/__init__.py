@@ -6,6 +6,8 @@ The Python API; the `paratrain` command is one client of it:
     load_model(run_dir, ...) -> the trained network
     load_classifier(run_dir, ...) -> the network with its input preparation: .predict(images), .transform(images)
     load_predictor(run_dir, ...) -> the same for any run: a Classifier (images), or a Predictor (tensors)
+    load_generator(run_dir, ...) -> a language model with its tokenizer: .generate(prompt, tokens=40, ...)
+    Stopped                  -> what fit raises when a signal (Ctrl-C, SIGTERM) stopped the run after its checkpoint
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Classifier", "Predictor", "Splits", "TrainConfig", "UserError", "evaluate", "fit", "load_classifier",
-           "load_model", "load_predictor"]
+__all__ = ["Classifier", "Predictor", "Splits", "Stopped", "TextGenerator", "TrainConfig", "UserError", "evaluate",
+           "fit", "load_classifier", "load_generator", "load_model", "load_predictor"]
 
 _WHERE = {"fit": "api", "evaluate": "api", "load_model": "inference.trained",
           "load_classifier": "inference.trained", "load_predictor": "inference.trained",
           "Classifier": "inference.predictor", "Predictor": "inference.predictor",
-          "TrainConfig": "config", "Splits": "data", "UserError": "core.errors"}
+          "TrainConfig": "config", "Splits": "data", "UserError": "core.errors",
+          "load_generator": "inference.generate", "TextGenerator": "inference.generate", "Stopped": "runtime.interrupt"}
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as C
+from ..core.errors import UserError
 from ..core.outputs import check_writable
 from ..parallel.strategies import checked
 from .parser import add_train_flags, at_least_one
@@ -97,8 +98,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     report = bench.run_bench(configs, as_flags({**values, "log_every": 20}), args.repeats, out,
                              refused=lambda config: _refused(config, values))
-    path = plot.write_report(report, out)
     failed = [r["name"] for r in report["results"] if r["status"] != "ok"]
+    if len(failed) == len(configs):  # a bench that measured nothing did not do its work: no report, no success
+        raise UserError(f"bench: 0 of {len(configs)} configurations measured (failed: {', '.join(failed)}); the "
+                        f"reasons are above and in {out / 'results.json'}")
+    path = plot.write_report(report, out)
     print(f"bench: {len(configs) - len(failed)} of {len(configs)} configurations measured"
           f"{' (failed: ' + ', '.join(failed) + ')' if failed else ''}; report: {path}")
     return 0

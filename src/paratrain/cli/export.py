@@ -29,7 +29,11 @@ def run(args: argparse.Namespace) -> int:
     weights = state[key]
     checkpoint.save(weights, out)
     count = sum(t.numel() for t in weights.values() if t.is_floating_point())
+    model = state["config"].get("model")
+    own = (state.get("parts") or {}).get("model")  # a network of the user's given to paratrain.fit
+    what, build = (f"your network {own or ''}".rstrip(), f"paratrain.load_model('{args.run_dir}', model=make_net)") \
+        if model == "custom" else (f"the {model} network", f"paratrain.load_model('{args.run_dir}')")
     print(f"paratrain: wrote {out}: {len(weights)} tensors, {count:,} weights, step {state['step']}"
-          f"{' (EMA)' if args.ema else ''}, of a {state['config'].get('model')}; load it into that network with "
-          f"net.load_state_dict(torch.load('{out}')) (paratrain.load_model('{args.run_dir}') builds it with them)")
+          f"{' (EMA)' if args.ema else ''}, of {what}; load it into that network with "
+          f"net.load_state_dict(torch.load('{out}')) ({build} builds it with them)")
     return 0

@@ -26,15 +26,37 @@ def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None
     (its shapes: `Splits.shaped_like` makes empty splits of a checkpoint's)."""
     if parts is not None and parts.model is not None:  # the same rule as a factory named by import path
         if not data.images:
-            return call_factory(parts.model, None, None, data.num_classes or None, input_shape=data.input_shape,
-                                num_outputs=data.num_outputs)
-        return call_factory(parts.model, data.channels, data.image_size, data.num_classes,
-                            input_shape=data.input_shape, num_outputs=data.num_outputs)
+            return read_by_logits(call_factory(parts.model, None, None, data.num_classes or None,
+                                               input_shape=data.input_shape, num_outputs=data.num_outputs))
+        return read_by_logits(call_factory(parts.model, data.channels, data.image_size, data.num_classes,
+                                           input_shape=data.input_shape, num_outputs=data.num_outputs))
     if not data.images:
         return _tensor_model(cfg, data)
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
                        width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
                        filters=cfg.filters, kernel=cfg.kernel)
+
+
+def read_by_logits(net: Any) -> Any:
+    """A network of the user's whose forward returns a mapping (a Hugging Face ModelOutput, a dict) is read by
+    its "logits": a forward hook gives the rest of paratrain (losses, metrics, pipelines, generation) the
+    tensor, and the network stays as it is (its state_dict's names too, so that its checkpoints load in
+    transformers). Anything else passes through untouched."""
+    if isinstance(net, nn.Module):
+        net.register_forward_hook(_logits_of)
+    return net
+
+
+def _logits_of(module: nn.Module, args: Any, output: Any) -> Any:
+    from collections.abc import Mapping
+
+    if not isinstance(output, Mapping):
+        return output
+    if output.get("logits") is None:
+        raise UserError(f"your network {type(module).__name__} returned a {type(output).__name__} without "
+                        f"'logits' (it holds {', '.join(map(str, output.keys())) or 'nothing'}); return the scores, "
+                        "or a mapping with them under 'logits'")
+    return output["logits"]
 
 
 class Reshape(nn.Module):
@@ -59,8 +81,8 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
     if is_import_path(cfg.model):  # a factory by its path, called as fit's are
         from ..models.imported import resolve
 
-        return call_factory(resolve(cfg.model), None, None, data.num_classes or None, input_shape=data.input_shape,
-                            num_outputs=data.num_outputs)
+        return read_by_logits(call_factory(resolve(cfg.model), None, None, data.num_classes or None,
+                                           input_shape=data.input_shape, num_outputs=data.num_outputs))
     check_tensor_model(cfg, data)
     if cfg.model == "gru":
         return _gru(cfg, data)

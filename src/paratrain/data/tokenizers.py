@@ -30,7 +30,7 @@ class Tokenizer:
 
 
 def _bytes() -> Tokenizer:
-    return Tokenizer(BYTES, 256, lambda b: np.frombuffer(b, dtype=np.uint8),
+    return Tokenizer(BYTES, 256, lambda b: np.frombuffer(b, dtype=np.uint8).copy(),
                      lambda ids: bytes(int(i) for i in ids).decode("utf-8", errors="replace"))
 
 

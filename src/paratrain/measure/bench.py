@@ -93,7 +93,8 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {"summary": summary,
             "epoch_times": [r["epoch_time_s"] for r in records if "epoch_time_s" in r],
-            "window_rates": [r["examples_per_sec"] for r in records if "loss" in r]}
+            "window_rates": [r["examples_per_sec"] for r in records if "loss" in r],
+            "window_tokens": [r["tokens_per_sec"] for r in records if "tokens_per_sec" in r]}
 
 
 def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
@@ -121,6 +122,7 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
             for i in range(repeats)]
     # Warm-up excluded: the first logged window of each run holds start-up and first-touch costs.
     rates = [r for run in runs for r in (run["window_rates"][1:] or run["window_rates"])]
+    tokens = [r for run in runs for r in (run["window_tokens"][1:] or run["window_tokens"])]  # a language model's
     epochs = [run["epoch_times"] for run in runs]
     steady = [t for times in epochs for t in (times[1:] or times)]
     # no --time-phases for a pipeline (the bubble is measured instead) nor fsdp (its collectives run inside the
@@ -132,7 +134,7 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
     first = runs[0]["summary"]
     return {
         **asdict(config), "status": "ok", "repeats": repeats,
-        "examples_per_sec": _stats(rates),
+        "examples_per_sec": _stats(rates), **({"tokens_per_sec": _stats(tokens)} if tokens else {}),
         "epoch_time_s": _stats(steady), "epoch_times_s": epochs[0],
         "eval_time_s": _stats([run["summary"]["eval_time_s"] for run in runs]),
         "total_time_s": _stats([run["wall_s"] for run in runs]),
@@ -266,8 +268,10 @@ def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, 
             results.append(measure(config, train_flags, repeats, out, timeout))
             measured[_setup(config)] = results[-1]
             if not sys.stderr.isatty():  # no bar: a line for each configuration measured
-                print(f"bench: {config.name}: {results[-1]['examples_per_sec']['mean']:,.0f} examples/s "
-                      f"({len(results)} of {len(configs)})", flush=True)
+                tokens = results[-1].get("tokens_per_sec")
+                rate = f"{tokens['mean']:,.0f} tokens/s" if tokens else \
+                    f"{results[-1]['examples_per_sec']['mean']:,.0f} examples/s"
+                print(f"bench: {config.name}: {rate} ({len(results)} of {len(configs)})", flush=True)
         except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as e:
             results.append({**asdict(config), "status": "failed", "error": str(e).strip()})
             tqdm.write(f"bench: {config.name} failed: {e}")

@@ -151,7 +151,9 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
         eff = f"{100 * r['efficiency']:.0f}%" if r.get("efficiency") is not None else "-"
         name = f"{r['name']} (= {r['same_as']})" if r.get("same_as") else r["name"]
         name += " (oversubscribed)" if r.get("oversubscribed") else ""
-        lines.append(f"| {name} | {r['devices']} | {_fmt(r['examples_per_sec'], 0)} | {speed} | {eff} | "
+        rate = _fmt(r["examples_per_sec"], 0) + (f" ({_fmt(r['tokens_per_sec'], 0)} tokens/s)"
+                                                 if r.get("tokens_per_sec") else "")
+        lines.append(f"| {name} | {r['devices']} | {rate} | {speed} | {eff} | "
                      f"{_fmt(r['epoch_time_s'])} | {_fmt(r['eval_time_s'])} | {_fmt(r['total_time_s'])} | "
                      f"{_fmt(r.get(judged), 4)} | {split} |")
     rate_note = ("Examples/s exclude each run's first logged window (warm-up)" if rates == "windows" else

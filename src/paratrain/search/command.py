@@ -59,8 +59,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                         "carried on), the others their last weights only; all: every trial its checkpoints; "
                         "none: no trial a checkpoint")
     p.add_argument("--objective", help="the validation figure the search optimises: accuracy (maximised), loss "
-                                       "(minimised), or a metric of --metric in its own direction (mae: minimised, "
-                                       "r2, f1: maximised); default: accuracy where the targets are classes, else loss")
+                                       "(minimised), perplexity (a language model's, minimised), or a metric of "
+                                       "--metric in its own direction (mae: minimised, r2, f1: maximised); "
+                                       "default: accuracy where the targets are classes, else loss")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler and of every trial's training")
     p.add_argument("--out", required=True, help="output folder")
 
@@ -141,7 +142,8 @@ def _open_study(args: argparse.Namespace, sp: Any, base: Any, cfg: TrainConfig, 
                                 args.seed, args.worker, args.pruner, args.keep_trial_checkpoints)
     budget = settings.budget(sp)  # a grid that is not a product of choices fails here, before any work
     data = load_for(cfg)  # a missing or corrupt dataset fails here, once
-    settings = dataclasses.replace(settings, objective=choose(args.objective, cfg.metric, data.classification))
+    objective = choose(args.objective, cfg.metric, data.classification, data.sequence)
+    settings = dataclasses.replace(settings, objective=objective)
     study = studies.open_study(settings, sp, base)
     if args.worker and args.objective is not None and objective_of(study).name != args.objective:
         raise UserError(f"study '{args.study}' optimises {objective_of(study).words}, not --objective "

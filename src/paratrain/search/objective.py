@@ -40,9 +40,9 @@ class Objective:
 ACCURACY = Objective("accuracy", True)
 
 
-def choose(name: str | None, metric: str | None, classification: bool) -> Objective:
+def choose(name: str | None, metric: str | None, classification: bool, sequence: bool = False) -> Objective:
     """--objective checked against the data and the trials' --metric; None: the accuracy where the targets are
-    classes, else the loss."""
+    classes, else the loss. `sequence`: the targets are token ids (perplexity means something)."""
     if name is None:
         return ACCURACY if classification else Objective("loss", False)
     if name == "accuracy":
@@ -52,9 +52,13 @@ def choose(name: str | None, metric: str | None, classification: bool) -> Object
         return ACCURACY
     if name == "loss":
         return Objective("loss", False)
+    if name == "perplexity":
+        if not sequence:
+            raise UserError("--objective perplexity needs token-id targets (a language model's); choose loss")
+        return Objective("perplexity", False)
     if name not in BUILT_IN:
-        raise UserError(f"--objective {name} is not a figure a trial reports; choose accuracy, loss, or a metric "
-                        f"({', '.join(BUILT_IN)}) that --metric names")
+        raise UserError(f"--objective {name} is not a figure a trial reports; choose accuracy, loss, perplexity, or "
+                        f"a metric ({', '.join(BUILT_IN)}) that --metric names")
     if name not in names(metric):
         raise UserError(f"--objective {name}: the trials do not report it; add --metric {name}")
     return Objective(name, BUILT_IN[name][1])

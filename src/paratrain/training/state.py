@@ -54,6 +54,7 @@ class RunState:
     validated: int = 0  # epochs validated (a checkpoint at an epoch's last step comes before its validation)
     best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
     since_best: int = 0  # and the epochs validated since it
+    val_ema: tuple[float, float, dict[str, float]] | None = None  # the weight average's, at the end (--ema)
 
     def restore(self, saved: dict[str, Any], per_epoch: int, patience: int | None) -> None:
         """A checkpoint's schedule, scaler, EMA count, step and early-stopping record (the strategy restores
@@ -174,8 +175,22 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
         "metrics": list(reported[2]),  # their names (--metric, fit's metrics=): val_NAME and test_NAME
         **{f"val_{k}": finite(v) for k, v in state.val[2].items()},
         **{f"test_{k}": finite(v) for k, v in reported[2].items()},
-        **language_figures(state, record, reported, test_ema),
+        **language_figures(state, record, reported, test_ema), **ema_figures(state.val_ema, test_ema),
     }
+
+
+def ema_figures(val: tuple[float, float, dict] | None, test: tuple[float, float, dict] | None) -> dict[str, Any]:
+    """--ema: the weight average's loss, accuracy (None without classes) and metrics on the validation and test
+    sets, beside the weights' own, whatever the task."""
+    out: dict[str, Any] = {}
+    for split, figures in (("val", val), ("test", test)):
+        if figures is None:
+            continue
+        accuracy, loss, metrics = figures
+        out.update({f"{split}_loss_ema": loss if math.isfinite(loss) else None,
+                    f"{split}_accuracy_ema": accuracy if math.isfinite(accuracy) else None,
+                    **{f"{split}_{k}_ema": v for k, v in metrics.items()}})
+    return out
 
 
 def language_of(model: nn.Module, data: Any, per_target: bool) -> dict[str, Any] | None:

@@ -66,8 +66,7 @@ class Trainer:
         self.eval_loss = self.loss if self.loss is not None else evaluation_loss(cfg, data.categorical)
         self.metrics = for_run(cfg.metric, self.parts.metrics, data)  # name -> metric, beside the loss
         self.per_target = self.loss is None and data.sequence  # the built-in loss: a mean over the tokens
-        self.length = plan.length
-        self.strategy = strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
+        self.length, self.strategy = plan.length, strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report, self.env = plan.report, plan.env
         self.writes_summary = not plan.launcher_writes_summary
         self.state = self._set_up(data, saved)
@@ -83,12 +82,11 @@ class Trainer:
         self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
         self.to_means = torch.tensor([self.strategy.batch_share[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
-        self.t_start = self.t_window = 0.0
         # straggler accounting (summary.json's sync_wait_s), where a worker's own part of a step can be timed
         # apart from its waiting (data parallel on the CPU): this worker's busy time since the last _agree
         # (its forward-backward until its gradients were ready, and its update), and every worker's waits
         self.waits_measured = ctx.device.type == "cpu" and cfg.strategy == "ddp"
-        self.busy = 0.0
+        self.t_start = self.t_window = self.busy = 0.0
         self.waits = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
         self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
         self.finish_s: dict[str, float | None] = {}
@@ -354,7 +352,8 @@ class Trainer:
         if self.report is None:
             return
         verdict, (acc, loss, metrics) = torch.zeros(1, device=self.ctx.device), self.state.val
-        if self.ctx.is_main and self.report(epoch + 1, {"val_accuracy": acc, "val_loss": loss,
+        lm = {"val_perplexity": perplexity(loss)} if self.per_target else {}
+        if self.ctx.is_main and self.report(epoch + 1, {"val_accuracy": acc, "val_loss": loss, **lm,
                                                         **{f"val_{k}": v for k, v in metrics.items()}}):
             verdict.fill_(1)
         if self.ctx.distributed:
@@ -374,7 +373,9 @@ class Trainer:
         state, t_eval = self.state, time.perf_counter()
         self._agree_buffers()
         test = self._evaluate(self.data.test)
-        test_ema = self._evaluate(self.data.test, ema=True) if state.ema is not None else None
+        # the weight average judged on both held-out sets (every task's figures: loss, accuracy, metrics)
+        state.val_ema, test_ema = (self._evaluate(s, ema=True) if state.ema is not None and len(s[1]) else None
+                                   for s in (self.data.val, self.data.test))
         state.eval_time += time.perf_counter() - t_eval
         t_saved = time.perf_counter()
         self._checkpoint(self.length.epochs)

@@ -186,9 +186,23 @@ def examine(devices: str = "auto", timeout_s: float = 60.0, train: bool = True) 
             cores = plan.workers * plan.threads_per_worker if plan.accelerator == "cpu" else plan.threads_per_worker
             report["equivalence"] = check(plan.accelerator, plan.workers, cores)
             checks += equivalence_checks(report["equivalence"])
+    if plan.accelerator == "cpu":
+        checks.append(matmul_check(report, plan.workers * plan.threads_per_worker))
     report["checks"] = [asdict(c) for c in checks]
     report["passed"] = all(c.status != "failed" for c in checks)
     return report
+
+
+def matmul_check(report: dict[str, Any], cores: int) -> Check:
+    """This CPU's float32 matrix-multiply rate on 1 thread and on every core: the peak a run's model FLOPs
+    utilisation (summary.json's mfu) is measured against, kept in the user's cache for the runs to read."""
+    from ...runtime.peaks import measure_cpu
+
+    rates = {threads: measure_cpu(threads) for threads in sorted({1, cores})}
+    report["matmul_flops_per_sec"] = {str(t): r for t, r in rates.items()}
+    shown = ", ".join(f"{r / 1e9:.0f} GFLOP/s on {t} thread{'s' if t > 1 else ''}" for t, r in rates.items())
+    return Check("matmul", "ok", f"float32 matrix multiply: {shown} (the peak of a language model's mfu on this "
+                 "CPU)", "")
 
 
 def examine_group(timeout_s: float = 60.0) -> dict[str, Any]:
