@@ -103,6 +103,12 @@ def run(args: argparse.Namespace) -> int:
     b = args.per_device_batch or base["global_batch_size"]
     print(f"workload: {w.compute_per_example_s * 1e6:.1f} us compute per example and {w.fixed_per_step_s * 1e3:.2f}"
           f" ms fixed per step (bench row {base['name']}), {w.grad_bytes / 1e6:.2f} MB of gradients")
+    cost = plan.model_cost(results)
+    if cost is not None:  # a language model: what its compute is worth, in tokens and FLOPs
+        per_example = cost["flops_per_token"] * cost["tokens"]
+        print(f"model: {cost['flops_per_token'] / 1e6:.3g} MFLOPs a trained token ({cost['counted']}), "
+              f"{cost['tokens']} tokens an example: {per_example / w.compute_per_example_s / 1e9:.1f} GFLOP/s in the "
+              f"measured compute; tokens/s below = ex/s x {cost['tokens']}")
     print(f"link: {link}: {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per message; ring all-reduce "
           "2(N-1)/N x bytes / bandwidth + 2(N-1) x latency")
     print("assumptions: compute per example is constant (linear in the batch); one more 24-byte all-reduce per "

@@ -109,6 +109,19 @@ def workload_from_bench(results: dict) -> tuple[Workload, dict]:
     return w, base
 
 
+def model_cost(results: dict) -> dict[str, Any] | None:
+    """A language model's cost from the bench's model (models/flops.py): its tokens an example and FLOPs a
+    token; None where its inputs are not token ids."""
+    from ..models.flops import flops_per_token
+
+    net, sample, _ = _bench_network(bench_model(results), bench_shape(results))
+    x, _ = sample(1)
+    if x.is_floating_point() or x.dim() != 2:
+        return None
+    flops, counted = flops_per_token(net, x.shape[1])
+    return {"tokens": int(x.shape[1]), "flops_per_token": flops, "counted": counted}
+
+
 def block_sizes(results: dict) -> list[int]:
     """The weights of each piece fsdp gathers at once in the bench's model: its blocks, then the root's own."""
     from ..parallel.strategies.fsdp import blocks
@@ -311,8 +324,9 @@ def _bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any
         from ..components.build import make_model
         from ..components.inputs import load_for
         from ..components.losses import training_loss
+        from ..config.fields import model_for_data
 
-        cfg = C.validate(C.TrainConfig(model=model, **shape, **data))
+        cfg = C.validate(model_for_data(C.TrainConfig(model=model, **shape, **data)))
         splits = load_for(cfg)
         x_all, y_all = splits.train
 
@@ -330,9 +344,10 @@ def _bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any
     return build_model(model, channels, side, 10, **shape), images, F.cross_entropy
 
 
-TENSORS = ("diabetes", "tokens", "tensors", "csv")  # the datasets that are not images: their own network and batch
+# the datasets that are not images: their own network and batch
+TENSORS = ("diabetes", "tokens", "tensors", "csv", "text")
 SHAPES = {"--width": int, "--depth": int, "--activation": str, "--filters": int, "--kernel": int, "--dataset": str,
-          "--data-dir": str, "--target": str}
+          "--data-dir": str, "--target": str, "--context": int, "--heads": int, "--tokenizer": str}
 
 
 def bench_shape(results: dict) -> dict[str, Any]:
@@ -343,8 +358,14 @@ def bench_shape(results: dict) -> dict[str, Any]:
 
 
 def bench_model(results: dict) -> str:
+    """The bench's --model, or the default one for its data (the gpt for text, ...)."""
+    from ..config.fields import TrainConfig, model_for_data
+
     flags = results["train_flags"]
-    return flags[flags.index("--model") + 1] if "--model" in flags else "lenet5"
+    if "--model" in flags:
+        return flags[flags.index("--model") + 1]
+    dataset = flags[flags.index("--dataset") + 1] if "--dataset" in flags else TrainConfig.dataset
+    return model_for_data(TrainConfig(dataset=dataset)).model
 
 
 def load_results(path: str) -> dict:
