@@ -32,11 +32,12 @@ def test_the_core_dependencies_leave_out_what_only_some_users_need() -> None:
     tomllib = pytest.importorskip("tomllib", reason="Python 3.11 reads TOML")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = " ".join(project["dependencies"])
-    for name in ("scikit-learn", "scipy", "optuna", "matplotlib", "tensorboard", "psycopg"):
+    for name in ("scikit-learn", "scipy", "optuna", "matplotlib", "tensorboard", "psycopg", "tiktoken", "tokenizers",
+                 "transformers"):
         assert name not in core, name
     extra = project["optional-dependencies"]
-    assert {"search", "plots", "tensorboard", "postgres", "all"} <= set(extra)
-    assert extra["all"] == ["paratrain[search,plots,tensorboard,postgres]"]
+    assert {"search", "plots", "tensorboard", "postgres", "text", "transformers", "all"} <= set(extra)
+    assert extra["all"] == ["paratrain[search,plots,tensorboard,postgres,text]"]  # transformers: a model of yours
 
 
 def test_a_search_without_optuna_says_what_to_install(tmp_path: Path, without, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001

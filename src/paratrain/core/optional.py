@@ -1,6 +1,7 @@
 """The optional dependencies (pyproject's extras): whether one is installed, and the one line that says how to
 install it. A search needs Optuna (`paratrain[search]`), plots matplotlib (`[plots]`), TensorBoard's event
-files the tensorboard package (`[tensorboard]`); `[all]` brings every one."""
+files the tensorboard package (`[tensorboard]`), a tokenizer other than bytes tiktoken or tokenizers
+(`[text]`); `[all]` brings every one (`[transformers]` is a network's own dependency: it is not in all)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from importlib.util import find_spec
 from .errors import UserError
 
 EXTRA = {"optuna": "search", "sklearn": "search", "matplotlib": "plots", "tensorboard": "tensorboard",
-         "psycopg": "postgres"}
+         "psycopg": "postgres", "tiktoken": "text", "tokenizers": "text"}
 
 
 def installed(module: str) -> bool:

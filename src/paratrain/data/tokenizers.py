@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import UserError
+from ..core.optional import how_to_install
 
 BYTES = "bytes"
 
@@ -48,8 +49,8 @@ def _from_file(path: Path) -> Tokenizer:
     try:
         from tokenizers import Tokenizer as HFTokenizer
     except ImportError:
-        raise UserError(f"--tokenizer {path}: reading a tokenizer file needs Hugging Face tokenizers: pip install "
-                        "tokenizers") from None
+        raise UserError(f"--tokenizer {path}: reading a tokenizer file needs Hugging Face tokenizers: "
+                        f"{how_to_install('tokenizers')}") from None
     try:
         tok = HFTokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 (a missing or malformed file: the library's own exceptions)
@@ -84,9 +85,8 @@ def _from_hub(name: str) -> Tokenizer:
     try:
         from tokenizers import Tokenizer as HFTokenizer
     except ImportError:
-        raise UserError(f"--tokenizer {name}: not bytes, a tokenizer file, or a tiktoken encoding (pip install "
-                        "tiktoken for gpt2, cl100k_base, ...); a Hugging Face tokenizer needs pip install "
-                        "tokenizers") from None
+        raise UserError(f"--tokenizer {name}: not bytes, a tokenizer file, or a tiktoken encoding (gpt2, "
+                        f"cl100k_base, ...: {how_to_install('tiktoken')})") from None
     try:
         tok = HFTokenizer.from_pretrained(name)
     except Exception as e:  # noqa: BLE001

@@ -1,0 +1,356 @@
+"""Language models end to end: text as data (--dataset text), the built-in gpt, the cross-entropy over token ids,
+dropout masks drawn as one device draws them, Hugging Face models as they are, generation, and bench, plan and
+search of them from the command line. The text is this repository's documentation (real English)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import main_code, max_abs_diff, train, train_here, weights
+from torch import nn
+
+import paratrain
+from paratrain.components.dropout import GlobalBatchDropout, has_dropout
+from paratrain.components.evaluation import batch_sums
+from paratrain.components.losses import cross_entropy
+from paratrain.core.errors import UserError
+from paratrain.data import text
+from paratrain.models.flops import flops_per_token
+from paratrain.models.gpt import GPT
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ("--width", "32", "--depth", "1", "--heads", "2", "--context", "32", "--batch-size", "8")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 250 kB of English: the project's documentation pages, one file."""
+    path = tmp_path_factory.mktemp("text") / "docs.txt"
+    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    path.write_text("\n\n".join(p.read_text(encoding="utf-8") for p in pages), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the token caches, and doctor's peaks
+
+
+# ---- text as data ----
+
+def test_text_is_windows_of_tokens_with_the_next_token_as_target(corpus: Path) -> None:
+    splits = text.load(str(corpus), 32, "bytes", None, None)
+    raw = corpus.read_bytes()
+    (x, y), (vx, vy), (tx, ty) = splits.train, splits.val, splits.test
+    assert splits.vocabulary == 256 and splits.sequence and splits.tokens_per_example == 32
+    starts = x.epoch_starts(seed=0, epoch=0)
+    batch = x[starts[:5]]
+    assert batch.dtype == torch.int64 and batch.shape == (5, 32)
+    for row, start in zip(batch.tolist(), starts[:5].tolist(), strict=True):
+        assert bytes(row) == raw[start:start + 32]
+    assert torch.equal(y[starts[:5]][:, :-1], batch[:, 1:])  # the targets: the same window one token on
+    # the held-out windows: contiguous, in order, after every training target
+    assert bytes(vx[0].tolist()) == raw[vx.lo:vx.lo + 32] and torch.equal(vy[:][:, :-1], vx[:][:, 1:])
+    assert int(starts.max()) + 32 < vx.lo and vx.lo + len(vx) * 32 <= tx.lo and len(vx) == len(tx) > 0
+    assert bytes(ty[len(ty) - 1].tolist())[-1] == raw[-1]  # the last target is the text's last byte
+    # an epoch's windows: one grid at an offset, each once; drawn from (seed, epoch) alone
+    assert len(set(starts.tolist())) == len(starts) == len(x) and len({s % 32 for s in starts.tolist()}) == 1
+    assert torch.equal(starts, x.epoch_starts(0, 0)) and not torch.equal(starts, x.epoch_starts(0, 1))
+
+
+def test_the_token_cache_is_built_once_and_again_for_changed_text(tmp_path: Path, corpus: Path) -> None:
+    page = tmp_path / "page.txt"
+    page.write_bytes(corpus.read_bytes()[:20_000])
+    first = text.load(str(page), 16, "bytes", None, None)
+    made = Path(first.train[0].path).stat().st_mtime_ns
+    again = text.load(str(page), 16, "bytes", None, None)
+    assert Path(again.train[0].path).stat().st_mtime_ns == made  # reopened, not rebuilt
+    page.write_bytes(corpus.read_bytes()[:30_000])
+    changed = text.load(str(page), 16, "bytes", None, None)
+    assert changed.text["tokens"] == 30_000 and first.text["tokens"] == 20_000
+
+
+def test_a_folder_of_txt_files_is_one_text(tmp_path: Path) -> None:
+    (tmp_path / "b.txt").write_text("second " * 200)
+    (tmp_path / "a.txt").write_text("first " * 200)
+    (tmp_path / "notes.md").write_text("left out")
+    splits = text.load(str(tmp_path), 8, "bytes", 2, 2)
+    assert splits.text["tokens"] == len("first " * 200) + 2 + len("second " * 200)  # joined by a blank line
+
+
+@pytest.mark.parametrize(("content", "context", "message"), [
+    (b"caf\xe9 au lait\n" * 50, 8, r"is not UTF-8 text \(byte 3 is not\)"),
+    (b"too short", 8, "too few for windows of --context 8"),
+])
+def test_text_that_cannot_train_is_one_line(tmp_path: Path, content: bytes, context: int, message: str) -> None:
+    path = tmp_path / "t.txt"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=message):
+        text.load(str(path), context, "bytes", None, None)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--dataset", "text"], "--dataset text needs --data-dir PATH, a UTF-8 file or a folder of .txt files"),
+    (["--dataset", "digits", "--tokenizer", "gpt2"], "--tokenizer is for --dataset text, not digits"),
+    (["--model", "gpt", "--width", "64", "--heads", "3"], "--heads 3 must divide --width 64"),
+    (["--model", "mlp", "--heads", "2"], "--heads is for --model gpt, not mlp"),
+    (["--model", "gpt"], "model 'gpt' reads token ids"),
+    (["--dataset", "text", "--data-dir", "/nonexistent/t.txt"], "no such file or folder"),
+])
+def test_what_a_language_model_cannot_take_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                       flags: list[str], message: str) -> None:
+    assert main_code(["train", "--out", str(tmp_path / "run"), "--steps", "1", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_tokenizer_file_tokenizes_the_text(tmp_path: Path, corpus: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(), decoders.ByteLevel()
+    tok.train([str(corpus)], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    splits = text.load(str(corpus), 16, str(tmp_path / "tokenizer.json"), None, None)
+    assert splits.vocabulary == tok.get_vocab_size() and 1 < splits.text["bytes_per_token"] < 8
+    window = splits.val[0][0].tolist()
+    assert tok.decode(window) in corpus.read_text()
+
+
+# ---- the loss, the model, the masks ----
+
+def test_the_cross_entropy_takes_both_layouts_and_ignores_minus_100() -> None:
+    torch.manual_seed(0)
+    scores, targets = torch.randn(3, 5, 7), torch.randint(0, 7, (3, 5))
+    class_last = cross_entropy(scores, targets)
+    assert torch.allclose(class_last, cross_entropy(scores.transpose(1, 2), targets))
+    assert torch.allclose(class_last, F.cross_entropy(scores.reshape(15, 7), targets.reshape(15)))
+    padded = targets.clone()
+    padded[0, 2:] = -100
+    kept = padded != -100
+    assert torch.allclose(cross_entropy(scores, padded), F.cross_entropy(scores[kept], targets[kept]))
+    # evaluation sums the loss over the tokens it counts: the mean of the whole set whatever its batches
+    sums = batch_sums(scores[:1], padded[:1]) + batch_sums(scores[1:], padded[1:])
+    assert sums[4] == kept.sum() and torch.isclose(sums[0] / sums[4], cross_entropy(scores, padded).double())
+
+
+def test_the_gpt_is_causal_and_its_flops_a_token_are_counted() -> None:
+    torch.manual_seed(0)
+    net = GPT(vocabulary=50, context=16, width=32, depth=2, heads=4).eval()
+    ids = torch.randint(0, 50, (2, 16))
+    out = net(ids)
+    changed = ids.clone()
+    changed[:, 10] = (changed[:, 10] + 1) % 50
+    assert out.shape == (2, 16, 50)
+    assert torch.equal(net(changed)[:, :10], out[:, :10]) and not torch.equal(net(changed)[:, 10:], out[:, 10:])
+    weights_that_multiply = sum(p.numel() for p in net.parameters()) - 50 * 32 - 16 * 32  # not the lookups
+    assert flops_per_token(net, 16) == (6 * weights_that_multiply + 12 * 2 * 32 * 16, "6N + 12 x layers x width x "
+                                                                                      "context")
+    assert flops_per_token(nn.Linear(4, 4), 16)[1].startswith("6N (attention not counted")
+
+
+class Dropping(nn.Module):
+    """Every kind of dropout the masks handle: elementwise, by channel, and inside attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop, self.channels = nn.Dropout(0.3), nn.Dropout1d(0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # N x T x C
+        q = self.drop(x).view(len(x), x.shape[1], 2, -1).transpose(1, 2)
+        attended = F.scaled_dot_product_attention(q, q, q, dropout_p=0.3, is_causal=True)
+        return self.channels(attended.transpose(1, 2).reshape(x.shape))
+
+
+def test_two_workers_draw_the_masks_one_device_draws() -> None:
+    net = Dropping().train()
+    assert has_dropout(net) and not has_dropout(nn.Sequential(nn.Dropout(0.0)))
+    x = torch.randn(8, 6, 4)
+    with GlobalBatchDropout(torch.device("cpu"), (0, 1), 8, seed=11, rank=0) as one:
+        whole = net(x)
+    halves = []
+    for which in (0, 1):
+        with GlobalBatchDropout(torch.device("cpu"), (which, 2), 4, seed=11, rank=which) as mode:
+            halves.append(net(x[which * 4:(which + 1) * 4]))
+        assert mode.placed == 3 and mode.unplaced == 0
+    assert one.placed == 3 and torch.equal(torch.cat(halves), whole)
+    assert (whole == 0).any()  # it dropped something
+    with GlobalBatchDropout(torch.device("cpu"), (0, 1), 8, seed=12, rank=0):
+        assert not torch.equal(net(x), whole)  # another step, other masks
+    with GlobalBatchDropout(torch.device("cpu"), (0, 2), 0, seed=11, rank=0) as pipelined:
+        net(x[:4])  # a pipeline stage's micro-batch: its own masks, in distribution
+    assert pipelined.unplaced == 3 and pipelined.placed == 0
+
+
+# ---- from the command line and from Python, on one device ----
+
+def test_train_generate_and_the_summary_of_a_language_model(tmp_path: Path, corpus: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    assert main_code(["train", "--dataset", "text", "--data-dir", str(corpus), "--optimizer", "adamw", *SMALL,
+                      "--steps", "6", "--log-every", "3", "--devices", "1", "--quiet", "--no-tensorboard",
+                      "--ema", "0.9", "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["model"] == "gpt" and summary["tokens_per_sec"] == pytest.approx(summary["examples_per_sec"] * 32)
+    assert summary["val_perplexity"] == pytest.approx(2.718281828 ** summary["val_loss"])
+    assert summary["val_bits_per_byte"] == pytest.approx(summary["val_loss"] / 0.693147181)  # a byte a token
+    assert summary["flops_per_token"] > 0 and summary["val_loss_ema"] is not None
+    assert summary["test_loss_ema"] is not None and summary["test_perplexity_ema"] is not None
+    assert summary["mfu"] is None and "run paratrain doctor" in summary["peak_of"]  # no peak measured here yet
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all("tokens_per_sec" in r and "perplexity" in r for r in lines if "loss" in r)
+    capsys.readouterr()
+    assert main_code(["generate", str(run), "--prompt", "The ", "--tokens", "40", "--temperature", "0"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("The ") and len(said.rstrip("\n").encode()) >= 4 + 20  # 40 bytes, some not printable
+    generator = paratrain.load_generator(run)
+    assert generator.generate([84, 104], tokens=5, temperature=0) == generator.generate([84, 104], 5, 0)[:7]
+    assert len(generator.generate([84, 104], tokens=5, top_k=3, seed=1)) == 7
+    with pytest.raises(UserError, match="--temperature must be 0"):
+        generator.generate("x", temperature=-1)
+
+
+def test_mfu_on_the_cpu_is_against_the_peak_doctor_measured(tmp_path: Path, corpus: Path) -> None:
+    from paratrain.runtime.peaks import cpu_peak, measure_cpu
+
+    rate = measure_cpu(1, size=256, repeats=2)
+    assert cpu_peak(1) == rate > 0
+    summary = train_here(tmp_path / "run", "--dataset", "text", "--data-dir", str(corpus), *SMALL, "--steps", "3",
+                         "--devices", "1", "--threads-per-worker", "1", "--no-tensorboard")
+    assert summary["peak_flops_per_sec"] == rate and "measured by paratrain doctor" in summary["peak_of"]
+    assert summary["mfu"] == pytest.approx(summary["achieved_flops_per_sec"] / rate)
+
+
+def test_a_language_model_of_your_own_trains_from_the_command_line(tmp_path: Path, corpus: Path) -> None:
+    (tmp_path / "lm.py").write_text(textwrap.dedent("""
+        from torch import nn
+
+        class Net(nn.Module):  # scores for every token at every position: N x T x 256
+            def __init__(self):
+                super().__init__()
+                self.embed, self.head = nn.Embedding(256, 16), nn.Linear(16, 256)
+
+            def forward(self, ids):
+                return self.head(self.embed(ids))
+        """))
+    summary = train_here(tmp_path / "run", "--model", f"{tmp_path / 'lm.py'}:Net", "--dataset", "text",
+                         "--data-dir", str(corpus), "--loss", "cross-entropy", *SMALL[6:], "--context", "16",
+                         "--steps", "4", "--devices", "1", "--no-tensorboard")
+    assert summary["val_perplexity"] is not None and summary["tokens_per_sec"] > 0
+    assert summary["flops_counted"].startswith("6N (attention not counted")
+
+
+def test_a_hugging_face_model_is_read_by_its_logits(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    ids = torch.randint(0, 64, (24, 17))
+    data = {s: (ids[:, :-1], ids[:, 1:]) for s in ("train", "val", "test")}
+    summary = paratrain.fit(_tiny_gpt2, data, paratrain.TrainConfig(out=str(tmp_path / "run"), steps=2, batch_size=8,
+                                                                    devices="1", quiet=True, tensorboard=False))
+    assert summary["val_perplexity"] is not None and summary["flops_counted"] == "6N + 12 x layers x width x context"
+
+    class Mapping(nn.Module):
+        def forward(self, ids: torch.Tensor) -> dict:
+            return {"hidden": ids.float()}
+
+    with pytest.raises(UserError, match="returned a dict without 'logits' \\(it holds hidden\\)"):
+        paratrain.fit(Mapping, data, paratrain.TrainConfig(out=str(tmp_path / "bad"), steps=1, batch_size=8,
+                                                           devices="1"))
+
+
+def _tiny_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)  # its dropout at GPT-2's 0.1 (embeddings, residuals, attention)
+
+
+def test_a_bench_that_measured_nothing_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture) -> None:
+    from paratrain.measure import bench
+
+    def nothing(configs: list, *args: object, **kwargs: object) -> dict:
+        return {"results": [{"name": c.name, "status": "failed", "error": "refused"} for c in configs]}
+
+    monkeypatch.setattr(bench, "run_bench", nothing)
+    assert main_code(["bench", "--dataset", "digits", "--configs", "cpu:1t,ddp-cpu:2", "--steps", "1",
+                      "--out", str(tmp_path / "b")]) == 2
+    assert "bench: 0 of 2 configurations measured (failed: cpu:1t, ddp-cpu:2)" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "report.md").exists()
+
+
+# ---- several workers ----
+
+def _lm(run: Path, corpus: Path, *flags: str) -> dict:
+    return train(run, "--dataset", "text", "--data-dir", str(corpus), "--optimizer", "adamw", "--width", "64",
+                 "--depth", "2", "--context", "64", "--batch-size", "16", "--steps", "20", "--log-every", "5",
+                 "--no-tensorboard", *flags)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dropout", ["0", "0.1"])
+def test_two_workers_equal_one_device_on_text(tmp_path: Path, corpus: Path, dropout: str) -> None:
+    """The gpt, AdamW, 20 steps: the losses one device logs and reports, 2 ddp workers (and fsdp with dropout)
+    log and report, within 1e-5 (measured: 0 in the validation loss to 16 digits); the weights within 1e-4 (Adam
+    turns last-bit differences of an update's sums into up to 8e-6 on a few weights here, measured)."""
+    one = _lm(tmp_path / "one", corpus, "--devices", "1", "--dropout", dropout)
+    layouts = [("ddp", "--devices", "2")] + ([("fsdp", "--devices", "2", "--strategy", "fsdp")] if dropout != "0"
+                                               else [])
+    for name, *flags in layouts:
+        many = _lm(tmp_path / name, corpus, *flags, "--dropout", dropout)
+        assert many["world_size"] == 2 and many["tokens_per_sec"] > 0
+        for key in ("val_loss", "test_loss", "val_perplexity"):
+            assert abs(many[key] - one[key]) <= 1e-5, (name, key, many[key], one[key])
+        logged = [[json.loads(line)["loss"] for line in (tmp_path / r / "metrics.jsonl").read_text().splitlines()
+                   if '"loss"' in line] for r in ("one", name)]
+        assert len(logged[0]) == 4 and max(abs(a - b) for a, b in zip(*logged, strict=True)) <= 1e-5
+        assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / name)) <= 1e-4
+    if dropout != "0":  # the masks dropped something: not the run without dropout
+        assert abs(one["val_loss"] - _lm(tmp_path / "off", corpus, "--devices", "1")["val_loss"]) > 1e-3
+
+
+def _gpt2_on_text(devices: str, out: Path, corpus: Path) -> dict:
+    raw = torch.tensor(list(corpus.read_bytes()[:60_000]), dtype=torch.long) % 64
+    windows = raw[:(len(raw) - 1) // 17 * 17].view(-1, 17)
+    data = {"train": (windows[:-40, :-1], windows[:-40, 1:]), "val": (windows[-40:-20, :-1], windows[-40:-20, 1:]),
+            "test": (windows[-20:, :-1], windows[-20:, 1:])}
+    return paratrain.fit(_tiny_gpt2, data, paratrain.TrainConfig(devices=devices, steps=20, batch_size=16,
+                                                                 optimizer="adamw", out=str(out), quiet=True,
+                                                                 tensorboard=False))
+
+
+@pytest.mark.integration
+def test_a_hugging_face_gpt2_on_two_workers_equals_one_device(tmp_path: Path, corpus: Path) -> None:
+    """transformers' GPT2LMHeadModel as it is (no wrapper, no loss given), its dropout 0.1 on."""
+    pytest.importorskip("transformers")
+    one, two = (_gpt2_on_text(d, tmp_path / d, corpus) for d in ("1", "2"))
+    assert two["world_size"] == 2
+    assert abs(one["val_loss"] - two["val_loss"]) <= 1e-5 and abs(one["test_loss"] - two["test_loss"]) <= 1e-5
+    assert max_abs_diff(weights(tmp_path / "1"), weights(tmp_path / "2")) <= 1e-4
+
+
+@pytest.mark.integration
+def test_bench_and_search_of_the_gpt_from_the_command_line(tmp_path: Path, corpus: Path) -> None:
+    from conftest import run_cli
+
+    bench = run_cli("bench", "--dataset", "text", "--data-dir", str(corpus), *SMALL, "--configs",
+                    "cpu:1t,ddp-cpu:2", "--steps", "30", "--repeats", "1", "--out", str(tmp_path / "bench"))
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    rows = json.loads((tmp_path / "bench" / "results.json").read_text())["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["tokens_per_sec"]["mean"] > 0 for r in rows)
+    assert "tokens/s" in (tmp_path / "bench" / "report.md").read_text()
+    plan = run_cli("plan", "--results", str(tmp_path / "bench"), "--no-validate", "--max-devices", "4")
+    assert plan.returncode == 0 and "MFLOPs a trained token (6N + 12 x layers x width x context)" in plan.stdout
+    (tmp_path / "space.yaml").write_text(textwrap.dedent(f"""
+        fixed: {{model: gpt, dataset: text, data_dir: {corpus}, width: 32, depth: 1, context: 32, batch_size: 8,
+                 steps: 10, optimizer: adamw}}
+        params: {{lr: [0.001, 0.01]}}
+        """))
+    search = run_cli("search", "--space", str(tmp_path / "space.yaml"), "--sampler", "grid", "--objective", "loss",
+                     "--out", str(tmp_path / "search"))
+    assert search.returncode == 0, search.stderr[-2000:]
+    assert "search: best validation loss" in search.stdout
