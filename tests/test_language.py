@@ -83,6 +83,16 @@ def test_a_folder_of_txt_files_is_one_text(tmp_path: Path) -> None:
     assert splits.text["tokens"] == len("first " * 200) + 2 + len("second " * 200)  # joined by a blank line
 
 
+def test_no_held_out_text_and_a_long_line_of_many_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(text, "CHUNK_BYTES", 1000)  # pieces of 1000 bytes: a line of 3-byte characters is cut
+    path = tmp_path / "t.txt"
+    path.write_text("€" * 3000)  # no newline, no space: cut before a character, never inside one
+    splits = text.load(str(path), 8, "bytes", 0, 0)
+    assert len(splits.val[1]) == len(splits.test[1]) == 0 and splits.text["tokens"] == 9000
+    starts = splits.train[0].epoch_starts(0, 0)
+    assert int(starts.max()) + 8 <= 9000 - 1 and len(splits.train[0][:]) == 9000 - 8  # targets inside the text
+
+
 @pytest.mark.parametrize(("content", "context", "message"), [
     (b"caf\xe9 au lait\n" * 50, 8, r"is not UTF-8 text \(byte 3 is not\)"),
     (b"too short", 8, "too few for windows of --context 8"),
@@ -117,7 +127,7 @@ def test_a_tokenizer_file_tokenizes_the_text(tmp_path: Path, corpus: Path) -> No
     tok.train([str(corpus)], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))
     tok.save(str(tmp_path / "tokenizer.json"))
     splits = text.load(str(corpus), 16, str(tmp_path / "tokenizer.json"), None, None)
-    assert splits.vocabulary == tok.get_vocab_size() and 1 < splits.text["bytes_per_token"] < 8
+    assert splits.vocabulary == tok.get_vocab_size() and 1 < splits.text["bytes_per_token"]["val"] < 8
     window = splits.val[0][0].tolist()
     assert tok.decode(window) in corpus.read_text()
 
@@ -137,6 +147,33 @@ def test_the_cross_entropy_takes_both_layouts_and_ignores_minus_100() -> None:
     # evaluation sums the loss over the tokens it counts: the mean of the whole set whatever its batches
     sums = batch_sums(scores[:1], padded[:1]) + batch_sums(scores[1:], padded[1:])
     assert sums[4] == kept.sum() and torch.isclose(sums[0] / sums[4], cross_entropy(scores, padded).double())
+
+
+def test_padded_shares_are_weighed_so_that_workers_make_the_step_of_one_device() -> None:
+    """With -100 in the targets, two workers' shares count unequal tokens: token_weights makes the mean of their
+    weighted means (DDP's average, and --accumulate's) the mean over every counted token of the step."""
+    from paratrain.components.losses import has_ignored, token_weights
+
+    torch.manual_seed(0)
+    net, ids = nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 11)), torch.randint(0, 11, (8, 5))
+    targets = torch.randint(0, 11, (8, 5))
+    targets[0, 1:] = targets[5, 3:] = targets[6, :] = -100
+    assert has_ignored(targets) and not has_ignored(targets.clamp(min=0))
+    batches = [torch.arange(0, 4), torch.arange(4, 8)]  # two micro-batches of a global batch of 4
+
+    def gradient(of: int) -> torch.Tensor:
+        net.zero_grad()
+        for which in range(of):
+            weights = token_weights(targets, batches, which, of)
+            for b, weight in zip(batches, weights, strict=True):
+                rows = b[which * 4 // of:(which + 1) * 4 // of]
+                (cross_entropy(net(ids[rows]), targets[rows]) * weight / len(batches) / of).backward()
+        return net[1].weight.grad.clone()
+
+    net.zero_grad()
+    cross_entropy(net(ids), targets).backward()  # every counted token of the step at once
+    assert torch.allclose(gradient(1), net[1].weight.grad, atol=1e-7)
+    assert torch.allclose(gradient(2), net[1].weight.grad, atol=1e-7)
 
 
 def test_the_gpt_is_causal_and_its_flops_a_token_are_counted() -> None:
@@ -165,6 +202,30 @@ class Dropping(nn.Module):
         q = self.drop(x).view(len(x), x.shape[1], 2, -1).transpose(1, 2)
         attended = F.scaled_dot_product_attention(q, q, q, dropout_p=0.3, is_causal=True)
         return self.channels(attended.transpose(1, 2).reshape(x.shape))
+
+
+def test_attention_dropout_is_scaled_dot_product_attention_by_its_formula() -> None:
+    """With a mask that keeps everything, the formula run to draw attention's mask gives torch's own result:
+    causal (also with fewer queries than keys), boolean and additive masks, grouped heads, a scale."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 4, 5, 8), torch.randn(2, 4, 5, 8)
+    mode = GlobalBatchDropout(torch.device("cpu"), (0, 1), 2, seed=0, rank=0)
+    keep_all = 1e-12  # a dropout that drops nothing, in practice
+    bool_mask, float_mask = torch.rand(3, 5) > 0.3, torch.randn(3, 5)
+    bool_mask[:, 0] = True  # every query sees a key
+    for kwargs in ({"is_causal": True}, {"attn_mask": bool_mask}, {"attn_mask": float_mask}, {"scale": 0.3}):
+        ours = mode._attention(q, k, v, dropout_p=keep_all, **kwargs)
+        assert torch.allclose(ours, F.scaled_dot_product_attention(q, k, v, **kwargs), atol=1e-5), kwargs
+    grouped = mode._attention(q, k[:, :2], v[:, :2], dropout_p=keep_all, enable_gqa=True)
+    assert torch.allclose(grouped, F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], enable_gqa=True), atol=1e-5)
+
+
+def test_a_channel_dropout_drops_whole_channels_of_each_example() -> None:
+    x = torch.ones(4, 6, 10)
+    with GlobalBatchDropout(torch.device("cpu"), (0, 1), 4, seed=3, rank=0):
+        for drop in (F.dropout1d, F.dropout2d):  # dropout2d takes a 3-D input as N x C x L, as torch does
+            out = drop(x, 0.5, True)
+            assert (out.std(-1) == 0).all() and 0 < (out[..., 0] == 0).sum() < 24  # whole channels, some
 
 
 def test_two_workers_draw_the_masks_one_device_draws() -> None:
@@ -208,8 +269,10 @@ def test_train_generate_and_the_summary_of_a_language_model(tmp_path: Path, corp
     assert main_code(["generate", str(run), "--prompt", "The ", "--tokens", "40", "--temperature", "0"]) == 0
     said = capsys.readouterr().out
     assert said.startswith("The ") and len(said.rstrip("\n").encode()) >= 4 + 20  # 40 bytes, some not printable
+    assert main_code(["eval", str(run), "--data-dir", str(corpus)]) == 0  # its test windows again, as it cut them
+    assert f"test_loss {summary['test_loss']:.4f}" in capsys.readouterr().out
     generator = paratrain.load_generator(run)
-    assert generator.generate([84, 104], tokens=5, temperature=0) == generator.generate([84, 104], 5, 0)[:7]
+    assert generator.generate([84, 104], tokens=10, temperature=0)[:7] == generator.generate([84, 104], 5, 0)
     assert len(generator.generate([84, 104], tokens=5, top_k=3, seed=1)) == 7
     with pytest.raises(UserError, match="--temperature must be 0"):
         generator.generate("x", temperature=-1)
@@ -245,6 +308,18 @@ def test_a_language_model_of_your_own_trains_from_the_command_line(tmp_path: Pat
     assert summary["flops_counted"].startswith("6N (attention not counted")
 
 
+def test_next_token_targets_beyond_the_inputs_ids_widen_the_vocabulary(tmp_path: Path) -> None:
+    ids = torch.randint(0, 20, (24, 9))
+    ids[:, -1] = 30  # an end token: a target only
+    data = {s: (ids[:, :-1], ids[:, 1:]) for s in ("train", "val", "test")}
+    summary = paratrain.fit("gpt", data, paratrain.TrainConfig(out=str(tmp_path / "run"), steps=2, batch_size=8,
+                                                               devices="1", width=32, quiet=True, tensorboard=False))
+    assert summary["val_loss"] is not None
+    bad = {s: (ids[:, :-1], ids[:, 1:] - 40) for s in ("train", "val", "test")}
+    with pytest.raises(UserError, match="the targets are token ids, and one is -40"):
+        paratrain.fit("gpt", bad, paratrain.TrainConfig(out=str(tmp_path / "bad"), steps=1, devices="1"))
+
+
 def test_a_hugging_face_model_is_read_by_its_logits(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     ids = torch.randint(0, 64, (24, 17))
@@ -260,6 +335,31 @@ def test_a_hugging_face_model_is_read_by_its_logits(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="returned a dict without 'logits' \\(it holds hidden\\)"):
         paratrain.fit(Mapping, data, paratrain.TrainConfig(out=str(tmp_path / "bad"), steps=1, batch_size=8,
                                                            devices="1"))
+
+
+def _padded_columns(rows: int = 96) -> dict:
+    """A Hugging Face batch's columns: input_ids padded to 16 with 0, their attention_mask, and labels that are
+    the ids (the model shifts them) with -100 on the padding."""
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, 17, (rows,), generator=g)
+    mask = (torch.arange(16)[None] < lengths[:, None]).long()
+    ids = torch.randint(1, 64, (rows, 16), generator=g) * mask
+    columns = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    parts = {"train": slice(0, rows * 2 // 3), "val": slice(rows * 2 // 3, rows * 5 // 6), "test": slice(rows * 5 // 6,
+                                                                                                       rows)}
+    return {split: {k: v[rows_of] for k, v in columns.items()} for split, rows_of in parts.items()}
+
+
+def test_named_columns_reach_the_network_and_it_may_train_by_its_own_loss(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    summary = paratrain.fit(_tiny_gpt2, _padded_columns(), paratrain.TrainConfig(
+        out=str(tmp_path / "run"), steps=3, batch_size=8, devices="1", quiet=True, tensorboard=False))
+    assert summary["parts"]["loss"] == "the network's own loss (paratrain's default)"
+    assert summary["val_loss"] is not None and summary["tokens_per_sec"] > 0
+    apart = {split: ({"input_ids": c["input_ids"]}, c["labels"]) for split, c in _padded_columns().items()}
+    with pytest.raises(UserError, match="loss model trains by the loss your network returns from the labels it is"):
+        paratrain.fit(_tiny_gpt2, apart, paratrain.TrainConfig(out=str(tmp_path / "bad"), steps=1, batch_size=8,
+                                                                devices="1", loss="model"))
 
 
 def _tiny_gpt2() -> nn.Module:
@@ -330,6 +430,18 @@ def test_a_hugging_face_gpt2_on_two_workers_equals_one_device(tmp_path: Path, co
     one, two = (_gpt2_on_text(d, tmp_path / d, corpus) for d in ("1", "2"))
     assert two["world_size"] == 2
     assert abs(one["val_loss"] - two["val_loss"]) <= 1e-5 and abs(one["test_loss"] - two["test_loss"]) <= 1e-5
+    assert max_abs_diff(weights(tmp_path / "1"), weights(tmp_path / "2")) <= 1e-4
+
+
+@pytest.mark.integration
+def test_padded_columns_on_two_workers_equal_one_device_by_the_models_own_loss(tmp_path: Path) -> None:
+    """A Hugging Face batch (ids padded unequally, their mask, labels with -100 on the padding), GPT-2 trained
+    by its own loss: each worker's share weighed by its counted labels, so 2 workers make 1 device's steps."""
+    pytest.importorskip("transformers")
+    runs = {d: paratrain.fit(_tiny_gpt2, _padded_columns(), paratrain.TrainConfig(
+        out=str(tmp_path / d), steps=10, batch_size=16, devices=d, optimizer="adamw", quiet=True, tensorboard=False))
+        for d in ("1", "2")}
+    assert abs(runs["1"]["val_loss"] - runs["2"]["val_loss"]) <= 1e-5
     assert max_abs_diff(weights(tmp_path / "1"), weights(tmp_path / "2")) <= 1e-4
 
 

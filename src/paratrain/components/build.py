@@ -17,6 +17,7 @@ from ..data import Splits
 from ..data.transforms import Augment, BatchPipeline, TensorPipeline
 from ..models import build_model, convolutional, input_size
 from ..models.imported import call_factory
+from .adapt import read_by_logits
 from .optim import make_optimizer, make_scheduler
 from .parts import Parts
 
@@ -35,28 +36,6 @@ def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
                        width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
                        filters=cfg.filters, kernel=cfg.kernel)
-
-
-def read_by_logits(net: Any) -> Any:
-    """A network of the user's whose forward returns a mapping (a Hugging Face ModelOutput, a dict) is read by
-    its "logits": a forward hook gives the rest of paratrain (losses, metrics, pipelines, generation) the
-    tensor, and the network stays as it is (its state_dict's names too, so that its checkpoints load in
-    transformers). Anything else passes through untouched."""
-    if isinstance(net, nn.Module):
-        net.register_forward_hook(_logits_of)
-    return net
-
-
-def _logits_of(module: nn.Module, args: Any, output: Any) -> Any:
-    from collections.abc import Mapping
-
-    if not isinstance(output, Mapping):
-        return output
-    if output.get("logits") is None:
-        raise UserError(f"your network {type(module).__name__} returned a {type(output).__name__} without "
-                        f"'logits' (it holds {', '.join(map(str, output.keys())) or 'nothing'}); return the scores, "
-                        "or a mapping with them under 'logits'")
-    return output["logits"]
 
 
 class Reshape(nn.Module):

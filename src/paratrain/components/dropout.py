@@ -30,9 +30,18 @@ from torch.overrides import TorchFunctionMode
 CHANNELS = {F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}  # one draw a channel: the spatial dims see one value
 
 
+# where a Hugging Face model's configuration keeps the dropout it passes as a number (Llama's attention_dropout
+# reaches scaled_dot_product_attention with no dropout layer)
+CONFIG_DROPOUTS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout",
+                   "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout")
+
+
 def has_dropout(model: nn.Module) -> bool:
-    """Whether any dropout layer of `model` drops something (p > 0): only then is the mode worth its cost."""
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+    """Whether `model` drops anything: a dropout layer with p > 0, or a Hugging Face configuration's dropout
+    above 0. Only then is the mode worth its cost."""
+    config = getattr(model, "config", None)
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()) or \
+        any(isinstance(getattr(config, name, None), float) and getattr(config, name) > 0 for name in CONFIG_DROPOUTS)
 
 
 def mixed_seed(*parts: int) -> int:
@@ -53,7 +62,8 @@ class GlobalBatchDropout(TorchFunctionMode):
         super().__init__()
         (self.which, self.of), self.rows = share, rows
         self.shared = torch.Generator(device).manual_seed(seed)
-        self.own = torch.Generator(device).manual_seed(mixed_seed(seed, rank + 1))
+        self.seed, self.rank = seed, rank
+        self.own: dict[torch.device, torch.Generator] = {}  # by device: a tower's replicas are on several
         self.placed = self.unplaced = 0  # calls drawn as one device would, and the others (for the tests)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -70,20 +80,26 @@ class GlobalBatchDropout(TorchFunctionMode):
             return input
         if p >= 1:
             return input.mul_(0) if inplace else input * 0
-        channel_dims = CHANNELS.get(func)
-        shape = input.shape if channel_dims is None else \
-            (*input.shape[:input.dim() - channel_dims], *(1,) * channel_dims)
+        # a channel dropout draws one value a channel: N x C x 1 ... (C x 1 ... for an input without a batch;
+        # torch's dropout2d takes a 3-D input as N x C x L)
+        kept = 0 if func not in CHANNELS else 2 if input.dim() > CHANNELS[func] + 1 or \
+            (func is F.dropout2d and input.dim() == 3) else 1
+        shape = input.shape if not kept else (*input.shape[:kept], *(1,) * (input.dim() - kept))
+        # in float32: 1 / (1 - p) in bfloat16 is 1.109 for p = 0.1, which would shrink every layer's output
         keep = self._mask(tuple(shape), 1 - p, input).div_(1 - p)
-        return input.mul_(keep) if inplace else input * keep
+        dropped = (input.float() * keep).to(input.dtype)
+        return input.copy_(dropped) if inplace else dropped
 
     def _mask(self, shape: tuple[int, ...], p_keep: float, like: torch.Tensor) -> torch.Tensor:
         """A 0/1 mask of `shape` in `like`'s dtype: this worker's rows of the global batch's mask where `shape`
         starts with its rows (or with its rows times a whole number: its rows flattened with a sequence's
         positions, row by row)."""
-        make = lambda dims: torch.empty(dims, dtype=like.dtype, device=like.device)  # noqa: E731
-        if not shape or not self.rows or shape[0] % self.rows:
+        make = lambda dims: torch.empty(dims, dtype=torch.float32, device=like.device)  # noqa: E731
+        if not shape or not self.rows or shape[0] % self.rows or like.device != self.shared.device:
             self.unplaced += 1
-            return make(shape).bernoulli_(p_keep, generator=self.own)
+            if like.device not in self.own:
+                self.own[like.device] = torch.Generator(like.device).manual_seed(mixed_seed(self.seed, self.rank + 1))
+            return make(shape).bernoulli_(p_keep, generator=self.own[like.device])
         per_row = (shape[0] // self.rows, *shape[1:])
         whole = make((self.rows * self.of, *per_row)).bernoulli_(p_keep, generator=self.shared)
         self.placed += 1
@@ -100,7 +116,7 @@ class GlobalBatchDropout(TorchFunctionMode):
         scores = query @ key.transpose(-2, -1) * scale
         if is_causal:
             length, span = query.shape[-2], key.shape[-2]
-            causal = torch.ones(length, span, dtype=torch.bool, device=query.device).tril(span - length)
+            causal = torch.ones(length, span, dtype=torch.bool, device=query.device).tril()  # top-left, as torch
             scores = scores.masked_fill(~causal, float("-inf"))
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else \

@@ -91,11 +91,13 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
         hint = f" (is '{meant[0]}' meant to be '{meant[1]}'?)" if meant else ""
         raise UserError(f"data has no {', '.join(repr(k) for k in missing)}{hint}; give a dict with 'train', 'val' "
                         "and 'test' (inputs, targets) pairs (a validation set may hold zero examples)")
+    if any(_named(data[name]) for name in ("train", "val", "test")):
+        return tensor_splits({name: _columns(data[name], name) for name in ("train", "val", "test")})
     for name in ("train", "val", "test"):
         pair = data[name]
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
             raise UserError(f"data['{name}'] must be an (inputs, targets) pair of torch tensors (numpy arrays: "
-                            "torch.from_numpy(a))")
+                            "torch.from_numpy(a)), or named columns (a dict with 'input_ids' and 'labels', say)")
     if not _images(data):
         x, y = data["train"]
         if x.dim() == 4 and x.shape[2] == x.shape[3] and y.dim() == 1 and y.is_floating_point() and not cfg.quiet:
@@ -121,6 +123,38 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
     classes = max(int(p[1].max()) for p in pairs.values() if len(p[1])) + 1
     return Splits("custom", pairs["train"], pairs["val"], pairs["test"], tuple(mean.tolist()), tuple(std.tolist()),
                   classes)
+
+
+def _named(split: Any) -> bool:
+    """A split given as named columns: a dict of tensors (with "labels"), or an (inputs, targets) pair whose
+    inputs are a dict of tensors."""
+    from collections.abc import Mapping
+
+    return isinstance(split, Mapping) or (isinstance(split, tuple | list) and len(split) == 2 and
+                                          isinstance(split[0], Mapping))
+
+
+def _columns(split: Any, name: str) -> tuple[Any, torch.Tensor]:
+    """A split of named columns as (inputs, targets): a dict's "labels" are its targets, and the network is
+    given them too (a Hugging Face model computes its own loss from them, shifted as it does); a pair's
+    inputs are the dict, its targets the second tensor."""
+    from collections.abc import Mapping
+
+    from ..data.columns import Columns
+
+    inputs, targets = (split, split.get("labels")) if isinstance(split, Mapping) else split
+    where = f"data['{name}']"
+    if not _named(split) or targets is None:
+        raise UserError(f"{where} must be named columns like the other splits: a dict of tensors with 'labels' "
+                        "(input_ids, attention_mask, labels), or an (inputs dict, targets) pair")
+    if not inputs or not all(isinstance(v, torch.Tensor) for v in inputs.values()) or \
+            not isinstance(targets, torch.Tensor):
+        raise UserError(f"{where}: every column must be a torch tensor, one row an example (pad sequences to one "
+                        "length, with an attention_mask)")
+    lengths = {k: len(v) for k, v in inputs.items()}
+    if len(set(lengths.values()) | {len(targets)}) != 1:
+        raise UserError(f"{where}: the columns have unequal rows ({lengths}); give every column a row an example")
+    return Columns(dict(inputs)), targets
 
 
 def _images(data: dict[str, Any]) -> bool:

@@ -165,5 +165,21 @@ class RunLog:
                 self.file.close()  # closed even when its last flush fails
 
 
+def window_figures(sums: list[float], elapsed: float, per_update: int, tokens: int | None,
+                   per_target: bool) -> dict[str, Any]:
+    """The training figures of a log window from its summed slots (evaluation.SUMS: loss sum, correct,
+    examples, classified examples, what the loss is a mean over): the loss, accuracy (None without classes),
+    examples/s and s a batch; tokens/s (`tokens`: a sequence model's tokens an example) and the perplexity
+    (`per_target`: the built-in cross-entropy over tokens)."""
+    from .losses import perplexity
+
+    loss_sum, correct, count, with_class, weight = sums
+    return {"loss": loss_sum / weight, "examples_per_sec": count / elapsed,
+            "train_accuracy": correct / with_class if with_class else None, "time_s": elapsed,
+            "sec_per_batch": elapsed * per_update / count,
+            **({"tokens_per_sec": count * tokens / elapsed} if tokens else {}),
+            **({"perplexity": perplexity(loss_sum / weight)} if per_target else {})}
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     write_atomic(run_dir / "summary.json", json.dumps(_clean(summary), indent=2) + "\n")

@@ -49,7 +49,8 @@ def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> 
             raise UserError(f"your optimizer factory {name_of(parts.optimizer)} returned a "
                             f"{type(optimizer).__name__}, not a torch.optim.Optimizer")
         record["optimizer"] = describe_optimizer(optimizer)
-    default = name_of(FUNCTIONS[loss_name(cfg, data.categorical)])  # mse_loss, cross_entropy
+    name = loss_name(cfg, data.categorical, data.labelled)
+    default = "the network's own loss" if name == "model" else name_of(FUNCTIONS[name])  # mse_loss, cross_entropy
     record["loss"] = name_of(parts.loss) if parts.loss is not None else \
         f"{default} (paratrain's {'default' if cfg.loss == 'auto' else '--loss'})"
     return record
@@ -64,7 +65,11 @@ def check_task(cfg: Any, data: Any, loss: Any) -> None:
     if cfg.label_smoothing and not data.sequence:
         raise UserError(f"label_smoothing smooths class targets; these targets are {data.train[1].dtype} of shape "
                         f"{data.target_shape} an example: leave it at 0")
-    if loss is None and data.sequence and cfg.loss not in ("auto", "cross-entropy"):
+    if cfg.loss == "model" and not data.labelled:
+        raise UserError("--loss model trains by the loss your network returns from the labels it is given, and "
+                        "this data gives it none: give named columns with 'labels' (input_ids, attention_mask, "
+                        "labels), or leave --loss out")
+    if loss is None and data.sequence and cfg.loss not in ("auto", "cross-entropy", "model"):
         raise UserError(f"--loss {cfg.loss} compares numbers, and these targets are integers of shape "
                         f"{data.target_shape} an example (token ids): leave --loss out for the cross-entropy over "
                         "every token, give float targets" + (" (--loss bce: 0/1 labels as floats)"
@@ -81,15 +86,21 @@ def _check_forward(net: nn.Module, cfg: Any, data: Any, make_batch_transforms: A
         return
     noun = "images" if data.images else "examples"
     x = make_batch_transforms(cfg, data, torch.device("cpu")).eval(data.train[0][:2])
+    n = len(data.train[1][:2])  # the inputs may be named columns (a dict)
     net.eval()  # no BatchNorm statistics or dropout draws spent on the check
     try:
         with torch.no_grad():
             out = net(x)
     except Exception as e:  # noqa: BLE001
-        raise failed(f"your network failed on 2 training {noun} of shape {tuple(x.shape)[1:]}", e) from None
-    rows = isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == len(x)
+        raise failed(f"your network failed on 2 training {noun} of shape {data.input_shape}", e) from None
+    rows = isinstance(out, torch.Tensor) and out.dim() >= 1 and out.shape[0] == n
+    if loss is None and loss_name(cfg, data.categorical, data.labelled) == "model" and \
+            getattr(getattr(net, "_paratrain_last", None), "loss", None) is None:
+        raise UserError(f"--loss model trains by the loss your network returns, and {type(net).__name__} returned "
+                        "none for 2 examples with labels: return it (a Hugging Face model does, given labels), or "
+                        "give the targets apart, (inputs, targets), for paratrain's cross-entropy")
     if not data.classification:
-        _check_output(out, rows, len(x), data, loss)
+        _check_output(out, rows, n, data, loss)
     else:
         _check_scores(out, rows, noun, cfg, data, loss, speaks)
     if loss is not None:

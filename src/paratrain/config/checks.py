@@ -102,10 +102,12 @@ def _check_text(cfg: TrainConfig) -> None:
         _bad(f"--context must be at least 1 token, not {cfg.context}")
     if cfg.heads is not None and cfg.model != "gpt":
         _bad(f"--heads is for --model gpt, not {cfg.model}")
-    if cfg.model == "gpt" and (cfg.heads or 1) < 1:
+    if cfg.heads is not None and cfg.heads < 1:
         _bad(f"--heads must be at least 1, not {cfg.heads}")
-    if cfg.model == "gpt" and cfg.width % (cfg.heads or 1):
-        _bad(f"--heads {cfg.heads} must divide --width {cfg.width} (each head has width / heads)")
+    heads = cfg.heads or max(1, cfg.width // 64)  # the gpt's default (models/gpt.py)
+    if cfg.model == "gpt" and cfg.width % heads:
+        _bad(f"--heads {heads}{'' if cfg.heads else ' (width / 64, the default)'} must divide --width {cfg.width} "
+             "(each head has width / heads): give --heads, or a --width that it divides")
 
 
 def _check_combinations(cfg: TrainConfig) -> None:

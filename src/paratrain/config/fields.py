@@ -35,7 +35,7 @@ REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp")
 # --loss: auto is cross-entropy for integer targets (class indices, or token ids N x T against N x T x V outputs),
 # else the mean squared error (losses.py)
-LOSSES = ("auto", "cross-entropy", "mse", "l1", "smooth-l1", "bce")
+LOSSES = ("auto", "cross-entropy", "mse", "l1", "smooth-l1", "bce", "model")
 # --metric's built-in metrics (torchmetrics objects: metrics.py builds them)
 METRICS = ("mae", "mse", "rmse", "r2", "f1", "precision", "recall")
 
@@ -141,7 +141,8 @@ class TrainConfig:
     loss: str = _f("auto", "the loss trained and reported: auto (cross-entropy for class indices and for token "
                    "ids, N x T targets against N x T x V outputs (-100: ignored); else the mean squared error), "
                    "cross-entropy, mse, l1, smooth-l1, bce (binary cross-entropy on logits: "
-                   "multi-label targets of 0/1)", choices=LOSSES)
+                   "multi-label targets of 0/1), model (the loss your network returns from the labels it is "
+                   "given: a Hugging Face model's; auto's choice for inputs with a labels column)", choices=LOSSES)
     label_smoothing: float = _f(0.0, "training loss: cross-entropy against targets smoothed by this much")
     metric: str | None = _f(None, "metrics reported beside the loss on the validation and test sets, "
                             f"comma-separated: {', '.join(METRICS)} (f1, precision, recall: the mean over the "

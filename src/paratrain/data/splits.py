@@ -76,15 +76,22 @@ class Splits:
             not self.train[1].is_floating_point()
 
     @property
+    def labelled(self) -> bool:
+        """The inputs are named columns that hold "labels" (a Hugging Face batch's): the network is given them,
+        and may return its own loss."""
+        return "labels" in getattr(self.train[0], "names", ())
+
+    @property
     def categorical(self) -> bool:
         """Integer targets the cross-entropy judges by default: class indices, or token ids."""
         return self.classification or self.sequence
 
     @property
     def tokens_per_example(self) -> int | None:
-        """The tokens a sequence model reads an example (its input's length), where the inputs are token ids."""
+        """The tokens a language model reads an example (its input's length), where the inputs are token ids and
+        the targets too (a classifier of sequences, the gru's, counts examples)."""
         x = self.train[0]
-        return int(self.input_shape[0]) if not self.images and len(self.input_shape) == 1 and \
+        return int(self.input_shape[0]) if self.sequence and len(self.input_shape) == 1 and \
             not x.is_floating_point() and x.dtype != torch.uint8 else None
 
     @property
@@ -100,6 +107,8 @@ class Splits:
                     "num_classes": self.num_classes, "mean": list(self.mean), "std": list(self.std),
                     "vocabulary": self.vocabulary, **({"held_out_of": self.origin} if self.origin else {}),
                     **({"text": self.text} if self.text else {}),
+                    **({"columns": {k: [list(v.shape[1:]), str(v.dtype)] for k, v in self.train[0].columns.items()}}
+                       if hasattr(self.train[0], "columns") else {}),
                     **({"classes": list(self.classes)} if self.classes else {})}
         info = {"channels": self.channels, "image_size": self.image_size, "num_classes": self.num_classes,
                 "mean": list(self.mean), "std": list(self.std)}
@@ -118,6 +127,10 @@ class Splits:
         if info.get("kind", "images") != "images":
             dtype = lambda name: getattr(torch, name.removeprefix("torch."))  # noqa: E731
             inputs = torch.zeros(0, *info["input_shape"], dtype=dtype(info["input_dtype"]))
+            if "columns" in info:  # named inputs (a Hugging Face batch's)
+                from .columns import empty_like
+
+                inputs = empty_like(info["columns"])
             targets = torch.zeros(0, *info["target_shape"], dtype=dtype(info["target_dtype"]))
             return cls(name, (inputs, targets), (inputs, targets), (inputs, targets), tuple(info.get("mean", ())),
                        tuple(info.get("std", ())),

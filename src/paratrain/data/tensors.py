@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..core.errors import UserError
+from .columns import Columns
 from .mapped import MappedTensor
 from .splits import Splits
 
@@ -37,8 +38,8 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
             if row is not None:
                 raise UserError(f"{where.format(part)} {what} hold NaN or inf (row {row} the first); drop or fill "
                                 "those rows")
-        # a memory-mapped input converts as it is read (mapped.MappedTensor)
-        checked[part] = tuple(t if isinstance(t, MappedTensor) else t.float() if t.is_floating_point() or
+        # a memory-mapped input converts as it is read (mapped.MappedTensor); named columns converted themselves
+        checked[part] = tuple(t if isinstance(t, MappedTensor | Columns) else t.float() if t.is_floating_point() or
                                t.dtype == torch.uint8 else t.long() for t in (inputs, targets))
     classes = 0
     if y.dim() == 1 and not y.is_floating_point():
@@ -50,6 +51,12 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
     vocabulary = 0
     if not x.is_floating_point() and x.dtype != torch.uint8:  # token ids, say: an embedding needs their range
         vocabulary = max(int(t.max()) for t, _ in checked.values() if t.numel()) + 1
+        if not classes and y.dim() > 1 and not y.is_floating_point():  # next tokens: their ids count too
+            vocabulary = max([vocabulary] + [int(t.max()) + 1 for _, t in checked.values() if t.numel()])
+            low = min(int(t[t != -100].min()) for _, t in checked.values() if bool((t != -100).any()))
+            if low < 0:
+                raise UserError(f"the targets are token ids, and one is {low}: give ids 0..V-1, and -100 for a "
+                                "position no loss counts (padding)")
     return Splits(name, checked["train"], checked["val"], checked["test"], (), (), classes, classes=names,
                   split=split, kind="tensors", vocabulary=vocabulary)
 

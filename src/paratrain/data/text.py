@@ -6,8 +6,9 @@ nothing again.
 The held-out text is contiguous: the validation tokens, then the test tokens, at the end of the text (an
 example is a window of --context tokens, and its targets are the same window one token on). The training
 windows of an epoch are the training tokens cut at an offset drawn from (seed, epoch), in an order drawn from
-the same: each token is trained on once an epoch, and the global batch of a step is the same whatever the
-number of workers or a resume (`epoch_starts`, as batches.epoch_permutation is for other data).
+the same: each token is trained on once an epoch (but for at most two windows' worth at the ends), and the
+global batch of a step is the same whatever the number of workers or a resume (`epoch_starts`, as
+batches.epoch_permutation is for other data).
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ class TokenWindows(MappedImages):
         """The first token of each of the items `idx` (indices, or a slice)."""
         if isinstance(idx, torch.Tensor):
             idx = idx.cpu().numpy()
-        if isinstance(idx, slice):
-            idx = np.arange(*idx.indices(self.hi - self.lo if self.by_start else len(self)))
+        if isinstance(idx, slice):  # the training split's: every start whose targets stay in it
+            idx = np.arange(*idx.indices(self.hi - self.lo - self.context if self.by_start else len(self)))
         idx = np.asarray(idx, dtype=np.int64)
         return self.lo + idx if self.by_start else self.lo + idx * self.context
 
@@ -100,6 +101,9 @@ class TokenWindows(MappedImages):
     def min(self) -> torch.Tensor:
         return torch.tensor(0)
 
+    def subset(self, rows: np.ndarray) -> TokenWindows:
+        raise TypeError("a text's windows are taken by their starts, not as a subset of rows")
+
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "context": self.context, "lo": self.lo, "hi": self.hi, "shift": self.shift,
                 "by_start": self.by_start, "device": str(self.device), "stamp": self.stamp}
@@ -123,7 +127,7 @@ def load(path: str | None, context: int, tokenizer: str, val_size: int | None, t
     cache.parent.mkdir(parents=True, exist_ok=True)
     with locked(cache, quiet):  # torchrun's ranks of one node build it once; the others wait, then open it
         manifest = _open(cache, files, tok) or _build(cache, files, tok)
-    return _splits(cache / "tokens.npy", manifest, context, val_size, test_size, path)
+    return _splits(cache / "tokens.npy", manifest, context, val_size, test_size, path, tok)
 
 
 def text_files(root: Path) -> list[Path]:
@@ -143,7 +147,7 @@ def _stamps(files: list[Path]) -> list[list]:
 
 
 def _cache_folder(files: list[Path], tok: Tokenizer, cache_dir: str | None) -> Path:
-    key = hashlib.sha1(json.dumps([_stamps(files), tok.name]).encode()).hexdigest()[:16]
+    key = hashlib.sha1(json.dumps([_stamps(files), tok.name, tok.fingerprint]).encode()).hexdigest()[:16]
     return (Path(cache_dir).expanduser() if cache_dir else user_cache() / "text") / key
 
 
@@ -196,10 +200,15 @@ def _pieces(path: Path, first: bytes):  # noqa: ANN202 (a generator of bytes)
     """The file's bytes CHUNK_BYTES at a time, cut after a newline where there is one (a tokenizer then never
     sees a word cut in two), checked as UTF-8."""
     rest, at = first, -len(first)  # at: the file offset of the piece's first byte
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below; an unreadable file is the user's to fix)
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e})") from None
+    with f:
         while chunk := f.read(CHUNK_BYTES):
             chunk = rest + chunk
-            cut = chunk.rfind(b"\n") + 1 or len(chunk)
+            # after a newline, else a space, else before the last character (which may be cut in two)
+            cut = chunk.rfind(b"\n") + 1 or chunk.rfind(b" ") + 1 or _last_character(chunk)
             piece, rest = chunk[:cut], chunk[cut:]
             _check_utf8(piece, path, at)
             at += len(piece)
@@ -207,6 +216,24 @@ def _pieces(path: Path, first: bytes):  # noqa: ANN202 (a generator of bytes)
     if rest:
         _check_utf8(rest, path, at)
         yield rest
+
+
+def _bytes_per_token(targets: TokenWindows, tok: Tokenizer) -> float | None:
+    """The UTF-8 bytes a token of a held-out split (its targets, decoded once)."""
+    if not len(targets):
+        return None
+    if tok.name == "bytes":
+        return 1.0
+    ids = targets[:].reshape(-1).tolist()
+    return len(tok.decode(ids).encode("utf-8")) / len(ids)
+
+
+def _last_character(chunk: bytes) -> int:
+    """Where the last UTF-8 character of `chunk` starts (continuation bytes are 10xxxxxx)."""
+    i = len(chunk) - 1
+    while i > 0 and chunk[i] & 0xC0 == 0x80:
+        i -= 1
+    return i or len(chunk)
 
 
 def _check_utf8(piece: bytes, path: Path, at: int) -> None:
@@ -218,7 +245,7 @@ def _check_utf8(piece: bytes, path: Path, at: int) -> None:
 
 
 def _splits(tokens: Path, manifest: dict, context: int, val_size: int | None, test_size: int | None,
-            where: str) -> Splits:
+            where: str, tok: Tokenizer) -> Splits:
     n = int(manifest["tokens"])
     windows = (n - 1) // context
     held = min(max(1, windows // HELD_OUT_SHARE), HELD_OUT_MAX)
@@ -239,6 +266,7 @@ def _splits(tokens: Path, manifest: dict, context: int, val_size: int | None, te
     val = pair(val_lo, test_lo + 1)
     test = pair(test_lo, test_lo + test_n * context + 1)
     text = {"tokenizer": manifest["tokenizer"], "context": context, "tokens": n,
-            "bytes_per_token": manifest["bytes"] / n}
+            # the held-out text's own UTF-8 bytes a token, for bits per byte (1 for bytes)
+            "bytes_per_token": {"val": _bytes_per_token(val[1], tok), "test": _bytes_per_token(test[1], tok)}}
     return Splits("text", train, val, test, (), (), 0, kind="tensors", vocabulary=int(manifest["vocabulary"]),
                   text=text)

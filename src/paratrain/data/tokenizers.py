@@ -23,6 +23,7 @@ class Tokenizer:
     vocabulary: int
     encode: Callable[[bytes], list[int] | np.ndarray]  # UTF-8 bytes -> token ids
     decode: Callable[[list[int]], str]
+    fingerprint: str = ""  # what tells two versions of one tokenizer file apart (the text cache's key has it)
 
     @property
     def dtype(self) -> type:
@@ -55,12 +56,15 @@ def _from_file(path: Path) -> Tokenizer:
         tok = HFTokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 (a missing or malformed file: the library's own exceptions)
         raise UserError(f"--tokenizer {path}: not a tokenizer file tokenizers can read ({e})") from None
-    return _hf(str(path.resolve()), tok)
+    stat = path.stat()  # an edited file is another tokenizer: the text's cache is made again
+    return _hf(str(path.resolve()), tok, f"{stat.st_size}-{stat.st_mtime_ns}")
 
 
-def _hf(name: str, tok: object) -> Tokenizer:
-    return Tokenizer(name, tok.get_vocab_size(), lambda b: tok.encode(b.decode("utf-8")).ids,  # type: ignore[attr-defined]
-                     lambda ids: tok.decode([int(i) for i in ids]))  # type: ignore[attr-defined]
+def _hf(name: str, tok: object, fingerprint: str = "") -> Tokenizer:
+    # no special tokens added: a piece of the text is no sequence of its own (a BOS at every piece's start)
+    return Tokenizer(name, tok.get_vocab_size(),  # type: ignore[attr-defined]
+                     lambda b: tok.encode(b.decode("utf-8"), add_special_tokens=False).ids,  # type: ignore[attr-defined]
+                     lambda ids: tok.decode([int(i) for i in ids]), fingerprint)  # type: ignore[attr-defined]
 
 
 def _tiktoken(name: str) -> Tokenizer | None:

@@ -34,8 +34,9 @@ def sample(model: nn.Module, ids: torch.Tensor, tokens: int, context: int, tempe
     out = ids.clone()
     with torch.no_grad():
         for _ in range(tokens):
-            scores = model(out[-context:].unsqueeze(0))
-            if not (isinstance(scores, torch.Tensor) and scores.dim() == 3):
+            window = out[-context:].unsqueeze(0)
+            scores = model(window)
+            if not (isinstance(scores, torch.Tensor) and scores.dim() == 3 and scores.shape[1] == window.shape[1]):
                 got = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
                 raise UserError(f"the network gave {got} for 1 sequence; generation needs its scores for every "
                                 "token of the vocabulary at every position, 1 x T x V")

@@ -227,6 +227,15 @@ def _test_rows(run: str | Path, cfg: C.TrainConfig, saved: dict, data: Any, data
         test = tuple(data["test"])
         return tensor_splits({"train": test, "val": tuple(t[:0] for t in test), "test": test}), "the tensors given"
     path = data if isinstance(data, str | os.PathLike) else data_dir
+    if cfg.dataset == "text":  # the text's held-out windows, cut as the run cut them (its context, tokenizer)
+        if path is None:
+            raise UserError(f"name the text to test on: paratrain eval {run} --data-dir FILE (Python: evaluate(run, "
+                            f"FILE)); the run trained on {cfg.data_dir}, and a checkpoint's own paths are never "
+                            "followed")
+        from ..data import text
+
+        return text.load(str(path), cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.cache_dir), \
+            "the text's test windows"
     if path is not None:
         kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")
         # the file the run held its test rows out of (the same path, or a copy of the same size): those rows

@@ -112,6 +112,9 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
                 print(f"paratrain: note: --loss {cfg.loss} takes the targets as numbers (a regression), not as the "
                       "class indices they look like", file=sys.stderr, flush=True)
         check_task(cfg, data, parts.loss if parts is not None else None)
+        if hasattr(data.train[0], "columns") and (strategy.pipelined or cfg.strategy == "tower"):
+            raise UserError(f"--strategy {cfg.strategy} cuts or copies an nn.Sequential and hands it one tensor; "
+                            "these inputs are named columns (a dict): train them with ddp, fsdp or hsdp")
         if (parts is None or parts.model is None) and not is_import_path(cfg.model):  # the registry's network
             check_tensor_model(cfg, data, every_id=True)
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds

@@ -179,6 +179,21 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
     }
 
 
+def pruned(ctx: Any, report: Any, epoch: int, val: tuple[float, float, dict], per_target: bool) -> bool:
+    """A search trial after a validation: rank 0 reports the figures (its objective among them) and hears
+    whether the pruner stops the trial; every worker learns the answer (one tiny all-reduce) and stops alike."""
+    from ..components.losses import perplexity
+
+    verdict, (acc, loss, metrics) = torch.zeros(1, device=ctx.device), val
+    lm = {"val_perplexity": perplexity(loss)} if per_target else {}
+    if ctx.is_main and report(epoch + 1, {"val_accuracy": acc, "val_loss": loss, **lm,
+                                          **{f"val_{k}": v for k, v in metrics.items()}}):
+        verdict.fill_(1)
+    if ctx.distributed:
+        torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
+    return bool(verdict.item())
+
+
 def ema_figures(val: tuple[float, float, dict] | None, test: tuple[float, float, dict] | None) -> dict[str, Any]:
     """--ema: the weight average's loss, accuracy (None without classes) and metrics on the validation and test
     sets, beside the weights' own, whatever the task."""
@@ -249,8 +264,9 @@ def language_figures(state: RunState, record: RunRecord, reported: tuple[float, 
             name = split.replace("_ema", "")
             suffix = "_ema" if split.endswith("_ema") else ""
             out[f"{name}_perplexity{suffix}"] = perplexity(loss) if ok else None
-            if lm["bytes_per_token"]:
-                out[f"{name}_bits_per_byte{suffix}"] = loss / math.log(2) / lm["bytes_per_token"] if ok else None
+            per_byte = (lm["bytes_per_token"] or {}).get(name)  # the split's own bytes a token
+            if per_byte:
+                out[f"{name}_bits_per_byte{suffix}"] = loss / math.log(2) / per_byte if ok else None
     return out
 
 

@@ -23,11 +23,12 @@ import torch
 
 from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.run_folder import kept_after_failure
+from ..components.adapt import models_loss
 from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
 from ..components.dropout import has_dropout, masks
 from ..components.evaluation import SUMS, evaluate, step_sums
-from ..components.log import RunLog, write_summary
-from ..components.losses import evaluation_loss, perplexity, training_loss
+from ..components.log import RunLog, window_figures, write_summary
+from ..components.losses import evaluation_loss, has_ignored, loss_name, token_weights, training_loss
 from ..components.metrics import Meter, for_run
 from ..components.parts import Parts
 from ..components.phases import PhaseTimer
@@ -44,6 +45,7 @@ from .state import (
     RunState,
     language_of,
     memory_figures,
+    pruned,
     quiet_compiler,
     summary_of,
     sync_waits,
@@ -63,9 +65,12 @@ class Trainer:
         self.devices, self.restarts = devices, restarts
         self.parts = plan.parts or Parts()
         self.loss = self.parts.loss  # None: --loss (auto: cross-entropy for class indices, else the mse)
-        self.eval_loss = self.loss if self.loss is not None else evaluation_loss(cfg, data.categorical)
+        # --loss model: the network's own, from the labels it is given (_set_up takes it from the network)
+        self.own = self.loss is None and loss_name(cfg, data.categorical, data.labelled) == "model"
+        self.eval_loss = self.loss if self.loss is not None or self.own else evaluation_loss(cfg, data.categorical)
         self.metrics = for_run(cfg.metric, self.parts.metrics, data)  # name -> metric, beside the loss
-        self.per_target = self.loss is None and data.sequence  # the built-in loss: a mean over the tokens
+        self.per_target = self.loss is None and data.sequence and not self.own  # the built-in loss: a token mean
+        self.padded, self.weight = (self.per_target or self.own) and has_ignored(data.train[1]), 1.0
         self.length, self.strategy = plan.length, strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report, self.env = plan.report, plan.env
         self.writes_summary = not plan.launcher_writes_summary
@@ -97,6 +102,8 @@ class Trainer:
         cfg = self.cfg  # `saved`: read by this process (resume.py), its own to update in place
         torch.manual_seed(cfg.seed)  # the same initial weights on every worker (DDP broadcasts them anyway)
         whole = make_model(cfg, data, self.parts)
+        if self.own:
+            self.loss = self.eval_loss = models_loss(whole)
         self.language = language_of(whole, data, self.per_target)  # its FLOPs a token: before any sharding
         self.drops = has_dropout(whole)  # then every micro-batch draws its masks as one device would
         module = self.strategy.build(whole, data, self.loss or training_loss(cfg, data.categorical))
@@ -181,9 +188,12 @@ class Trainer:
         t_start = time.perf_counter()
         step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         which, of = self.strategy.batch_share
+        batches = [global_batch(perm, i * acc + k, cfg.batch_size) for k in range(acc)]
+        weights = token_weights(self.data.train[1], batches, which, of, self.own) if self.padded else [1.0] * acc
         for k in range(acc):
             with self.timer.phase("data"):
-                x, y = self._fetch(worker_part(global_batch(perm, i * acc + k, cfg.batch_size), which, of))
+                x, y = self._fetch(worker_part(batches[k], which, of))
+            self.weight = weights[k]
             sync = k == acc - 1 and not self.timer.active  # timed runs all-reduce explicitly (reduce_gradients)
             with self.timer.phase("compute"), masks(self.drops, self.strategy, self.cfg, self.state.step, k):
                 loss, logits = self.strategy.forward_backward(x, y, sync, self._backward)
@@ -201,7 +211,9 @@ class Trainer:
         return self.prep.train(x[idx], self.generator), y[idx]
 
     def _backward(self, loss: torch.Tensor) -> None:
-        self.state.scaler.scale(loss / self.cfg.accumulate).backward()
+        # `weight`: the built-in loss's share of the step's counted tokens (losses.token_weights), where some
+        # targets are not counted; the mean over the workers and micro-batches is then the step's token mean
+        self.state.scaler.scale(loss * self.weight / self.cfg.accumulate).backward()
 
     def _agree(self, step_loss: torch.Tensor) -> tuple[bool, bool]:
         """One tiny all-reduce per update: every worker learns, before updating, whether any loss is
@@ -265,16 +277,10 @@ class Trainer:
 
     def _log_step(self, epoch: int) -> None:
         """The training loss and accuracy since the last log line, over all workers (a collective)."""
-        loss_sum, correct, count, with_class, weight = self.ctx.all_reduce_sum(self.window).tolist()
-        now = time.perf_counter()
-        elapsed, per_update = now - self.t_window, self.cfg.batch_size * self.cfg.accumulate
-        tokens = self.data.tokens_per_example
-        self.log.step(step=self.state.step, epoch=epoch + 1, loss=loss_sum / weight, examples_per_sec=count / elapsed,
-                      train_accuracy=correct / with_class if with_class else None,
-                      lr=self.state.optimizer.param_groups[0]["lr"], time_s=elapsed,
-                      sec_per_batch=elapsed * per_update / count,
-                      **({"tokens_per_sec": count * tokens / elapsed} if tokens else {}),
-                      **({"perplexity": perplexity(loss_sum / weight)} if self.per_target else {}))
+        sums, now = self.ctx.all_reduce_sum(self.window).tolist(), time.perf_counter()
+        self.log.step(step=self.state.step, epoch=epoch + 1, lr=self.state.optimizer.param_groups[0]["lr"],
+                      **window_figures(sums, now - self.t_window, self.cfg.batch_size * self.cfg.accumulate,
+                                       self.data.tokens_per_example, self.per_target))
         self.window.zero_()
         self.t_window = now
 
@@ -343,23 +349,9 @@ class Trainer:
         if state.step >= min((epoch + 1) * self.length.per_epoch, self.length.total_steps):
             state.validated = epoch + 1
             state.watch_val_loss(self.cfg.early_stopping)
-            self._ask_to_go_on(epoch)
+            if self.report is not None and pruned(self.ctx, self.report, epoch, state.val, self.per_target):
+                state.stop = state.stop or "pruned"
         self.t_window += time.perf_counter() - t_eval  # evaluation is not training time: the window skips it
-
-    def _ask_to_go_on(self, epoch: int) -> None:
-        """A search trial: rank 0 reports the validation figures (its objective among them) and hears whether
-        the pruner stops the trial; every worker learns the answer (one tiny all-reduce) and stops alike."""
-        if self.report is None:
-            return
-        verdict, (acc, loss, metrics) = torch.zeros(1, device=self.ctx.device), self.state.val
-        lm = {"val_perplexity": perplexity(loss)} if self.per_target else {}
-        if self.ctx.is_main and self.report(epoch + 1, {"val_accuracy": acc, "val_loss": loss, **lm,
-                                                        **{f"val_{k}": v for k, v in metrics.items()}}):
-            verdict.fill_(1)
-        if self.ctx.distributed:
-            torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
-        if verdict.item() and self.state.stop is None:
-            self.state.stop = "pruned"
 
     def _record(self) -> RunRecord:
         ctx, parts, classes = self.ctx, self.parts, self.data.classes
