@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU acceptance: on a machine with GPUs, the GPU tests, `paratrain doctor`, a bench over cpu / gpu:1 /
-# gpu:N / tower-gpu:N / fsdp-gpu:N, and the fastest CIFAR-10 recipe there is (time-capped), into one report.
+# gpu:N / tower-gpu:N / fsdp-gpu:N, the fastest CIFAR-10 recipe there is (time-capped), and the gpt on one GPU
+# in bf16 (tokens/s, MFU), into one report.
 #
 #   benchmarks/gpu_acceptance.sh [OUT]          (default OUT: gpu-acceptance; the report is OUT/report.md)
 #   DATA=../shared/data RECIPE=cifar10-tutorial MAX_TIME=600 benchmarks/gpu_acceptance.sh
@@ -48,5 +49,12 @@ else
     echo "left out: give DATA=FOLDER holding cifar-10-batches-bin/" >>"$REPORT"
     printf '```\n' >>"$REPORT"
 fi
+section "the gpt on 1 GPU in bf16: tokens/s and MFU"
+# text: the repository's documentation; a 6-layer, 384-wide gpt, bf16 autocast, 300 steps
+cat docs/*.md docs/*/*.md README.md >"$OUT/text.txt" 2>/dev/null
+run $PY -m paratrain train --dataset text --data-dir "$OUT/text.txt" --model gpt --width 384 --depth 6 --heads 6 \
+    --context 256 --batch-size 64 --optimizer adamw --lr 1e-3 --precision bf16 --devices 1 --steps 300 \
+    --log-every 100 --no-tensorboard --overwrite --out "$OUT/gpt"
+run $PY -c "import json; s = json.load(open('$OUT/gpt/summary.json')); print({k: s.get(k) for k in ('tokens_per_sec', 'flops_per_token', 'achieved_flops_per_sec', 'peak_of', 'mfu', 'val_loss', 'val_perplexity')})"
 echo "gpu_acceptance: report in $REPORT (exit status $status)"
 exit $status

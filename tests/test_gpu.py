@@ -32,6 +32,20 @@ def test_gpu_matches_cpu(tmp_path: Path) -> None:
     assert max_abs_diff(weights(tmp_path / "gpu"), weights(tmp_path / "cpu")) < 1e-3
 
 
+@needs_gpu
+def test_the_gpt_trains_on_one_gpu_in_bf16_and_reports_its_mfu(tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"
+    pages = sorted(Path(__file__).parents[1].joinpath("docs").rglob("*.md"))
+    text.write_text("\n\n".join(p.read_text() for p in pages))
+    summary = train(tmp_path / "gpt", "--accelerator", "gpu", "--devices", "1", "--dataset", "text", "--data-dir",
+                    str(text), "--width", "256", "--depth", "4", "--context", "128", "--batch-size", "32",
+                    "--optimizer", "adamw", "--precision", "bf16", "--steps", "50", "--no-tensorboard")
+    assert summary["precision"] == "bf16" and summary["tokens_per_sec"] > 0
+    print({k: summary[k] for k in ("tokens_per_sec", "achieved_flops_per_sec", "peak_of", "mfu")})
+    if "not in paratrain's table" not in summary["peak_of"]:
+        assert 0 < summary["mfu"] < 1
+
+
 @needs_2_gpus
 def test_gpus_equal_one_gpu_on_mnist(tmp_path: Path, mnist_dir: Path) -> None:
     n = torch.cuda.device_count()

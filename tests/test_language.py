@@ -269,6 +269,10 @@ def test_train_generate_and_the_summary_of_a_language_model(tmp_path: Path, corp
     assert main_code(["generate", str(run), "--prompt", "The ", "--tokens", "40", "--temperature", "0"]) == 0
     said = capsys.readouterr().out
     assert said.startswith("The ") and len(said.rstrip("\n").encode()) >= 4 + 20  # 40 bytes, some not printable
+    assert main_code(["export", str(run), "--out", str(tmp_path / "w.pt")]) == 0
+    said = capsys.readouterr().out
+    assert "of the gpt network; load it into that network with net.load_state_dict" in said
+    assert f"(paratrain.load_model('{run}') builds it" in said
     assert main_code(["eval", str(run), "--data-dir", str(corpus)]) == 0  # its test windows again, as it cut them
     assert f"test_loss {summary['test_loss']:.4f}" in capsys.readouterr().out
     generator = paratrain.load_generator(run)
@@ -350,11 +354,15 @@ def _padded_columns(rows: int = 96) -> dict:
     return {split: {k: v[rows_of] for k, v in columns.items()} for split, rows_of in parts.items()}
 
 
-def test_named_columns_reach_the_network_and_it_may_train_by_its_own_loss(tmp_path: Path) -> None:
+def test_named_columns_reach_the_network_and_it_may_train_by_its_own_loss(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
     pytest.importorskip("transformers")
     summary = paratrain.fit(_tiny_gpt2, _padded_columns(), paratrain.TrainConfig(
         out=str(tmp_path / "run"), steps=3, batch_size=8, devices="1", quiet=True, tensorboard=False))
     assert summary["parts"]["loss"] == "the network's own loss (paratrain's default)"
+    assert main_code(["export", summary["run_dir"], "--out", str(tmp_path / "w.pt")]) == 0
+    assert "of your network _tiny_gpt2; load it" in capsys.readouterr().out  # not "of a custom"
+    assert paratrain.Stopped.__module__ == "paratrain.runtime.interrupt"  # what fit raises on Ctrl-C, exported
     assert summary["val_loss"] is not None and summary["tokens_per_sec"] > 0
     apart = {split: ({"input_ids": c["input_ids"]}, c["labels"]) for split, c in _padded_columns().items()}
     with pytest.raises(UserError, match="loss model trains by the loss your network returns from the labels it is"):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..core.errors import UserError
+from .losses import counted
 
 
 class LastOutputs:
@@ -69,4 +70,7 @@ def models_loss(net: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.
         return last.loss.float()
 
     own_loss.__qualname__ = own_loss.__name__ = "the network's own loss"
+    # a causal LM's loss is a mean over its labels from the second position on (it shifts them): the sums of
+    # several batches and workers are weighed by those counts (evaluation.step_sums, losses.token_weights)
+    own_loss.counts = lambda labels: counted(labels[:, 1:])  # type: ignore[attr-defined]
     return own_loss

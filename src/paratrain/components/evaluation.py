@@ -65,13 +65,14 @@ def batch_sums(logits: torch.Tensor, y: torch.Tensor, loss: Any = None) -> torch
     set exactly. `loss`: the batch mean (None: the built-in cross-entropy, summed over the targets it counts)."""
     if loss is None:
         return _slots(cross_entropy(logits, y, reduction="sum").double(), logits, y, counted(y))
-    return step_sums(loss(logits.float(), y), logits, y)  # a user's loss is the batch mean
+    # a user's loss is the batch mean; the network's own (a Hugging Face model's) a mean over what it `counts`
+    return step_sums(loss(logits.float(), y), logits, y, getattr(loss, "counts", None))
 
 
-def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, per_target: bool = False) -> torch.Tensor:
-    """A batch's figures in batch_sums' slots, from its mean loss: a mean over the targets the cross-entropy
-    counts (`per_target`: the built-in one's over a sequence's tokens), else over the examples."""
-    weight = counted(y) if per_target else torch.tensor(float(len(y)), dtype=torch.float64, device=y.device)
+def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, counts: Any = None) -> torch.Tensor:
+    """A batch's figures in batch_sums' slots, from its mean loss: a mean over what `counts(y)` counts (the
+    built-in cross-entropy's tokens: losses.counted), else over the examples."""
+    weight = counts(y) if counts is not None else torch.tensor(float(len(y)), dtype=torch.float64, device=y.device)
     return _slots(loss.double() * weight, logits, y, weight)
 
 

@@ -67,7 +67,9 @@ def restore(old: dict[int, Any], mine: Any) -> None:
 
 
 class Stopped(UserError):
-    """Training stopped on a signal, after saving: exit with 128 + the signal's number (130, 143)."""
+    """Training stopped on a signal (Ctrl-C's SIGINT, SIGTERM), after saving its checkpoint: the command exits with
+    128 + the signal's number (130, 143); `paratrain.fit` raises it (`paratrain.Stopped`, a UserError whose
+    message names the checkpoint and how to carry the run on). `signum`: the signal."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message, code=128 + signum)

@@ -28,7 +28,7 @@ from ..components.build import make_batch_transforms, make_model, memory_format,
 from ..components.dropout import has_dropout, masks
 from ..components.evaluation import SUMS, evaluate, step_sums
 from ..components.log import RunLog, window_figures, write_summary
-from ..components.losses import evaluation_loss, has_ignored, loss_name, token_weights, training_loss
+from ..components.losses import counted, evaluation_loss, has_ignored, loss_name, token_weights, training_loss
 from ..components.metrics import Meter, for_run
 from ..components.parts import Parts
 from ..components.phases import PhaseTimer
@@ -105,6 +105,7 @@ class Trainer:
         if self.own:
             self.loss = self.eval_loss = models_loss(whole)
         self.language = language_of(whole, data, self.per_target)  # its FLOPs a token: before any sharding
+        self.counts = counted if self.per_target else getattr(self.loss, "counts", None)  # a loss's mean is over
         self.drops = has_dropout(whole)  # then every micro-batch draws its masks as one device would
         module = self.strategy.build(whole, data, self.loss or training_loss(cfg, data.categorical))
         if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
@@ -201,7 +202,7 @@ class Trainer:
                 continue
             step_loss += loss.detach().double()
             # read back at log steps only (no stall)
-            self.window += step_sums(loss.detach(), logits.detach(), y, self.per_target)
+            self.window += step_sums(loss.detach(), logits.detach(), y, self.counts)
         self.busy += (self.strategy.gradients_ready_at() or time.perf_counter()) - t_start
         return step_loss
 
