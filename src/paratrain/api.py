@@ -48,18 +48,15 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         label) pairs (decoded once into RUN_DIR/data-cache, then split as a folder is), a `Splits`, or a
         dict with "train", "val" and "test" (inputs, targets) pairs: square images N x C x H x H (uint8
         0..255 or float) with integer labels 0..K-1, or tensors of any other shape and type (a regression's
-        floats, token ids: N x T inputs and their next tokens N x T, -100 where a position does not count),
-        which go to the network as they are; or each split as named columns, a dict of tensors with "labels"
-        (a Hugging Face batch: input_ids, attention_mask, labels), given to the network as keyword
-        arguments, which is trained by the loss it returns; None: `config.dataset`.
+        floats, token ids and their next tokens, -100 not counted), which go to the network as they are; or
+        named columns with "labels" (input_ids, ...), a network's keyword arguments, trained by its own loss.
     config: every option of `paratrain train` (devices, strategy, batch_size, steps, epochs, out, ...);
         `resume=RUN_DIR` carries that run on in its own folder, with the options in its config.yaml; the
         fields you set away from their defaults (steps=..., say) override those, as flags do for --resume
         (a field left at its default keeps the run's value).
     optimizer: a factory `params -> Optimizer` (None: `config.optimizer`, `config.lr`, ...).
-    loss: `loss(outputs, targets)`, the batch mean (None: cross-entropy for class indices and for token ids
-        (N x T x V scores), the network's own for labelled columns, else the mean squared error). A network
-        that returns a mapping (a Hugging Face ModelOutput) is read by its "logits".
+    loss: `loss(outputs, targets)`, the batch mean (None: cross-entropy for class indices and token ids, the
+        network's own for labelled columns, else the mean squared error); a mapping output is read by "logits".
     metrics: {"name": metric} reported beside the loss on the validation and test sets (summary["val_name"],
         ["test_name"]): torchmetrics objects (torchmetrics.MeanAbsoluteError(), F1Score(...)), computed over
         every worker's examples as over one device's; a function `fn(outputs, targets)` is taken as the batch
@@ -68,8 +65,7 @@ def fit(model: Callable[[], nn.Module] | None = None, data: DataLike | None = No
         in datasets/KEY and reopened by every later run given the same key (while it holds as many images
         of the size asked); without it the cache lives in the run directory. A Dataset has no files whose
         changes paratrain could notice: give a new key when its content changes.
-    Raises UserError for bad input, with a message that says what to do, and `paratrain.Stopped` (a
-    UserError) where a signal (Ctrl-C, SIGTERM) stopped the run after saving its checkpoint.
+    Raises UserError for bad input, saying what to do (paratrain.Stopped: Ctrl-C stopped it after a checkpoint).
     """
     import multiprocessing
 

@@ -78,26 +78,19 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
             where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir, cfg.image_size), True
         else:  # torchrun's ranks (fresh or not) share what the first one built
             where, reuse = Path(cfg.out) / "data-cache", bool(cfg.resume) or in_group
-        return from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse,
-                                   quiet=cfg.quiet)
+        return from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse, quiet=cfg.quiet)
     if not isinstance(data, dict):
         raise UserError(f"data must be a dataset name, an image folder's path, a torch Dataset of (image, label) "
                         f"pairs, a Splits, or a dict with 'train', 'val' and 'test' (inputs, targets) pairs; not a "
                         f"{type(data).__name__}")
-    missing = [k for k in ("train", "val", "test") if k not in data]
-    if missing:
-        extra = [str(k) for k in data if k not in ("train", "val", "test")]
-        meant = next(((k, m) for k in extra if (m := closest(k, missing))), None)
-        hint = f" (is '{meant[0]}' meant to be '{meant[1]}'?)" if meant else ""
-        raise UserError(f"data has no {', '.join(repr(k) for k in missing)}{hint}; give a dict with 'train', 'val' "
-                        "and 'test' (inputs, targets) pairs (a validation set may hold zero examples)")
+    _check_splits(data)
     if any(_named(data[name]) for name in ("train", "val", "test")):
         return tensor_splits({name: _columns(data[name], name) for name in ("train", "val", "test")})
     for name in ("train", "val", "test"):
         pair = data[name]
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(t, torch.Tensor) for t in pair)):
             raise UserError(f"data['{name}'] must be an (inputs, targets) pair of torch tensors (numpy arrays: "
-                            "torch.from_numpy(a)), or named columns (a dict with 'input_ids' and 'labels', say)")
+                            "torch.from_numpy(a)), or named columns (a dict with 'input_ids' and 'labels')")
     if not _images(data):
         x, y = data["train"]
         if x.dim() == 4 and x.shape[2] == x.shape[3] and y.dim() == 1 and y.is_floating_point() and not cfg.quiet:
@@ -123,6 +116,16 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
     classes = max(int(p[1].max()) for p in pairs.values() if len(p[1])) + 1
     return Splits("custom", pairs["train"], pairs["val"], pairs["test"], tuple(mean.tolist()), tuple(std.tolist()),
                   classes)
+
+
+def _check_splits(data: dict) -> None:
+    missing = [k for k in ("train", "val", "test") if k not in data]
+    if missing:
+        extra = [str(k) for k in data if k not in ("train", "val", "test")]
+        meant = next(((k, m) for k in extra if (m := closest(k, missing))), None)
+        hint = f" (is '{meant[0]}' meant to be '{meant[1]}'?)" if meant else ""
+        raise UserError(f"data has no {', '.join(repr(k) for k in missing)}{hint}; give a dict with 'train', 'val' "
+                        "and 'test' (inputs, targets) pairs (a validation set may hold zero examples)")
 
 
 def _named(split: Any) -> bool:

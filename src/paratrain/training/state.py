@@ -24,13 +24,20 @@ if TYPE_CHECKING:
 def quiet_compiler() -> None:
     """torch.compile in a worker: code generation in this process (inductor's pool of compile processes would
     put more processes than cores beside the workers, and leaves a semaphore behind at a worker's exit), and
-    without the warning that a CPU machine has no CUDA runtime (which no CPU run needs)."""
+    without the warning that a CPU machine has no CUDA runtime (which no CPU run needs), and without leaving a
+    semaphore behind."""
     import logging
+    import threading
 
     import torch._inductor.config as inductor
+    from tqdm import tqdm
 
     inductor.compile_threads = 1
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    # torch.fx's interpreter opens a tqdm bar while compiling, and tqdm's default lock is a multiprocessing
+    # semaphore that a worker leaving through os._exit never releases ("resource_tracker: ... 1 leaked
+    # semaphore" at the end of a 2-worker --compile run): a thread lock is enough (as components/log.py's)
+    tqdm.set_lock(threading.RLock())
 
 
 @dataclass
