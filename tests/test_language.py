@@ -278,8 +278,10 @@ def test_train_generate_and_the_summary_of_a_language_model(tmp_path: Path, corp
     generator = paratrain.load_generator(run)
     assert generator.generate([84, 104], tokens=10, temperature=0)[:7] == generator.generate([84, 104], 5, 0)
     assert len(generator.generate([84, 104], tokens=5, top_k=3, seed=1)) == 7
-    with pytest.raises(UserError, match="--temperature must be 0"):
-        generator.generate("x", temperature=-1)
+    for bad, message in (({"temperature": -1}, "must be 0"), ({"temperature": float("nan")}, "finite number"),
+                         ({"tokens": -1}, "must be 0 or more"), ({"top_k": 0}, "at least 1")):
+        with pytest.raises(UserError, match=message):
+            generator.generate("x", **bad)
 
 
 def test_mfu_on_the_cpu_is_against_the_peak_doctor_measured(tmp_path: Path, corpus: Path) -> None:
@@ -363,6 +365,12 @@ def test_named_columns_reach_the_network_and_it_may_train_by_its_own_loss(tmp_pa
     assert main_code(["export", summary["run_dir"], "--out", str(tmp_path / "w.pt")]) == 0
     assert "of your network _tiny_gpt2; load it" in capsys.readouterr().out  # not "of a custom"
     assert paratrain.Stopped.__module__ == "paratrain.runtime.interrupt"  # what fit raises on Ctrl-C, exported
+    # a network of yours, built again from the command line by its factory's path
+    assert main_code(["generate", summary["run_dir"], "--prompt", "!", "--tokens", "3"]) == 2
+    assert "--model path/to/file.py:make_net" in capsys.readouterr().err
+    assert main_code(["generate", summary["run_dir"], "--model", f"{Path(__file__)}:_tiny_gpt2", "--tokenizer",
+                      "bytes", "--prompt", "!", "--tokens", "3", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("!")
     assert summary["val_loss"] is not None and summary["tokens_per_sec"] > 0
     apart = {split: ({"input_ids": c["input_ids"]}, c["labels"]) for split, c in _padded_columns().items()}
     with pytest.raises(UserError, match="loss model trains by the loss your network returns from the labels it is"):

@@ -17,24 +17,35 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="a run trained on tensors of token ids: the tokenizer they came from "
                                        "(a run on text uses its own)")
     p.add_argument("--ema", action="store_true", help="the averaged weights (runs with --ema)")
+    p.add_argument("--model", metavar="PATH:FACTORY", help="a run of a network of yours given to paratrain.fit: "
+                                                           "its factory, as --model takes one (hf.py:make_gpt2)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..core.errors import UserError
+    from ..core.import_path import is_import_path
     from ..inference.generate import load_generator
 
     if args.tokens < 0:
         raise UserError(f"--tokens must be 0 or more, not {args.tokens}")
+    if args.model is not None and not is_import_path(args.model):
+        raise UserError(f"--model {args.model}: give the factory of your network as path/to/file.py:factory or "
+                        "package.module:factory")
     import torch
 
     torch.set_num_threads(min(torch.get_num_threads(), 4))  # one small model, one sequence: more threads wait
     try:
-        generator = load_generator(args.run_dir, ema=args.ema, tokenizer=args.tokenizer)
+        factory = None
+        if args.model is not None:
+            from ..models.imported import resolve
+
+            factory = resolve(args.model)
+        generator = load_generator(args.run_dir, factory, ema=args.ema, tokenizer=args.tokenizer)
     except UserError as e:
-        if "factory" in str(e):  # a network of the user's given to paratrain.fit: only Python can build it
-            raise UserError(f"{e}; from Python: paratrain.load_generator('{args.run_dir}', model=make_net)"
-                            ".generate(...)") from None
+        if "factory" in str(e) and args.model is None:  # a network of the user's given to paratrain.fit
+            raise UserError(f"{e}; from the command line: paratrain generate {args.run_dir} --model "
+                            "path/to/file.py:make_net ...") from None
         raise
     print(generator.generate(args.prompt, args.tokens, args.temperature, args.top_k, args.seed), flush=True)
     return 0

@@ -41,6 +41,8 @@ def tokenizer_for(name: str) -> Tokenizer:
     if name == BYTES:
         return _bytes()
     if Path(name).suffix == ".json" or Path(name).is_file():
+        if not Path(name).is_file():
+            raise UserError(f"--tokenizer {name}: no such file; give a tokenizer.json, bytes, or a name such as gpt2")
         return _from_file(Path(name))
     tiktoken = _tiktoken(name)
     return tiktoken if tiktoken is not None else _from_hub(name)

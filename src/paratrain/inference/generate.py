@@ -27,10 +27,15 @@ from .trained import check_callables, loaded, run_of, user_facing
 def sample(model: nn.Module, ids: torch.Tensor, tokens: int, context: int, temperature: float = 1.0,
            top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """`ids` (a 1-D tensor of token ids) followed by `tokens` more drawn from `model`."""
-    if temperature < 0:
-        raise UserError(f"--temperature must be 0 (the likeliest token) or more, not {temperature}")
+    import math
+
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise UserError(f"the temperature (--temperature) must be 0 (the likeliest token) or a finite number above, "
+                        f"not {temperature}")
     if top_k is not None and top_k < 1:
-        raise UserError(f"--top-k must be at least 1, not {top_k}")
+        raise UserError(f"top_k (--top-k) must be at least 1, not {top_k}")
+    if tokens < 0:
+        raise UserError(f"tokens (--tokens) must be 0 or more, not {tokens}")
     out = ids.clone()
     with torch.no_grad():
         for _ in range(tokens):

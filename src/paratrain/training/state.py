@@ -281,7 +281,8 @@ def language_figures(state: RunState, record: RunRecord, reported: tuple[float, 
 # figures of the training, which this start did not measure.
 TRAINED_FIGURES = ("strategy", "world_size", "train_time_s", "step_phases_s", "examples_per_sec", "val_accuracy",
                    "val_loss", "stopped_by_time", "stopped_early", "pruned", "epochs_validated", "devices", "restarts",
-                   "resumed_from_step", "startup_s", "first_step_at_s", "sync_wait_s", "straggler")
+                   "resumed_from_step", "startup_s", "first_step_at_s", "sync_wait_s", "straggler", "tokens_per_sec",
+                   "achieved_flops_per_sec", "mfu")
 
 
 def trained_figures(run_dir: Path, step: int) -> dict[str, Any]:
