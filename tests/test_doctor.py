@@ -176,7 +176,9 @@ def test_a_failing_collective_is_a_failed_check_and_a_non_zero_exit(monkeypatch:
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     failed = [x for x in proc.stdout.splitlines() if x.startswith("failed")]
     assert len(failed) == 1 and line in failed[0], proc.stdout
-    assert "doctor: 1 of 1 checks failed" in proc.stdout
+    # the other check, the matrix multiply a language model's mfu is measured against, passes
+    assert "doctor: 1 of 2 checks failed" in proc.stdout and any(x.startswith("ok     matmul") for x in
+                                                                  proc.stdout.splitlines()), proc.stdout
 
 
 def test_the_gpu_acceptance_script_refuses_a_host_without_a_gpu(tmp_path: Path) -> None:
