@@ -91,7 +91,7 @@ class GlobalBatchDropout(TorchFunctionMode):
         return input.copy_(dropped) if inplace else dropped
 
     def _mask(self, shape: tuple[int, ...], p_keep: float, like: torch.Tensor) -> torch.Tensor:
-        """A 0/1 mask of `shape` in `like`'s dtype: this worker's rows of the global batch's mask where `shape`
+        """A 0/1 float32 mask of `shape` on `like`'s device: this worker's rows of the global batch's mask where `shape`
         starts with its rows (or with its rows times a whole number: its rows flattened with a sequence's
         positions, row by row)."""
         make = lambda dims: torch.empty(dims, dtype=torch.float32, device=like.device)  # noqa: E731

@@ -32,6 +32,7 @@ import torch
 
 from ..core.errors import UserError
 from ..runtime.devices import usable_cores
+from ..runtime.env import user_cache
 from .decode import (
     Inline,
     chunks,
@@ -129,11 +130,6 @@ def cache_folder(root: Path, image_size: int | None, cache_dir: str | None) -> P
     ImageFolder (and to any tool that lists the classes' folders)."""
     key = hashlib.sha1(f"{root.resolve()}|{image_size}".encode()).hexdigest()[:16]
     return (Path(cache_dir).expanduser() if cache_dir else user_cache() / "folders") / key
-
-
-def user_cache() -> Path:
-    """The user's cache folder for paratrain (XDG_CACHE_HOME, else ~/.cache)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paratrain"
 
 
 def dataset_cache(key: str, cache_dir: str | None, image_size: int | None) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,14 +49,20 @@ def tokenizer_for(name: str) -> Tokenizer:
     return tiktoken if tiktoken is not None else _from_hub(name)
 
 
-def _from_file(path: Path) -> Tokenizer:
+def _tokenizers(name: str) -> Any:
+    """Hugging Face tokenizers' Tokenizer class, or the one line that says to install it."""
     try:
         from tokenizers import Tokenizer as HFTokenizer
     except ImportError:
-        raise UserError(f"--tokenizer {path}: reading a tokenizer file needs Hugging Face tokenizers: "
+        raise UserError(f"--tokenizer {name}: not bytes or a tiktoken encoding (gpt2, cl100k_base), and a tokenizer "
+                        f"file or a Hugging Face hub name needs Hugging Face tokenizers: "
                         f"{how_to_install('tokenizers')}") from None
+    return HFTokenizer
+
+
+def _from_file(path: Path) -> Tokenizer:
     try:
-        tok = HFTokenizer.from_file(str(path))
+        tok = _tokenizers(str(path)).from_file(str(path))
     except Exception as e:  # noqa: BLE001 (a missing or malformed file: the library's own exceptions)
         raise UserError(f"--tokenizer {path}: not a tokenizer file tokenizers can read ({e})") from None
     stat = path.stat()  # an edited file is another tokenizer: the text's cache is made again
@@ -88,13 +95,9 @@ def _tiktoken(name: str) -> Tokenizer | None:
 
 
 def _from_hub(name: str) -> Tokenizer:
+    tokenizers = _tokenizers(name)
     try:
-        from tokenizers import Tokenizer as HFTokenizer
-    except ImportError:
-        raise UserError(f"--tokenizer {name}: not bytes, a tokenizer file, or a tiktoken encoding (gpt2, "
-                        f"cl100k_base, ...: {how_to_install('tiktoken')})") from None
-    try:
-        tok = HFTokenizer.from_pretrained(name)
+        tok = tokenizers.from_pretrained(name)
     except Exception as e:  # noqa: BLE001
         raise UserError(f"--tokenizer {name}: not bytes, a tokenizer file, or a tokenizer tiktoken or the Hugging "
                         f"Face hub knows ({type(e).__name__}); give --tokenizer bytes, a tokenizer.json, or a "

@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core.errors import UserError
 
@@ -210,3 +211,9 @@ def tasks_per_node(spec: str) -> list[int]:
             raise UserError(f"SLURM_TASKS_PER_NODE {spec!r}: {part!r} is not N or N(xM)")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     return counts
+
+
+def user_cache() -> Path:
+    """The user's cache folder for paratrain (XDG_CACHE_HOME, else ~/.cache): decoded images, text's tokens,
+    --devices auto's kept rates, doctor's measured peak."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paratrain"

@@ -27,7 +27,9 @@ def gpu_peak(name: str, precision: str) -> float | None:
 
 
 def _store() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paratrain" / "peaks.json"
+    from .env import user_cache
+
+    return user_cache() / "peaks.json"
 
 
 def _cpu_key(threads: int) -> str:

@@ -238,8 +238,7 @@ def _device_peak(devices: list[str], precision: str) -> tuple[float | None, str]
         name = torch.cuda.get_device_name(torch.device(device.split(" ")[0]))
         peak = peaks.gpu_peak(name, precision)
         return peak, f"{name}: " + ("the maker's dense figure" if peak else "not in paratrain's table of GPUs")
-    threads = int(device.split("(")[1].split()[0]) if "(" in device else torch.get_num_threads()
-    peak = peaks.cpu_peak(threads)
+    peak = peaks.cpu_peak(torch.get_num_threads())  # this worker's threads (the summary is written in a worker)
     return peak, ("this CPU's float32 matrix multiply, measured by paratrain doctor" if peak else
                   "unknown for this CPU: run paratrain doctor once to measure it")
 
