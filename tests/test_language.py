@@ -111,11 +111,43 @@ def test_text_that_cannot_train_is_one_line(tmp_path: Path, content: bytes, cont
     (["--model", "mlp", "--heads", "2"], "--heads is for --model gpt, not mlp"),
     (["--model", "gpt"], "model 'gpt' reads token ids"),
     (["--dataset", "text", "--data-dir", "/nonexistent/t.txt"], "no such file or folder"),
+    (["--dataset", "text", "--data-dir", "README.md", "--tokenizer", "/nonexistent/tokenizer.json"],
+     "--tokenizer /nonexistent/tokenizer.json: no such file"),
+    (["--dataset", "text", "--data-dir", "README.md", "--context", "0"], "--context must be at least 1 token, not 0"),
+    (["--model", "gpt", "--heads", "0"], "--heads must be at least 1, not 0"),
 ])
 def test_what_a_language_model_cannot_take_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                        flags: list[str], message: str) -> None:
     assert main_code(["train", "--out", str(tmp_path / "run"), "--steps", "1", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_what_generate_and_a_search_of_tokens_cannot_take_is_one_line(tmp_path: Path, corpus: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    from paratrain.search.objective import choose
+
+    run = tmp_path / "run"
+    assert main_code(["train", "--dataset", "text", "--data-dir", str(corpus), *SMALL, "--steps", "1", "--devices",
+                      "1", "--quiet", "--no-tensorboard", "--out", str(run)]) == 0
+    capsys.readouterr()
+    for flags, message in ((["--tokens", "-1"], "--tokens must be 0 or more, not -1"),
+                           (["--model", "make_net"], "--model make_net: give the factory of your network as"),
+                           (["--top-k", "0"], "top_k (--top-k) must be at least 1")):
+        assert main_code(["generate", str(run), "--prompt", "x", *flags]) == 2
+        assert message in capsys.readouterr().err
+    assert main_code(["generate", str(tmp_path / "nothing"), "--prompt", "x"]) == 2
+    with pytest.raises(UserError, match="--objective perplexity needs token-id targets"):
+        choose("perplexity", None, classification=True, sequence=False)
+
+
+def test_named_columns_that_cannot_train_are_one_line(tmp_path: Path) -> None:
+    good = _padded_columns()
+    uneven = {**good, "val": {**good["val"], "attention_mask": good["val"]["attention_mask"][:3]}}
+    mixed = {**good, "test": (good["test"]["input_ids"], good["test"]["labels"])}
+    for data, message in ((uneven, r"data\['val'\]: the columns have unequal rows"),
+                          (mixed, r"data\['test'\] must be named columns like the other splits")):
+        with pytest.raises(UserError, match=message):
+            paratrain.fit(_tiny_gpt2, data, paratrain.TrainConfig(out=str(tmp_path / "run"), steps=1, devices="1"))
 
 
 def test_a_tokenizer_file_tokenizes_the_text(tmp_path: Path, corpus: Path) -> None:
@@ -447,6 +479,19 @@ def test_a_hugging_face_gpt2_on_two_workers_equals_one_device(tmp_path: Path, co
     assert two["world_size"] == 2
     assert abs(one["val_loss"] - two["val_loss"]) <= 1e-5 and abs(one["test_loss"] - two["test_loss"]) <= 1e-5
     assert max_abs_diff(weights(tmp_path / "1"), weights(tmp_path / "2")) <= 1e-4
+
+
+@pytest.mark.integration
+def test_a_text_run_on_two_workers_stopped_and_resumed_ends_as_the_run_never_stopped(tmp_path: Path,
+                                                                                      corpus: Path) -> None:
+    """AdamW and dropout 0.1 on 2 workers: the windows of the epoch (from the seed and the epoch) and the masks
+    (from the seed and the step) after the checkpoint are those the uninterrupted run drew."""
+    flags = ("--devices", "2", "--dropout", "0.1", "--checkpoint-every", "10")
+    _lm(tmp_path / "whole", corpus, *flags)
+    _lm(tmp_path / "cut", corpus, *flags, "--steps", "10")
+    resumed = train(tmp_path / "cut", "--resume", str(tmp_path / "cut"), "--steps", "20")
+    assert resumed["resumed_from_step"] == 10 and resumed["steps"] == 20
+    assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / "cut")) == 0.0
 
 
 @pytest.mark.integration
