@@ -12,6 +12,7 @@ from conftest import max_abs_diff, run_cli, train_here, weights
 from paratrain.cli import main
 from paratrain.core.errors import UserError
 from paratrain.models import build_model
+from paratrain.parallel.mesh import Mesh
 from paratrain.parallel.strategies.stages import (
     Layout,
     balanced_cuts,
@@ -63,7 +64,11 @@ def test_optimizer_state_slices_for_a_stage() -> None:
 
 
 def test_layout_and_bubble_formula() -> None:
-    assert [(Layout(2, 2, r).replica, Layout(2, 2, r).stage) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # the pipeline outermost on the mesh (parallel/mesh.py): rank = stage x copies + copy
+    places = [Layout.of(Mesh(pp=2, dp=2), r) for r in range(4)]
+    assert [(p.replica, p.stage) for p in places] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    tp = [Layout.of(Mesh(pp=2, dp=2, tp=2), r) for r in range(8)]  # tp innermost: neighbours share a stage and copy
+    assert [(p.stage, p.replica) for p in tp] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
     assert theoretical_bubble(2, 1) == pytest.approx(0.5) and theoretical_bubble(4, 8) == pytest.approx(3 / 11)
 
 

@@ -37,6 +37,7 @@ from .core.outputs import check_owned, write_atomic
 from .data import Splits
 from .measure import autodevices
 from .parallel import launch, runplan
+from .parallel.mesh import Mesh
 from .runtime import clock
 from .runtime.devices import Hardware
 from .runtime.env import Environment, detect
@@ -203,7 +204,9 @@ def _announce(plan: runplan.RunPlan, done: int | None) -> None:
     name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
     hw = plan.hardware
     mesh = plan.layout.get("mesh")  # fsdp's shards (hsdp: copies x shards)
+    dims = plan.layout.get("dims")  # a tensor-parallel mesh's sizes
     how = "" if cfg.strategy == "ddp" else f" ({cfg.strategy}" + (
+        f": mesh {Mesh(**dims).text()}" if dims else
         f": {' copies x '.join(map(str, mesh))} shards" if mesh and len(mesh) == 2 else
         f": each holds 1/{mesh[0]} of the model" if mesh else "") + ")"
     print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "

@@ -32,8 +32,10 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     if args.resume:
         C.check_resume_out(args.resume, args.out, f"--out {args.out}")
         base = C.of_run(args.resume, f"--resume {args.resume}")
-        if args.strategy is not None:  # carried on by another strategy: the old one's own options stay behind
-            base = C.for_strategy(base, args.strategy)
+        if args.strategy is not None or args.mesh is not None:  # carried on by another layout: the old one's own
+            base = C.for_strategy(base, args.strategy or C.TrainConfig.strategy)  # options stay behind
+        if args.mesh is not None:  # the mesh decides the strategy, its stages and the workers
+            base = base.replace(strategy=C.TrainConfig.strategy, stages=None, shard_size=None, devices="auto")
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))
     values = C.load_yaml(args.config) if args.config else {}

@@ -23,12 +23,19 @@ def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: Ba
     forward is a collective (a sharded model gathers its weights), so every worker runs as many, a worker
     whose share is shorter by one example running an empty batch last. `meter`: metrics.Meter, updated with
     every batch of this worker's share."""
+    return totals(evaluate_share(model, pair, prep, ctx, batch_size, loss, flip, meter, lockstep), ctx)
+
+
+def evaluate_share(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
+                   batch_size: int, loss: Any = None, flip: bool = False, meter: Any = None,
+                   lockstep: bool = True) -> torch.Tensor:
+    """The sums (SUMS slots) of worker `ctx.rank`'s share of `ctx.world_size`, not yet reduced (evaluate's)."""
     with torch.no_grad():  # not a decorator: mutation testing (mutmut) leaves decorated functions alone
         return _evaluate(model, pair, prep, ctx, batch_size, loss, flip, lockstep, meter)
 
 
 def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, ctx: DistContext,
-              batch_size: int, loss: Any, flip: bool, lockstep: bool, meter: Any) -> tuple[float, float]:
+              batch_size: int, loss: Any, flip: bool, lockstep: bool, meter: Any) -> torch.Tensor:
     x_all, y_all = pair
     share = eval_range(len(y_all), ctx.rank, ctx.world_size)
     longest = len(eval_range(len(y_all), 0, ctx.world_size)) if lockstep else len(share)  # rank 0's is longest
@@ -47,7 +54,7 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
         if meter is not None:
             meter.update(logits, y_all[start:stop])
     model.train(was_training)
-    return totals(sums, ctx)
+    return sums
 
 
 # a batch's loss sum, correct predictions, examples, examples with a class to predict, and what the loss is a

@@ -32,7 +32,7 @@ BATCHNORM = ("sync", "local")
 # Slurm's pre-emption and time-limit warnings (USR2 where NCCL catches USR1; TERM is a stop, never a requeue)
 REQUEUE_SIGNALS = ("USR1", "USR2", "URG", "HUP")
 # the parallelisms (strategies/ registers a class for each; its `check` refuses what one cannot take)
-STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp")
+STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp", "tp")
 # --loss: auto is cross-entropy for integer targets (class indices, or token ids N x T against N x T x V outputs),
 # else the mean squared error (losses.py)
 LOSSES = ("auto", "cross-entropy", "mse", "l1", "smooth-l1", "bce", "model")
@@ -91,8 +91,13 @@ class TrainConfig:
     strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
                        "pipeline: the layers cut into --stages, a process each; hybrid: data x pipeline; fsdp: "
                        "sharded data parallel (each worker holds 1/N of the weights, gradients and optimizer "
-                       "state); hsdp: fsdp within groups of --shard-size workers, replicated across them",
-                       choices=STRATEGIES)
+                       "state); hsdp: fsdp within groups of --shard-size workers, replicated across them; tp: tensor "
+                       "parallel (each block's heads and hidden units split over the workers)", choices=STRATEGIES)
+    mesh: str | None = _f(None, "the workers as named dimensions, e.g. fsdp=2,tp=2 or dp=2,tp=2,pp=2 (dp: copies, "
+                          "fsdp: sharded copies, tp: tensor parallel, pp: pipeline stages); their product is the "
+                          "workers, and it picks the strategy")
+    tp_plan: str | None = _f(None, "tp: a YAML file of module-name patterns to colwise/rowwise/colwise_rep/"
+                             "sequence, e.g. 'layers.*.up: colwise' (default: the model's own plan)")
     param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
                            choices=("auto", "cpu", "cuda:0"))
     devices: str = _f("auto", "workers (processes): auto or a number")
@@ -204,7 +209,8 @@ SHARDED = ("fsdp", "hsdp")
 def for_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
     """`cfg` (a resumed run's) for `strategy`: the options only its old strategy took back at their defaults
     (an hsdp run's shard size does not follow it to fsdp)."""
-    drop = ([] if strategy == "hsdp" else ["shard_size"]) + ([] if strategy in SHARDED else list(SHARDING))
+    drop = ([] if strategy == "hsdp" else ["shard_size"]) + ([] if strategy in SHARDED else list(SHARDING)) + \
+        ["mesh"]  # the old layout's: a new strategy or mesh is given
     return cfg.replace(**{name: FIELDS[name].default for name in drop})
 
 

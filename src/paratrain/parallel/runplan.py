@@ -71,7 +71,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     """Plan the run, checking what can be checked before any process starts (UserError otherwise).
     `hardware`/`devices`: processes and devices chosen by the caller (a search trial's share of the pool)
     instead of from cfg; `report`: see RunPlan.report; `env`: the process environment (env.detect)."""
-    strategy = strategies.get(strategies.checked(cfg).strategy)
+    cfg = strategies.checked(cfg)
+    strategy = strategies.get(cfg.strategy)
     cfg = strategy.defaults(cfg)
     if hardware is None:
         hardware = _hardware(cfg, env)

@@ -55,8 +55,9 @@ class DistContext:
 
 
 def average_gradients(params: Iterable[torch.nn.Parameter], size: int, group: Any = None) -> None:
-    """Average the gradients over `size` processes of `group` in one flat all-reduce, in place."""
-    grads = [p.grad for p in params if p.grad is not None]
+    """Average the gradients over `size` processes of `group` in one flat all-reduce, in place (of a DTensor's,
+    this process's part: tensor parallelism's workers each average their own over their copies)."""
+    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
     flat /= size

@@ -160,6 +160,7 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
     return {
         "model": record.model,
         "dataset": cfg.dataset, "strategy": added["strategy"], "world_size": added["world_size"],
+        "mesh": added["mesh"], "weight_bytes_per_worker": added["weight_bytes_per_worker"],
         "global_batch_size": per_update, "steps": state.step,
         "epochs": math.ceil(state.step / record.per_epoch),
         "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": record.step_phases,

@@ -24,12 +24,17 @@ REGISTRY = {
     "hybrid": "paratrain.parallel.strategies.hybrid:Hybrid",
     "fsdp": "paratrain.parallel.strategies.fsdp:FSDP",
     "hsdp": "paratrain.parallel.strategies.fsdp:HSDP",
+    "tp": "paratrain.parallel.strategies.tp:TensorParallel",
 }
 
 
 def checked(cfg: TrainConfig) -> TrainConfig:
     """`cfg`, once its strategy has checked the options it cannot take (a UserError otherwise): the
-    configuration's own checks (config.validate) know nothing of the strategies."""
+    configuration's own checks (config.validate) know nothing of the strategies. A --mesh is turned into the
+    strategy that runs it first (parallel/mesh.py)."""
+    from ..mesh import resolved
+
+    cfg = resolved(cfg)
     strategy = get(cfg.strategy)
     strategy.check_foreign(cfg)
     strategy.check(cfg)

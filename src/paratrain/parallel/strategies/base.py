@@ -250,6 +250,24 @@ class Strategy:
                 state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
             checkpoints.save_file(state, step, keep)
 
+    def mesh(self) -> Any:
+        """The run's mesh (parallel/mesh.py): this strategy's shorthand for its workers."""
+        from ..mesh import of
+
+        cfg = self.cfg
+        return of(cfg.strategy, self.ctx.world_size, cfg.stages, self.layout.get("mesh", [None])[-1])
+
     def summary(self) -> dict[str, Any]:
-        """What the strategy adds to summary.json (collective where it measures across workers)."""
-        return {"strategy": self.name, "world_size": self.ctx.world_size, "pipeline": None}
+        """What the strategy adds to summary.json (collective: every worker's bytes of weights are gathered)."""
+        import torch.distributed as dist
+
+        def local(t: Any) -> Any:  # a DTensor's own part (FSDP's shard, tensor parallelism's slice)
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        held = sum(local(p).numel() * local(p).element_size() for p in self.module.parameters())
+        every: list[Any] = [held]
+        if self.ctx.distributed:
+            every = [None] * self.ctx.world_size
+            dist.all_gather_object(every, held)
+        return {"strategy": self.name, "world_size": self.ctx.world_size, "pipeline": None,
+                "mesh": self.mesh().sizes, "weight_bytes_per_worker": every}

@@ -119,11 +119,12 @@ class FSDP(Strategy):
         return module
 
     def _mesh(self) -> Any:
-        from torch.distributed.device_mesh import init_device_mesh
+        """The run's mesh (dp x fsdp: its copies, each sharded), as parallel/mesh.py builds every strategy's."""
+        from ..mesh import Mesh, data_mesh, device_mesh
 
-        shape = tuple(self.layout["mesh"])
-        names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-        return init_device_mesh(self.ctx.device.type, shape, mesh_dim_names=names)
+        shape = self.layout["mesh"]
+        mesh = Mesh(dp=shape[0], fsdp=shape[1]) if len(shape) == 2 else Mesh(fsdp=shape[0])
+        return data_mesh(mesh, device_mesh(mesh, self.ctx.device.type))
 
     def _shard(self, module: nn.Module) -> None:
         """fully_shard each block, then the root (one worker: nothing to shard, the plain module trains)."""
@@ -177,7 +178,7 @@ class FSDP(Strategy):
         self._save_sharded(optimizer, ema, extras, checkpoints, step, keep)
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "strategy": self.name, "mesh": list(self.layout["mesh"])}
+        return {**super().summary(), "strategy": self.name}
 
 
 class HSDP(FSDP):

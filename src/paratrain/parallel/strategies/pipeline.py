@@ -117,10 +117,11 @@ class PipelineStrategy(Strategy):
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
 
         from ...components.batchnorm import has_batchnorm
+        from ..mesh import Mesh
         from .stages import Layout, Pipeline, example_batch, layers_of
 
         cfg, ctx = self.cfg, self.ctx
-        layout = Layout(cfg.stages, ctx.world_size // cfg.stages, ctx.rank)
+        layout = Layout.of(Mesh(pp=cfg.stages, dp=ctx.world_size // cfg.stages), ctx.rank)
         micro = cfg.batch_size // layout.replicas // cfg.microbatches
         cuts = self.layout["cuts"]  # resolved once before launch (prepare)
         example = example_batch(cfg, data, micro)

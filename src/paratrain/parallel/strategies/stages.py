@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +21,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.flop_counter import FlopCounterMode
 
 from ...core.errors import UserError
 from ...data.batches import eval_range
 from ...runtime.dist import average_gradients
+from ..mesh import Mesh, device_mesh
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
 
@@ -186,19 +188,18 @@ def slice_optimizer_state(full: dict, offset: int, count: int) -> dict:
 
 @dataclass(frozen=True)
 class Layout:
-    """Rank r runs stage r % K of pipeline copy r // K (the row-major rank order of a (dp, pp) mesh)."""
+    """This process's stage, of `stages`, in pipeline copy `replica`, of `replicas` (its place on the mesh's pp
+    and data-parallel dimensions: parallel/mesh.py)."""
 
     stages: int
     replicas: int
-    rank: int
+    stage: int
+    replica: int
 
-    @property
-    def stage(self) -> int:
-        return self.rank % self.stages
-
-    @property
-    def replica(self) -> int:
-        return self.rank // self.stages
+    @classmethod
+    def of(cls, mesh: Mesh, rank: int) -> Layout:
+        where = mesh.coordinates(rank)
+        return cls(mesh.pp, mesh.copies, where["pp"], where["dp"] * mesh.fsdp + where["fsdp"])
 
 
 class _TimedStage(PipelineStage):
@@ -234,14 +235,19 @@ class Pipeline:
     """This process's stage of a K-stage pipeline (one of R copies) and its schedule."""
 
     def __init__(self, full: nn.Sequential, cuts: list[int], layout: Layout, device: torch.device,
-                 microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy) -> None:
-        K, R = layout.stages, layout.replicas
+                 microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy,
+                 built: DeviceMesh | None = None, shard: Callable[[nn.Module], nn.Module] | None = None) -> None:
+        """`built`: the run's device mesh (default: one of pp x dp); `shard`: what splits the stage's layers
+        further (tensor parallelism) before the stage is made."""
+        K = layout.stages
         self.layout, self.device, self.microbatches = layout, device, microbatches
-        mesh = init_device_mesh(device.type, (R, K), mesh_dim_names=("dp", "pp"))
-        self.pp_group, self.dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+        built = built or device_mesh(Mesh(pp=K, dp=layout.replicas), device.type)
+        self.pp_group, self.dp_group = built.get_group("pp"), built.get_group("dp")
         lo, hi = stage_bounds(cuts, len(full))[layout.stage]
         # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
         self.module = nn.Sequential(OrderedDict(list(full.named_children())[lo:hi])).to(device)
+        if shard is not None:
+            self.module = shard(self.module)
         self.param_offset = sum(1 for i in range(lo) for _ in full[i].parameters())
         self.micro = example.shape[0]  # the stage's static shapes: evaluation runs batches of micro x microbatches
         with torch.no_grad():  # the shape of a micro-batch where it enters this stage

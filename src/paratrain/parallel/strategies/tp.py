@@ -1,0 +1,281 @@
+"""Tensor parallelism, alone (--strategy tp: tp = the workers) or on an N-D mesh (--mesh fsdp=2,tp=2,
+dp=2,tp=2,pp=2): each block's heads and hidden units split over the tp workers (DTensor's parallelize_module,
+by tensor_plan.py's plan), then the copies: FSDP2 over (dp, fsdp) where the model is whole on the pp dimension,
+the gradients averaged over dp where it is cut into stages (the pipeline of stages.py, each stage split by tp).
+
+Every tp worker of a copy takes the same examples (batch_share is the copy's), computes the same loss and
+draws the same dropout masks; one of them (tp rank 0, on the last stage) reports the loss and the evaluation's
+sums, so that the figures are summed over copies as data parallelism sums them. Where the head's scores stay
+split (the gpt's), the loss is computed on the shards (torch's loss_parallel): no worker gathers the vocabulary.
+Checkpoints are sharded (torch.distributed.checkpoint): any mesh, and one device, reads any other's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ...core.errors import UserError
+from ..mesh import Mesh, for_run
+from .base import Strategy
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.optim.swa_utils import AveragedModel
+
+    from ...checkpoint.manager import RunCheckpoints
+    from ...components.parts import Parts
+    from ...components.phases import PhaseTimer
+    from ...config import TrainConfig
+    from ...data import Splits
+    from ...data.transforms import BatchPipeline
+    from ...runtime.devices import Hardware
+    from ...runtime.env import Environment
+
+
+class TensorParallel(Strategy):
+    name = "tp"
+    unit = "copies"
+    lockstep = True  # every forward is a collective
+
+    @classmethod
+    def check(cls, cfg: TrainConfig) -> None:
+        super().check(cfg.replace(stages=None))  # the stages are the mesh's pp
+        refused = ((cfg.ema, "--ema"), (cfg.precision == "16-mixed", "--precision 16-mixed"),
+                   (cfg.time_phases, "--time-phases"), (cfg.histogram_every, "--histogram-every"),
+                   (cfg.clip_grad_norm, "--clip-grad-norm"))
+        for on, flag in refused:
+            if on:
+                raise UserError(f"{flag} is not available with --strategy tp (a mesh with tensor parallelism) yet; "
+                                "leave it out or use --strategy fsdp")
+
+    @classmethod
+    def copies(cls, cfg: TrainConfig, workers: int) -> int:
+        return for_run(cfg, workers).copies
+
+    @classmethod
+    def arrange(cls, cfg: TrainConfig, hardware: Hardware,
+                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+        cfg, hardware, layout = super().arrange(cfg, hardware, env)
+        mesh = for_run(cfg, hardware.workers)
+        if mesh.pp > 1 and mesh.fsdp > 1:
+            raise UserError(f"--mesh {mesh.text()}: sharded copies (fsdp) of a pipeline's stages are not available "
+                            "yet; use dp for the copies")
+        if mesh.pp > 1 and (cfg.batch_size // mesh.copies) % cfg.microbatches:
+            raise UserError(f"each pipeline's batch of {cfg.batch_size // mesh.copies} does not split into "
+                            f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
+                            f"{mesh.copies * cfg.microbatches}")
+        # the workers counted: prepare reads the mesh from them (tp = --devices where no --mesh is given)
+        cfg = cfg.replace(stages=mesh.pp if mesh.pp > 1 else None, devices=str(hardware.workers))
+        return cfg, hardware, {**layout, "dims": mesh.sizes}
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+        """The plan and the sizes checked before any process starts; a pipeline's cuts resolved."""
+        from ...components.build import make_model
+        from ..mesh import check_model
+        from . import tensor_plan
+
+        model = make_model(cfg, data, parts)
+        tensor_plan.plan_of(model, cfg.tp_plan)
+        mesh = Mesh(**cfg_mesh(cfg))
+        check_model(mesh, tensor_plan.shape(model))
+        if mesh.pp == 1:
+            return cfg, {}
+        from .pipeline import PipelineStrategy
+
+        cfg = PipelineStrategy.cut(cfg, data, parts, model)[0]
+        return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
+
+    # ---- in each worker ----
+
+    def mesh(self) -> Mesh:
+        return Mesh(**self.layout["dims"])
+
+    @property
+    def batch_share(self) -> tuple[int, int]:
+        where = self.mesh().coordinates(self.ctx.rank)
+        return where["dp"] * self.mesh().fsdp + where["fsdp"], self.mesh().copies
+
+    @property
+    def pipelined(self) -> bool:  # type: ignore[override]  (a pipeline's masks: dropout.masks)
+        return self.mesh().pp > 1
+
+    @property
+    def reports(self) -> bool:
+        """Whether this worker reports its copy's loss and evaluation sums (one a copy)."""
+        where = self.mesh().coordinates(self.ctx.rank)
+        return where["tp"] == 0 and where["pp"] == self.mesh().pp - 1
+
+    def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+        from ..mesh import device_mesh
+        from . import tensor_plan
+
+        self.loss, mesh = loss, self.mesh()
+        plan = tensor_plan.plan_of(model, self.cfg.tp_plan)
+        if mesh.pp > 1:  # a stage hands on whole tensors: the last one's scores gathered for the schedule's loss
+            plan = {k: "colwise_rep" if v == "colwise_shard_output" else v for k, v in plan.items()}
+        self.split_scores = tensor_plan.splits_output(plan)
+        self.built = device_mesh(mesh, self.ctx.device.type) if self.ctx.distributed else None
+
+        def shard(module: nn.Module) -> nn.Module:
+            module = module.to(self.ctx.device)
+            return tensor_plan.apply(module, self.built["tp"], plan) if mesh.tp > 1 else module
+
+        if mesh.pp > 1:
+            self.stage = self._pipeline(model, data, loss, shard)
+            self.module = self.model = self.stage.module
+            return self.module
+        module = shard(model)
+        if mesh.copies > 1:
+            self._shard_copies(module)
+        self.module = self.model = module
+        return module
+
+    def _pipeline(self, model: nn.Module, data: Splits, loss: Any, shard: Callable) -> Any:
+        from .stages import Layout, Pipeline, example_batch, layers_of
+
+        cfg, mesh = self.cfg, self.mesh()
+        micro = cfg.batch_size // mesh.copies // cfg.microbatches
+        example = example_batch(cfg, data, micro)
+        return Pipeline(layers_of(model, cfg.model, example), self.layout["cuts"], Layout.of(mesh, self.ctx.rank),
+                        self.ctx.device, cfg.microbatches, cfg.schedule, example, self._loss_of(loss), self.built,
+                        shard)
+
+    def _shard_copies(self, module: nn.Module) -> None:
+        """FSDP2 over the copies (HSDP where there are whole copies too): each block, then the root."""
+        from torch.distributed.fsdp import fully_shard
+
+        from ..mesh import data_mesh
+        from .fsdp import blocks
+
+        over = data_mesh(self.mesh(), self.built)
+        for block in blocks(module, self.cfg.shard_modules):
+            fully_shard(block, mesh=over)
+        fully_shard(module, mesh=over, reshard_after_forward=False)
+
+    def _loss_of(self, loss: Any) -> Callable:
+        """The loss on split scores computed on the shards (loss_parallel), on whole ones as it is."""
+        if not self.split_scores:
+            return loss
+
+        def parallel(logits: Any, y: Any) -> Any:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            with loss_parallel():
+                return loss(logits.float(), y)
+
+        return parallel
+
+    def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
+                         backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.mesh().pp > 1:
+            loss, logits = self.stage.step(x, y)
+        else:
+            if self.mesh().copies > 1:  # --accumulate: gradients reduce-scattered only in the last micro-batch
+                self.module.set_requires_gradient_sync(sync)
+            with self._autocast():
+                logits = self.model(x)
+            with self._parallel_loss():
+                loss = self.loss(logits.float(), y)
+                backward(loss)
+        if loss is None:  # a pipeline's stage before the last
+            return None, None
+        # the step's figures read a loss and, for class scores, their argmax: a sequence's split scores stay
+        # split (their shape is all that is read), so no step gathers a vocabulary's worth (collectives: all ranks)
+        loss, logits = _whole(loss), _whole(logits) if logits.dim() == 2 else _local(logits)
+        return (loss, logits) if self.reports else (None, None)
+
+    def _parallel_loss(self) -> contextlib.AbstractContextManager:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel() if self.split_scores and self.mesh().tp > 1 else contextlib.nullcontext()
+
+    def reduce_gradients(self, timer: PhaseTimer) -> None:
+        if self.mesh().pp > 1:
+            self.stage.average_gradients()  # over the dp copies of each stage (their own parts)
+
+    def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
+                 flip: bool, meter: Any = None) -> tuple[float, float]:
+        """Each copy evaluates its share (every tp worker of it alike: each forward is a collective), and one
+        worker a copy counts it."""
+        import dataclasses
+
+        from ...components.evaluation import evaluate_share, totals
+
+        if self.mesh().pp > 1:
+            sums = self.stage.evaluate(pair, prep, self._loss_of(loss), flip, meter)
+        else:
+            which, of = self.batch_share
+            view = dataclasses.replace(self.ctx, rank=which, world_size=of)
+            sums = evaluate_share(_Gathered(self.module), pair, prep, view, batch_size, loss, flip, meter)
+        return totals(sums if self.reports else sums.zero_(), self.ctx)
+
+    def load(self, saved: dict) -> None:
+        if "sharded" in saved:
+            super().load(saved)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        names = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+        mine = {k: v for k, v in saved["model"].items() if k in names}  # a stage's part of the whole model
+        set_model_state_dict(self.module, mine, options=StateDictOptions(full_state_dict=True, strict=False))
+
+    def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
+        if "sharded" in saved:
+            super().restore(optimizer, None, saved)
+            return
+        raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole model (written by "
+                        f"--strategy {saved['config'].get('strategy', 'ddp')}); a tensor-parallel run carries on "
+                        "from a sharded checkpoint only (fsdp, pipeline, tp): start from its weights with --init-from, "
+                        "or carry it on under its own strategy")
+
+    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
+             extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
+        self._save_sharded(optimizer, ema, extras, checkpoints, step, keep)
+
+    def summary(self) -> dict[str, Any]:
+        pipeline = None
+        if self.mesh().pp > 1:
+            pipeline = {"stages": self.mesh().pp, "microbatches": self.cfg.microbatches,
+                        "schedule": self.cfg.schedule, "cuts": ",".join(map(str, self.layout["cuts"])),
+                        "bubble": self.stage.bubble()}
+        return {**super().summary(), "pipeline": pipeline}
+
+
+def cfg_mesh(cfg: Any) -> dict[str, int]:
+    """The mesh sizes of a resolved configuration (before the workers are counted: --mesh, or tp=--devices)."""
+    from ..mesh import parse
+
+    return parse(cfg.mesh).sizes if cfg.mesh else Mesh(tp=int(cfg.devices)).sizes
+
+
+def _local(t: Any) -> Any:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _whole(t: Any) -> Any:
+    """A DTensor as the plain tensor it stands for (split scores gathered: the step's metrics read them)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class _Gathered:
+    """The model for evaluation: its scores whole (gathered where the head leaves them split)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    @property
+    def training(self) -> bool:
+        return self.module.training
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+
+    def eval(self) -> None:
+        self.module.eval()
+
+    def __call__(self, x: Any) -> Any:
+        return _whole(self.module(x))
