@@ -3,17 +3,22 @@
 A worker computes its rows of the global batch. With torch's own dropout, its masks come from its own
 generator's stream over its own rows, so 2 workers drop other units than 1 device does, and the runs part
 (GPT-2's dropout 0.1: validation 2.108 against 2.173 after 300 steps). Here, every dropout call of a step draws
-the mask of the whole global micro-batch, from a generator seeded by (seed, step, micro-batch) alone, and
-each worker keeps its own rows: an example's mask is a function of its place in the global batch, the step
-and the call's place in the forward (the layer), never of the rank. It costs each worker the drawing of the
-whole batch's masks (measured in docs/explanations/equal-to-one-device.md).
+the mask of the whole global micro-batch, from a generator seeded by (seed, step, micro-batch, the call's place
+in the forward) alone, and each worker keeps its own rows: an example's mask is a function of its place in the
+global batch, the step and the call's place in the forward (the layer), never of the rank. It costs each worker
+the drawing of the whole batch's masks (measured in docs/explanations/equal-to-one-device.md).
+
+A pipeline's stage runs some of the calls, on one micro-batch of its copy at a time: it `place`s the mode at its
+chunk's rows and its first call's place (the calls of the stages before it), so its masks are one device's too.
+Tensor parallelism's workers of one copy take the same rows and draw the same masks: dropout there is on whole
+(replicated) activations.
 
 It intercepts dropout where a network calls it (torch.nn.functional's dropout, dropout1d/2d/3d, and
 scaled_dot_product_attention's dropout_p, run as its plain formula so that the mask can be drawn) through a
 TorchFunctionMode, around the forward and backward of a micro-batch. A call whose first dimension is not the
-worker's rows (a pipeline's micro-batches, a tower's replicas, a network that puts the batch elsewhere) cannot
-be placed in the global batch: its mask is drawn for its own shape, from a generator with the rank in its
-seed, which matches one device in distribution only.
+worker's rows (a tower's replicas, a network that puts the batch elsewhere) cannot be placed in the global
+batch: its mask is drawn for its own shape, from a generator with the copy in its seed, which matches one device
+in distribution only.
 """
 
 from __future__ import annotations
@@ -58,13 +63,28 @@ class GlobalBatchDropout(TorchFunctionMode):
     `seed`: the micro-batch's (mixed_seed of the run's seed, the step and the micro-batch), the same on every
     worker; `rank`: for the calls that cannot be placed in the global batch."""
 
+    current: GlobalBatchDropout | None = None  # the mode a pipeline's stage places (one at a time a process)
+
     def __init__(self, device: torch.device, share: tuple[int, int], rows: int, seed: int, rank: int) -> None:
         super().__init__()
         (self.which, self.of), self.rows = share, rows
-        self.shared = torch.Generator(device).manual_seed(seed)
-        self.seed, self.rank = seed, rank
+        self.device, self.seed, self.rank = device, seed, rank
+        self.call = 0  # the next call's place in the forward: its mask's seed
         self.own: dict[torch.device, torch.Generator] = {}  # by device: a tower's replicas are on several
         self.placed = self.unplaced = 0  # calls drawn as one device would, and the others (for the tests)
+
+    def __enter__(self) -> GlobalBatchDropout:
+        GlobalBatchDropout.current = self
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        GlobalBatchDropout.current = None
+        super().__exit__(*exc)
+
+    def place(self, which: int, of: int, call: int) -> None:
+        """The next calls are on share `which` of `of` of the global micro-batch (a pipeline's chunk of its
+        copy's rows), the first of them the forward's call number `call`."""
+        self.which, self.of, self.call = which, of, call
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -95,13 +115,15 @@ class GlobalBatchDropout(TorchFunctionMode):
         starts with its rows (or with its rows times a whole number: its rows flattened with a sequence's
         positions, row by row)."""
         make = lambda dims: torch.empty(dims, dtype=torch.float32, device=like.device)  # noqa: E731
-        if not shape or not self.rows or shape[0] % self.rows or like.device != self.shared.device:
+        self.call += 1
+        if not shape or not self.rows or shape[0] % self.rows or like.device != self.device:
             self.unplaced += 1
             if like.device not in self.own:
                 self.own[like.device] = torch.Generator(like.device).manual_seed(mixed_seed(self.seed, self.rank + 1))
             return make(shape).bernoulli_(p_keep, generator=self.own[like.device])
         per_row = (shape[0] // self.rows, *shape[1:])
-        whole = make((self.rows * self.of, *per_row)).bernoulli_(p_keep, generator=self.shared)
+        drawn = torch.Generator(like.device).manual_seed(mixed_seed(self.seed, self.call))
+        whole = make((self.rows * self.of, *per_row)).bernoulli_(p_keep, generator=drawn)
         self.placed += 1
         return whole[self.which * self.rows:(self.which + 1) * self.rows].reshape(shape)
 
@@ -127,13 +149,12 @@ class GlobalBatchDropout(TorchFunctionMode):
 
 def masks(drops: bool, strategy: Any, cfg: Any, step: int, k: int) -> contextlib.AbstractContextManager:
     """Dropout of micro-batch `k` of `step` as one device draws it, for a worker of `strategy`, where the model
-    `drops` anything (has_dropout); a pipeline's stages see micro-batches of their own, whose masks match one
-    device's in distribution."""
+    `drops` anything (has_dropout); a pipeline's stage places each of its chunks (stages.py)."""
     if not drops:
         return contextlib.nullcontext()
     share, seed = strategy.batch_share, mixed_seed(cfg.seed, step, k)
-    rows = 0 if strategy.pipelined else cfg.batch_size // share[1]
-    return GlobalBatchDropout(strategy.ctx.device, share, rows, seed, strategy.ctx.rank)
+    rows = cfg.batch_size // share[1] // (cfg.microbatches if strategy.pipelined else 1)
+    return GlobalBatchDropout(strategy.ctx.device, share, rows, seed, share[0])
 
 
 def _sdpa_dropout(args: tuple, kwargs: dict) -> float:

@@ -250,7 +250,7 @@ class Strategy:
                 state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
             checkpoints.save_file(state, step, keep)
 
-    def mesh(self) -> Any:
+    def dims(self) -> Any:
         """The run's mesh (parallel/mesh.py): this strategy's shorthand for its workers."""
         from ..mesh import of
 
@@ -270,4 +270,4 @@ class Strategy:
             every = [None] * self.ctx.world_size
             dist.all_gather_object(every, held)
         return {"strategy": self.name, "world_size": self.ctx.world_size, "pipeline": None,
-                "mesh": self.mesh().sizes, "weight_bytes_per_worker": every}
+                "mesh": self.dims().sizes, "weight_bytes_per_worker": every}

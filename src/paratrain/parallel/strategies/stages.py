@@ -25,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.flop_counter import FlopCounterMode
 
+from ...components.dropout import GlobalBatchDropout
 from ...core.errors import UserError
 from ...data.batches import eval_range
 from ...runtime.dist import average_gradients
@@ -203,9 +204,13 @@ class Layout:
 
 
 class _TimedStage(PipelineStage):
-    """A PipelineStage that adds up the time it spends computing, to measure the bubble (idle time)."""
+    """A PipelineStage that adds up the time it spends computing, to measure the bubble (idle time), and places
+    the dropout masks of each chunk it runs forward at the chunk's rows of the global batch (components/dropout.py)."""
 
     busy_s = 0.0
+    chunk_share = (0, 1)  # (this copy, of how many copies), each cut into `chunks`
+    chunks = 1
+    first_call = 0  # the dropout calls of the stages before this one, in one forward
 
     def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         if self.device.type == "cuda":
@@ -217,8 +222,12 @@ class _TimedStage(PipelineStage):
         self.busy_s += time.perf_counter() - start
         return out
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
-        return self._timed(super().forward_one_chunk, *args, **kwargs)
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        mode = GlobalBatchDropout.current
+        if mode is not None:
+            (copy, copies), m = self.chunk_share, self.chunks
+            mode.place(copy * m + fwd_chunk_id, copies * m, self.first_call)
+        return self._timed(super().forward_one_chunk, fwd_chunk_id, *args, **kwargs)
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         return self._timed(super().backward_one_chunk, *args, **kwargs)
@@ -250,10 +259,13 @@ class Pipeline:
             self.module = shard(self.module)
         self.param_offset = sum(1 for i in range(lo) for _ in full[i].parameters())
         self.micro = example.shape[0]  # the stage's static shapes: evaluation runs batches of micro x microbatches
-        with torch.no_grad():  # the shape of a micro-batch where it enters this stage
+        # the shape of a micro-batch where it enters this stage, and the dropout calls before it
+        with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before:
             inp = nn.Sequential(*list(full)[:lo])(example)
         self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
+        self.stage.chunk_share, self.stage.chunks = (layout.replica, layout.replicas), microbatches
+        self.stage.first_call = before.call
         self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches, loss_fn=loss)
         self.is_first, self.is_last = layout.stage == 0, layout.stage == K - 1
         self.wall_s = 0.0

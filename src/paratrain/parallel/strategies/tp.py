@@ -91,29 +91,29 @@ class TensorParallel(Strategy):
 
     # ---- in each worker ----
 
-    def mesh(self) -> Mesh:
+    def dims(self) -> Mesh:
         return Mesh(**self.layout["dims"])
 
     @property
     def batch_share(self) -> tuple[int, int]:
-        where = self.mesh().coordinates(self.ctx.rank)
-        return where["dp"] * self.mesh().fsdp + where["fsdp"], self.mesh().copies
+        where = self.dims().coordinates(self.ctx.rank)
+        return where["dp"] * self.dims().fsdp + where["fsdp"], self.dims().copies
 
     @property
     def pipelined(self) -> bool:  # type: ignore[override]  (a pipeline's masks: dropout.masks)
-        return self.mesh().pp > 1
+        return self.dims().pp > 1
 
     @property
     def reports(self) -> bool:
         """Whether this worker reports its copy's loss and evaluation sums (one a copy)."""
-        where = self.mesh().coordinates(self.ctx.rank)
-        return where["tp"] == 0 and where["pp"] == self.mesh().pp - 1
+        where = self.dims().coordinates(self.ctx.rank)
+        return where["tp"] == 0 and where["pp"] == self.dims().pp - 1
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
         from ..mesh import device_mesh
         from . import tensor_plan
 
-        self.loss, mesh = loss, self.mesh()
+        self.loss, mesh = loss, self.dims()
         plan = tensor_plan.plan_of(model, self.cfg.tp_plan)
         if mesh.pp > 1:  # a stage hands on whole tensors: the last one's scores gathered for the schedule's loss
             plan = {k: "colwise_rep" if v == "colwise_shard_output" else v for k, v in plan.items()}
@@ -137,7 +137,7 @@ class TensorParallel(Strategy):
     def _pipeline(self, model: nn.Module, data: Splits, loss: Any, shard: Callable) -> Any:
         from .stages import Layout, Pipeline, example_batch, layers_of
 
-        cfg, mesh = self.cfg, self.mesh()
+        cfg, mesh = self.cfg, self.dims()
         micro = cfg.batch_size // mesh.copies // cfg.microbatches
         example = example_batch(cfg, data, micro)
         return Pipeline(layers_of(model, cfg.model, example), self.layout["cuts"], Layout.of(mesh, self.ctx.rank),
@@ -151,7 +151,7 @@ class TensorParallel(Strategy):
         from ..mesh import data_mesh
         from .fsdp import blocks
 
-        over = data_mesh(self.mesh(), self.built)
+        over = data_mesh(self.dims(), self.built)
         for block in blocks(module, self.cfg.shard_modules):
             fully_shard(block, mesh=over)
         fully_shard(module, mesh=over, reshard_after_forward=False)
@@ -171,10 +171,10 @@ class TensorParallel(Strategy):
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        if self.mesh().pp > 1:
+        if self.dims().pp > 1:
             loss, logits = self.stage.step(x, y)
         else:
-            if self.mesh().copies > 1:  # --accumulate: gradients reduce-scattered only in the last micro-batch
+            if self.dims().copies > 1:  # --accumulate: gradients reduce-scattered only in the last micro-batch
                 self.module.set_requires_gradient_sync(sync)
             with self._autocast():
                 logits = self.model(x)
@@ -191,10 +191,10 @@ class TensorParallel(Strategy):
     def _parallel_loss(self) -> contextlib.AbstractContextManager:
         from torch.distributed.tensor.parallel import loss_parallel
 
-        return loss_parallel() if self.split_scores and self.mesh().tp > 1 else contextlib.nullcontext()
+        return loss_parallel() if self.split_scores and self.dims().tp > 1 else contextlib.nullcontext()
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
-        if self.mesh().pp > 1:
+        if self.dims().pp > 1:
             self.stage.average_gradients()  # over the dp copies of each stage (their own parts)
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
@@ -205,7 +205,7 @@ class TensorParallel(Strategy):
 
         from ...components.evaluation import evaluate_share, totals
 
-        if self.mesh().pp > 1:
+        if self.dims().pp > 1:
             sums = self.stage.evaluate(pair, prep, self._loss_of(loss), flip, meter)
         else:
             which, of = self.batch_share
@@ -238,8 +238,8 @@ class TensorParallel(Strategy):
 
     def summary(self) -> dict[str, Any]:
         pipeline = None
-        if self.mesh().pp > 1:
-            pipeline = {"stages": self.mesh().pp, "microbatches": self.cfg.microbatches,
+        if self.dims().pp > 1:
+            pipeline = {"stages": self.dims().pp, "microbatches": self.cfg.microbatches,
                         "schedule": self.cfg.schedule, "cuts": ",".join(map(str, self.layout["cuts"])),
                         "bubble": self.stage.bubble()}
         return {**super().summary(), "pipeline": pipeline}
