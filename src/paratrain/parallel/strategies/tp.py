@@ -114,6 +114,7 @@ class TensorParallel(Strategy):
         from . import tensor_plan
 
         self.loss, mesh = loss, self.dims()
+        self.names = [n for n, _ in model.named_parameters()]  # a whole-model optimizer state's order (restore)
         plan = tensor_plan.plan_of(model, self.cfg.tp_plan)
         if mesh.pp > 1:  # a stage hands on whole tensors: the last one's scores gathered for the schedule's loss
             plan = {k: "colwise_rep" if v == "colwise_shard_output" else v for k, v in plan.items()}
@@ -227,10 +228,19 @@ class TensorParallel(Strategy):
         if "sharded" in saved:
             super().restore(optimizer, None, saved)
             return
-        raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole model (written by "
-                        f"--strategy {saved['config'].get('strategy', 'ddp')}); a tensor-parallel run carries on "
-                        "from a sharded checkpoint only (fsdp, pipeline, tp): start from its weights with --init-from, "
-                        "or carry it on under its own strategy")
+        # one whole model's file (ddp's, one device's): its state by parameter number, named here as the whole
+        # model names them, of which this worker loads what it holds (split by set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        full = saved["optimizer"]
+        if len(full["param_groups"]) != 1:
+            raise UserError("this checkpoint's optimizer has several parameter groups; --strategy tp cannot read "
+                            "it: carry it on under its own strategy")
+        mine = dict(self.module.named_parameters())
+        state = {self.names[int(i)]: v for i, v in full["state"].items() if self.names[int(i)] in mine}
+        group = {**full["param_groups"][0], "params": [n for n in self.names if n in mine]}
+        set_optimizer_state_dict(self.module, optimizer, {"state": state, "param_groups": [group]},
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
