@@ -23,6 +23,8 @@ def add(sub: argparse._SubParsersAction) -> None:
                    "(default: the bench's global batch per device)")
     p.add_argument("--global-batch", type=int, help="strong scaling: this global batch split over the devices")
     p.add_argument("--max-devices", type=int, default=1024)
+    p.add_argument("--device-memory-gb", type=float, help="a transformer's meshes: the memory of one device; the "
+                   "chosen mesh is the fastest whose weights, gradients and Adam state fit it")
     p.add_argument("--out", help="folder for plan.png and plan.json")
     p.add_argument("--no-validate", action="store_true",
                    help="skip checking the model against the bench's multi-device rows (which measures this host)")
@@ -91,6 +93,20 @@ def _validate(plan: Any, results: dict, w: Any, base: dict, link: tuple[float, f
     return checks
 
 
+def _meshes(args: argparse.Namespace, results: dict, w: Any, base: dict, bw: float, lat: float) -> list[dict]:
+    """A transformer's meshes of 2, 4, ... devices, the fastest that fits chosen (measure/meshes.py)."""
+    from ..measure import meshes
+
+    if args.device_memory_gb is not None and args.device_memory_gb <= 0:
+        raise UserError("--device-memory-gb must be positive")
+    model = meshes.of_bench(results)
+    if model is None:
+        return []
+    memory = args.device_memory_gb * 1e9 if args.device_memory_gb else None
+    return meshes.print_tables(w, model, args.max_devices, args.global_batch or base["global_batch_size"], bw, lat,
+                               memory)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..measure import scaling as plan
 
@@ -119,12 +135,13 @@ def run(args: argparse.Namespace) -> int:
           + (f"strong scaling, global batch {args.global_batch}" if args.global_batch
              else f"weak scaling, {b} examples per device"))
     rows = _predictions(args, plan, w, b, bw, lat)
+    meshes = _meshes(args, results, w, base, bw, lat)
     checks = [] if args.no_validate else _validate(plan, results, w, base, (bw, lat), args.link == "measured")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "plan.json").write_text(json.dumps({"link": link, "bandwidth": bw, "latency": lat, "rows": rows,
-                                                   "validation": checks}, indent=2) + "\n")
+                                                   "meshes": meshes, "validation": checks}, indent=2) + "\n")
         from ..core.optional import how_to_install, installed
         from ..measure.plot import plan_curve
 

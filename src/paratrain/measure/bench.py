@@ -26,7 +26,8 @@ from tqdm import tqdm
 from ..core.errors import UserError
 from ..runtime import devices
 
-_SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu|fsdp-cpu|fsdp-gpu):(\d+)(t?)$")
+_SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu|fsdp-cpu|fsdp-gpu|tp-cpu|tp-gpu):(\d+)(t?)$")
+_MESH_SPEC = re.compile(r"^mesh-(cpu|gpu):(.+)$")  # mesh-cpu:fsdp=2,tp=2 (its commas are the mesh's)
 _PIPE_SPEC = re.compile(r"^(pipeline|hybrid)-(cpu|gpu):(\d+)x(\d+)$")
 
 
@@ -41,7 +42,11 @@ class BenchConfig:
 def parse_configs(spec: str) -> list[BenchConfig]:
     """`cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2` -> configurations (a pure function)."""
     out = []
-    for token in (t.strip() for t in spec.split(",") if t.strip()):
+    for token in _tokens(spec):
+        mm = _MESH_SPEC.match(token)
+        if mm:
+            out.append(_mesh_config(token, mm.group(1), mm.group(2)))
+            continue
         pm = _PIPE_SPEC.match(token)
         if pm:
             out.append(_pipeline_config(token, pm.group(1), pm.group(2), int(pm.group(3)), int(pm.group(4))))
@@ -50,7 +55,8 @@ def parse_configs(spec: str) -> list[BenchConfig]:
         if not m or (m.group(1) == "cpu") != (m.group(3) == "t") or int(m.group(2)) < 1:
             raise UserError(f"--configs: cannot read '{token}'; write cpu:Kt (one process, K threads), "
                             "ddp-cpu:N, gpu:N, tower-cpu:N, tower-gpu:N, fsdp-cpu:N, fsdp-gpu:N, pipeline-cpu:KxM "
-                            "(K stages, M micro-batches), pipeline-gpu:KxM or hybrid-cpu:KxR (R copies of K stages)")
+                            "(K stages, M micro-batches), pipeline-gpu:KxM, hybrid-cpu:KxR (R copies of K stages), "
+                            "tp-cpu:N, tp-gpu:N or mesh-cpu:fsdp=2,tp=2")
         kind, n = m.group(1), int(m.group(2))
         if kind == "cpu":
             flags = ("--accelerator", "cpu", "--devices", "1", "--threads-per-worker", str(n))
@@ -58,12 +64,32 @@ def parse_configs(spec: str) -> list[BenchConfig]:
             continue
         accel = "gpu" if kind.endswith("gpu") else "cpu"
         flags = ("--accelerator", accel, "--devices", str(n))
-        if kind.startswith(("tower", "fsdp")):
+        if kind.startswith(("tower", "fsdp", "tp")):
             flags += ("--strategy", kind.split("-")[0])
         out.append(BenchConfig(token, kind, n, flags))
     if not out:
         raise UserError("--configs is empty; name at least one configuration, e.g. ddp-cpu:1,ddp-cpu:2")
     return out
+
+
+def _tokens(spec: str) -> list[str]:
+    """The configurations of --configs: split at commas, a mesh's own `name=size` parts joined back to it."""
+    tokens: list[str] = []
+    for part in (t.strip() for t in spec.split(",") if t.strip()):
+        if tokens and tokens[-1].startswith("mesh-") and re.fullmatch(r"\w+=\d+", part):
+            tokens[-1] += "," + part
+        else:
+            tokens.append(part)
+    return tokens
+
+
+def _mesh_config(token: str, accel: str, text: str) -> BenchConfig:
+    """mesh-cpu:fsdp=2,tp=2: the workers on that mesh (their count its product)."""
+    from ..parallel.mesh import parse
+
+    mesh = parse(text)
+    return BenchConfig(token, f"mesh-{accel}", mesh.workers, ("--accelerator", accel, "--devices", str(mesh.workers),
+                                                              "--mesh", mesh.text()))
 
 
 def _pipeline_config(token: str, kind: str, accel: str, k: int, x: int) -> BenchConfig:
@@ -127,7 +153,7 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
     steady = [t for times in epochs for t in (times[1:] or times)]
     # no --time-phases for a pipeline (the bubble is measured instead) nor fsdp (its collectives run inside the
     # forward and backward)
-    untimed = "--stages" in config.flags or config.family.startswith("fsdp")
+    untimed = "--stages" in config.flags or config.family.startswith(("fsdp", "tp", "mesh"))
     phased = None if untimed else _train([*train_flags, *config.flags, "--time-phases", "--steps", "30",
                                             "--log-every", "10"],
                                            out / "runs" / f"{config.name.replace(':', '-')}-phases", timeout)

@@ -114,7 +114,7 @@ def model_cost(results: dict) -> dict[str, Any] | None:
     token; None where its inputs are not token ids."""
     from ..models.flops import flops_per_token
 
-    net, sample, _ = _bench_network(bench_model(results), bench_shape(results))
+    net, sample, _ = bench_network(bench_model(results), bench_shape(results))
     x, _ = sample(1)
     if x.is_floating_point() or x.dim() != 2:
         return None
@@ -126,7 +126,7 @@ def block_sizes(results: dict) -> list[int]:
     """The weights of each piece fsdp gathers at once in the bench's model: its blocks, then the root's own."""
     from ..parallel.strategies.fsdp import blocks
 
-    net, _, _ = _bench_network(bench_model(results), bench_shape(results))
+    net, _, _ = bench_network(bench_model(results), bench_shape(results))
     sizes = [sum(p.numel() for p in block.parameters()) for block in blocks(net, None)]
     return [*sizes, sum(p.numel() for p in net.parameters()) - sum(sizes)]
 
@@ -165,7 +165,7 @@ def _time_sharded(rank: int, port: int, model: str, shape: dict[str, Any], n: in
     torch.set_num_threads(1)
     on_loopback()
     dist.init_process_group("gloo", store=loopback_store(rank, n, port), rank=rank, world_size=n)
-    net, sample, loss = _bench_network(model, shape)
+    net, sample, loss = bench_network(model, shape)
     plain = copy.deepcopy(net)
     mesh = init_device_mesh("cpu", (n,))
     for block in blocks(net, None):
@@ -258,7 +258,7 @@ def _time_compute(rank: int, port: int, n: int, model: str, batches: tuple[int, 
 
     torch.set_num_threads(1)
     tune_malloc()  # as in a training worker
-    net, sample, loss = _bench_network(model, shape)
+    net, sample, loss = bench_network(model, shape)
 
     def median_step(batch: int) -> float:
         x, y = sample(batch)
@@ -307,7 +307,7 @@ def validate(results: dict, w: Workload, bandwidth: float, latency: float,
     return out
 
 
-def _bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+def bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """The bench's model with the bench's shaping options (`shape`: --width, --depth, ...), built for its own
     kind of image, or for its data where that is not images (a table, token ids: --dataset in `shape`): the
     network, `sample(batch)` giving a batch of inputs and targets, and the loss."""
