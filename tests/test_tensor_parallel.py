@@ -1,0 +1,262 @@
+"""Tensor parallelism and N-D meshes: the mesh read, checked and built in one place (parallel/mesh.py), plans
+(tensor_plan.py), dropout placed under every layout, and on CPU workers: the gpt under tp=2, fsdp=2,tp=2,
+dp=2,tp=2,pp=2 and a 2-stage pipeline equal to one device; checkpoints carried on across layouts; transformers'
+Llama by its own plan through paratrain.fit; what does not fit is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import main_code, max_abs_diff, train_here, weights
+from torch import nn
+
+import paratrain
+from paratrain.components.dropout import GlobalBatchDropout
+from paratrain.config import TrainConfig
+from paratrain.core.errors import UserError
+from paratrain.measure.bench import parse_configs
+from paratrain.parallel import mesh as M
+from paratrain.parallel.strategies import tensor_plan
+from paratrain.parallel.strategies.stages import Layout
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 250 kB of English: the project's documentation pages, one file."""
+    path = tmp_path_factory.mktemp("text") / "docs.txt"
+    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    path.write_text("\n\n".join(p.read_text(encoding="utf-8") for p in pages), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+# ---- the mesh ----
+
+def test_a_mesh_is_read_placed_tp_innermost_and_every_strategy_is_one() -> None:
+    mesh = M.parse("tp=2, dp=2,pp=2")
+    assert (mesh.pp, mesh.dp, mesh.fsdp, mesh.tp, mesh.workers, mesh.copies) == (2, 2, 1, 2, 8, 2)
+    assert mesh.text() == "pp=2,dp=2,tp=2" and M.Mesh().text() == "dp=1"
+    # neighbours in rank share a copy and a stage: tp innermost, the pipeline outermost
+    assert [mesh.coordinates(r)["tp"] for r in range(4)] == [0, 1, 0, 1]
+    assert mesh.coordinates(5) == {"pp": 1, "dp": 0, "fsdp": 0, "tp": 1}
+    shorthands = {("ddp", None, None): M.Mesh(dp=4), ("fsdp", None, None): M.Mesh(fsdp=4),
+                  ("hsdp", None, 2): M.Mesh(dp=2, fsdp=2), ("pipeline", 4, None): M.Mesh(pp=4),
+                  ("hybrid", 2, None): M.Mesh(pp=2, dp=2), ("tp", None, None): M.Mesh(tp=4)}
+    for (strategy, stages, shard), expected in shorthands.items():
+        assert M.of(strategy, 4, stages, shard) == expected
+        wanted = M.strategy_for(expected)  # and back: the mesh runs as that strategy
+        assert wanted["strategy"] == strategy and wanted.get("stages", stages) == stages
+    assert M.strategy_for(M.Mesh(fsdp=2, tp=2)) == {"strategy": "tp"}
+    assert [(p.stage, p.replica) for p in (Layout.of(mesh, r) for r in (0, 2, 4, 7))] == [(0, 0), (0, 1), (1, 0),
+                                                                                            (1, 1)]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("tq=2", "--mesh 'tq=2': write named sizes such as fsdp=2,tp=2"),
+    ("tp=2,tp=2", "names tp twice"), ("tp=0", "tp must be 1 or more"), ("tp", "write named sizes")])
+def test_a_malformed_mesh_is_one_line(text: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        M.parse(text)
+
+
+def test_a_mesh_decides_the_strategy_and_the_workers() -> None:
+    cfg = M.resolved(TrainConfig(mesh="fsdp=2,tp=2"))
+    assert (cfg.strategy, cfg.devices, cfg.mesh) == ("tp", "4", "fsdp=2,tp=2")
+    assert M.resolved(TrainConfig(mesh="dp=2,fsdp=2")).shard_size == 2
+    assert M.resolved(TrainConfig(mesh="pp=2")).stages == 2
+    with pytest.raises(UserError, match="is 4 workers .the product of its sizes., not --devices 2"):
+        M.resolved(TrainConfig(mesh="fsdp=2,tp=2", devices="2"))
+    with pytest.raises(UserError, match="runs as --strategy tp, not fsdp; leave --strategy out"):
+        M.resolved(TrainConfig(mesh="tp=2", strategy="fsdp"))
+    with pytest.raises(UserError, match="tp=3 does not divide the model's 4 attention heads"):
+        M.check_model(M.Mesh(tp=3), {"heads": 4, "width": 64})
+    with pytest.raises(UserError, match="pp=4 stages for a model of 3 layers"):
+        M.check_model(M.Mesh(pp=4), {"layers": 3})
+
+
+# ---- plans ----
+
+def test_the_gpts_plan_splits_its_projections_and_a_users_plan_is_checked(tmp_path: Path) -> None:
+    from paratrain.models.gpt import GPT
+
+    gpt = GPT(64, 16, 64, 2, 4)
+    plan = tensor_plan.plan_of(gpt, None)
+    assert plan["1.attention.query"] == "colwise" and plan["2.mlp.down"] == "rowwise"
+    assert plan["0.tokens"] == "rowwise" and plan["4"] == "colwise_shard_output" and tensor_plan.splits_output(plan)
+    assert tensor_plan.shape(gpt) == {"heads": 4, "width": 64, "hidden": 256, "vocabulary": 64, "layers": 5}
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with pytest.raises(UserError, match="tensor parallelism needs a plan for Sequential: give --tp-plan"):
+        tensor_plan.plan_of(mlp, None)
+    good, bad_style, bad_name = (tmp_path / f"{n}.yaml" for n in ("good", "style", "name"))
+    good.write_text('"1": colwise\n"3": rowwise\n')
+    bad_style.write_text('"1": diagonal\n')
+    bad_name.write_text('"layers.*.up": colwise\n')
+    assert tensor_plan.plan_of(mlp, str(good)) == {"1": "colwise", "3": "rowwise"}
+    with pytest.raises(UserError, match="'1: diagonal' is not a style; use one of colwise, rowwise"):
+        tensor_plan.plan_of(mlp, str(bad_style))
+    with pytest.raises(UserError, match="'layers.\\*.up' names no module of Sequential"):
+        tensor_plan.plan_of(mlp, str(bad_name))
+    with pytest.raises(UserError, match="no such file"):
+        tensor_plan.plan_of(mlp, str(tmp_path / "missing.yaml"))
+    mlp.tp_plan = {"1": "colwise", "3": "rowwise"}  # the Python way: the network carries it
+    assert tensor_plan.plan_of(mlp, None) == mlp.tp_plan
+
+
+def test_a_hugging_face_model_brings_its_own_plan() -> None:
+    pytest.importorskip("transformers")
+    plan = tensor_plan.plan_of(_llama(), None)
+    assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["lm_head"] == "colwise_gather_output"
+    assert tensor_plan.shape(_llama())["kv_heads"] == 2
+
+
+def test_a_pipeline_places_each_chunks_masks_where_one_device_draws_them() -> None:
+    """One device's masks over a batch of 8, against 2 copies x 2 chunks of 2 rows, the layers cut in two
+    stages after the first dropout call: the same masks, row for row."""
+    first, second = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), nn.Sequential(nn.Dropout(0.5), nn.Linear(4, 4))
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        with GlobalBatchDropout(torch.device("cpu"), (0, 1), 8, seed=5, rank=0):
+            whole = second(first(x))
+        pieces = []
+        for copy in (0, 1):
+            for chunk in (0, 1):
+                rows = x[copy * 4 + chunk * 2:copy * 4 + chunk * 2 + 2]
+                with GlobalBatchDropout(torch.device("cpu"), (copy, 2), 2, seed=5, rank=copy) as mode:
+                    mode.place(copy * 2 + chunk, 4, 0)
+                    middle = first(rows)
+                    mode.place(copy * 2 + chunk, 4, 1)  # the second stage: its first call is the forward's 2nd
+                    pieces.append(second(middle))
+                assert mode.placed == 2 and mode.unplaced == 0
+    assert torch.equal(torch.cat(pieces), whole)
+
+
+def test_bench_names_tensor_parallel_rows() -> None:
+    tp, mesh, ddp = parse_configs("tp-cpu:2,mesh-cpu:fsdp=2,tp=2,ddp-cpu:2")
+    assert tp.flags[-2:] == ("--strategy", "tp") and tp.devices == 2
+    assert (mesh.name, mesh.devices, mesh.flags[-2:]) == ("mesh-cpu:fsdp=2,tp=2", 4, ("--mesh", "fsdp=2,tp=2"))
+    assert ddp.name == "ddp-cpu:2"
+
+
+def test_plan_chooses_a_mesh_with_tensor_parallelism_where_the_batch_runs_out() -> None:
+    from paratrain.measure import meshes
+    from paratrain.measure.scaling import Workload
+
+    w = Workload(1e-3, 1e-3, 4.0 * 1e8, 1e-4, 10)
+    model = meshes.Transformer(depth=12, width=768, heads=12, tokens=1024, weights=100_000_000)
+    rows = meshes.table(w, model, 32, 16, 370e9, 3e-6)
+    chosen = [r for r in rows if r["chosen"]]
+    assert len(chosen) == 1 and "tp=" in chosen[0]["mesh"]  # 16 examples cannot feed 32 copies
+    assert not any(r["splits"] for r in rows if r["mesh"] in ("dp=32", "fsdp=32"))
+    fits = meshes.table(w, model, 8, 64, 370e9, 3e-6, memory=0.5e9)  # 1.6 GB of state: 1/4 of it at most
+    assert all(r["state_bytes"] <= 0.5e9 for r in fits if r["fits"]) and any(r["chosen"] for r in fits)
+    assert meshes.candidates(8, 12) == [M.Mesh(dp=8), M.Mesh(fsdp=8), M.Mesh(dp=4, tp=2), M.Mesh(fsdp=4, tp=2),
+                                        M.Mesh(dp=2, tp=4), M.Mesh(fsdp=2, tp=4)]
+
+
+# ---- from the command line, before any worker starts ----
+
+def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture) -> None:
+    text = ["train", "--dataset", "text", "--data-dir", str(corpus), "--width", "64", "--heads", "4", "--context",
+            "32", "--steps", "1", "--quiet", "--no-tensorboard"]
+    cases = [(["--mesh", "tp=3", "--oversubscribe"], "tp=3 does not divide the model's 4 attention heads"),
+             (["--mesh", "fsdp=2,tp=2", "--devices", "2"], "--mesh fsdp=2,tp=2 is 4 workers"),
+             (["--strategy", "tp", "--devices", "2", "--ema", "0.9"], "--ema is not available with --strategy tp"),
+             (["--mesh", "fsdp=2,pp=2", "--oversubscribe"], "sharded copies (fsdp) of a pipeline's stages"),
+             (["--strategy", "tp", "--devices", "2", "--tp-plan", str(tmp_path / "no.yaml")], "no such file")]
+    for i, (flags, message) in enumerate(cases):
+        assert main_code([*text, "--out", str(tmp_path / f"r{i}"), *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    digits = ["train", "--model", "mlp", "--steps", "1", "--strategy", "tp", "--devices", "2", "--quiet"]
+    assert main_code([*digits, "--out", str(tmp_path / "mlp")]) == 2
+    assert "tensor parallelism needs a plan for MLP: give --tp-plan FILE.yaml" in capsys.readouterr().err
+
+
+# ---- on CPU workers ----
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def _gpt(run: Path, corpus: Path, *flags: str) -> dict:
+    return train_here(run, "--dataset", "text", "--data-dir", str(corpus), "--optimizer", "adamw", "--width", "64",
+                      "--depth", "2", "--heads", "4", "--context", "64", "--batch-size", "16", "--steps", "20",
+                      "--log-every", "5", "--no-tensorboard", *flags)
+
+
+LAYOUTS = {"tp=2": ("--strategy", "tp", "--devices", "2"),
+           "fsdp=2,tp=2": ("--mesh", "fsdp=2,tp=2", "--oversubscribe"),
+           "dp=2,tp=2,pp=2": ("--mesh", "dp=2,tp=2,pp=2", "--oversubscribe"),
+           "pipeline": ("--strategy", "pipeline", "--stages", "2", "--devices", "2")}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dropout", ["0", "0.1"])
+def test_every_layout_of_the_gpt_equals_one_device(tmp_path: Path, corpus: Path, dropout: str) -> None:
+    """20 AdamW steps: the weights within 1e-4 of one device's (measured: at most 1.6e-5, tp=2 and the pipeline
+    with dropout; 100x that is looser than 1e-4, so 1e-4), the validation loss within 1e-5 (measured 4e-7),
+    with dropout off and on (0.1 on the embeddings and every residual branch)."""
+    one = _gpt(tmp_path / "one", corpus, "--devices", "1", "--dropout", dropout)
+    for name, flags in LAYOUTS.items():
+        many = _gpt(tmp_path / name, corpus, *flags, "--dropout", dropout)
+        assert many["world_size"] == M.parse(name).workers if name != "pipeline" else many["world_size"] == 2
+        assert abs(many["val_loss"] - one["val_loss"]) <= 1e-5, (name, many["val_loss"], one["val_loss"])
+        assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / name)) <= 1e-4, name
+    three_d = json.loads((tmp_path / "dp=2,tp=2,pp=2" / "summary.json").read_text())
+    assert three_d["mesh"] == {"pp": 2, "dp": 2, "fsdp": 1, "tp": 2} and three_d["strategy"] == "tp"
+    held = three_d["weight_bytes_per_worker"]  # each of 8 workers holds about a quarter: half a stage, split in 2
+    assert len(held) == 8 and max(held) < 0.3 * one["weight_bytes_per_worker"][0]
+    if dropout != "0":  # the masks dropped something
+        assert abs(one["val_loss"] - _gpt(tmp_path / "off", corpus, "--devices", "1")["val_loss"]) > 1e-3
+
+
+@pytest.mark.integration
+def test_a_checkpoint_of_any_layout_carries_on_under_any_other(tmp_path: Path, corpus: Path) -> None:
+    """tp=2 stopped at step 10 and carried on under fsdp=2 and under 1 device; one device's carried on under
+    dp=2,tp=2,pp=2: each ends within 1e-4 of the run never stopped (measured: 1.2e-7), dropout 0.1 on."""
+    flags = ("--dropout", "0.1", "--checkpoint-every", "10")
+    _gpt(tmp_path / "whole", corpus, *LAYOUTS["tp=2"], *flags)
+    _gpt(tmp_path / "cut", corpus, *LAYOUTS["tp=2"], *flags, "--steps", "10")
+    for name, layout in (("fsdp", ("--strategy", "fsdp", "--devices", "2")), ("one", ("--devices", "1"))):
+        import shutil
+
+        shutil.copytree(tmp_path / "cut", tmp_path / name)
+        carried = train_here(tmp_path / name, "--resume", str(tmp_path / name), "--steps", "20", *layout)
+        assert carried["resumed_from_step"] == 10 and carried["steps"] == 20
+        assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / name)) <= 1e-4, name
+    _gpt(tmp_path / "one-whole", corpus, "--devices", "1", *flags)
+    _gpt(tmp_path / "one-cut", corpus, "--devices", "1", *flags, "--steps", "10")
+    carried = train_here(tmp_path / "one-cut", "--resume", str(tmp_path / "one-cut"), "--steps", "20",
+                         *LAYOUTS["dp=2,tp=2,pp=2"])
+    assert carried["mesh"] == {"pp": 2, "dp": 2, "fsdp": 1, "tp": 2}
+    assert max_abs_diff(weights(tmp_path / "one-whole"), weights(tmp_path / "one-cut")) <= 1e-4
+
+
+@pytest.mark.integration
+def test_llama_by_its_own_plan_on_two_workers_equals_one_device(tmp_path: Path, corpus: Path) -> None:
+    """transformers' LlamaForCausalLM as it is (grouped key/value heads, rotary positions), split by the plan
+    its config carries, through paratrain.fit (measured: 2.3e-6 in the weights, 0 in the validation loss)."""
+    pytest.importorskip("transformers")
+    raw = torch.tensor(list(corpus.read_bytes()[:60_000]), dtype=torch.long) % 64
+    windows = raw[:(len(raw) - 1) // 17 * 17].view(-1, 17)
+    data = {"train": (windows[:-40, :-1], windows[:-40, 1:]), "val": (windows[-40:-20, :-1], windows[-40:-20, 1:]),
+            "test": (windows[-20:, :-1], windows[-20:, 1:])}
+    runs = {}
+    for name, layout in (("one", {"devices": "1"}), ("tp", {"devices": "2", "strategy": "tp"})):
+        runs[name] = paratrain.fit(_llama, data, TrainConfig(steps=20, batch_size=16, optimizer="adamw", quiet=True,
+                                                             out=str(tmp_path / name), tensorboard=False, **layout))
+    assert runs["tp"]["mesh"]["tp"] == 2 and abs(runs["tp"]["val_loss"] - runs["one"]["val_loss"]) <= 1e-5
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "tp")) <= 1e-4
