@@ -79,8 +79,8 @@ def test_a_mesh_decides_the_strategy_and_the_workers() -> None:
         M.resolved(TrainConfig(mesh="tp=2", strategy="fsdp"))
     with pytest.raises(UserError, match="tp=3 does not divide the model's 4 attention heads"):
         M.check_model(M.Mesh(tp=3), {"heads": 4, "width": 64})
-    with pytest.raises(UserError, match="pp=4 stages for a model of 3 layers"):
-        M.check_model(M.Mesh(pp=4), {"layers": 3})
+    with pytest.raises(UserError, match="tp=4 does not divide the model's 2 key/value heads"):
+        M.check_model(M.Mesh(tp=4), {"heads": 8, "kv_heads": 2})
 
 
 # ---- plans ----
@@ -92,7 +92,7 @@ def test_the_gpts_plan_splits_its_projections_and_a_users_plan_is_checked(tmp_pa
     plan = tensor_plan.plan_of(gpt, None)
     assert plan["1.attention.query"] == "colwise" and plan["2.mlp.down"] == "rowwise"
     assert plan["0.tokens"] == "rowwise" and plan["4"] == "colwise_shard_output" and tensor_plan.splits_output(plan)
-    assert tensor_plan.shape(gpt) == {"heads": 4, "width": 64, "hidden": 256, "vocabulary": 64, "layers": 5}
+    assert tensor_plan.shape(gpt) == {"heads": 4, "width": 64, "hidden": 256, "vocabulary": 64}
     mlp = nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     with pytest.raises(UserError, match="tensor parallelism needs a plan for Sequential: give --tp-plan"):
         tensor_plan.plan_of(mlp, None)
@@ -171,7 +171,11 @@ def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, caps
              (["--mesh", "fsdp=2,tp=2", "--devices", "2"], "--mesh fsdp=2,tp=2 is 4 workers"),
              (["--strategy", "tp", "--devices", "2", "--ema", "0.9"], "--ema is not available with --strategy tp"),
              (["--mesh", "fsdp=2,pp=2", "--oversubscribe"], "sharded copies (fsdp) of a pipeline's stages"),
-             (["--strategy", "tp", "--devices", "2", "--tp-plan", str(tmp_path / "no.yaml")], "no such file")]
+             (["--strategy", "tp", "--devices", "2", "--tp-plan", str(tmp_path / "no.yaml")], "no such file"),
+             (["--strategy", "tp"], "--strategy tp needs --devices N"),
+             (["--strategy", "tp", "--devices", "2", "--stages", "2"], "give the stages as pp in --mesh"),
+             (["--mesh", "tp=2,pp=2", "--accumulate", "2"], "--accumulate (use --microbatches) is not available"),
+             (["--tp-plan", str(tmp_path / "no.yaml")], "--tp-plan is for --strategy tp")]
     for i, (flags, message) in enumerate(cases):
         assert main_code([*text, "--out", str(tmp_path / f"r{i}"), *flags]) == 2, flags
         err = capsys.readouterr().err
@@ -230,12 +234,14 @@ def test_a_checkpoint_of_any_layout_carries_on_under_any_other(tmp_path: Path, c
     flags = ("--dropout", "0.1", "--checkpoint-every", "10")
     _gpt(tmp_path / "whole", corpus, *LAYOUTS["tp=2"], *flags)
     _gpt(tmp_path / "cut", corpus, *LAYOUTS["tp=2"], *flags, "--steps", "10")
-    for name, layout in (("fsdp", ("--strategy", "fsdp", "--devices", "2")), ("one", ("--devices", "1"))):
+    for name, layout in (("fsdp", ("--strategy", "fsdp", "--devices", "2")),
+                         ("one", ("--strategy", "ddp", "--devices", "1"))):
         import shutil
 
         shutil.copytree(tmp_path / "cut", tmp_path / name)
         carried = train_here(tmp_path / name, "--resume", str(tmp_path / name), "--steps", "20", *layout)
         assert carried["resumed_from_step"] == 10 and carried["steps"] == 20
+        assert carried["strategy"] == {"fsdp": "fsdp", "one": "single"}[name]
         assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / name)) <= 1e-4, name
     _gpt(tmp_path / "one-whole", corpus, "--devices", "1", *flags)
     _gpt(tmp_path / "one-cut", corpus, "--devices", "1", *flags, "--steps", "10")

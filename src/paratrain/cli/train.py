@@ -27,15 +27,19 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     """dataclass defaults <- the resumed run's config or a recipe <- --config YAML <- flags, each layer put on
     the one below by config.overlay (a length or decay period in one unit drops the lower layer's other)."""
     from ..config import recipes
+    from ..parallel.mesh import parse as parse_mesh
+    from ..parallel.mesh import strategy_for
 
     base = C.TrainConfig()
     if args.resume:
         C.check_resume_out(args.resume, args.out, f"--out {args.out}")
         base = C.of_run(args.resume, f"--resume {args.resume}")
-        if args.strategy is not None or args.mesh is not None:  # carried on by another layout: the old one's own
-            base = C.for_strategy(base, args.strategy or C.TrainConfig.strategy)  # options stay behind
-        if args.mesh is not None:  # the mesh decides the strategy, its stages and the workers
-            base = base.replace(strategy=C.TrainConfig.strategy, stages=None, shard_size=None, devices="auto")
+        if args.mesh is not None:  # the mesh decides the strategy, its stages, cuts and workers
+            base = C.for_strategy(base, strategy_for(parse_mesh(args.mesh))["strategy"])
+            base = base.replace(strategy=C.TrainConfig.strategy, stages=None, split=C.TrainConfig.split,
+                                shard_size=None, devices="auto")
+        elif args.strategy is not None:  # carried on by another strategy: the old one's own options stay behind
+            base = C.for_strategy(base, args.strategy)
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))
     values = C.load_yaml(args.config) if args.config else {}

@@ -10,8 +10,9 @@ the drawing of the whole batch's masks (measured in docs/explanations/equal-to-o
 
 A pipeline's stage runs some of the calls, on one micro-batch of its copy at a time: it `place`s the mode at its
 chunk's rows and its first call's place (the calls of the stages before it), so its masks are one device's too.
-Tensor parallelism's workers of one copy take the same rows and draw the same masks: dropout there is on whole
-(replicated) activations.
+Tensor parallelism's workers of one copy take the same rows and draw the same masks: one device's where the
+dropout is on whole (replicated) activations; on split ones (attention dropout over split heads) each worker's
+heads get the same mask, which one device would not draw.
 
 It intercepts dropout where a network calls it (torch.nn.functional's dropout, dropout1d/2d/3d, and
 scaled_dot_product_attention's dropout_p, run as its plain formula so that the mask can be drawn) through a
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+UNPLACED = 1 << 40  # in the seed of the masks that cannot be placed: never a placed call's number
 CHANNELS = {F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}  # one draw a channel: the spatial dims see one value
 
 
@@ -119,7 +121,8 @@ class GlobalBatchDropout(TorchFunctionMode):
         if not shape or not self.rows or shape[0] % self.rows or like.device != self.device:
             self.unplaced += 1
             if like.device not in self.own:
-                self.own[like.device] = torch.Generator(like.device).manual_seed(mixed_seed(self.seed, self.rank + 1))
+                seed = mixed_seed(self.seed, UNPLACED, self.rank)
+                self.own[like.device] = torch.Generator(like.device).manual_seed(seed)
             return make(shape).bernoulli_(p_keep, generator=self.own[like.device])
         per_row = (shape[0] // self.rows, *shape[1:])
         drawn = torch.Generator(like.device).manual_seed(mixed_seed(self.seed, self.call))
@@ -153,7 +156,7 @@ def masks(drops: bool, strategy: Any, cfg: Any, step: int, k: int) -> contextlib
     if not drops:
         return contextlib.nullcontext()
     share, seed = strategy.batch_share, mixed_seed(cfg.seed, step, k)
-    rows = cfg.batch_size // share[1] // (cfg.microbatches if strategy.pipelined else 1)
+    rows = cfg.batch_size // share[1] // strategy.chunks()
     return GlobalBatchDropout(strategy.ctx.device, share, rows, seed, share[0])
 
 

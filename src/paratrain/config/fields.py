@@ -96,8 +96,8 @@ class TrainConfig:
     mesh: str | None = _f(None, "the workers as named dimensions, e.g. fsdp=2,tp=2 or dp=2,tp=2,pp=2 (dp: copies, "
                           "fsdp: sharded copies, tp: tensor parallel, pp: pipeline stages); their product is the "
                           "workers, and it picks the strategy")
-    tp_plan: str | None = _f(None, "tp: a YAML file of module-name patterns to colwise/rowwise/colwise_rep/"
-                             "sequence, e.g. 'layers.*.up: colwise' (default: the model's own plan)")
+    tp_plan: str | None = _f(None, "tp: a YAML file of module-name patterns to colwise, rowwise or colwise_rep "
+                             "(outputs gathered), e.g. 'layers.*.up: colwise' (default: the model's own plan)")
     param_device: str = _f("auto", "tower: where the parameters live: cpu, cuda:0, or auto (cuda:0 on GPUs)",
                            choices=("auto", "cpu", "cuda:0"))
     devices: str = _f("auto", "workers (processes): auto or a number")
@@ -210,7 +210,7 @@ def for_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
     """`cfg` (a resumed run's) for `strategy`: the options only its old strategy took back at their defaults
     (an hsdp run's shard size does not follow it to fsdp)."""
     drop = ([] if strategy == "hsdp" else ["shard_size"]) + ([] if strategy in SHARDED else list(SHARDING)) + \
-        ["mesh"]  # the old layout's: a new strategy or mesh is given
+        ([] if strategy == cfg.strategy else ["mesh", "tp_plan"])  # the old layout's, where it changes
     return cfg.replace(**{name: FIELDS[name].default for name in drop})
 
 

@@ -45,8 +45,7 @@ def of_bench(results: dict) -> Transformer | None:
     dims = shape(net)
     if dims is None:
         return None
-    heads = dims["width"] // net[1].attention.head_width
-    return Transformer(dims["depth"], dims["width"], heads, int(sample(1)[0].shape[1]),
+    return Transformer(dims["depth"], dims["width"], dims["heads"], int(sample(1)[0].shape[1]),
                        sum(p.numel() for p in net.parameters()))
 
 

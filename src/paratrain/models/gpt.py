@@ -106,9 +106,12 @@ def _init(module: nn.Module) -> None:
 
 
 def shape(model: nn.Module) -> dict[str, int] | None:
-    """The gpt's depth, width and context (for its FLOPs a token), or None for another network."""
+    """The gpt's depth, width and context (for its FLOPs a token), its heads, MLP hidden units and vocabulary
+    (what tensor parallelism splits), or None for another network."""
     if not isinstance(model, GPT):
         return None
-    embedding = model[0]
-    return {"depth": len(model) - 3, "width": embedding.tokens.embedding_dim,
-            "context": embedding.positions.num_embeddings}
+    embedding, depth = model[0], len(model) - 3
+    width = embedding.tokens.embedding_dim
+    heads = width // model[1].attention.head_width if depth else 1
+    return {"depth": depth, "width": width, "context": embedding.positions.num_embeddings, "heads": heads,
+            "hidden": 4 * width, "vocabulary": embedding.tokens.num_embeddings}

@@ -114,14 +114,20 @@ def resolved(cfg: Any) -> Any:
     mesh = parse(cfg.mesh)
     if cfg.devices not in ("auto", str(mesh.workers)):
         raise UserError(f"--mesh {cfg.mesh} is {mesh.workers} workers (the product of its sizes), not --devices "
-                        f"{cfg.devices}; leave --devices out or give {mesh.workers}")
+                        f"{cfg.devices}; leave --devices out, or give a --mesh of {cfg.devices} workers")
     wanted = strategy_for(mesh)
     if cfg.strategy not in ("ddp", wanted["strategy"]):  # ddp: the default, not a choice
         raise UserError(f"--mesh {cfg.mesh} runs as --strategy {wanted['strategy']}, not {cfg.strategy}; leave "
                         "--strategy out")
     if wanted["strategy"] in ("pipeline", "hybrid") and cfg.stages not in (None, mesh.pp):
         raise UserError(f"--mesh {cfg.mesh} has pp={mesh.pp}, not --stages {cfg.stages}; leave --stages out")
-    return dataclasses.replace(cfg, mesh=mesh.text(), devices=str(mesh.workers), **wanted)
+    if wanted["strategy"] == "hsdp" and cfg.shard_size not in (None, mesh.fsdp):
+        raise UserError(f"--mesh {cfg.mesh} has fsdp={mesh.fsdp}, not --shard-size {cfg.shard_size}; leave "
+                        "--shard-size out")
+    # the mesh stays in the configuration where its strategy reads it (tp); another strategy's own options
+    # (stages, shard size, workers) say it all, and carry on as that strategy's do
+    kept = mesh.text() if wanted["strategy"] == "tp" else None
+    return dataclasses.replace(cfg, mesh=kept, devices=str(mesh.workers), **wanted)
 
 
 def for_run(cfg: Any, workers: int) -> Mesh:
@@ -135,15 +141,13 @@ def for_run(cfg: Any, workers: int) -> Mesh:
 
 def check_model(mesh: Mesh, shape: dict[str, int]) -> None:
     """One line where the model's sizes do not split over the mesh: `shape` has its heads, key/value heads,
-    width, hidden units, vocabulary and layers (those it knows)."""
+    width, hidden units and vocabulary (those it knows: a network of your own's are not; a pipeline's stages
+    are checked where its layers are cut)."""
     for key, what in (("heads", "attention heads"), ("kv_heads", "key/value heads"), ("width", "width"),
                       ("hidden", "MLP's hidden units"), ("vocabulary", "vocabulary")):
         if shape.get(key) and shape[key] % mesh.tp:
             raise UserError(f"tp={mesh.tp} does not divide the model's {shape[key]} {what}; use a tp that divides "
                             f"{shape[key]}")
-    if shape.get("layers") and mesh.pp > shape["layers"]:
-        raise UserError(f"pp={mesh.pp} stages for a model of {shape['layers']} layers; use at most "
-                        f"{shape['layers']}")
 
 
 def device_mesh(mesh: Mesh, device_type: str) -> DeviceMesh:

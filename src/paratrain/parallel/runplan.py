@@ -39,6 +39,7 @@ from ..runtime.devices import Hardware, device_map, for_group, group_devices, pr
 from ..runtime.devices import resolve as resolve_devices
 from ..runtime.env import LOCAL, Environment
 from . import requeue, strategies
+from .mesh import parse as parse_mesh
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
                 print(f"paratrain: note: --loss {cfg.loss} takes the targets as numbers (a regression), not as the "
                       "class indices they look like", file=sys.stderr, flush=True)
         check_task(cfg, data, parts.loss if parts is not None else None)
-        if hasattr(data.train[0], "columns") and (strategy.pipelined or cfg.strategy == "tower"):
+        staged = strategy.pipelined or (cfg.mesh is not None and parse_mesh(cfg.mesh).pp > 1)
+        if hasattr(data.train[0], "columns") and (staged or cfg.strategy == "tower"):
             raise UserError(f"--strategy {cfg.strategy} cuts or copies an nn.Sequential and hands it one tensor; "
                             "these inputs are named columns (a dict): train them with ddp, fsdp or hsdp")
         if (parts is None or parts.model is None) and not is_import_path(cfg.model):  # the registry's network

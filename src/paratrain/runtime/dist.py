@@ -54,10 +54,16 @@ class DistContext:
             torch.cuda.synchronize(self.device)
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's own part on this process (FSDP's shard, tensor parallelism's slice; a view of it), or the
+    tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def average_gradients(params: Iterable[torch.nn.Parameter], size: int, group: Any = None) -> None:
     """Average the gradients over `size` processes of `group` in one flat all-reduce, in place (of a DTensor's,
     this process's part: tensor parallelism's workers each average their own over their copies)."""
-    grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in params if p.grad is not None]
+    grads = [local(p.grad) for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
     flat /= size

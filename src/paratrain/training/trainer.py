@@ -185,7 +185,8 @@ class Trainer:
     def _forward_backward(self, perm: torch.Tensor, i: int) -> torch.Tensor:
         """Forward and backward over the step's micro-batches (--accumulate); the summed mean losses."""
         cfg, acc = self.cfg, self.cfg.accumulate
-        self.generator.manual_seed(step_seed(cfg.seed, self.state.step, self.ctx.rank))
+        # by the worker's share of the batch, not its rank: tensor parallelism's workers of a copy augment alike
+        self.generator.manual_seed(step_seed(cfg.seed, self.state.step, self.strategy.batch_share[0]))
         t_start = time.perf_counter()
         step_loss = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
         which, of = self.strategy.batch_share

@@ -71,6 +71,8 @@ class Strategy:
         for on, flag in sharding:
             if on and cfg.strategy not in ("fsdp", "hsdp"):
                 raise UserError(f"{flag} is for --strategy fsdp or hsdp, not {cfg.strategy}")
+        if cfg.tp_plan and cfg.strategy != "tp":
+            raise UserError(f"--tp-plan is for --strategy tp (or a --mesh with tp), not {cfg.strategy}")
 
     @classmethod
     def defaults(cls, cfg: TrainConfig) -> TrainConfig:
@@ -113,6 +115,10 @@ class Strategy:
         """When (time.perf_counter) this worker's own gradients of the step were ready, before it waited for
         the others' (where the strategy can tell: data parallel on the CPU); None elsewhere."""
         return None
+
+    def chunks(self) -> int:
+        """Into how many micro-batches a pipeline's stages cut this worker's share of a batch (1: no pipeline)."""
+        return self.cfg.microbatches if self.pipelined else 1
 
     @property
     def batch_share(self) -> tuple[int, int]:
@@ -261,8 +267,7 @@ class Strategy:
         """What the strategy adds to summary.json (collective: every worker's bytes of weights are gathered)."""
         import torch.distributed as dist
 
-        def local(t: Any) -> Any:  # a DTensor's own part (FSDP's shard, tensor parallelism's slice)
-            return t.to_local() if hasattr(t, "to_local") else t
+        from ...runtime.dist import local
 
         held = sum(local(p).numel() * local(p).element_size() for p in self.module.parameters())
         every: list[Any] = [held]

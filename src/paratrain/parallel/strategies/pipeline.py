@@ -27,6 +27,28 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
     from .stages import Pipeline
 
 
+def refuse_in_pipeline(cfg: TrainConfig) -> None:
+    """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: each needs the
+    whole model's gradients or weights per step, or a backward the schedule does not run."""
+    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
+                     (cfg.precision != "32", "--precision " + cfg.precision),
+                     (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases"),
+                     (cfg.compile, "--compile"),
+                     (cfg.memory_format == "channels_last", "--memory-format channels_last")):
+        if on:
+            raise UserError(f"{flag} is not available with --strategy {cfg.strategy}"
+                            + (f" (--mesh {cfg.mesh}: a pipeline)" if cfg.mesh else "") + "; leave it out or use "
+                            "--strategy ddp")
+
+
+def check_microbatches(cfg: TrainConfig, copies: int) -> None:
+    """Each copy's share of the batch cuts into --microbatches (one line where it does not)."""
+    if (cfg.batch_size // copies) % cfg.microbatches:
+        raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
+                        f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
+                        f"{copies * cfg.microbatches}")
+
+
 class PipelineStrategy(Strategy):
     name = "pipeline"
     pipelined = True  # (one copy of the pipeline: the batch split cannot fail)
@@ -36,15 +58,7 @@ class PipelineStrategy(Strategy):
         if cfg.stages is None or cfg.stages < 2:
             raise UserError(f"--strategy {cfg.strategy} needs --stages K, 2 or more (the pieces the layers are "
                             "cut into)")
-        # What a pipeline does not do (yet): each needs the whole model's gradients or weights per step.
-        for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
-                         (cfg.precision != "32", "--precision " + cfg.precision),
-                         (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases"),
-                         (cfg.compile, "--compile"),
-                         (cfg.memory_format == "channels_last", "--memory-format channels_last")):
-            if on:
-                raise UserError(f"{flag} is not available with --strategy {cfg.strategy}; leave it out or use "
-                                "--strategy ddp")
+        refuse_in_pipeline(cfg)
 
     @classmethod
     def defaults(cls, cfg: TrainConfig) -> TrainConfig:
@@ -61,30 +75,33 @@ class PipelineStrategy(Strategy):
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
                 env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
         cfg, hardware, layout = super().arrange(cfg, hardware, env)
-        copies = cls.copies(cfg, hardware.workers)
-        if (cfg.batch_size // copies) % cfg.microbatches:
-            raise UserError(f"each pipeline's batch of {cfg.batch_size // copies} does not split into "
-                            f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
-                            f"{copies * cfg.microbatches}")
+        check_microbatches(cfg, cls.copies(cfg, hardware.workers))
         return cfg, hardware, layout
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+
+        from ...components.build import make_model
+
+        model = make_model(cfg, data, parts)
+        cls.prepare_checks(cfg, data, model)
+        cfg = cls.cut(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
+        return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
+
+    @staticmethod
+    def prepare_checks(cfg: TrainConfig, data: Splits, model: nn.Module) -> None:
+        """What a pipeline of this model and data cannot do, in one line before any process starts."""
         from torch.distributed.pipelining import ScheduleGPipe
 
         from ...components.batchnorm import has_batchnorm
-        from ...components.build import make_model
 
         if not hasattr(ScheduleGPipe, "eval"):  # evaluation runs the schedule forward only
             raise UserError(f"--strategy {cfg.strategy} evaluates through the pipeline schedule's eval(), which this "
                             "torch lacks; install torch>=2.9")
-        model = make_model(cfg, data, parts)
         if cfg.batchnorm == "sync" and has_batchnorm(model):
             raise UserError(f"--strategy {cfg.strategy} cannot keep --batchnorm sync: a stage normalises each "
                             "micro-batch, which one device never does; pass --batchnorm local to run it so anyway, "
                             "or use --strategy ddp")
-        cfg = cls.cut(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
-        return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
 
     @classmethod
     def cut(cls, cfg: TrainConfig, data: Splits, parts: Parts | None = None,

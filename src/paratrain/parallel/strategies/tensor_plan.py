@@ -9,7 +9,9 @@ plan reads as it is:
     embedding_rowwise       rowwise on an Embedding (the same as rowwise there)
     colwise_shard_output    colwise, the outputs left split as a DTensor: for a head whose loss is computed on
                             the split scores (torch's loss_parallel), never gathering the vocabulary
-    sequence                the layer's input and output split along the sequence (SequenceParallel: norms)
+
+Sequence parallelism (the norms' activations split along the sequence) is not among them: it needs every
+neighbouring layer's layouts to match, and saves memory rather than time at the sizes it runs here.
 
 Where a plan comes from, in order: a YAML file (--tp-plan), a `tp_plan` attribute of the network (a dict, the
 Python way), a Hugging Face model's own (`_tp_plan`, from its config's `base_model_tp_plan`), the built-in gpt's.
@@ -28,15 +30,15 @@ from torch import nn
 from ...core.errors import UserError
 
 STYLES = ("colwise", "rowwise", "colwise_rep", "colwise_gather_output", "embedding_rowwise",
-          "colwise_shard_output", "sequence")
+          "colwise_shard_output")
 
 
 def of_gpt(model: nn.Module) -> dict[str, str]:
     """The built-in gpt's: the embeddings by vocabulary, q/k/v and the MLP's first projection by columns,
     the output projections by rows, the head by vocabulary with its scores left split for the loss."""
-    from ...models.gpt import GPT
+    from ...models.gpt import shape as gpt_shape
 
-    depth = len(model) - 3 if isinstance(model, GPT) else 0
+    depth = gpt_shape(model)["depth"]
     plan = {"0.tokens": "rowwise"}  # the positions' table is small and every worker needs all of it: whole
     for i in range(1, depth + 1):
         plan |= {f"{i}.attention.{n}": "colwise" for n in ("query", "key", "value")}
@@ -83,14 +85,19 @@ def plan_of(model: nn.Module, path: str | None) -> dict[str, str]:
     for pattern, style in plan.items():
         if style not in STYLES:
             raise UserError(f"{source}: '{pattern}: {style}' is not a style; use one of {', '.join(STYLES)}")
-        if not any(fnmatch.fnmatchcase(n, pattern) and n.count(".") == pattern.count(".") for n in names):
+        if not any(_matches(n, pattern) for n in names):
             raise UserError(f"{source}: '{pattern}' names no module of {type(model).__name__}")
     return plan
 
 
+def _matches(name: str, pattern: str) -> bool:
+    """Whether module `name` is one `pattern` names: `*` stands for one name between dots."""
+    return name.count(".") == pattern.count(".") and fnmatch.fnmatchcase(name, pattern)
+
+
 def _style(style: str, module: nn.Module) -> Any:
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     if style in ("rowwise", "embedding_rowwise"):
         # an Embedding's input is token ids, whole on every worker (a Linear's rowwise input is already split)
@@ -99,7 +106,7 @@ def _style(style: str, module: nn.Module) -> Any:
         return ColwiseParallel(output_layouts=Replicate())
     if style == "colwise_shard_output":
         return ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-    return SequenceParallel() if style == "sequence" else ColwiseParallel()
+    return ColwiseParallel()
 
 
 def apply(module: nn.Module, mesh: Any, plan: dict[str, str]) -> nn.Module:
@@ -108,7 +115,7 @@ def apply(module: nn.Module, mesh: Any, plan: dict[str, str]) -> nn.Module:
     from torch.distributed.tensor.parallel import parallelize_module
 
     styles = {name: _style(style, sub) for pattern, style in plan.items() for name, sub in module.named_modules()
-              if name and fnmatch.fnmatchcase(name, pattern) and name.count(".") == pattern.count(".")}
+              if name and _matches(name, pattern)}
     return parallelize_module(module, mesh, styles) if styles else module
 
 
@@ -119,13 +126,11 @@ def splits_output(plan: dict[str, str]) -> bool:
 
 def shape(model: nn.Module) -> dict[str, int]:
     """What tensor parallelism must divide: the heads, key/value heads, width, hidden units, vocabulary."""
-    from ...models.gpt import GPT
+    from ...models.gpt import shape as gpt_shape
 
-    if isinstance(model, GPT):
-        block = model[1]
-        width = block.attention.query.in_features
-        return {"heads": width // block.attention.head_width, "width": width,
-                "hidden": block.mlp.up.out_features, "vocabulary": model[-1].out_features, "layers": len(model)}
+    gpt = gpt_shape(model)
+    if gpt is not None:
+        return {k: gpt[k] for k in ("heads", "width", "hidden", "vocabulary")}
     config = getattr(model, "config", None)
     found = {"heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "width": "hidden_size",
              "hidden": "intermediate_size", "vocabulary": "vocab_size"}

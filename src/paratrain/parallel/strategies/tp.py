@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
-from ..mesh import Mesh, for_run
+from ..mesh import Mesh, for_run, parse
 from .base import Strategy
+from .pipeline import check_microbatches, refuse_in_pipeline
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +43,10 @@ class TensorParallel(Strategy):
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
+        mesh = parse(cfg.mesh) if cfg.mesh else None
+        if cfg.stages is not None and (mesh is None or mesh.pp != cfg.stages):
+            raise UserError("--stages is for --strategy pipeline or hybrid; with tensor parallelism give the stages "
+                            "as pp in --mesh (e.g. --mesh tp=2,pp=2)")
         super().check(cfg.replace(stages=None))  # the stages are the mesh's pp
         refused = ((cfg.ema, "--ema"), (cfg.precision == "16-mixed", "--precision 16-mixed"),
                    (cfg.time_phases, "--time-phases"), (cfg.histogram_every, "--histogram-every"),
@@ -50,6 +55,15 @@ class TensorParallel(Strategy):
             if on:
                 raise UserError(f"{flag} is not available with --strategy tp (a mesh with tensor parallelism) yet; "
                                 "leave it out or use --strategy fsdp")
+        if mesh is not None and mesh.pp > 1:
+            refuse_in_pipeline(cfg)
+
+    @classmethod
+    def defaults(cls, cfg: TrainConfig) -> TrainConfig:
+        if cfg.devices == "auto" and not cfg.mesh:  # tp over every device would cross nodes, or not divide
+            raise UserError("--strategy tp needs --devices N (the tensor-parallel workers, within one node) or "
+                            "--mesh (e.g. --mesh dp=2,tp=2)")
+        return cfg
 
     @classmethod
     def copies(cls, cfg: TrainConfig, workers: int) -> int:
@@ -63,10 +77,8 @@ class TensorParallel(Strategy):
         if mesh.pp > 1 and mesh.fsdp > 1:
             raise UserError(f"--mesh {mesh.text()}: sharded copies (fsdp) of a pipeline's stages are not available "
                             "yet; use dp for the copies")
-        if mesh.pp > 1 and (cfg.batch_size // mesh.copies) % cfg.microbatches:
-            raise UserError(f"each pipeline's batch of {cfg.batch_size // mesh.copies} does not split into "
-                            f"--microbatches {cfg.microbatches}; use a batch that is a multiple of "
-                            f"{mesh.copies * cfg.microbatches}")
+        if mesh.pp > 1:
+            check_microbatches(cfg, mesh.copies)
         # the workers counted: prepare reads the mesh from them (tp = --devices where no --mesh is given)
         cfg = cfg.replace(stages=mesh.pp if mesh.pp > 1 else None, devices=str(hardware.workers))
         return cfg, hardware, {**layout, "dims": mesh.sizes}
@@ -74,18 +86,25 @@ class TensorParallel(Strategy):
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
         """The plan and the sizes checked before any process starts; a pipeline's cuts resolved."""
+        import torch
+
         from ...components.build import make_model
         from ..mesh import check_model
         from . import tensor_plan
 
-        model = make_model(cfg, data, parts)
+        mesh = for_run(cfg, int(cfg.devices))
+        if mesh.pp == 1:
+            with torch.device("meta"):  # its names and sizes only: no memory for its weights
+                model = make_model(cfg, data, parts)
+        else:
+            model = make_model(cfg, data, parts)  # a pipeline's cuts count its layers' costs on an example
         tensor_plan.plan_of(model, cfg.tp_plan)
-        mesh = Mesh(**cfg_mesh(cfg))
         check_model(mesh, tensor_plan.shape(model))
         if mesh.pp == 1:
             return cfg, {}
         from .pipeline import PipelineStrategy
 
+        PipelineStrategy.prepare_checks(cfg, data, model)
         cfg = PipelineStrategy.cut(cfg, data, parts, model)[0]
         return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
 
@@ -99,9 +118,8 @@ class TensorParallel(Strategy):
         where = self.dims().coordinates(self.ctx.rank)
         return where["dp"] * self.dims().fsdp + where["fsdp"], self.dims().copies
 
-    @property
-    def pipelined(self) -> bool:  # type: ignore[override]  (a pipeline's masks: dropout.masks)
-        return self.dims().pp > 1
+    def chunks(self) -> int:
+        return self.cfg.microbatches if self.dims().pp > 1 else 1
 
     @property
     def reports(self) -> bool:
@@ -186,13 +204,24 @@ class TensorParallel(Strategy):
             return None, None
         # the step's figures read a loss and, for class scores, their argmax: a sequence's split scores stay
         # split (their shape is all that is read), so no step gathers a vocabulary's worth (collectives: all ranks)
-        loss, logits = _whole(loss), _whole(logits) if logits.dim() == 2 else _local(logits)
+        from ...runtime.dist import local
+
+        loss, logits = _whole(loss), _whole(logits) if logits.dim() == 2 else local(logits)
         return (loss, logits) if self.reports else (None, None)
 
     def _parallel_loss(self) -> contextlib.AbstractContextManager:
         from torch.distributed.tensor.parallel import loss_parallel
 
         return loss_parallel() if self.split_scores and self.dims().tp > 1 else contextlib.nullcontext()
+
+    def agree_buffers(self, module: nn.Module) -> None:
+        """Cut into stages, each stage's copies take copy 0's buffers (the stages hold different ones)."""
+        from ...components.batchnorm import broadcast_buffers
+
+        if self.dims().pp == 1:
+            super().agree_buffers(module)
+        elif self.dims().copies > 1:
+            broadcast_buffers(module, group=self.stage.dp_group)
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         if self.dims().pp > 1:
@@ -222,6 +251,11 @@ class TensorParallel(Strategy):
 
         names = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
         mine = {k: v for k, v in saved["model"].items() if k in names}  # a stage's part of the whole model
+        missing = [n for n in self.module.state_dict() if n not in mine]
+        if missing:
+            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} has no {missing[0]} (and "
+                            f"{len(missing) - 1} more of this worker's tensors): it is another model's; start a "
+                            "new run, or resume with the options of the run that wrote it")
         set_model_state_dict(self.module, mine, options=StateDictOptions(full_state_dict=True, strict=False))
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
@@ -253,17 +287,6 @@ class TensorParallel(Strategy):
                         "schedule": self.cfg.schedule, "cuts": ",".join(map(str, self.layout["cuts"])),
                         "bubble": self.stage.bubble()}
         return {**super().summary(), "pipeline": pipeline}
-
-
-def cfg_mesh(cfg: Any) -> dict[str, int]:
-    """The mesh sizes of a resolved configuration (before the workers are counted: --mesh, or tp=--devices)."""
-    from ..mesh import parse
-
-    return parse(cfg.mesh).sizes if cfg.mesh else Mesh(tp=int(cfg.devices)).sizes
-
-
-def _local(t: Any) -> Any:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _whole(t: Any) -> Any:
