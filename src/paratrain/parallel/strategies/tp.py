@@ -86,18 +86,14 @@ class TensorParallel(Strategy):
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
         """The plan and the sizes checked before any process starts; a pipeline's cuts resolved."""
-        import torch
-
         from ...components.build import make_model
         from ..mesh import check_model
         from . import tensor_plan
 
         mesh = for_run(cfg, int(cfg.devices))
-        if mesh.pp == 1:
-            with torch.device("meta"):  # its names and sizes only: no memory for its weights
-                model = make_model(cfg, data, parts)
-        else:
-            model = make_model(cfg, data, parts)  # a pipeline's cuts count its layers' costs on an example
+        # built as the workers build it (on the CPU, not the meta device: a network of yours may load weights),
+        # and a pipeline's cuts count its layers' costs on an example
+        model = make_model(cfg, data, parts)
         tensor_plan.plan_of(model, cfg.tp_plan)
         check_model(mesh, tensor_plan.shape(model))
         if mesh.pp == 1:
