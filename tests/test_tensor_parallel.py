@@ -61,8 +61,8 @@ def test_a_mesh_is_read_placed_tp_innermost_and_every_strategy_is_one() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("tq=2", "--mesh 'tq=2': write named sizes such as fsdp=2,tp=2"),
-    ("tp=2,tp=2", "names tp twice"), ("tp=0", "tp must be 1 or more"), ("tp", "write named sizes")])
+    ("tq=2", "--mesh 'tq=2': 'tq' is not a dimension; write named sizes such as fsdp=2,tp=2"),
+    ("tp=2,tp=2", "names tp twice"), ("tp=0", "tp must be 1 or more"), ("tp", "cannot read 'tp'; write named sizes")])
 def test_a_malformed_mesh_is_one_line(text: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
         M.parse(text)
@@ -97,7 +97,7 @@ def test_the_gpts_plan_splits_its_projections_and_a_users_plan_is_checked(tmp_pa
     with pytest.raises(UserError, match="tensor parallelism needs a plan for Sequential: give --tp-plan"):
         tensor_plan.plan_of(mlp, None)
     good, bad_style, bad_name = (tmp_path / f"{n}.yaml" for n in ("good", "style", "name"))
-    good.write_text('"1": colwise\n"3": rowwise\n')
+    good.write_text('1: colwise\n"3": rowwise\n')  # a Sequential's names unquoted: YAML reads them as numbers
     bad_style.write_text('"1": diagonal\n')
     bad_name.write_text('"layers.*.up": colwise\n')
     assert tensor_plan.plan_of(mlp, str(good)) == {"1": "colwise", "3": "rowwise"}
@@ -107,6 +107,11 @@ def test_the_gpts_plan_splits_its_projections_and_a_users_plan_is_checked(tmp_pa
         tensor_plan.plan_of(mlp, str(bad_name))
     with pytest.raises(UserError, match="no such file"):
         tensor_plan.plan_of(mlp, str(tmp_path / "missing.yaml"))
+    tensor_plan.check_splits(mlp, {"1": "colwise", "3": "rowwise"}, 4)  # 16 outputs, then 16 inputs: split in 4
+    with pytest.raises(UserError, match="tp=3 does not divide the 16 outputs of '1' .Linear, colwise."):
+        tensor_plan.check_splits(mlp, {"1": "colwise"}, 3)
+    with pytest.raises(UserError, match="'2' is a ReLU; colwise splits a Linear or an Embedding"):
+        tensor_plan.check_splits(mlp, {"2": "colwise"}, 2)
     mlp.tp_plan = {"1": "colwise", "3": "rowwise"}  # the Python way: the network carries it
     assert tensor_plan.plan_of(mlp, None) == mlp.tp_plan
 

@@ -69,7 +69,8 @@ def parse(text: str) -> Mesh:
     for part in (p.strip() for p in text.split(",")):
         m = re.fullmatch(r"(\w+)\s*=\s*(\d+)", part)
         if not m or m.group(1) not in DIMS:
-            raise UserError(f"--mesh '{text}': write named sizes such as fsdp=2,tp=2, each of "
+            what = f"'{m.group(1)}' is not a dimension" if m else f"cannot read '{part}'"
+            raise UserError(f"--mesh '{text}': {what}; write named sizes such as fsdp=2,tp=2, each of "
                             f"{', '.join(f'{d} ({MEANING[d]})' for d in DIMS)}")
         if m.group(1) in sizes:
             raise UserError(f"--mesh '{text}' names {m.group(1)} twice")

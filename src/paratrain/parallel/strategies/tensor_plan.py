@@ -59,6 +59,8 @@ def read_yaml(path: str) -> dict[str, str]:
         plan = yaml.safe_load(file.read_text())
     except yaml.YAMLError as e:
         raise UserError(f"--tp-plan {path} is not YAML ({str(e).splitlines()[0]})") from None
+    if isinstance(plan, dict):  # an unquoted module name of digits (a Sequential's "1") reads as a number
+        plan = {str(k) if isinstance(k, int) else k: v for k, v in plan.items()}
     if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
         raise UserError(f"--tp-plan {path}: give a mapping of module-name patterns to styles, e.g. "
                         "'layers.*.up: colwise'")
@@ -117,6 +119,27 @@ def apply(module: nn.Module, mesh: Any, plan: dict[str, str]) -> nn.Module:
     styles = {name: _style(style, sub) for pattern, style in plan.items() for name, sub in module.named_modules()
               if name and _matches(name, pattern)}
     return parallelize_module(module, mesh, styles) if styles else module
+
+
+def check_splits(model: nn.Module, plan: dict[str, str], tp: int, source: str = "the plan") -> None:
+    """One line, before any worker starts, where the plan names a module tensor parallelism cannot split, or
+    one whose split size tp does not divide."""
+    for name, sub in model.named_modules():
+        style = next((v for k, v in plan.items() if name and _matches(name, k)), None)
+        if style is None:
+            continue
+        if not isinstance(sub, nn.Linear | nn.Embedding):
+            raise UserError(f"{source}: '{name}' is a {type(sub).__name__}; {style} splits a Linear or an Embedding: "
+                            "name those")
+        if isinstance(sub, nn.Embedding):
+            size, what = sub.num_embeddings, "rows (its vocabulary)"
+        elif style.startswith("colwise"):
+            size, what = sub.out_features, "outputs"
+        else:
+            size, what = sub.in_features, "inputs"
+        if size % tp:
+            raise UserError(f"tp={tp} does not divide the {size} {what} of '{name}' ({type(sub).__name__}, "
+                            f"{style}); use a tp that divides {size}")
 
 
 def splits_output(plan: dict[str, str]) -> bool:

@@ -94,8 +94,9 @@ class TensorParallel(Strategy):
         # built as the workers build it (on the CPU, not the meta device: a network of yours may load weights),
         # and a pipeline's cuts count its layers' costs on an example
         model = make_model(cfg, data, parts)
-        tensor_plan.plan_of(model, cfg.tp_plan)
-        check_model(mesh, tensor_plan.shape(model))
+        plan = tensor_plan.plan_of(model, cfg.tp_plan)
+        check_model(mesh, tensor_plan.shape(model))  # the heads first: the size a user chose
+        tensor_plan.check_splits(model, plan, mesh.tp)
         if mesh.pp == 1:
             return cfg, {}
         from .pipeline import PipelineStrategy
