@@ -56,5 +56,12 @@ run $PY -m paratrain train --dataset text --data-dir "$OUT/text.txt" --model gpt
     --context 256 --batch-size 64 --optimizer adamw --lr 1e-3 --precision bf16 --devices 1 --steps 300 \
     --log-every 100 --no-tensorboard --overwrite --out "$OUT/gpt"
 run $PY -c "import json; s = json.load(open('$OUT/gpt/summary.json')); print({k: s.get(k) for k in ('tokens_per_sec', 'flops_per_token', 'achieved_flops_per_sec', 'peak_of', 'mfu', 'val_loss', 'val_perplexity')})"
+if [ "$GPUS" -gt 1 ]; then
+    section "the gpt split over $GPUS GPUs by tensor parallelism (--strategy tp), bf16"
+    run $PY -m paratrain train --dataset text --data-dir "$OUT/text.txt" --model gpt --width 384 --depth 6 --heads 6 \
+        --context 256 --batch-size 64 --optimizer adamw --lr 1e-3 --precision bf16 --strategy tp --devices "$GPUS" \
+        --steps 300 --log-every 100 --no-tensorboard --overwrite --out "$OUT/gpt-tp"
+    run $PY -c "import json; s = json.load(open('$OUT/gpt-tp/summary.json')); print({k: s.get(k) for k in ('mesh', 'weight_bytes_per_worker', 'tokens_per_sec', 'mfu', 'val_loss')})"
+fi
 echo "gpu_acceptance: report in $REPORT (exit status $status)"
 exit $status

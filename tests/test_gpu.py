@@ -76,6 +76,25 @@ def test_two_stage_pipeline_on_gpus_equals_one_gpu(tmp_path: Path) -> None:
 
 
 @needs_2_gpus
+def test_tensor_parallel_gpt_on_gpus_equals_one_gpu(tmp_path: Path) -> None:
+    """The gpt split over 2 GPUs (NCCL, DTensor) by its plan, and 2 sharded copies of it where there are 4,
+    against one GPU: AdamW, 20 steps, fp32."""
+    text = tmp_path / "text.txt"
+    pages = sorted(Path(__file__).parents[1].joinpath("docs").rglob("*.md"))
+    text.write_text("\n\n".join(p.read_text() for p in pages))
+    args = ("--accelerator", "gpu", "--dataset", "text", "--data-dir", str(text), "--width", "128", "--heads", "4",
+            "--context", "64", "--batch-size", "16", "--optimizer", "adamw", "--steps", "20", "--no-tensorboard")
+    one = train(tmp_path / "one", *args, "--devices", "1")
+    layouts = {"tp": ("--strategy", "tp", "--devices", "2")}
+    if torch.cuda.device_count() >= 4:
+        layouts["mesh"] = ("--mesh", "fsdp=2,tp=2")
+    for name, flags in layouts.items():
+        split = train(tmp_path / name, *args, *flags)
+        assert split["strategy"] == "tp" and abs(split["val_loss"] - one["val_loss"]) < 1e-4
+        assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / name)) < 1e-3, name
+
+
+@needs_2_gpus
 def test_the_doctor_passes_on_two_gpus_with_nccl(tmp_path: Path) -> None:
     """The NCCL sweep and every 1-vs-2 check on real GPUs (benchmarks/gpu_acceptance.sh runs this)."""
     proc = run_cli("doctor", "--devices", "2", "--out", str(tmp_path), timeout=600)
