@@ -333,3 +333,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 250 kB of English: the project's documentation pages, one file (the language model's tests)."""
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path_factory.mktemp("text") / "docs.txt"
+    pages = sorted((root / "docs").rglob("*.md")) + [root / "README.md"]
+    path.write_text("\n\n".join(p.read_text(encoding="utf-8") for p in pages), encoding="utf-8")
+    return path

@@ -27,15 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = ("--width", "32", "--depth", "1", "--heads", "2", "--context", "32", "--batch-size", "8")
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """About 250 kB of English: the project's documentation pages, one file."""
-    path = tmp_path_factory.mktemp("text") / "docs.txt"
-    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
-    path.write_text("\n\n".join(p.read_text(encoding="utf-8") for p in pages), encoding="utf-8")
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the token caches, and doctor's peaks

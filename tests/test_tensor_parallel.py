@@ -22,17 +22,6 @@ from paratrain.parallel import mesh as M
 from paratrain.parallel.strategies import tensor_plan
 from paratrain.parallel.strategies.stages import Layout
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """About 250 kB of English: the project's documentation pages, one file."""
-    path = tmp_path_factory.mktemp("text") / "docs.txt"
-    pages = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
-    path.write_text("\n\n".join(p.read_text(encoding="utf-8") for p in pages), encoding="utf-8")
-    return path
-
 
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
