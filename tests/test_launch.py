@@ -45,10 +45,13 @@ def test_torchrun_group_equals_single_device(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_stops_every_worker(tmp_path: Path) -> None:
+    # started with SIGINT ignored, as a script's background job is (`cmd &`): Python then keeps it ignored, so
+    # the launcher stops on its own handler, the one an interactive start uses too
     launcher = subprocess.Popen(
         [sys.executable, "-m", "paratrain", "train", "--devices", "2", "--epochs", "1000", "--quiet",
          "--log-every", "1", "--out", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.time() + 120
     while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
@@ -86,4 +89,5 @@ def _state(pid: int) -> str:
         wchan = Path(f"/proc/{pid}/wchan").read_text()
     except OSError:
         return "gone"
-    return " ".join(line for line in status if line.startswith(("Name", "State"))) + f" wchan {wchan}"
+    shown = ("Name", "State", "SigBlk", "SigIgn", "SigCgt")  # the signals it blocks, ignores, handles
+    return " ".join(line for line in status if line.startswith(shown)) + f" wchan {wchan}"

@@ -194,8 +194,12 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, requeue_sign
     """Wait for the workers; rank 0's summary, or the exception that says why the run ended. `requeue_signal`:
     a signal more that stops them (Slurm's requeue signal); `finished`: keeps rank 0's summary where the run
     ends in an error after rank 0 had finished it (_report_in)."""
-    old_handlers = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, requeue_signal) if s}
     watch = OomWatch()
+    # SIGINT too, not Python's KeyboardInterrupt: a launcher started with SIGINT ignored (a background job of a
+    # script: the shell ignores it there, and Python keeps it ignored) would otherwise not stop on `kill -INT`,
+    # while its workers and a one-process run do (interrupt.StopRequest), as torchrun's agent does
+    old_handlers = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGINT, signal.SIGTERM, requeue_signal)
+                    if s}
     try:
         if came_early(requeue_signal):  # Slurm's warning came while the run started: they stop at their first step
             raise _Terminated(requeue_signal)
@@ -218,8 +222,8 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, requeue_sign
                             'when imported: put the call under `if __name__ == "__main__":`') from None
         how = "stopped answering" if e.exit_code == TIMEOUT_EXIT else f"died ({e.msg})"
         raise WorkerFailed(f"worker {e.error_index} {how}") from None
-    except (KeyboardInterrupt, _Terminated) as e:
-        signum = e.signum if isinstance(e, _Terminated) else signal.SIGINT
+    except _Terminated as e:
+        signum = e.signum
         if signum == requeue_signal:  # rank 0 requeues the job; Slurm's SIGTERM to every process of the step follows at
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: this launcher waits for the workers and says why
         stop_processes(context.processes, signum, REQUEUE_WAIT_S if signum == requeue_signal else STOP_WAIT_S)
