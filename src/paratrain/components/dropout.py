@@ -88,6 +88,19 @@ class GlobalBatchDropout(TorchFunctionMode):
         copy's rows), the first of them the forward's call number `call`."""
         self.which, self.of, self.call = which, of, call
 
+    def snapshot(self) -> tuple:
+        """Where the next call draws from: its place, and the unplaced masks' generators' states
+        (activation checkpointing's recomputation draws again from there: components/recompute.py)."""
+        states = {device: generator.get_state() for device, generator in self.own.items()}
+        return self.which, self.of, self.call, self.placed, self.unplaced, states
+
+    def restore(self, snapshot: tuple) -> None:
+        self.which, self.of, self.call, self.placed, self.unplaced, states = snapshot
+        for device, state in states.items():
+            self.own.setdefault(device, torch.Generator(device)).set_state(state)
+        for device in set(self.own) - set(states):  # made since: drawn anew from its seed
+            del self.own[device]
+
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.dropout or func in CHANNELS:

@@ -49,7 +49,8 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("lr_schedule", cfg.lr_schedule), ("precision", cfg.precision),
                         ("strategy", cfg.strategy), ("param_device", cfg.param_device),
                         ("schedule", cfg.schedule), ("batchnorm", cfg.batchnorm), ("labels", cfg.labels),
-                        ("requeue_signal", cfg.requeue_signal), ("loss", cfg.loss)):
+                        ("requeue_signal", cfg.requeue_signal), ("loss", cfg.loss),
+                        ("activation_checkpointing", cfg.activation_checkpointing)):
         choices = FIELDS[name].metadata["choices"]
         if name == "model" and is_import_path(value):
             continue
@@ -149,6 +150,11 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad("--eval-ema needs --ema DECAY")
     if not 0 < cfg.lr_decay_rate <= 1 and cfg.lr_schedule in ("exponential", "step"):
         _bad(f"--lr-decay-rate must be in (0, 1], not {cfg.lr_decay_rate}")
+    if cfg.compile and cfg.activation_checkpointing != "none":  # untried together: refused rather than guessed
+        _bad("--compile with --activation-checkpointing is not available yet; leave one of them out")
+    if not (cfg.selective_ac == "attention" or (cfg.selective_ac.isdigit() and int(cfg.selective_ac) >= 1)):
+        _bad(f"--selective-ac must be a whole number of blocks K (every K-th block is recomputed) or 'attention', "
+             f"not {shown(cfg.selective_ac)}")
     if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
         _bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
 
@@ -157,7 +163,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
 _ADAMS, _DECAYS = ("optimizer", ("adam", "adamax", "nadam")), ("lr_schedule", ("exponential", "step"))
 READ_BY = {"momentum": ("optimizer", ("sgd", "rmsprop")), "nesterov": ("optimizer", ("sgd",)), "beta1": _ADAMS,
            "beta2": _ADAMS, "lr_decay_rate": _DECAYS, "lr_decay_steps": _DECAYS, "lr_decay_epochs": _DECAYS,
-           "lr_staircase": ("lr_schedule", ("exponential",))}
+           "lr_staircase": ("lr_schedule", ("exponential",)),
+           "selective_ac": ("activation_checkpointing", ("selective",))}
 
 
 def unread(cfg: TrainConfig, given: Iterable[str]) -> dict[str, str]:

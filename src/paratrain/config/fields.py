@@ -171,6 +171,12 @@ class TrainConfig:
                             "ddp)", choices=("auto", "channels_last", "contiguous"))
     compile: bool = _f(False, "torch.compile the model (on the CPU inductor needs a C++ compiler)",
                        flag="--compile")
+    activation_checkpointing: str = _f("none", "keep no activations of the network's blocks for the backward but "
+                                       "recompute them there (about one more forward, for memory): full (every "
+                                       "block), selective (the blocks --selective-ac names) or none",
+                                       choices=("none", "full", "selective"))
+    selective_ac: str = _f("2", "--activation-checkpointing selective: every K-th block (K), or each block's "
+                           "attention alone (attention)")
     precision: str = _f("32", "32, bf16 (autocast) or 16-mixed (fp16 autocast + GradScaler)", choices=PRECISIONS)
     # augmentation of training batches, on the device (validation/test use the centre crop)
     random_crop: bool = _f(False, "random crop to the model's input size", flag="--random-crop")

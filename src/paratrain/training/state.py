@@ -127,24 +127,44 @@ def _local_bytes(tensor: torch.Tensor) -> int:
     return local.numel() * local.element_size()
 
 
-def memory_figures(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: Any) -> dict[str, Any]:
-    """For each worker: the bytes of the model state it holds (its parameters, their gradients, which exist
-    during every step, and its optimizer state: its shards under fsdp), and its peak memory (the GPU's
-    allocated bytes, or the process's resident set on the CPU). A collective: every worker calls it."""
+def memory_held(device: torch.device) -> int:
+    """The bytes this worker holds now: the GPU's allocated bytes, or the process's resident set on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return _status_kib("VmRSS") * 1024
+
+
+def _status_kib(field: str) -> int:
+    """A figure of /proc/self/status (Linux), in KiB; 0 elsewhere."""
     import resource
 
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        # the peak is also in getrusage (Linux counts it in KiB), not the resident set now
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss if field == "VmHWM" else 0
+
+
+def memory_figures(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: Any, at_start: int) -> dict[str, Any]:
+    """For each worker: the bytes of the model state it holds (its parameters, their gradients, which exist
+    during every step, and its optimizer state: its shards under fsdp), its peak memory (the GPU's allocated
+    bytes, or the process's resident set on the CPU: the process's whole life, its set-up's moments included,
+    such as a model built whole before it is sharded), and that peak less `at_start`, what it held as its first
+    step began (on the CPU, the ~0.5 GB of torch's libraries are in both: where the steps made the peak, the
+    difference is what they took, activations and optimizer state). A collective: every worker calls it."""
     params = sum(_local_bytes(p) for p in module.parameters())
     grads = sum(_local_bytes(p) for p in module.parameters() if p.requires_grad)
     state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
     on_gpu = ctx.device.type == "cuda"
-    peak = torch.cuda.max_memory_allocated(ctx.device) if on_gpu else \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts it in KiB
-    rows = torch.zeros(ctx.world_size, 4, dtype=torch.float64, device=ctx.device)
-    rows[ctx.rank] = torch.tensor([params, grads, state, peak], dtype=torch.float64)
+    peak = torch.cuda.max_memory_allocated(ctx.device) if on_gpu else _status_kib("VmHWM") * 1024
+    rows = torch.zeros(ctx.world_size, 5, dtype=torch.float64, device=ctx.device)
+    rows[ctx.rank] = torch.tensor([params, grads, state, peak, peak - at_start], dtype=torch.float64)
     ctx.all_reduce_sum(rows)
     held = [{"parameters": int(p), "gradients": int(g), "optimizer": int(o), "total": int(p + g + o)}
-            for p, g, o, _ in rows.tolist()]
+            for p, g, o, _, _ in rows.tolist()]
     return {"model_state_bytes": held, "peak_memory_bytes": [int(r[3]) for r in rows.tolist()],
+            "peak_memory_added_bytes": [int(r[4]) for r in rows.tolist()],
             "peak_memory_of": "gpu allocated" if on_gpu else "process rss"}
 
 

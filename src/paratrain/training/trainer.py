@@ -23,6 +23,7 @@ import torch
 
 from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.run_folder import kept_after_failure
+from ..components import recompute
 from ..components.adapt import models_loss
 from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
 from ..components.dropout import has_dropout, masks
@@ -45,6 +46,7 @@ from .state import (
     RunState,
     language_of,
     memory_figures,
+    memory_held,
     pruned,
     quiet_compiler,
     summary_of,
@@ -77,6 +79,7 @@ class Trainer:
         self.state = self._set_up(data, saved)
         # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
         self.data = data.to(ctx.device)
+        self.memory_at_start = memory_held(ctx.device)  # what the steps add is measured from here
         self.prep = make_batch_transforms(cfg, self.data, ctx.device)
         self.run_dir = Path(cfg.out)
         self.checkpoints = RunCheckpoints(self.run_dir)  # the one owner of the run's checkpoints/
@@ -107,6 +110,8 @@ class Trainer:
         self.language = language_of(whole, data, self.per_target)  # its FLOPs a token: before any sharding
         self.counts = counted if self.per_target else getattr(self.loss, "counts", None)  # a loss's mean is over
         self.drops = has_dropout(whole)  # then every micro-batch draws its masks as one device would
+        # before any strategy wraps or splits it: a block keeps its parameters' names (recompute.py)
+        recompute.apply(whole, cfg.activation_checkpointing, cfg.selective_ac)
         module = self.strategy.build(whole, data, self.loss or training_loss(cfg, data.categorical))
         if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
             self.strategy.load(saved)
@@ -379,7 +384,7 @@ class Trainer:
                          "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
         added = self.strategy.summary()  # a collective for some strategies: every worker calls it
         waits = {**sync_waits(self.waits if self.waits_measured else None, state.train_time),
-                 **memory_figures(state.model, state.optimizer, self.ctx)}  # a collective
+                 **memory_figures(state.model, state.optimizer, self.ctx, self.memory_at_start)}  # a collective
         if not self.ctx.is_main:
             return None
         summary = {**summary_of(state, self._record(), test, test_ema, added), **waits}

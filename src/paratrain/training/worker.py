@@ -27,7 +27,7 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
     after each update."""
     cfg = plan.cfg
     entered = plan.clock.get("worker_entered", time.time())  # in-process: the launch, a moment ago
-    proc.tune_malloc()
+    proc.tune_malloc(memory_first=cfg.activation_checkpointing != "none")
     proc.set_threads(plan.hardware.threads_per_worker)
     ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout,
                     plan.env.init_method)
