@@ -62,7 +62,7 @@ def test_each_mode_chooses_its_modules_and_the_names_stay() -> None:
 
 def _gradients(model: nn.Module, x: torch.Tensor, rows: int, share: tuple[int, int] = (0, 1)) -> list[torch.Tensor]:
     model.zero_grad()
-    with GlobalBatchDropout(torch.device("cpu"), share, rows, 123, 0) as mode:
+    with GlobalBatchDropout(torch.device("cpu"), share, rows, 123, 0):
         model(x).square().mean().backward()
     return [p.grad.clone() for p in model.parameters()]
 

@@ -67,7 +67,7 @@ def as_flags(values: dict[str, Any]) -> list[str]:
 
 
 def _refused(config: Any, values: dict[str, Any]) -> str | None:
-    """Why the workload cannot run as `config` (the tower refuses --compile, a pipeline --ema, ...), checked
+    """Why the workload cannot run as `config` (the tower refuses --compile, a pipeline --accumulate, ...), checked
     as train would check it, before any process starts; None where it can."""
     from ..core.errors import UserError
 

@@ -27,7 +27,7 @@ from ..components import recompute
 from ..components.adapt import models_loss
 from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
 from ..components.dropout import has_dropout, masks
-from ..components.evaluation import SUMS, evaluate, step_sums
+from ..components.evaluation import SUMS, step_sums
 from ..components.log import RunLog, window_figures, write_summary
 from ..components.losses import counted, evaluation_loss, has_ignored, loss_name, token_weights, training_loss
 from ..components.metrics import Meter, for_run
@@ -335,8 +335,8 @@ class Trainer:
         the mean squared error."""
         cfg, meter = self.cfg, Meter(self.metrics, self.ctx.device) if self.metrics else None
         if ema:
-            acc, loss = evaluate(self.state.ema.module, pair, self.prep, self.ctx, cfg.eval_batch_size,
-                                 self.eval_loss, cfg.test_flip, self.strategy.lockstep, meter)
+            acc, loss = self.strategy.evaluate_average(self.state.ema, pair, self.prep, cfg.eval_batch_size,
+                                                       self.eval_loss, cfg.test_flip, meter)
         else:
             acc, loss = self.strategy.evaluate(pair, self.prep, cfg.eval_batch_size, self.eval_loss, cfg.test_flip,
                                                meter)

@@ -15,7 +15,7 @@ pipelines have every rank write its own part through torch.distributed.checkpoin
 `load`/`restore` read either form back (every strategy reads a sharded checkpoint: what it holds of it), and
 `evaluate`/`clip_grad_norm` run or reduce across workers where needed (a pipeline evaluates through its
 schedule; no strategy gathers the whole model). Not routed through a strategy: the weight histograms.
-Pipelines refuse --ema (their stages do not average a whole model).
+A pipeline's stage averages its own layers (--ema) and evaluates the average through the schedule.
 Adding a strategy: a module with a subclass, and one line in strategies/__init__.py.
 """
 
@@ -243,6 +243,13 @@ class Strategy:
         from ...components.evaluation import evaluate
 
         return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
+
+    def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
+                         batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
+        """`evaluate` of the weight average (--ema): here the average is a whole model of its own."""
+        from ...components.evaluation import evaluate
+
+        return evaluate(ema.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:

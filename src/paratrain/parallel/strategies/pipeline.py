@@ -28,11 +28,11 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
 
 
 def refuse_in_pipeline(cfg: TrainConfig) -> None:
-    """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: each needs the
-    whole model's gradients or weights per step, or a backward the schedule does not run."""
-    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.ema, "--ema"),
-                     (cfg.precision != "32", "--precision " + cfg.precision),
-                     (cfg.clip_grad_norm, "--clip-grad-norm"), (cfg.time_phases, "--time-phases"),
+    """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: a backward the
+    schedule does not run (--accumulate, --time-phases' phases), or activations whose type the stages' fixed
+    buffers do not expect (--precision)."""
+    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"),
+                     (cfg.precision != "32", "--precision " + cfg.precision), (cfg.time_phases, "--time-phases"),
                      (cfg.compile, "--compile"),
                      (cfg.memory_format == "channels_last", "--memory-format channels_last")):
         if on:
@@ -171,7 +171,7 @@ class PipelineStrategy(Strategy):
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         if "sharded" in saved:
-            super().restore(optimizer, None, saved)  # no EMA: pipelines refuse --ema
+            super().restore(optimizer, ema, saved)  # the stage's part of the weight average too
         else:
             self.stage.load_optimizer(optimizer, saved["optimizer"])
 
@@ -181,6 +181,32 @@ class PipelineStrategy(Strategy):
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         self.stage.average_gradients()
+
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """The norm over every stage's gradients (each stage's squares summed over its copy's stages), each
+        scaled as torch's clip_grad_norm_ scales the whole model's (every copy's gradients are averaged already)."""
+        import torch
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        if grads:
+            squares = torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]).square().sum().float()
+        dist.all_reduce(squares, group=self.stage.pp_group)
+        scale = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)  # torch's own formula
+        if grads:
+            torch._foreach_mul_(grads, scale.to(grads[0].dtype))
+
+    def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
+                         batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
+        """The weight average through the schedule: each stage's average in its layers for the while (a stage
+        cannot evaluate alone)."""
+        kept = {k: v.clone() for k, v in self.module.state_dict().items()}
+        self.module.load_state_dict(ema.module.state_dict())
+        try:
+            return self.evaluate(pair, prep, batch_size, loss, flip, meter)
+        finally:
+            self.module.load_state_dict(kept)
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
                  flip: bool, meter: Any = None) -> tuple[float, float]:
