@@ -166,3 +166,59 @@ def test_the_gpt_whose_activations_dominate_holds_at_most_0_7x_the_memory(tmp_pa
     added = {mode: s["peak_memory_added_bytes"][0] for mode, s in runs.items()}
     assert peak["full"] <= 0.7 * peak["none"], peak
     assert added["full"] <= 0.5 * added["none"], added
+
+
+def test_the_blocks_are_run_again_in_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    from paratrain.models import gpt as gpt_module
+
+    calls = []
+    forward = gpt_module.MLP.forward
+    monkeypatch.setattr(gpt_module.MLP, "forward", lambda self, x: calls.append(1) or forward(self, x))
+    for mode, runs in (("none", 4), ("full", 8), ("selective", 6)):  # selective 2: blocks 0 and 2 again
+        calls.clear()
+        model = _gpt()
+        recompute.apply(model, mode, "2")
+        _gradients(model, torch.randint(0, 64, (4, 16)), 4)
+        assert len(calls) == runs, mode
+
+
+def test_batchnorm_statistics_count_each_batch_once() -> None:
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(*(nn.Sequential(nn.Conv2d(3, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU())
+                               for _ in range(3)))
+
+    kept, recomputed = net(), net()
+    assert recompute.apply(recomputed, "full", "2") == 3
+    x = torch.randn(4, 3, 8, 8)
+    for model in (kept, recomputed):
+        model(x).square().mean().backward()
+    assert max_abs_diff(kept.state_dict(), recomputed.state_dict()) == 0.0  # running means, variances, counts
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(kept.parameters(), recomputed.parameters(), strict=True))
+
+
+def test_a_hugging_face_decoder_recomputed_equals_it_kept() -> None:
+    """transformers' Llama as it is: its decoder layers recomputed (its key/value cache turned off, which a
+    recomputed layer would fill twice) give the gradients of the layers kept."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def llama() -> nn.Module:
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2))
+
+    kept, recomputed = llama(), llama()
+    assert recompute.apply(recomputed, "full", "2") == 2 and recomputed.config.use_cache is False
+    ids = torch.randint(0, 64, (2, 12))
+    for model in (kept, recomputed):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert max((a.grad - b.grad).abs().max().item()
+               for a, b in zip(kept.parameters(), recomputed.parameters(), strict=True)) <= 1e-6
+
+
+def test_the_tower_refuses_it_in_one_line() -> None:
+    from paratrain.config import TrainConfig
+    from paratrain.parallel.strategies.tower import TowerStrategy
+
+    with pytest.raises(UserError, match="--activation-checkpointing is not available with --strategy tower"):
+        TowerStrategy.check(TrainConfig(strategy="tower", activation_checkpointing="full"))

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
@@ -80,6 +81,11 @@ def apply(model: nn.Module, mode: str, option: str) -> int:
     modules = chosen(model, mode, option)
     for module in modules:
         module.__class__ = _recomputed(type(module))
+    config = getattr(model, "config", None)
+    if modules and getattr(config, "use_cache", False):
+        # a Hugging Face model's key/value cache, on in training: a recomputed layer would add its keys twice, and
+        # the cache would keep every layer's (transformers' own checkpointing turns it off too)
+        config.use_cache = False
     return len(modules)
 
 
@@ -88,32 +94,41 @@ def _recomputed(cls: type) -> type:
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():  # evaluation: nothing is kept anyway
                 return cls.forward(self, *args, **kwargs)
-            mode = GlobalBatchDropout.current
-            replay = {} if mode is None else {"context_fn": partial(_replaying, mode, mode.snapshot())}
-            return checkpoint(cls.forward, self, *args, use_reentrant=False, **replay, **kwargs)
+            replay = partial(_replaying, self, GlobalBatchDropout.current)
+            return checkpoint(cls.forward, self, *args, use_reentrant=False, context_fn=replay, **kwargs)
 
         _SUBCLASSES[cls] = type(f"Recomputed{cls.__name__}", (cls,), {"forward": forward})
     return _SUBCLASSES[cls]
 
 
-def _replaying(mode: GlobalBatchDropout, forward_at: tuple) -> tuple[Any, Any]:
-    """torch.utils.checkpoint's pair of contexts: none around the forward; around the recomputation, the dropout
-    mode put back where the forward's calls drew from, then where it was (a pipeline's stage has placed other
-    chunks between a chunk's forward and its backward)."""
+def _replaying(module: nn.Module, mode: GlobalBatchDropout | None) -> tuple[Any, Any]:
+    """torch.utils.checkpoint's pair of contexts, made as the forward runs: none around the forward; around the
+    recomputation, the dropout mode put back where the forward's calls drew from, then where it was (a
+    pipeline's stage has placed other chunks between a chunk's forward and its backward), and the BatchNorm
+    layers' running statistics kept as the forward left them (recomputed, they would count the batch twice)."""
+    forward_at = mode.snapshot() if mode is not None else None
+    norms = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+
     @contextlib.contextmanager
     def recomputing() -> Any:
-        now = mode.snapshot()
-        mode.restore(forward_at)
-        # the backward runs without the forward's torch function modes: the mode is entered again for it (as
-        # torch's TorchFunctionMode, leaving GlobalBatchDropout.current as it is)
+        statistics = [[b.clone() for b in m.buffers()] for m in norms]
+        now = mode.snapshot() if mode is not None else None
         with contextlib.ExitStack() as stack:
-            if mode not in _active_modes():
-                TorchFunctionMode.__enter__(mode)
-                stack.callback(TorchFunctionMode.__exit__, mode, None, None, None)
+            if mode is not None:
+                mode.restore(forward_at)
+                stack.callback(mode.restore, now)
+                # the backward runs without the forward's torch function modes: the mode is entered again for it
+                # (as torch's TorchFunctionMode, leaving GlobalBatchDropout.current as it is)
+                if mode not in _active_modes():
+                    TorchFunctionMode.__enter__(mode)
+                    stack.callback(TorchFunctionMode.__exit__, mode, None, None, None)
             try:
                 yield
             finally:
-                mode.restore(now)
+                with torch.no_grad():
+                    for m, kept in zip(norms, statistics, strict=True):
+                        for b, k in zip(m.buffers(), kept, strict=True):
+                            b.copy_(k)
 
     return contextlib.nullcontext(), recomputing()
 

@@ -224,12 +224,16 @@ def _join(context: Any, results: Any, steps: Any, cfg: TrainConfig, requeue_sign
         raise WorkerFailed(f"worker {e.error_index} {how}") from None
     except _Terminated as e:
         signum = e.signum
+        for s in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C while they stop: they are stopping already
+            if signal.getsignal(s) is _raise_terminated:
+                signal.signal(s, _stopping)
         if signum == requeue_signal:  # rank 0 requeues the job; Slurm's SIGTERM to every process of the step follows at
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: this launcher waits for the workers and says why
         stop_processes(context.processes, signum, REQUEUE_WAIT_S if signum == requeue_signal else STOP_WAIT_S)
         raise _report_in(results, finished) or _unreported(128 + signum, cfg) from None
     finally:
         restore(old_handlers, _raise_terminated)
+        restore(old_handlers, _stopping)
     if results.empty():
         raise UserError("the workers finished without a summary; see the lines above", code=1)
     return results.get()
@@ -328,6 +332,10 @@ class _Terminated(Exception):
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     raise _Terminated(signum)
+
+
+def _stopping(signum: int, frame: Any) -> None:
+    """A stop signal while the workers stop on the first: they are killed when the wait ends (stop_processes)."""
 
 
 STOP_WAIT_S = 8  # workers finish their step and save; then they are killed (the promise is 10 s)

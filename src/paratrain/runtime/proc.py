@@ -35,6 +35,7 @@ def tune_malloc(memory_first: bool = False) -> None:
     if memory_first:  # a fixed threshold: glibc's own would rise to the size of every buffer freed
         libc.mallopt(M_MMAP_THRESHOLD, 256 * 2**10)
         libc.mallopt(M_TRIM_THRESHOLD, 128 * 2**10)
+        libc.mallopt(M_TOP_PAD, 128 * 2**10)  # glibc's default (the other branch may have run in this process)
         return
     libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's ceiling for this knob on 64-bit
     libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)

@@ -174,6 +174,10 @@ class PipelineStrategy(Strategy):
             super().restore(optimizer, ema, saved)  # the stage's part of the weight average too
         else:
             self.stage.load_optimizer(optimizer, saved["optimizer"])
+            if ema is not None and "ema_model" in saved:  # the stage's layers of the whole average
+                names = dict(self.stage.module.named_children())
+                ema.module.load_state_dict({k: v for k, v in saved["ema_model"].items()
+                                            if k.split(".", 1)[0] in names})
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -19,6 +19,13 @@ if TYPE_CHECKING:
 
 class TowerStrategy(Strategy):
     name = "tower"
+
+    @classmethod
+    def check(cls, cfg: TrainConfig) -> None:
+        super().check(cfg)
+        if cfg.activation_checkpointing != "none":  # a replica's recomputation would run on the first device's weights
+            raise UserError("--activation-checkpointing is not available with --strategy tower (its replicas share "
+                            "one module's weights); use --strategy ddp")
     unit = "towers"
 
     @classmethod
