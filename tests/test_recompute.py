@@ -105,7 +105,7 @@ def test_a_pipeline_stage_that_places_other_chunks_between_replays_its_own() -> 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--activation-checkpointing", "half"], "--activation-checkpointing: invalid choice: 'half'"),
     (["--selective-ac", "2"], "--selective-ac is not read by --activation-checkpointing none"),
-    (["--activation-checkpointing", "selective", "--selective-ac", "0"], "--selective-ac must be a whole number"),
+    (["--activation-checkpointing", "selective", "--selective-ac", "0"], "--selective-ac must be a positive whole"),
     (["--activation-checkpointing", "full", "--compile"], "--compile with --activation-checkpointing is not"),
     (["--activation-checkpointing", "full", "--model", "mlp", "--steps", "1"],
      "MLP has no repeated blocks to recompute")])

@@ -153,8 +153,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.compile and cfg.activation_checkpointing != "none":  # untried together: refused rather than guessed
         _bad("--compile with --activation-checkpointing is not available yet; leave one of them out")
     if not (cfg.selective_ac == "attention" or (cfg.selective_ac.isdigit() and int(cfg.selective_ac) >= 1)):
-        _bad(f"--selective-ac must be a whole number of blocks K (every K-th block is recomputed) or 'attention', "
-             f"not {shown(cfg.selective_ac)}")
+        _bad(f"--selective-ac must be a positive whole number K (blocks 1, K+1, 2K+1, ... are recomputed) or "
+             f"'attention', not {shown(cfg.selective_ac)}")
     if cfg.lr_schedule in ("exponential", "step") and not (cfg.lr_decay_steps or cfg.lr_decay_epochs):
         _bad(f"--lr-schedule {cfg.lr_schedule} needs --lr-decay-steps or --lr-decay-epochs")
 
