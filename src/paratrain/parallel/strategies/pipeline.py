@@ -165,9 +165,13 @@ class PipelineStrategy(Strategy):
         if "sharded" in saved:
             super().load(saved)
             return
-        names = dict(self.stage.module.named_children())
-        mine = {k: v for k, v in saved["model"].items() if k.split(".", 1)[0] in names}
+        mine = self._stage_part(saved["model"])
         checkpoint.load_weights(self.module, {**saved, "model": mine}, self.cfg.resume, self.cfg.to_dict())
+
+    def _stage_part(self, whole: dict[str, Any]) -> dict[str, Any]:
+        """This stage's entries of a whole model's state dict (the stage names its layers as the whole does)."""
+        names = dict(self.stage.module.named_children())
+        return {k: v for k, v in whole.items() if k.split(".", 1)[0] in names}
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         if "sharded" in saved:
@@ -175,9 +179,7 @@ class PipelineStrategy(Strategy):
         else:
             self.stage.load_optimizer(optimizer, saved["optimizer"])
             if ema is not None and "ema_model" in saved:  # the stage's layers of the whole average
-                names = dict(self.stage.module.named_children())
-                ema.module.load_state_dict({k: v for k, v in saved["ema_model"].items()
-                                            if k.split(".", 1)[0] in names})
+                ema.module.load_state_dict(self._stage_part(saved["ema_model"]))
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -187,19 +189,17 @@ class PipelineStrategy(Strategy):
         self.stage.average_gradients()
 
     def clip_grad_norm(self, max_norm: float) -> None:
-        """The norm over every stage's gradients (each stage's squares summed over its copy's stages), each
-        scaled as torch's clip_grad_norm_ scales the whole model's (every copy's gradients are averaged already)."""
+        """The norm over every stage's gradients (each stage's squared norm summed over its copy's stages), each
+        scaled by torch's clip_grad_norm_ rule with it (every copy's gradients are averaged already)."""
         import torch
         import torch.distributed as dist
+        from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        squares = torch.zeros((), dtype=torch.float32, device=self.ctx.device)
-        if grads:
-            squares = torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]).square().sum().float()
+        parameters = [p for p in self.module.parameters() if p.grad is not None]
+        squares = get_total_norm([p.grad for p in parameters]).to(self.ctx.device, torch.float32).square() \
+            if parameters else torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         dist.all_reduce(squares, group=self.stage.pp_group)
-        scale = torch.clamp(max_norm / (squares.sqrt() + 1e-6), max=1.0)  # torch's own formula
-        if grads:
-            torch._foreach_mul_(grads, scale.to(grads[0].dtype))
+        clip_grads_with_norm_(parameters, max_norm, squares.sqrt())
 
     def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
                          batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class TowerStrategy(Strategy):
     name = "tower"
+    unit = "towers"
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
@@ -26,7 +27,6 @@ class TowerStrategy(Strategy):
         if cfg.activation_checkpointing != "none":  # a replica's recomputation would run on the first device's weights
             raise UserError("--activation-checkpointing is not available with --strategy tower (its replicas share "
                             "one module's weights); use --strategy ddp")
-    unit = "towers"
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
