@@ -22,6 +22,7 @@ import torch
 
 from ..core.errors import UserError
 from ..core.outputs import writing
+from .background import Background, staged
 from .run_folder import step_checkpoints
 
 META = "meta.pt"  # rank 0's part of a sharded checkpoint: everything but the tensors
@@ -59,13 +60,42 @@ def flat_optimizer(metadata: Any) -> bool:
 
 
 def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], folder: str | Path,
-              step: int, keep: int) -> Path:
+              step: int, keep: int, background: Background | None = None) -> Path:
     """Write the step's sharded checkpoint (collective: every rank of the group `ctx` calls it, with its own
-    shards in `tensors`); keep the `keep` newest step checkpoints. `meta()` is built on rank 0 only."""
+    shards in `tensors`); keep the `keep` newest step checkpoints. `meta()` is built on rank 0 only.
+    `background` (--async-checkpoint): the tensors are copied, then written while the caller goes on."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
 
-    folder = Path(folder)
+    if background is not None:
+        background.wait()  # the save before is whole before this one clears the folder's leftovers
+    final, building = _prepare(ctx, Path(folder), step)
+    if background is not None:
+        with writing(final), _quiet():
+            future = dcp.async_save(tensors, checkpoint_id=building, process_group=background.group,
+                                    no_dist=not ctx.distributed)  # returns once the tensors are copied
+        extras = staged(meta()) if ctx.is_main else None  # this step's, not the state's when the write ends
+
+        def write() -> None:
+            with writing(final):  # a failed write (a full disk) names the checkpoint, as a synchronous one does
+                written = _saved(future.result)
+            if ctx.is_main:  # the coordinator's save ends after every rank's shards are written
+                if _missing(building, written):
+                    raise _not_shared(building)
+                _publish_and_prune(building, final, extras, step, keep)
+
+        background.start(write)
+        return final
+    with writing(final), _quiet():
+        written = _saved(lambda: dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed))
+    _check_shared(ctx, building, written)
+    if ctx.is_main:
+        _publish_and_prune(building, final, meta(), step, keep)
+    ctx.barrier()  # no rank goes on (or leaves on a signal) before the checkpoint is whole
+    return final
+
+
+def _prepare(ctx: Any, folder: Path, step: int) -> tuple[Path, Path]:
+    """The step's folder and the hidden one it is written in, made (by rank 0) before any rank writes."""
     final, building = folder / f"step-{step:08d}", folder / f".step-{step:08d}.tmp"
     if ctx.is_main:
         with writing(final):
@@ -73,23 +103,30 @@ def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, An
                 shutil.rmtree(stale, ignore_errors=True)
             building.mkdir(parents=True)
     ctx.barrier()  # the folder exists before any rank writes into it
-    with writing(final), _quiet():
-        try:
-            written = dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed)
-        except CheckpointException as e:  # a BaseException around a rank's OSError (a full disk): unwrapped
-            raise _cause(e) from None
-    _check_shared(ctx, building, written)
-    if ctx.is_main:
-        with writing(final):
-            _publish(building, final, {**meta(), "format": FORMAT, "torch": str(torch.__version__)})
-            # a run that wrote whole-model files before (carried on under another strategy): the same step's file
-            # and last.pt would name another checkpoint than the newest
-            for other in (folder / f"step-{step:08d}.pt", folder / "last.pt"):
-                other.unlink(missing_ok=True)
-            for _, old in step_checkpoints(folder)[:-keep]:
-                remove(old)
-    ctx.barrier()  # no rank goes on (or leaves on a signal) before the checkpoint is whole
-    return final
+    return final, building
+
+
+def _saved(save: Callable[[], Any]) -> Any:
+    """DCP's save (its metadata); a rank's own failure unwrapped from DCP's CheckpointException (a BaseException
+    around a rank's OSError, a full disk)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        return save()
+    except CheckpointException as e:
+        raise _cause(e) from None
+
+
+def _publish_and_prune(building: Path, final: Path, meta: dict[str, Any], step: int, keep: int) -> None:
+    folder = final.parent
+    with writing(final):
+        _publish(building, final, {**meta, "format": FORMAT, "torch": str(torch.__version__)})
+        # a run that wrote whole-model files before (carried on under another strategy): the same step's file
+        # and last.pt would name another checkpoint than the newest
+        for other in (folder / f"step-{step:08d}.pt", folder / "last.pt"):
+            other.unlink(missing_ok=True)
+        for _, old in step_checkpoints(folder)[:-keep]:
+            remove(old)
 
 
 def _cause(e: BaseException) -> BaseException:
@@ -104,13 +141,22 @@ def _check_shared(ctx: Any, building: Path, written: Any) -> None:
     on each node's own disk, and the checkpoint could never be read. Agreed by all (collective)."""
     missing = torch.zeros(1, device=ctx.device)
     if ctx.is_main:
-        files = {item.relative_path for item in (written.storage_data or {}).values()}
-        missing.fill_(sum(not (building / name).is_file() for name in files))
+        missing.fill_(_missing(building, written))
     ctx.all_reduce_sum(missing)
     if missing.item():
-        raise UserError(f"the shards of a sharded checkpoint did not all reach {building.parent}: the nodes do not "
-                        "share it; pass an --out on a file system every node mounts (fsdp, hsdp and the pipelines "
-                        "write each rank's part there)")
+        raise _not_shared(building)
+
+
+def _missing(building: Path, written: Any) -> int:
+    """How many of the files DCP's metadata `written` names are not in `building`."""
+    files = {item.relative_path for item in (written.storage_data or {}).values()}
+    return sum(not (building / name).is_file() for name in files)
+
+
+def _not_shared(building: Path) -> UserError:
+    return UserError(f"the shards of a sharded checkpoint did not all reach {building.parent}: the nodes do not "
+                     "share it; pass an --out on a file system every node mounts (fsdp, hsdp and the pipelines "
+                     "write each rank's part there)")
 
 
 def _publish(building: Path, final: Path, meta: dict[str, Any]) -> None:

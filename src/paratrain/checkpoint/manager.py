@@ -8,6 +8,8 @@
                               where it is sharded)
       .save_file(...)         a step's checkpoint written as one whole-model file, the older ones pruned
       .save_sharded(...)      or as a sharded step folder (every rank its part)
+      .wait()                 where the saves are written in the background (--async-checkpoint,
+                              `background`): until the last has been written
 
 The launcher asks it once (session.py) and hands the answer to the workers in the plan; each worker reads the
 checkpoint it carries on from itself, once (resume.py), since only a worker knows which part it holds.
@@ -24,6 +26,7 @@ from ..config import SHARDED
 from ..core.errors import UserError
 from . import dcp
 from . import files as checkpoint_files
+from .background import Background, staged
 from .run_folder import WEIGHTS_ONLY, step_checkpoints, weights_only
 
 
@@ -39,10 +42,12 @@ class Found:
 class RunCheckpoints:
     """A run folder's checkpoints: listed once, then asked."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, ctx: Any = None, background: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.folder = self.run_dir / "checkpoints"
         self._found: Found | None = None
+        self.ctx = ctx  # a worker's (where it saves)
+        self.background = Background(ctx) if background else None  # collective where distributed
 
     def found(self) -> Found:
         """The listing, made on the first call only."""
@@ -73,13 +78,25 @@ class RunCheckpoints:
         return checkpoint_files.newest_loadable(self.folder, whole=False)
 
     def save_file(self, state: dict[str, Any], step: int, keep: int) -> None:
-        """Write step `step`'s checkpoint as one whole-model file (rank 0) and keep the newest `keep`."""
-        checkpoint_files.save_step(state, self.folder, step, keep)
+        """Write step `step`'s checkpoint as one whole-model file (rank 0) and keep the newest `keep`. In the
+        background: `state`'s tensors are copied first, and the caller goes on."""
         self._found = None  # listed again if asked
+        if self.background is None:
+            checkpoint_files.save_step(state, self.folder, step, keep)
+            return
+        state = staged(state)
+        self.background.start(lambda: checkpoint_files.save_step(state, self.folder, step, keep))
 
     def save_sharded(self, ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], step: int,
                      keep: int) -> None:
         """Write step `step`'s checkpoint as a sharded folder, every rank its part of `tensors` and rank 0
         `meta()` (collective), and keep the newest `keep`."""
-        dcp.save_step(ctx, tensors, meta, self.folder, step, keep)
         self._found = None
+        dcp.save_step(ctx, tensors, meta, self.folder, step, keep, self.background)
+
+    def wait(self) -> None:
+        """Until every checkpoint begun is written, on every worker (collective where the saves are written in
+        the background; nothing to wait for where they are not)."""
+        if self.background is not None:
+            self.background.wait()
+            self.ctx.barrier()  # no worker leaves before rank 0 has made the last checkpoint whole

@@ -78,10 +78,10 @@ def candidates(cores: int, batch: int) -> list[int]:
 
 # What does not change a step's cost: where the run goes, how long, what it learns at, what it logs.
 NOT_COST = {"out", "resume", "overwrite", "quiet", "tensorboard", "log_every", "histogram_every", "checkpoint_every",
-            "keep_checkpoints", "epochs", "steps", "max_time", "early_stopping", "seed", "lr", "momentum", "beta1",
-            "beta2", "weight_decay", "lr_schedule", "lr_decay_rate", "lr_decay_steps", "lr_decay_epochs",
-            "lr_staircase", "warmup_steps", "label_smoothing", "max_restarts", "collective_timeout", "devices",
-            "requeue_signal", "max_requeues",
+            "keep_checkpoints", "async_checkpoint", "epochs", "steps", "max_time", "early_stopping", "seed", "lr",
+            "momentum", "beta1", "beta2", "weight_decay", "lr_schedule", "lr_decay_rate", "lr_decay_steps",
+            "lr_decay_epochs", "lr_staircase", "warmup_steps", "label_smoothing", "max_restarts", "collective_timeout",
+            "devices", "requeue_signal", "max_requeues",
             "data_dir", "download", "eval_batch_size", "eval_ema", "test_flip", "cache_dir"}
 
 

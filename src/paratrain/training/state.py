@@ -55,6 +55,7 @@ class RunState:
     steps_run: int = 0
     train_time: float = 0.0
     eval_time: float = 0.0
+    checkpoint_wait: float = 0.0  # seconds the loop waited on checkpoints (this start's)
     val: tuple[float, float, dict[str, float]] = (math.nan, math.nan, {})  # accuracy, loss, metrics
     stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
     # or "pruned" (a search's pruner)
@@ -62,6 +63,20 @@ class RunState:
     best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
     since_best: int = 0  # and the epochs validated since it
     val_ema: tuple[float, float, dict[str, float]] | None = None  # the weight average's, at the end (--ema)
+
+    def extras(self, epoch: int, config: dict[str, Any], data: dict[str, Any],
+               parts: dict[str, Any] | None) -> dict[str, Any]:
+        """What a checkpoint holds besides the model and the optimizer state (what `restore` reads): `config`
+        the run's, `data` the data's shape (to rebuild the model without the data), `parts` which network,
+        optimizer and loss of the user's ran."""
+        extras = {"scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(), "step": self.step,
+                  "epoch": epoch, "config": config, "data": data, "validated": self.validated,
+                  "early_stopping": (self.best_val_loss, self.since_best)}
+        if parts:
+            extras["parts"] = parts
+        if self.ema is not None:  # its weights are the strategy's to save
+            extras["ema_n_averaged"] = int(self.ema.n_averaged)
+        return extras
 
     def restore(self, saved: dict[str, Any], per_epoch: int, patience: int | None) -> None:
         """A checkpoint's schedule, scaler, EMA count, step and early-stopping record (the strategy restores
@@ -184,6 +199,7 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
         "global_batch_size": per_update, "steps": state.step,
         "epochs": math.ceil(state.step / record.per_epoch),
         "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": record.step_phases,
+        "checkpoint_wait_s": state.checkpoint_wait,
         "examples_per_sec": state.steps_run * per_update / state.train_time
         if state.steps_run and state.train_time else None,
         "test_accuracy": finite(reported[0]), "test_loss": reported[1],  # None: no classes, or no test set

@@ -82,7 +82,8 @@ class Trainer:
         self.memory_at_start = memory_held(ctx.device)  # what the steps add is measured from here
         self.prep = make_batch_transforms(cfg, self.data, ctx.device)
         self.run_dir = Path(cfg.out)
-        self.checkpoints = RunCheckpoints(self.run_dir)  # the one owner of the run's checkpoints/
+        # the one owner of the run's checkpoints/ (collective where they are written in the background)
+        self.checkpoints = RunCheckpoints(self.run_dir, ctx, cfg.async_checkpoint)
         self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
                           self.state.validated)
         self.timer = PhaseTimer(ctx, cfg.time_phases)
@@ -244,6 +245,7 @@ class Trainer:
         self.busy = 0.0
         mean_loss, time_flag, signal_flag = (summed[:3] / self.to_means).tolist()
         if not math.isfinite(mean_loss):
+            self.checkpoints.wait()  # a good checkpoint still being written is kept whole (every worker is here)
             raise UserError(f"the loss became {mean_loss} at step {self.state.step + 1}; stopped before updating. "
                             f"Lower --lr; the last good checkpoint is kept in {self.checkpoints.folder}", code=3)
         return bool(time_flag), bool(signal_flag)
@@ -299,31 +301,28 @@ class Trainer:
         if self.state.ema is not None:
             self.strategy.agree_buffers(self.state.ema.module)
 
-    def _checkpoint(self, epoch: int) -> None:
-        """Save the run's state (a collective: the strategy decides who writes what)."""
-        state = self.state
+    def _checkpoint(self, epoch: int, last: bool = False) -> None:
+        """Save the run's state (a collective: the strategy decides who writes what); `last`: the run's last save,
+        waited for to the end wherever it is written in the background."""
+        state, t_start = self.state, time.perf_counter()
         self._agree_buffers()
         self.strategy.save(state.optimizer, state.ema, lambda: self._extras(epoch), self.checkpoints, state.step,
                            self.cfg.keep_checkpoints)
+        if last:
+            self.checkpoints.wait()
         state.saved_step = state.step
+        state.checkpoint_wait += time.perf_counter() - t_start
 
     def _extras(self, epoch: int) -> dict[str, Any]:
         """What a checkpoint holds besides the model and the optimizer state."""
-        state = self.state
-        extras = {"scheduler": state.scheduler.state_dict(), "scaler": state.scaler.state_dict(), "step": state.step,
-                  "epoch": epoch, "config": self.cfg.to_dict(),
-                  "data": self.data.shape_info(),  # to rebuild the model without the data
-                  "validated": state.validated, "early_stopping": (state.best_val_loss, state.since_best)}
-        if self.parts.record:
-            extras["parts"] = self.parts.record  # which network, optimizer and loss of the user's ran
-        if state.ema is not None:  # its weights are the strategy's to save
-            extras["ema_n_averaged"] = int(state.ema.n_averaged)
-        return extras
+        return self.state.extras(epoch, self.cfg.to_dict(), self.data.shape_info(), self.parts.record)
 
     def _leave(self, epoch: int) -> None:
         """Stopped by a signal: save what was done and leave quickly, without evaluating."""
         if self.state.saved_step != self.state.step:
-            self._checkpoint(epoch)
+            self._checkpoint(epoch, last=True)
+        else:
+            self.checkpoints.wait()  # this step's, begun in the background
         signum = self.stop_request.signum if self.stop_request is not None and self.stop_request.signum else \
             signal.SIGTERM
         raise Stopped(f"stopped by {signal_name(signum)} at step {self.state.step}; the checkpoint is in "
@@ -377,7 +376,7 @@ class Trainer:
                                    for s in (self.data.val, self.data.test))
         state.eval_time += time.perf_counter() - t_eval
         t_saved = time.perf_counter()
-        self._checkpoint(self.length.epochs)
+        self._checkpoint(self.length.epochs, last=True)
         t_logs = time.perf_counter()
         self.log.close()
         self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
