@@ -34,10 +34,23 @@ def quiet_compiler() -> None:
 
     inductor.compile_threads = 1
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    # a graph over DTensors (tensor parallelism) is not kept in AOTAutograd's cache, which warns so on every rank
+    logging.getLogger("torch._functorch._aot_autograd.autograd_cache").setLevel(logging.ERROR)
     # torch.fx's interpreter opens a tqdm bar while compiling, and tqdm's default lock is a multiprocessing
     # semaphore that a worker leaving through os._exit never releases ("resource_tracker: ... 1 leaked
     # semaphore" at the end of a 2-worker --compile run): a thread lock is enough (as components/log.py's)
     tqdm.set_lock(threading.RLock())
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling so far (torch.compile's own account: tracing, code generation
+    and the C++ build, of forward and backward graphs); 0 where torch keeps no such account."""
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+
+        return float(calculate_time_spent().get("total_wall_time", 0.0))
+    except Exception:  # noqa: BLE001 (a private account, which another torch may lack or name otherwise)
+        return 0.0
 
 
 @dataclass
@@ -56,6 +69,7 @@ class RunState:
     train_time: float = 0.0
     eval_time: float = 0.0
     checkpoint_wait: float = 0.0  # seconds the loop waited on checkpoints (this start's)
+    compile_time: float = 0.0  # seconds of the training time spent compiling (--compile; this start's)
     val: tuple[float, float, dict[str, float]] = (math.nan, math.nan, {})  # accuracy, loss, metrics
     stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
     # or "pruned" (a search's pruner)
@@ -63,6 +77,11 @@ class RunState:
     best_val_loss: float = math.inf  # --early-stopping: the lowest validation loss so far
     since_best: int = 0  # and the epochs validated since it
     val_ema: tuple[float, float, dict[str, float]] | None = None  # the weight average's, at the end (--ema)
+
+    @property
+    def stepping_time(self) -> float:
+        """The training time the steps themselves took: without compiling (a training rate's divisor)."""
+        return self.train_time - self.compile_time
 
     def extras(self, epoch: int, config: dict[str, Any], data: dict[str, Any],
                parts: dict[str, Any] | None) -> dict[str, Any]:
@@ -200,8 +219,9 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
         "epochs": math.ceil(state.step / record.per_epoch),
         "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": record.step_phases,
         "checkpoint_wait_s": state.checkpoint_wait,
-        "examples_per_sec": state.steps_run * per_update / state.train_time
-        if state.steps_run and state.train_time else None,
+        "examples_per_sec": state.steps_run * per_update / state.stepping_time
+        if state.steps_run and state.stepping_time else None,
+        "compile_s": state.compile_time if cfg.compile else None,
         "test_accuracy": finite(reported[0]), "test_loss": reported[1],  # None: no classes, or no test set
         "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
         "test_accuracy_raw": finite(test[0]), "test_accuracy_ema": finite(test_ema[0]) if test_ema else None,
@@ -288,8 +308,8 @@ def language_figures(state: RunState, record: RunRecord, reported: tuple[float, 
     if lm is None:
         return {}
     per_update = record.cfg.batch_size * record.cfg.accumulate
-    tokens_per_sec = state.steps_run * per_update * lm["tokens_per_example"] / state.train_time \
-        if state.steps_run and state.train_time else None
+    tokens_per_sec = state.steps_run * per_update * lm["tokens_per_example"] / state.stepping_time \
+        if state.steps_run and state.stepping_time else None
     achieved = lm["flops_per_token"] * tokens_per_sec if tokens_per_sec else None
     peak, peak_of = _device_peak(record.devices, record.cfg.precision)
     total_peak = peak * len(record.devices) if peak else None

@@ -44,6 +44,7 @@ from ..runtime.interrupt import Stopped, StopRequest, signal_name
 from .state import (
     RunRecord,
     RunState,
+    compile_seconds,
     language_of,
     memory_figures,
     memory_held,
@@ -126,7 +127,7 @@ class Trainer:
             state.restore(saved, self.length.per_epoch, cfg.early_stopping)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
             quiet_compiler()
-            module.compile()
+            self.strategy.compile()
         self.strategy.wrap()
         return state
 
@@ -166,7 +167,7 @@ class Trainer:
         state, length, ctx = self.state, self.length, self.ctx
         perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(ctx.device)
         ctx.synchronize()
-        t_epoch = time.perf_counter()
+        t_epoch, compiled = time.perf_counter(), compile_seconds() if self.cfg.compile else 0.0
         for i in range(state.step - epoch * length.per_epoch,
                        min(length.per_epoch, length.total_steps - epoch * length.per_epoch)):
             time_up, asked = self._agree(self._forward_backward(perm, i))
@@ -184,6 +185,8 @@ class Trainer:
         ctx.synchronize()
         epoch_time = time.perf_counter() - t_epoch
         state.train_time += epoch_time
+        if self.cfg.compile:  # apart from the rate: a graph compiled in the epoch's steps
+            state.compile_time += compile_seconds() - compiled
         return epoch_time
 
     # ---- one step ----
@@ -306,16 +309,12 @@ class Trainer:
         waited for to the end wherever it is written in the background."""
         state, t_start = self.state, time.perf_counter()
         self._agree_buffers()
-        self.strategy.save(state.optimizer, state.ema, lambda: self._extras(epoch), self.checkpoints, state.step,
-                           self.cfg.keep_checkpoints)
+        extras = lambda: state.extras(epoch, self.cfg.to_dict(), self.data.shape_info(), self.parts.record)  # noqa: E731
+        self.strategy.save(state.optimizer, state.ema, extras, self.checkpoints, state.step, self.cfg.keep_checkpoints)
         if last:
             self.checkpoints.wait()
         state.saved_step = state.step
         state.checkpoint_wait += time.perf_counter() - t_start
-
-    def _extras(self, epoch: int) -> dict[str, Any]:
-        """What a checkpoint holds besides the model and the optimizer state."""
-        return self.state.extras(epoch, self.cfg.to_dict(), self.data.shape_info(), self.parts.record)
 
     def _leave(self, epoch: int) -> None:
         """Stopped by a signal: save what was done and leave quickly, without evaluating."""

@@ -58,10 +58,9 @@ class Strategy:
         """Raise UserError for options this strategy cannot take (strategies.checked calls it)."""
         if cfg.stages is not None:
             raise UserError(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
-        for on, flag in ((cfg.compile, "--compile"), (cfg.memory_format == "channels_last", "--memory-format "
-                                                        "channels_last")):
-            if on and cfg.strategy != "ddp":
-                raise UserError(f"{flag} is available with --strategy ddp, not {cfg.strategy}; leave it out")
+        if cfg.memory_format == "channels_last" and cfg.strategy != "ddp":
+            raise UserError(f"--memory-format channels_last is available with --strategy ddp, not {cfg.strategy}; "
+                            "leave it out")
 
     @classmethod
     def check_foreign(cls, cfg: TrainConfig) -> None:
@@ -198,6 +197,21 @@ class Strategy:
         if ema is not None:
             tensors["ema_model"] = ema.module.state_dict()
         checkpoints.save_sharded(self.ctx, tensors, extras, step, keep)
+
+    def compiled_units(self) -> list[nn.Module]:
+        """What --compile compiles, each on its own: here the whole model (wrapped by nothing that runs inside its
+        forward); a sharded model's blocks (fsdp, tp), a pipeline's stage."""
+        return [self.module]
+
+    def compile(self) -> None:
+        """--compile: torch.compile the forward of each of `compiled_units()`, in place. The units' hooks, where
+        fsdp gathers a block's weights and tensor parallelism redistributes its inputs and outputs, stay outside
+        the compiled code (as torchtitan compiles each block, not the sharded whole); the parameters' names and
+        state_dict keys are unchanged."""
+        import torch
+
+        for unit in self.compiled_units():
+            unit.forward = torch.compile(unit.forward)
 
     def wrap(self) -> None:
         """Wrap the module for training, once its state is restored."""

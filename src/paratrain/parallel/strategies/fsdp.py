@@ -145,6 +145,11 @@ class FSDP(Strategy):
         # the root's own weights are needed again at once by the backward: never freed after its forward
         fully_shard(module, reshard_after_forward=False, **options)
 
+    def compiled_units(self) -> list[nn.Module]:
+        """Each block sharded on its own (its hooks gather and free its weights, outside the compiled code); the
+        root's own forward, which runs them one after the other, stays eager. One worker: the plain model."""
+        return blocks(self.module, self.cfg.shard_modules) if self.ctx.distributed else [self.module]
+
     def average(self, decay: float) -> AveragedModel:
         from ...components.optim import make_ema
 

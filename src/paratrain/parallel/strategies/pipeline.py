@@ -33,7 +33,6 @@ def refuse_in_pipeline(cfg: TrainConfig) -> None:
     buffers do not expect (--precision)."""
     for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"),
                      (cfg.precision != "32", "--precision " + cfg.precision), (cfg.time_phases, "--time-phases"),
-                     (cfg.compile, "--compile"),
                      (cfg.memory_format == "channels_last", "--memory-format channels_last")):
         if on:
             raise UserError(f"{flag} is not available with --strategy {cfg.strategy}"

@@ -24,6 +24,9 @@ class TowerStrategy(Strategy):
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
         super().check(cfg)
+        if cfg.compile:  # the classic recipe, kept as it was to be compared with
+            raise UserError("--compile is not available with --strategy tower (the classic recipe, kept as it was "
+                            "for comparison); use --strategy ddp")
         if cfg.activation_checkpointing != "none":  # a replica's recomputation would run on the first device's weights
             raise UserError("--activation-checkpointing is not available with --strategy tower (its replicas share "
                             "one module's weights); use --strategy ddp")

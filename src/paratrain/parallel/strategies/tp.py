@@ -150,6 +150,13 @@ class TensorParallel(Strategy):
         self.module = self.model = module
         return module
 
+    def compiled_units(self) -> list[nn.Module]:
+        """A stage's module where the mesh has a pipeline; else each top-level block (its tensor-parallel layers'
+        redistributions traced with it, its fsdp hooks over the copies outside)."""
+        from .fsdp import blocks
+
+        return [self.module] if self.dims().pp > 1 else blocks(self.module, self.cfg.shard_modules)
+
     def _pipeline(self, model: nn.Module, data: Splits, loss: Any, shard: Callable) -> Any:
         from .stages import Layout, Pipeline, example_batch, layers_of
 

@@ -1,0 +1,83 @@
+"""--compile under every strategy (Strategy.compile): what each compiles (the whole model under ddp, each block
+where fsdp or tensor parallelism shards it, a pipeline's stage), the names and hooks left as they were, the
+tower's refusal; on 2 CPU workers the gpt compiled under fsdp, tp and a 2-stage pipeline ends within 1e-4 of the
+same run uncompiled, says nothing on the way or at its exit, and reports its compile time apart from its rate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import max_abs_diff, run_cli, weights
+
+from paratrain import config
+from paratrain.core.errors import UserError
+from paratrain.parallel.strategies import checked
+
+
+def test_the_tower_refuses_compile_in_one_line_and_the_other_strategies_take_it() -> None:
+    with pytest.raises(UserError, match="--compile is not available with --strategy tower .*use --strategy ddp"):
+        checked(config.validate(config.TrainConfig(compile=True, strategy="tower")))
+    for values in ({"strategy": "ddp"}, {"strategy": "fsdp"}, {"strategy": "hsdp"}, {"strategy": "tp"},
+                   {"strategy": "pipeline", "stages": 2}, {"strategy": "hybrid", "stages": 2},
+                   {"strategy": "tp", "mesh": "fsdp=2,tp=2"}):
+        checked(config.validate(config.TrainConfig(compile=True, **values)))
+
+
+def test_fsdp_compiles_each_sharded_block_and_leaves_its_hooks_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward of each unit is compiled in place: the module, its parameters' names and its hooks (where
+    fsdp gathers a block's weights) are as they were."""
+    from paratrain.parallel.strategies.base import Strategy
+    from paratrain.parallel.strategies.fsdp import FSDP
+
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or fn)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    names = [n for n, _ in model.named_parameters()]
+    strategy = FSDP.__new__(FSDP)
+    strategy.module, strategy.cfg = model, config.TrainConfig(strategy="fsdp")
+    strategy.ctx = type("Ctx", (), {"distributed": True})()
+    assert strategy.compiled_units() == [model[0], model[2]]  # the blocks with weights, not the root
+    strategy.compile()
+    assert [fn.__self__ for fn in compiled] == [model[0], model[2]]
+    assert "forward" in vars(model[0]) and "forward" not in vars(model)
+    assert [n for n, _ in model.named_parameters()] == names and list(model.state_dict()) == [
+        "0.weight", "0.bias", "2.weight", "2.bias"]
+    plain = Strategy.__new__(Strategy)
+    plain.module = model
+    assert plain.compiled_units() == [model]  # ddp: the whole model, before DDP wraps it
+
+
+LAYOUTS = {"fsdp": ("--strategy", "fsdp"), "tp": ("--strategy", "tp"),
+           "pipeline": ("--strategy", "pipeline", "--stages", "2")}
+
+
+@pytest.mark.integration
+def test_the_gpt_compiled_under_fsdp_tp_and_a_pipeline_equals_it_uncompiled(tmp_path: Path, corpus: Path) -> None:
+    """10 AdamW steps of the gpt on 2 workers: compiled kernels sum in another order, so the weights differ by
+    rounding only (measured after 10 steps: fsdp 3.0e-5, tp 1.9e-6, a pipeline 1.5e-5; the bound, 1e-4, is
+    the issue's ceiling). Each compiled run is a process of its own: its standard error, to the process's exit,
+    holds no warning (inductor's C++ build, its cache, a leaked semaphore)."""
+    flags = ("train", "--quiet", "--dataset", "text", "--data-dir", str(corpus), "--model", "gpt", "--optimizer",
+             "adamw", "--width", "64", "--depth", "2", "--heads", "4", "--context", "64", "--batch-size", "16",
+             "--steps", "10", "--devices", "2", "--no-tensorboard")
+    for name, layout in LAYOUTS.items():
+        runs = {}
+        for mode in ("eager", "compiled"):
+            out = tmp_path / f"{name}-{mode}"
+            done = run_cli(*flags, *layout, *(["--compile"] if mode == "compiled" else []), "--out", str(out),
+                           timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+            if mode == "compiled":
+                assert done.stderr.strip() == "", done.stderr[-3000:]
+            runs[mode] = json.loads((out / "summary.json").read_text())
+        assert max_abs_diff(weights(tmp_path / f"{name}-eager"), weights(tmp_path / f"{name}-compiled")) <= 1e-4
+        assert runs["eager"]["compile_s"] is None
+        compiled = runs["compiled"]
+        assert 0 < compiled["compile_s"] < compiled["train_time_s"], name
+        # the rate leaves the compiling out: the steps' own time
+        stepping = compiled["train_time_s"] - compiled["compile_s"]
+        rate = compiled["steps"] * compiled["global_batch_size"] * 64 / stepping
+        assert compiled["tokens_per_sec"] == pytest.approx(rate, rel=1e-6), name
