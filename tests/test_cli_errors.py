@@ -280,7 +280,8 @@ def test_bad_dataset_files(dataset: str, make, expected: str, capsys: pytest.Cap
     (["train", "--filters", "0"], "--filters must be at least 1"),
     (["train", "--model", "convnet", "--kernel", "30", "--devices", "1", "--steps", "1"],
      "--kernel 30 leaves no image"),
-    (["train", "--strategy", "hybrid", "--stages", "2", "--precision", "bf16"], "--precision bf16 is not available"),
+    (["train", "--strategy", "hybrid", "--stages", "2", "--precision", "16-mixed"],
+     "--precision 16-mixed is not available with --strategy hybrid: fp16's loss scaling skips"),
 ])
 def test_bad_fault_and_pipeline_flags(argv: list[str], expected: str, capsys: pytest.CaptureFixture,
                                       tmp_path: Path) -> None:

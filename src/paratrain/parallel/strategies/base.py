@@ -45,6 +45,13 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
 AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16"}  # --precision -> autocast dtype
 
 
+def autocast_dtype(precision: str) -> Any:
+    """The torch dtype --precision autocasts to; None for 32."""
+    import torch
+
+    return getattr(torch, AUTOCAST[precision]) if AUTOCAST[precision] else None
+
+
 class Strategy:
     name: ClassVar[str]
     unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
 from ...core.tracebacks import failed
-from .base import Strategy
+from .base import Strategy, autocast_dtype
 
 if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.checked calls `check` without it)
     import torch
@@ -29,10 +29,13 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
 
 def refuse_in_pipeline(cfg: TrainConfig) -> None:
     """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: a backward the
-    schedule does not run (--accumulate, --time-phases' phases), or activations whose type the stages' fixed
-    buffers do not expect (--precision)."""
-    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"),
-                     (cfg.precision != "32", "--precision " + cfg.precision), (cfg.time_phases, "--time-phases"),
+    schedule does not run (--accumulate, --time-phases' phases), fp16's loss scaling (a step skipped by one
+    stage alone), channels-last activations."""
+    if cfg.precision == "16-mixed":  # a stage that overflowed would skip its step alone
+        raise UserError(f"--precision 16-mixed is not available with --strategy {cfg.strategy}: fp16's loss scaling "
+                        "skips the update of a stage whose gradients overflowed, and not the other stages'; use "
+                        "--precision bf16")
+    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.time_phases, "--time-phases"),
                      (cfg.memory_format == "channels_last", "--memory-format channels_last")):
         if on:
             raise UserError(f"{flag} is not available with --strategy {cfg.strategy}"
@@ -142,7 +145,7 @@ class PipelineStrategy(Strategy):
         cuts = self.layout["cuts"]  # resolved once before launch (prepare)
         example = example_batch(cfg, data, micro)
         self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, layout, ctx.device, cfg.microbatches,
-                              cfg.schedule, example, loss)
+                              cfg.schedule, example, loss, autocast=autocast_dtype(cfg.precision))
         self.module = self.model = self.stage.module
         if cfg.batchnorm == "local" and ctx.is_main and not cfg.quiet and has_batchnorm(model):
             print(f"paratrain: note: --strategy {cfg.strategy} with --batchnorm local: each stage normalises its "

@@ -10,6 +10,7 @@ writing its own layers under the whole model's names (strategies/base.py, checkp
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections import OrderedDict
@@ -240,14 +241,21 @@ def _padded(t: torch.Tensor, size: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros((size - len(t), *t.shape[1:]))])
 
 
+def _cast(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Autocast to `dtype` on `device_type` (None: none)."""
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
 class Pipeline:
     """This process's stage of a K-stage pipeline (one of R copies) and its schedule."""
 
     def __init__(self, full: nn.Sequential, cuts: list[int], layout: Layout, device: torch.device,
                  microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy,
-                 built: DeviceMesh | None = None, shard: Callable[[nn.Module], nn.Module] | None = None) -> None:
+                 built: DeviceMesh | None = None, shard: Callable[[nn.Module], nn.Module] | None = None,
+                 autocast: torch.dtype | None = None) -> None:
         """`built`: the run's device mesh (default: one of pp x dp); `shard`: what splits the stage's layers
-        further (tensor parallelism) before the stage is made."""
+        further (tensor parallelism) before the stage is made; `autocast`: the type every forward autocasts to
+        (--precision bf16), in which a stage's activations reach the next (the example finds it)."""
         K = layout.stages
         self.layout, self.device, self.microbatches = layout, device, microbatches
         built = built or device_mesh(Mesh(pp=K, dp=layout.replicas), device.type)
@@ -260,7 +268,9 @@ class Pipeline:
         self.param_offset = sum(1 for i in range(lo) for _ in full[i].parameters())
         self.micro = example.shape[0]  # the stage's static shapes: evaluation runs batches of micro x microbatches
         # the shape of a micro-batch where it enters this stage, and the dropout calls before it
-        with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before:
+        self.cast = lambda: _cast(device.type, autocast)
+        with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before, \
+                _cast("cpu", autocast):
             inp = nn.Sequential(*list(full)[:lo])(example)
         self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
@@ -276,12 +286,13 @@ class Pipeline:
         and the logits; the others return (None, None)."""
         start = time.perf_counter()
         losses: list[torch.Tensor] = []
-        if self.is_first:
-            self.schedule.step(x)
-        elif self.is_last:
-            logits = self.schedule.step(target=y, losses=losses)
-        else:
-            self.schedule.step()
+        with self.cast():
+            if self.is_first:
+                self.schedule.step(x)
+            elif self.is_last:
+                logits = self.schedule.step(target=y, losses=losses)
+            else:
+                self.schedule.step()
         self.wall_s += time.perf_counter() - start
         if not self.is_last:
             return None, None
@@ -329,13 +340,14 @@ class Pipeline:
     def _forward(self, x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
         """One batch through the schedule, forward only: the logits on the last stage (which also needs the
         targets: the schedule computes its loss there), None on the others."""
-        if self.is_first:
-            self.schedule.eval(x)
+        with self.cast():
+            if self.is_first:
+                self.schedule.eval(x)
+                return None
+            if self.is_last:
+                return self.schedule.eval(target=y)
+            self.schedule.eval()
             return None
-        if self.is_last:
-            return self.schedule.eval(target=y)
-        self.schedule.eval()
-        return None
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
         optimizer.load_state_dict(slice_optimizer_state(full, self.param_offset, len(list(self.module.parameters()))))

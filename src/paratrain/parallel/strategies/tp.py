@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
 from ..mesh import Mesh, for_run, parse
-from .base import Strategy
+from .base import Strategy, autocast_dtype
 from .pipeline import check_microbatches, refuse_in_pipeline
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ class TensorParallel(Strategy):
         example = example_batch(cfg, data, micro)
         return Pipeline(layers_of(model, cfg.model, example), self.layout["cuts"], Layout.of(mesh, self.ctx.rank),
                         self.ctx.device, cfg.microbatches, cfg.schedule, example, self._loss_of(loss), self.built,
-                        shard)
+                        shard, autocast_dtype(cfg.precision))
 
     def _shard_copies(self, module: nn.Module) -> None:
         """FSDP2 over the copies (HSDP where there are whole copies too): each block, then the root."""
