@@ -125,6 +125,7 @@ def test_a_kill_during_background_saves_leaves_the_last_complete_checkpoint(tmp_
 
 
 @pytest.mark.integration
+@pytest.mark.matrix(("ddp", "async checkpoints", "0.0"), ("fsdp", "async checkpoints", "0.0"))
 def test_two_workers_saving_in_the_background_end_and_carry_on_as_saving_in_the_loop(tmp_path: Path) -> None:
     """ddp (rank 0 writes one file) and fsdp (every rank its shards, DCP's async_save on a group of its own),
     Adam, a checkpoint every 5 steps: the same weights, Adam moments and checkpoints as synchronous saves, and a

@@ -216,6 +216,10 @@ def _gaps(runs: dict, a: str, b: str) -> float:
     # measured over three versions of the layer; 10x that
     ("one-bf16", "two-bf16", 5e-3),
 ])
+@pytest.mark.matrix(
+    ("ddp", "BatchNorm sync", "2.3e-6"),
+    ("fsdp", "BatchNorm sync", "1.2e-5"),
+    ("ddp", "bf16", "6.5e-4"))
 def test_sync_batchnorm_on_two_workers_equals_one_device(runs: dict, one: str, two: str, bound: float) -> None:
     assert runs[two][1]["world_size"] == 2 and runs[one][1]["world_size"] == 1
     assert _gaps(runs, one, two) < bound

@@ -136,6 +136,7 @@ def test_accumulation_equals_the_big_batch(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.matrix(("ddp", "accumulation", "1.5e-8"))
 def test_accumulation_across_two_workers(tmp_path: Path) -> None:
     """no_sync on the inner micro-batches must not change the result."""
     args = ("--steps", "6", "--optimizer", "sgd", "--lr", "0.05")

@@ -79,6 +79,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ("ddp4-sgd", "hsdp-sgd", 2e-6),
     ("one-adam", "fsdp-adam", 1e-3),  # measured 4.0e-6 (Adam's first steps move a weight by lr whatever its gradient)
 ])
+@pytest.mark.matrix(
+    ("fsdp", "EMA", "3.0e-8"),
+    ("fsdp", "accumulation", "4.0e-6"),
+    ("fsdp", "clipping", "4.0e-6"),
+    ("hsdp", "EMA", "5.3e-5"))
 def test_sharded_workers_equal_one_device(runs: dict, one: str, sharded_run: str, bound: float) -> None:
     assert _gap(runs[one], runs[sharded_run], optimizer=False) < bound
 
@@ -119,6 +124,7 @@ def _stopped_at(whole: Path, step: int, to: Path) -> Path:
     ("fsdp-adam", ("--devices", "1"), 5e-6),
     ("fsdp-adam", ("--devices", "4", "--oversubscribe"), 5e-6),
 ])
+@pytest.mark.matrix(("fsdp", "resume across layouts", "3.0e-8"))
 def test_a_sharded_run_carries_on_exactly_on_any_worker_count(runs: dict, tmp_path: Path, name: str,
                                                               devices: tuple, bound: float) -> None:
     run = _stopped_at(runs[name], 20, tmp_path / "run")

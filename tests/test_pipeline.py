@@ -122,6 +122,7 @@ def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_
 
 
 @pytest.mark.integration
+@pytest.mark.matrix(("ddp", "resume across layouts", "1.5e-8"))
 def test_a_pipeline_checkpoint_evaluates_in_one_process_and_carries_on_under_ddp(tmp_path: Path) -> None:
     """Saved by a 2-stage pipeline (each stage its own layers), evaluated whole in one process with the figures
     the pipeline's own evaluation (through its schedule) gave, resumed by DDP: the same as never switching (SGD
@@ -236,6 +237,11 @@ def test_an_imported_network_of_named_blocks_trains_as_a_pipeline(tmp_path: Path
 
 
 @pytest.mark.integration
+@pytest.mark.matrix(
+    ("pipeline", "EMA", "1.2e-7"),
+    ("hybrid", "EMA", "1.2e-7"),
+    ("pipeline", "clipping", "1.2e-7"),
+    ("hybrid", "clipping", "1.2e-7"))
 def test_a_pipeline_with_ema_and_clipping_equals_one_device(tmp_path: Path, corpus: Path) -> None:
     """The gpt, 20 steps of SGD with momentum, --ema 0.9 and --clip-grad-norm 0.5 (the norm over every stage's
     gradients): a 2-stage pipeline and 2 copies of it (hybrid) end with one device's weights and weight average,
@@ -270,6 +276,7 @@ def test_a_pipeline_with_ema_and_clipping_equals_one_device(tmp_path: Path, corp
 
 
 @pytest.mark.integration
+@pytest.mark.matrix(("pipeline", "bf16", "4.0e-3"))
 def test_a_pipeline_in_bf16_trains_as_one_device_in_bf16(tmp_path: Path, corpus: Path) -> None:
     """--precision bf16: every stage's forward autocasts, and a stage receives its activations in the type the
     layers before it give under autocast (the gpt's blocks hand on float32, an MLP's linear layer bfloat16).

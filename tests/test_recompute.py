@@ -133,6 +133,11 @@ LAYOUTS = {"ddp": ("--strategy", "ddp", "--devices", "2"), "fsdp": ("--strategy"
 
 
 @pytest.mark.integration
+@pytest.mark.matrix(
+    ("ddp", "activation checkpointing", "1.2e-6"),
+    ("fsdp", "activation checkpointing", "1.2e-6"),
+    ("tp", "activation checkpointing", "3.4e-6"),
+    ("pipeline", "activation checkpointing", "8.3e-7"))
 def test_every_strategy_recomputing_equals_one_device_keeping(tmp_path: Path, corpus: Path) -> None:
     """20 AdamW steps of the gpt with dropout 0.1: 1 device without recomputation against each strategy on 2
     workers with --activation-checkpointing full, within 1e-4 (the layouts' own gap to one device, measured at

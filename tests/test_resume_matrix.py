@@ -274,6 +274,7 @@ def test_killed_worker_restarts_to_the_same_weights(tmp_path: Path, digits: Any,
 
 
 @pytest.mark.parametrize(("strategy", "workers"), [("pipeline", 2), ("hybrid", 4)])
+@pytest.mark.matrix(("pipeline", "resume across layouts", "1.5e-8"))
 def test_pipeline_resume_is_exact(tmp_path: Path, digits: Any, strategy: str, workers: int) -> None:
     """A 2-stage pipeline (and 2 copies of it), SGD with momentum: stopped at step 10, resumed to 20,
     the same weights and optimizer state as not stopping. Each stage wrote its own part of the checkpoint."""

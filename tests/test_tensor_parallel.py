@@ -222,6 +222,7 @@ def test_every_layout_of_the_gpt_equals_one_device(tmp_path: Path, corpus: Path,
 
 
 @pytest.mark.integration
+@pytest.mark.matrix(("dp x tp x pp", "resume across layouts", "1.2e-7"))
 def test_a_checkpoint_of_any_layout_carries_on_under_any_other(tmp_path: Path, corpus: Path) -> None:
     """tp=2 stopped at step 10 and carried on under fsdp=2 and under 1 device; one device's carried on under
     dp=2,tp=2,pp=2: each ends within 1e-4 of the run never stopped (measured: 1.2e-7), dropout 0.1 on."""

@@ -51,15 +51,21 @@ class TowerStrategy(Strategy):
 
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
-        from ...components.batchnorm import has_batchnorm
         from ...components.build import make_model
+
+        cls.check_network(make_model(cfg, data, parts))
+        return cfg, {}
+
+    @staticmethod
+    def check_network(model: Any) -> None:
+        """What the tower cannot train, in one line before any process starts."""
+        from ...components.batchnorm import has_batchnorm
 
         # Its replicas run the layer through functional_call on copies of the buffers: on the CPU they share
         # the running statistics (updated N times a step), on GPUs the updates are lost.
-        if has_batchnorm(make_model(cfg, data, parts)):
+        if has_batchnorm(model):
             raise UserError("--strategy tower cannot train a network with BatchNorm layers (its replicas would "
                             "update the running statistics wrongly); use --strategy ddp")
-        return cfg, {}
 
     def wrap(self) -> None:
         import torch
