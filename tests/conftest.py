@@ -275,10 +275,11 @@ class FakeGPUs:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.monkeypatch = monkeypatch
 
-    def __call__(self, count: int, name: str = "NVIDIA H100 80GB HBM3", memory_gib: int = 80) -> None:
+    def __call__(self, count: int, name: str = "NVIDIA H100 80GB HBM3", memory_gib: int = 80,
+                 capability: tuple[int, int] = (9, 0)) -> None:
         from types import SimpleNamespace
 
-        props = SimpleNamespace(name=name, total_memory=memory_gib * 2**30, major=9, minor=0)
+        props = SimpleNamespace(name=name, total_memory=memory_gib * 2**30, major=capability[0], minor=capability[1])
         patch = self.monkeypatch
         patch.setattr(torch.cuda, "device_count", lambda: count)
         patch.setattr(torch.cuda, "is_available", lambda: count > 0)

@@ -41,7 +41,8 @@ FEATURES: dict[str, tuple[dict, str, str]] = {
                                  "one device without it"),
     "bf16": ({"precision": "bf16"}, "`--precision bf16`", "one device in bf16"),
     "16-mixed": ({"precision": "16-mixed"}, "`--precision 16-mixed`", "one device in 16-mixed"),
-    "float8": ({"precision": "float8"}, "`--precision float8`", "one GPU in float8"),
+    "float8": ({"precision": "float8"}, "`--precision float8` (GPUs of compute capability 8.9 or later; elsewhere "
+               "refused in one line that names the devices' capability)", "one GPU in float8"),
     "EMA": ({"ema": 0.9}, "`--ema 0.9`", "one device with it"),
     "clipping": ({"clip_grad_norm": 1.0}, "`--clip-grad-norm 1`", "one device with it"),
     "accumulation": ({"accumulate": 2}, "`--accumulate 2`", "one device with it"),
@@ -116,7 +117,7 @@ def page_from(proved: dict[tuple[str, str], tuple[str, str]]) -> str:
             elif (layout, feature) in proved:
                 cells.append(f"equal ({proved[(layout, feature)][0]})")
             else:
-                cells.append("runs")
+                cells.append("runs on GPUs 8.9+" if feature == "float8" else "runs")
         rows.append(f"| {layout} | " + " | ".join(cells) + " |")
     tests = sorted({test for _, test in proved.values()})
     lines = [

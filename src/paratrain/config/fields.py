@@ -25,7 +25,7 @@ FILES = ("imagefolder", "tensors", "csv", "text")  # the datasets that are --dat
 # custom: an optimizer factory given to paratrain.fit
 OPTIMIZERS = ("adam", "adamw", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
-PRECISIONS = ("32", "bf16", "16-mixed")
+PRECISIONS = ("32", "bf16", "16-mixed", "float8")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 BATCHNORM = ("sync", "local")
@@ -177,7 +177,9 @@ class TrainConfig:
                                        choices=("none", "full", "selective"))
     selective_ac: str = _f("2", "--activation-checkpointing selective: every K-th block (K), or each block's "
                            "attention alone (attention)")
-    precision: str = _f("32", "32, bf16 (autocast) or 16-mixed (fp16 autocast + GradScaler)", choices=PRECISIONS)
+    precision: str = _f("32", "32, bf16 (autocast), 16-mixed (fp16 autocast + GradScaler) or float8 (torchao's "
+                        "float8 matrix products in the linear layers, bf16 autocast elsewhere; GPUs of compute "
+                        "capability 8.9 or later, under ddp and fsdp)", choices=PRECISIONS)
     # augmentation of training batches, on the device (validation/test use the centre crop)
     random_crop: bool = _f(False, "random crop to the model's input size", flag="--random-crop")
     crop_padding: int = _f(0, "zero padding added before the random crop")

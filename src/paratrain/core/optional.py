@@ -10,7 +10,7 @@ from importlib.util import find_spec
 from .errors import UserError
 
 EXTRA = {"optuna": "search", "sklearn": "search", "matplotlib": "plots", "tensorboard": "tensorboard",
-         "psycopg": "postgres", "tiktoken": "text", "tokenizers": "text"}
+         "psycopg": "postgres", "tiktoken": "text", "tokenizers": "text", "torchao": "float8"}
 
 
 def installed(module: str) -> bool:
@@ -19,7 +19,9 @@ def installed(module: str) -> bool:
 
 
 def how_to_install(module: str) -> str:
-    return f"pip install 'paratrain[{EXTRA[module]}]' (or 'paratrain[all]')"
+    extra = EXTRA[module]
+    # torchao follows torch's releases closely: installed on its own, where float8 is wanted
+    return f"pip install 'paratrain[{extra}]'" + ("" if extra == "float8" else " (or 'paratrain[all]')")
 
 
 def require(module: str, what: str) -> None:

@@ -165,10 +165,32 @@ def cpu_flags() -> set[str]:
     return set((_cpuinfo("flags") or "").split())
 
 
+FLOAT8_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (L4, RTX 40xx) and Hopper (H100) onwards
+
+
+def check_float8(hardware: Hardware) -> None:
+    """--precision float8 runs torchao's float8 matrix products, which need float8 tensor cores on every GPU of
+    the run; a UserError naming what this machine has where it lacks them."""
+    from ..core.optional import require
+
+    if hardware.accelerator != "gpu":
+        raise UserError("--precision float8 needs GPUs of compute capability 8.9 or later (L4, RTX 40xx, H100), and "
+                        "this run is on CPUs; use --precision bf16 or 32")
+    for i in range(hardware.workers):
+        p = torch.cuda.get_device_properties(i)
+        if (p.major, p.minor) < FLOAT8_CAPABILITY:
+            raise UserError(f"--precision float8 needs GPUs of compute capability 8.9 or later, and GPU {i} ({p.name}) "
+                            f"has {p.major}.{p.minor}; use --precision bf16")
+    require("torchao", "--precision float8")
+
+
 def precision_on(precision: str, hardware: Hardware) -> tuple[str, str | None]:
     """The precision a run can use on its devices, and a note where it is not the one asked for (or is slow
     there); a UserError where the devices lack it. On CPUs, float16 has no fast kernels (a ResNet-18 ran 86x
     slower under 16-mixed than in float32): bf16 takes its place, as Lightning does."""
+    if precision == "float8":
+        check_float8(hardware)
+        return precision, None
     if hardware.accelerator == "cpu":
         if precision == "16-mixed":
             return "bf16", ("--precision 16-mixed (float16) has no fast kernels on CPUs and ran ~86x slower than "

@@ -23,7 +23,7 @@ import torch
 
 from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.run_folder import kept_after_failure
-from ..components import recompute
+from ..components import float8, recompute
 from ..components.adapt import models_loss
 from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
 from ..components.dropout import has_dropout, masks
@@ -114,6 +114,8 @@ class Trainer:
         self.drops = has_dropout(whole)  # then every micro-batch draws its masks as one device would
         # before any strategy wraps or splits it: a block keeps its parameters' names (recompute.py)
         recompute.apply(whole, cfg.activation_checkpointing, cfg.selective_ac)
+        if cfg.precision == "float8":  # the linear layers swapped, their parameters kept (components/float8.py)
+            float8.convert(whole)
         module = self.strategy.build(whole, data, self.loss or training_loss(cfg, data.categorical))
         if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
             self.strategy.load(saved)

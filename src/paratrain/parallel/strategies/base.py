@@ -42,7 +42,8 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
     from ...runtime.dist import DistContext
     from ...runtime.env import Environment
 
-AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16"}  # --precision -> autocast dtype
+# --precision -> autocast dtype (float8: the linear layers' products in float8, the rest autocast to bf16)
+AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16", "float8": "bfloat16"}
 
 
 def autocast_dtype(precision: str) -> Any:

@@ -136,7 +136,7 @@ class FSDP(Strategy):
         if not hasattr(self, "mesh"):
             self.mesh = self._mesh()
         options: dict[str, Any] = {"mesh": self.mesh}
-        if self.cfg.precision == "bf16":  # weights gathered in bf16, gradients reduced in fp32
+        if self.cfg.precision in ("bf16", "float8"):  # weights gathered in bf16, gradients reduced in fp32
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if self.cfg.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy()

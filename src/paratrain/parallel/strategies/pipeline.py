@@ -31,6 +31,9 @@ def refuse_in_pipeline(cfg: TrainConfig) -> None:
     """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: a backward the
     schedule does not run (--accumulate, --time-phases' phases), fp16's loss scaling (a step skipped by one
     stage alone), channels-last activations."""
+    if cfg.precision == "float8":
+        raise UserError(f"--precision float8 is not available with --strategy {cfg.strategy} yet; use --strategy "
+                        "ddp or fsdp, or --precision bf16")
     if cfg.precision == "16-mixed":  # a stage that overflowed would skip its step alone
         raise UserError(f"--precision 16-mixed is not available with --strategy {cfg.strategy}: fp16's loss scaling "
                         "skips the update of a stage whose gradients overflowed, and not the other stages'; use "

@@ -24,6 +24,8 @@ class TowerStrategy(Strategy):
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
         super().check(cfg)
+        if cfg.precision == "float8":
+            raise UserError("--precision float8 is not available with --strategy tower; use --strategy ddp")
         if cfg.compile:  # the classic recipe, kept as it was to be compared with
             raise UserError("--compile is not available with --strategy tower (the classic recipe, kept as it was "
                             "for comparison); use --strategy ddp")

@@ -48,7 +48,7 @@ class TensorParallel(Strategy):
             raise UserError("--stages is for --strategy pipeline or hybrid; with tensor parallelism give the stages "
                             "as pp in --mesh (e.g. --mesh tp=2,pp=2)")
         super().check(cfg.replace(stages=None))  # the stages are the mesh's pp
-        refused = ((cfg.ema, "--ema"), (cfg.precision == "16-mixed", "--precision 16-mixed"),
+        refused = ((cfg.ema, "--ema"), (cfg.precision in ("16-mixed", "float8"), f"--precision {cfg.precision}"),
                    (cfg.time_phases, "--time-phases"), (cfg.histogram_every, "--histogram-every"),
                    (cfg.clip_grad_norm, "--clip-grad-norm"))
         for on, flag in refused:
