@@ -42,6 +42,9 @@ def quiet_compiler() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+WARM_STEPS = 2  # --compile: the first steps, which compile the forward and backward graphs
+
+
 def compile_seconds() -> float:
     """Seconds this process has spent compiling so far (torch.compile's own account: tracing, code generation
     and the C++ build, of forward and backward graphs); 0 where torch keeps no such account."""
@@ -69,7 +72,12 @@ class RunState:
     train_time: float = 0.0
     eval_time: float = 0.0
     checkpoint_wait: float = 0.0  # seconds the loop waited on checkpoints (this start's)
-    compile_time: float = 0.0  # seconds of the training time spent compiling (--compile; this start's)
+    # --compile: this process's compiling account when the run began and the time (and steps) of the first steps,
+    # which compiled, left out of the training rates
+    compile_start: float = 0.0
+    compile_time: float | None = None
+    warm_time: float = 0.0
+    warm_steps: int = 0
     val: tuple[float, float, dict[str, float]] = (math.nan, math.nan, {})  # accuracy, loss, metrics
     stop: str | None = None  # why the run ended early: "time" (--max-time), "signal", "early" (--early-stopping)
     # or "pruned" (a search's pruner)
@@ -78,10 +86,20 @@ class RunState:
     since_best: int = 0  # and the epochs validated since it
     val_ema: tuple[float, float, dict[str, float]] | None = None  # the weight average's, at the end (--ema)
 
+    def warmed(self, epoch_time: float, compiled: float) -> None:
+        """--compile, at the end of the WARM_STEPS-th step of this start: `epoch_time` into the epoch, with
+        `compiled` seconds in this process's compiling account."""
+        self.warm_time, self.warm_steps = self.train_time + epoch_time, self.steps_run
+        self.compile_time = compiled - self.compile_start
+
     @property
-    def stepping_time(self) -> float:
-        """The training time the steps themselves took: without compiling (a training rate's divisor)."""
-        return self.train_time - self.compile_time
+    def rated(self) -> tuple[int, float]:
+        """The steps and training time a training rate is of: with --compile, those after the first WARM_STEPS
+        (which compiled the forward and backward graphs; in a pipeline, a stage's compiling keeps the others
+        waiting) where there are any after them."""
+        if self.warm_steps and self.steps_run > self.warm_steps:
+            return self.steps_run - self.warm_steps, self.train_time - self.warm_time
+        return self.steps_run, self.train_time
 
     def extras(self, epoch: int, config: dict[str, Any], data: dict[str, Any],
                parts: dict[str, Any] | None) -> dict[str, Any]:
@@ -219,9 +237,9 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
         "epochs": math.ceil(state.step / record.per_epoch),
         "train_time_s": state.train_time, "eval_time_s": state.eval_time, "step_phases_s": record.step_phases,
         "checkpoint_wait_s": state.checkpoint_wait,
-        "examples_per_sec": state.steps_run * per_update / state.stepping_time
-        if state.steps_run and state.stepping_time else None,
-        "compile_s": state.compile_time if cfg.compile else None,
+        "examples_per_sec": state.rated[0] * per_update / state.rated[1] if state.steps_run and state.rated[1]
+        else None,
+        "compile_s": state.compile_time, "compile_steps_s": state.warm_time if state.warm_steps else None,
         "test_accuracy": finite(reported[0]), "test_loss": reported[1],  # None: no classes, or no test set
         "val_accuracy": finite(state.val[0]), "val_loss": finite(state.val[1]),
         "test_accuracy_raw": finite(test[0]), "test_accuracy_ema": finite(test_ema[0]) if test_ema else None,
@@ -308,8 +326,8 @@ def language_figures(state: RunState, record: RunRecord, reported: tuple[float, 
     if lm is None:
         return {}
     per_update = record.cfg.batch_size * record.cfg.accumulate
-    tokens_per_sec = state.steps_run * per_update * lm["tokens_per_example"] / state.stepping_time \
-        if state.steps_run and state.stepping_time else None
+    tokens_per_sec = state.rated[0] * per_update * lm["tokens_per_example"] / state.rated[1] \
+        if state.steps_run and state.rated[1] else None
     achieved = lm["flops_per_token"] * tokens_per_sec if tokens_per_sec else None
     peak, peak_of = _device_peak(record.devices, record.cfg.precision)
     total_peak = peak * len(record.devices) if peak else None

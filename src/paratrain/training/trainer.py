@@ -42,6 +42,7 @@ from ..parallel.runplan import RunPlan
 from ..runtime.dist import DistContext
 from ..runtime.interrupt import Stopped, StopRequest, signal_name
 from .state import (
+    WARM_STEPS,
     RunRecord,
     RunState,
     compile_seconds,
@@ -57,8 +58,7 @@ from .state import (
 
 
 class Trainer:
-    """One worker's training run: build it (set-up, from the checkpoint `saved` it carries on from), then
-    `run()` it once."""
+    """One worker's training run: build it (from the checkpoint `saved` it carries on from), `run()` it once."""
 
     def __init__(self, ctx: DistContext, plan: RunPlan, saved: dict[str, Any] | None = None,
                  stop: StopRequest | None = None, devices: list[str] | None = None, restarts: int = 0,
@@ -129,6 +129,7 @@ class Trainer:
             state.restore(saved, self.length.per_epoch, cfg.early_stopping)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
             quiet_compiler()
+            state.compile_start = compile_seconds()
             self.strategy.compile()
         self.strategy.wrap()
         return state
@@ -169,7 +170,7 @@ class Trainer:
         state, length, ctx = self.state, self.length, self.ctx
         perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(ctx.device)
         ctx.synchronize()
-        t_epoch, compiled = time.perf_counter(), compile_seconds() if self.cfg.compile else 0.0
+        t_epoch = time.perf_counter()
         for i in range(state.step - epoch * length.per_epoch,
                        min(length.per_epoch, length.total_steps - epoch * length.per_epoch)):
             time_up, asked = self._agree(self._forward_backward(perm, i))
@@ -178,6 +179,9 @@ class Trainer:
             if state.steps_run == 1:
                 ctx.synchronize()
                 self.marks["first_step_done"] = time.time()
+            if self.cfg.compile and state.steps_run == WARM_STEPS:  # compiled in these: apart from the rates
+                ctx.synchronize()
+                state.warmed(time.perf_counter() - t_epoch, compile_seconds())
             if asked:
                 state.stop = "signal"
                 break
@@ -187,8 +191,6 @@ class Trainer:
         ctx.synchronize()
         epoch_time = time.perf_counter() - t_epoch
         state.train_time += epoch_time
-        if self.cfg.compile:  # apart from the rate: a graph compiled in the epoch's steps
-            state.compile_time += compile_seconds() - compiled
         return epoch_time
 
     # ---- one step ----
@@ -322,8 +324,7 @@ class Trainer:
         """Stopped by a signal: save what was done and leave quickly, without evaluating."""
         if self.state.saved_step != self.state.step:
             self._checkpoint(epoch, last=True)
-        else:
-            self.checkpoints.wait()  # this step's, begun in the background
+        self.checkpoints.wait()  # this step's, where it was begun in the background before
         signum = self.stop_request.signum if self.stop_request is not None and self.stop_request.signum else \
             signal.SIGTERM
         raise Stopped(f"stopped by {signal_name(signum)} at step {self.state.step}; the checkpoint is in "
