@@ -65,7 +65,10 @@ def marks(tests: Path = ROOT / "tests") -> dict[tuple[str, str], tuple[str, str]
                     for layout, feature, gap in (ast.literal_eval(a) for a in decorator.args):
                         if layout not in LAYOUTS or feature not in FEATURES:
                             raise ValueError(f"{path.name}::{node.name}: no layout {layout!r} or feature {feature!r}")
-                        found.setdefault((layout, feature), (gap, f"{path.name}::{node.name}"))
+                        if (layout, feature) in found:  # one test a cell: the page names the one
+                            raise ValueError(f"{path.name}::{node.name}: {layout} x {feature} is marked by "
+                                             f"{found[(layout, feature)][1]} already")
+                        found[(layout, feature)] = (gap, f"{path.name}::{node.name}")
     return found
 
 

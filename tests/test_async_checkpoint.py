@@ -112,8 +112,8 @@ while True:
 @pytest.mark.parametrize("form", ["file", "sharded"])
 def test_a_kill_during_background_saves_leaves_the_last_complete_checkpoint(tmp_path: Path, form: str) -> None:
     rng = random.Random(3)
-    run = tmp_path / "run"
-    for _ in range(5):
+    for round_ in range(5):
+        run = tmp_path / f"run{round_}"  # each round's own saves, counted from step 1
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run), form], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() and proc.stdout.readline().strip()  # the first save is whole
         time.sleep(rng.uniform(0.0, 0.4))

@@ -27,9 +27,9 @@ def test_the_tower_refuses_compile_in_one_line_and_the_other_strategies_take_it(
         checked(config.validate(config.TrainConfig(compile=True, **values)))
 
 
-def test_fsdp_compiles_each_sharded_block_and_leaves_its_hooks_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The forward of each unit is compiled in place: the module, its parameters' names and its hooks (where
-    fsdp gathers a block's weights) are as they were."""
+def test_fsdp_compiles_each_sharded_block_in_place_and_keeps_the_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward of each unit is compiled in place (an attribute of the unit: its hooks, where fsdp gathers a
+    block's weights, run around it); the module and its parameters' names are as they were."""
     from paratrain.parallel.strategies.base import Strategy
     from paratrain.parallel.strategies.fsdp import FSDP
 

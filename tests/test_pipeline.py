@@ -295,3 +295,17 @@ def test_a_pipeline_in_bf16_trains_as_one_device_in_bf16(tmp_path: Path, corpus:
     train_here(tmp_path / "mlp-one", *mlp, "--devices", "1")
     train_here(tmp_path / "mlp-pipe", *mlp, "--strategy", "pipeline", "--stages", "2", "--devices", "2")
     assert max_abs_diff(weights(tmp_path / "mlp-one"), weights(tmp_path / "mlp-pipe")) <= 1e-3
+
+
+@pytest.mark.integration
+def test_a_timed_pipeline_trains_the_same_weights(tmp_path: Path) -> None:
+    """--time-phases in a pipeline: the schedule (its stages' forward, backward, sends and waits) is the compute
+    phase, the copies' average the all-reduce; nothing the steps compute changes."""
+    args = ("--steps", "6", "--strategy", "pipeline", "--stages", "2", "--devices", "2", "--optimizer", "sgd",
+            "--no-tensorboard")
+    plain = train_here(tmp_path / "plain", *args)
+    timed = train_here(tmp_path / "timed", *args, "--time-phases")
+    assert plain["step_phases_s"] is None
+    assert set(timed["step_phases_s"]) == {"data", "compute", "allreduce", "optimizer"}
+    assert timed["step_phases_s"]["compute"] > 0 and timed["step_phases_s"]["optimizer"] > 0
+    assert max_abs_diff(weights(tmp_path / "plain"), weights(tmp_path / "timed")) == 0.0

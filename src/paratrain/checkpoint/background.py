@@ -11,6 +11,7 @@ complete checkpoint. A failed background write (a full disk) is raised in the lo
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,8 @@ class Background:
         # own (gloo: async_save needs a CPU backend), they never meet the loop's collectives on the run's group.
         # Made by every rank at the same point of its set-up, as every group must be.
         self.group = dist.new_group(backend="gloo") if ctx.distributed else None
+        if not ctx.distributed:  # DCP's thread warns, in a single process, that it assumes one: what is meant
+            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled, unavailable or uninit.*")
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 

@@ -84,6 +84,7 @@ class RunCheckpoints:
         if self.background is None:
             checkpoint_files.save_step(state, self.folder, step, keep)
             return
+        self.background.wait()  # the save before written first: one copy of the state at a time
         state = staged(state)
         self.background.start(lambda: checkpoint_files.save_step(state, self.folder, step, keep))
 

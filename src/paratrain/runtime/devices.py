@@ -176,7 +176,7 @@ def check_float8(hardware: Hardware) -> None:
     if hardware.accelerator != "gpu":
         raise UserError("--precision float8 needs GPUs of compute capability 8.9 or later (L4, RTX 40xx, H100), and "
                         "this run is on CPUs; use --precision bf16 or 32")
-    for i in range(hardware.workers):
+    for i in range(min(hardware.workers, torch.cuda.device_count())):  # this node's, of those this process sees
         p = torch.cuda.get_device_properties(i)
         if (p.major, p.minor) < FLOAT8_CAPABILITY:
             raise UserError(f"--precision float8 needs GPUs of compute capability 8.9 or later, and GPU {i} ({p.name}) "

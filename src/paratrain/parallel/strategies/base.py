@@ -212,10 +212,10 @@ class Strategy:
         return [self.module]
 
     def compile(self) -> None:
-        """--compile: torch.compile the forward of each of `compiled_units()`, in place. The units' hooks, where
-        fsdp gathers a block's weights and tensor parallelism redistributes its inputs and outputs, stay outside
-        the compiled code (as torchtitan compiles each block, not the sharded whole); the parameters' names and
-        state_dict keys are unchanged."""
+        """--compile: torch.compile the forward of each of `compiled_units()`, in place. A unit's own hooks, where
+        fsdp gathers a block's weights, stay outside the compiled code (as torchtitan compiles each block, not the
+        sharded whole); the hooks of the layers inside it (tensor parallelism's redistributions) are compiled
+        with it. The parameters' names and state_dict keys are unchanged."""
         import torch
 
         for unit in self.compiled_units():

@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
 
 def refuse_in_pipeline(cfg: TrainConfig) -> None:
     """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: a backward the
-    schedule does not run (--accumulate, --time-phases' phases), fp16's loss scaling (a step skipped by one
-    stage alone), channels-last activations."""
+    schedule does not run (--accumulate), fp16's loss scaling (a step skipped by one stage alone), float8,
+    channels-last activations."""
     if cfg.precision == "float8":
         raise UserError(f"--precision float8 is not available with --strategy {cfg.strategy} yet; use --strategy "
                         "ddp or fsdp, or --precision bf16")
@@ -38,7 +38,7 @@ def refuse_in_pipeline(cfg: TrainConfig) -> None:
         raise UserError(f"--precision 16-mixed is not available with --strategy {cfg.strategy}: fp16's loss scaling "
                         "skips the update of a stage whose gradients overflowed, and not the other stages'; use "
                         "--precision bf16")
-    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"), (cfg.time_phases, "--time-phases"),
+    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"),
                      (cfg.memory_format == "channels_last", "--memory-format channels_last")):
         if on:
             raise UserError(f"{flag} is not available with --strategy {cfg.strategy}"
@@ -191,7 +191,8 @@ class PipelineStrategy(Strategy):
         return self.stage.step(x, y)  # the schedule runs the backward; only the last stage has the loss
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
-        self.stage.average_gradients()
+        with timer.phase("allreduce"):  # --time-phases: the copies' average (hybrid); the schedule's is compute
+            self.stage.average_gradients()
 
     def clip_grad_norm(self, max_norm: float) -> None:
         """The norm over every stage's gradients (each stage's squared norm summed over its copy's stages), each

@@ -255,7 +255,9 @@ class Pipeline:
                  autocast: torch.dtype | None = None) -> None:
         """`built`: the run's device mesh (default: one of pp x dp); `shard`: what splits the stage's layers
         further (tensor parallelism) before the stage is made; `autocast`: the type every forward autocasts to
-        (--precision bf16), in which a stage's activations reach the next (the example finds it)."""
+        (--precision bf16). The example goes through the layers before the stage under the CPU's autocast;
+        torch's PipelineStage (2.14) types what a stage receives and sends from its first forward, which runs
+        under the device's."""
         K = layout.stages
         self.layout, self.device, self.microbatches = layout, device, microbatches
         built = built or device_mesh(Mesh(pp=K, dp=layout.replicas), device.type)
