@@ -8,23 +8,18 @@ steps, 30 steps, 2 workers) under ddp and fsdp, interleaved, medians of `--repea
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-FLAGS = ["train", "--model", "mlp", "--width", "2048", "--depth", "4", "--dataset", "digits", "--optimizer", "adam",
+from summaries import trained  # benchmarks/summaries.py, beside this script
+
+FLAGS = ["--model", "mlp", "--width", "2048", "--depth", "4", "--dataset", "digits", "--optimizer", "adam",
          "--steps", "30", "--checkpoint-every", "5", "--devices", "2", "--quiet", "--no-tensorboard", "--overwrite"]
 
 
 def run_once(strategy: str, background: bool, out: Path) -> dict:
-    flags = [*FLAGS, "--strategy", strategy, "--out", str(out), *(["--async-checkpoint"] if background else [])]
-    proc = subprocess.run([sys.executable, "-m", "paratrain", *flags], capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-2000:])
-    return json.loads((out / "summary.json").read_text())
+    return trained([*FLAGS, "--strategy", strategy, *(["--async-checkpoint"] if background else [])], out)
 
 
 def main() -> None:

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from summaries import trained  # benchmarks/summaries.py, beside this script
+
 SHAPE = {"width": 128, "depth": 4, "heads": 2, "context": 128, "batch": 16}
 
 
@@ -56,14 +58,11 @@ def plain_loop(text: str, steps: int) -> float:
 
 
 def paratrain_run(text: str, steps: int, layout: list[str], out: Path) -> dict:
-    flags = ["train", "--dataset", "text", "--data-dir", text, "--model", "gpt", "--optimizer", "adamw",
+    flags = ["--dataset", "text", "--data-dir", text, "--model", "gpt", "--optimizer", "adamw",
              "--width", str(SHAPE["width"]), "--depth", str(SHAPE["depth"]), "--heads", str(SHAPE["heads"]),
              "--context", str(SHAPE["context"]), "--batch-size", str(SHAPE["batch"]), "--steps", str(steps),
-             "--quiet", "--no-tensorboard", "--overwrite", "--out", str(out), *layout]
-    proc = subprocess.run([sys.executable, "-m", "paratrain", *flags], capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-2000:])
-    return json.loads((out / "summary.json").read_text())
+             "--quiet", "--no-tensorboard", "--overwrite", *layout]
+    return trained(flags, out)
 
 
 def plain(args: argparse.Namespace, tmp: Path) -> None:

@@ -9,22 +9,18 @@ memory they started from; torch's libraries alone hold about 0.5 GB), and the tr
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from summaries import trained  # benchmarks/summaries.py, beside this script
+
 
 def run(text: str, batch: int, context: int, mode: str, out: Path) -> dict:
-    flags = ["train", "--dataset", "text", "--data-dir", text, "--model", "gpt", "--width", "256", "--depth", "4",
+    flags = ["--dataset", "text", "--data-dir", text, "--model", "gpt", "--width", "256", "--depth", "4",
              "--context", str(context), "--batch-size", str(batch), "--steps", "3", "--optimizer", "adamw",
              "--devices", "1", "--threads-per-worker", "1", "--activation-checkpointing", mode, "--quiet",
-             "--no-tensorboard", "--overwrite", "--out", str(out)]
-    proc = subprocess.run([sys.executable, "-m", "paratrain", *flags], capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(proc.stderr[-2000:])
-    return json.loads((out / "summary.json").read_text())
+             "--no-tensorboard", "--overwrite"]
+    return trained(flags, out)
 
 
 def main() -> None:

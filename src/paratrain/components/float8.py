@@ -16,12 +16,10 @@ def takes(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
-def convert(model: nn.Module) -> int:
+def convert(model: nn.Module) -> None:
     """Swap the model's linear layers that `takes` for torchao's Float8Linear, in place, before any strategy wraps
-    or shards them; the number swapped."""
+    or shards them."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    before = sum(isinstance(m, nn.Linear) and takes(m, "") for m in model.modules())
     # padded: the weight gradient's float8 product then takes any number of tokens a micro-batch (its inner size)
     convert_to_float8_training(model, config=Float8LinearConfig(pad_inner_dim=True), module_filter_fn=takes)
-    return before

@@ -53,6 +53,13 @@ def autocast_dtype(precision: str) -> Any:
     return getattr(torch, AUTOCAST[precision]) if AUTOCAST[precision] else None
 
 
+def autocast(device_type: str, dtype: Any) -> contextlib.AbstractContextManager:
+    """Autocast to `dtype` (autocast_dtype's) on `device_type`; nothing where it is None."""
+    import torch
+
+    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
 class Strategy:
     name: ClassVar[str]
     unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages
@@ -234,10 +241,7 @@ class Strategy:
             broadcast_buffers(module)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        import torch
-
-        dtype = AUTOCAST[self.cfg.precision]
-        return torch.autocast(self.ctx.device.type, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()
+        return autocast(self.ctx.device.type, autocast_dtype(self.cfg.precision))
 
     def forward_backward(self, x: torch.Tensor | None, y: torch.Tensor | None, sync: bool,
                          backward: Callable[[Any], None]) -> tuple[torch.Tensor | None, torch.Tensor | None]:

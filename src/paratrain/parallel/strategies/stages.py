@@ -10,7 +10,6 @@ writing its own layers under the whole model's names (strategies/base.py, checkp
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections import OrderedDict
@@ -31,6 +30,7 @@ from ...core.errors import UserError
 from ...data.batches import eval_range
 from ...runtime.dist import average_gradients
 from ..mesh import Mesh, device_mesh
+from .base import autocast as cast_to
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
 
@@ -241,11 +241,6 @@ def _padded(t: torch.Tensor, size: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros((size - len(t), *t.shape[1:]))])
 
 
-def _cast(device_type: str, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """Autocast to `dtype` on `device_type` (None: none)."""
-    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
-
 class Pipeline:
     """This process's stage of a K-stage pipeline (one of R copies) and its schedule."""
 
@@ -270,9 +265,9 @@ class Pipeline:
         self.param_offset = sum(1 for i in range(lo) for _ in full[i].parameters())
         self.micro = example.shape[0]  # the stage's static shapes: evaluation runs batches of micro x microbatches
         # the shape of a micro-batch where it enters this stage, and the dropout calls before it
-        self.cast = lambda: _cast(device.type, autocast)
+        self.cast = lambda: cast_to(device.type, autocast)
         with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before, \
-                _cast("cpu", autocast):
+                cast_to("cpu", autocast):
             inp = nn.Sequential(*list(full)[:lo])(example)
         self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
