@@ -302,7 +302,7 @@ def test_a_timed_pipeline_trains_the_same_weights(tmp_path: Path) -> None:
     """--time-phases in a pipeline: the schedule (its stages' forward, backward, sends and waits) is the compute
     phase, the copies' average the all-reduce; nothing the steps compute changes."""
     args = ("--steps", "6", "--strategy", "pipeline", "--stages", "2", "--devices", "2", "--optimizer", "sgd",
-            "--no-tensorboard")
+            "--momentum", "0.9", "--no-tensorboard")
     plain = train_here(tmp_path / "plain", *args)
     timed = train_here(tmp_path / "timed", *args, "--time-phases")
     assert plain["step_phases_s"] is None
