@@ -36,6 +36,10 @@ def quiet_compiler() -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     # a graph over DTensors (tensor parallelism) is not kept in AOTAutograd's cache, which warns so on every rank
     logging.getLogger("torch._functorch._aot_autograd.autograd_cache").setLevel(logging.ERROR)
+    # torch 2.14's own partitioner calls its deprecated is_opaque_value, which warns on every rank when a graph
+    # over DTensors compiles with a cold cache (the CI's first --strategy tp run): torch's notice to itself
+    logging.getLogger("torch._library.opaque_object").addFilter(
+        lambda record: "is_opaque_value is deprecated" not in record.getMessage())
     # torch.fx's interpreter opens a tqdm bar while compiling, and tqdm's default lock is a multiprocessing
     # semaphore that a worker leaving through os._exit never releases ("resource_tracker: ... 1 leaked
     # semaphore" at the end of a 2-worker --compile run): a thread lock is enough (as components/log.py's)
