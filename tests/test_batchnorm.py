@@ -193,6 +193,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict
         "two-acc": ("2", sgd, {"accumulate": 2, "batch_size": 32}),
         "one-bf16": ("1", sgd, {"precision": "bf16"}), "two-bf16": ("2", sgd, {"precision": "bf16"}),
         "two-fsdp": ("2", sgd, {"strategy": "fsdp"}),  # SyncBatchNorm layers inside sharded blocks
+        # 2 copies of 2 shards: SyncBatchNorm over all 4 workers, across the copies too
+        "four-hsdp": ("4", sgd, {"strategy": "hsdp", "shard_size": 2, "oversubscribe": True}),
     }
     return {name: (root / name, fit(root / name, devices, opt, **kw)) for name, (devices, opt, kw) in specs.items()}
 
@@ -210,6 +212,7 @@ def _gaps(runs: dict, a: str, b: str) -> float:
     # 2): these settings stay well inside that edge.
     ("one-sgd", "two-sgd", 1e-4),  # measured 1.1e-6
     ("one-sgd", "two-fsdp", 1e-4),  # measured 1.2e-5, as ddp on 2 workers the same day (the two equal to 0.0)
+    ("one-sgd", "four-hsdp", 1e-4),  # measured 1.1e-6 (2 copies of 2 shards, 16 examples each)
     ("one-adam", "two-adam", 2e-4),  # measured 2.3e-6
     ("one-acc", "two-acc", 2e-4),  # --accumulate 2, each micro-batch normalised over both shares: 1e-6 to 4.4e-6
     # bf16 rounds every activation, so float noise flips whole bf16 steps (4e-3 relative): 2.9e-4 to 6.5e-4
@@ -219,9 +222,10 @@ def _gaps(runs: dict, a: str, b: str) -> float:
 @pytest.mark.matrix(
     ("ddp", "BatchNorm sync", "2.3e-6"),
     ("fsdp", "BatchNorm sync", "1.2e-5"),
+    ("hsdp", "BatchNorm sync", "1.1e-6"),
     ("ddp", "bf16", "6.5e-4"))
 def test_sync_batchnorm_on_two_workers_equals_one_device(runs: dict, one: str, two: str, bound: float) -> None:
-    assert runs[two][1]["world_size"] == 2 and runs[one][1]["world_size"] == 1
+    assert runs[two][1]["world_size"] == (4 if two.startswith("four") else 2) and runs[one][1]["world_size"] == 1
     assert _gaps(runs, one, two) < bound
 
 

@@ -180,7 +180,7 @@ def test_a_configuration_the_workload_cannot_run_on_is_known_before_any_run(tmp_
 
     configs = parse_configs("tower-cpu:2,pipeline-cpu:2x2")
     why = [_refused(c, {"dataset": "digits", "steps": 5, **refused})
-           for c, refused in zip(configs, ({"compile": True}, {"accumulate": 2}), strict=True)]
+           for c, refused in zip(configs, ({"compile": True}, {"precision": "16-mixed"}), strict=True)]
     assert "--compile is not available with --strategy tower" in why[0] and "pipeline" in why[1], why
     assert [_refused(c, {"dataset": "digits", "steps": 5}) for c in configs] == [None, None]
     report = run_bench(configs, ["--steps", "5"], 1, tmp_path, refused=lambda c: "no")  # nothing is run

@@ -178,13 +178,11 @@ def test_evaluation_in_lockstep_runs_as_many_forwards_on_every_worker(lockstep: 
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--strategy", "fsdp", "--precision", "16-mixed"), "not available with --strategy fsdp (FSDP casts"),
-    (("--strategy", "hsdp", "--time-phases"), "--time-phases times DDP's all-reduce; under --strategy hsdp"),
     (("--strategy", "fsdp", "--shard-size", "2"), "--shard-size is for --strategy hsdp"),
     (("--strategy", "hsdp", "--shard-size", "3", "--devices", "2"), "--shard-size 3 does not divide the 2 workers"),
     (("--strategy", "fsdp", "--shard-modules", "0,body"), "--shard-modules names 'body', which this network does"),
     (("--strategy", "fsdp", "--cpu-offload"), "--cpu-offload moves the shards off the GPUs"),
     (("--strategy", "fsdp", "--stages", "2"), "--stages is for --strategy pipeline or hybrid, not fsdp"),
-    (("--strategy", "fsdp", "--histogram-every", "5"), "--histogram-every draws rank 0's whole weights"),
     (("--strategy", "hsdp", "--shard-size", "0"), "--shard-size 0: give a positive number of workers"),
     (("--shard-modules", "0"), "--shard-modules is for --strategy fsdp or hsdp, not ddp"),
     (("--strategy", "pipeline", "--stages", "2", "--no-reshard-after-forward"),

@@ -163,12 +163,14 @@ def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, caps
             "32", "--steps", "1", "--quiet", "--no-tensorboard"]
     cases = [(["--mesh", "tp=3", "--oversubscribe"], "tp=3 does not divide the model's 4 attention heads"),
              (["--mesh", "fsdp=2,tp=2", "--devices", "2"], "--mesh fsdp=2,tp=2 is 4 workers"),
-             (["--strategy", "tp", "--devices", "2", "--ema", "0.9"], "--ema is not available with --strategy tp"),
+             (["--strategy", "tp", "--devices", "2", "--precision", "16-mixed"],
+              "--precision 16-mixed is not available with --strategy tp"),
              (["--mesh", "fsdp=2,pp=2", "--oversubscribe"], "sharded copies (fsdp) of a pipeline's stages"),
              (["--strategy", "tp", "--devices", "2", "--tp-plan", str(tmp_path / "no.yaml")], "no such file"),
              (["--strategy", "tp"], "--strategy tp needs --devices N"),
              (["--strategy", "tp", "--devices", "2", "--stages", "2"], "give the stages as pp in --mesh"),
-             (["--mesh", "tp=2,pp=2", "--accumulate", "2"], "--accumulate (use --microbatches) is not available"),
+             (["--mesh", "tp=2,pp=2", "--oversubscribe", "--batch-size", "30", "--microbatches", "4"],
+              "--microbatches 4"),
              (["--tp-plan", str(tmp_path / "no.yaml")], "--tp-plan is for --strategy tp")]
     for i, (flags, message) in enumerate(cases):
         assert main_code([*text, "--out", str(tmp_path / f"r{i}"), *flags]) == 2, flags
@@ -217,12 +219,13 @@ def test_every_layout_of_the_gpt_equals_one_device(tmp_path: Path, corpus: Path,
     assert three_d["mesh"] == {"pp": 2, "dp": 2, "fsdp": 1, "tp": 2} and three_d["strategy"] == "tp"
     held = three_d["weight_bytes_per_worker"]  # each of 8 workers holds about a quarter: half a stage, split in 2
     assert len(held) == 8 and max(held) < 0.3 * one["weight_bytes_per_worker"][0]
-    if dropout != "0":  # the masks dropped something
-        assert abs(one["val_loss"] - _gpt(tmp_path / "off", corpus, "--devices", "1")["val_loss"]) > 1e-3
+    if dropout != "0":  # the masks dropped something: the weights end elsewhere (the validation loss by as
+        _gpt(tmp_path / "off", corpus, "--devices", "1")  # little as 2e-4 on some versions of the corpus)
+        assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "off")) > 1e-3
 
 
 @pytest.mark.integration
-@pytest.mark.matrix(("dp x tp x pp", "resume across layouts", "1.2e-7"))
+@pytest.mark.matrix(("dp x tp x pp", "resume across layouts", "1.2e-7"), ("tp", "resume across layouts", "1.2e-7"))
 def test_a_checkpoint_of_any_layout_carries_on_under_any_other(tmp_path: Path, corpus: Path) -> None:
     """tp=2 stopped at step 10 and carried on under fsdp=2 and under 1 device; one device's carried on under
     dp=2,tp=2,pp=2: each ends within 1e-4 of the run never stopped (measured: 1.2e-7), dropout 0.1 on."""

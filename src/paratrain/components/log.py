@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+import torch
 from tqdm import tqdm
 
 from ..config import TrainConfig
@@ -137,14 +139,15 @@ class RunLog:
             shown = {"accuracy": acc, "loss": loss, **metrics}
             self._scalars(step, {f"val/{k}": v for k, v in shown.items() if not (k == "accuracy" and math.isnan(v))})
 
-    def histograms(self, step: int, model: nn.Module) -> None:
-        if self.tb is None:
-            return
-        with writing(self.tb_dir):
-            for name, p in model.named_parameters():
-                self.tb.add_histogram(f"weights/{name}", p.detach().float().cpu(), step)
-                if p.grad is not None:
-                    self.tb.add_histogram(f"gradients/{name}", p.grad.detach().float().cpu(), step)
+    def histograms(self, step: int, parameters: Iterable[tuple[str, torch.Tensor, torch.Tensor | None]]) -> None:
+        """TensorBoard histograms of (name, weight, gradient) triples (Strategy.whole_parameters), drawn where
+        this worker writes TensorBoard; every worker takes every triple (gathering one is a collective)."""
+        with writing(self.tb_dir) if self.tb is not None else contextlib.nullcontext():
+            for name, weight, grad in parameters:
+                if self.tb is not None:
+                    self.tb.add_histogram(f"weights/{name}", weight.float().cpu(), step)
+                    if grad is not None:
+                        self.tb.add_histogram(f"gradients/{name}", grad.float().cpu(), step)
 
     def advance(self) -> None:
         if self.bar is not None:

@@ -68,6 +68,18 @@ def ema_decay(decay: float, num_updates: int) -> float:
     return min(decay, (1 + num_updates) / (10 + num_updates))
 
 
+def _by_kind(averaged: list[torch.Tensor], current: list[torch.Tensor]) -> list[tuple[list, list]]:
+    """The pairs in groups that one foreach op takes: plain tensors, or DTensors of one device mesh (tensor
+    parallelism leaves some layers whole beside the ones it splits, and fsdp over its copies shards on another
+    mesh)."""
+    groups: dict[object, tuple[list, list]] = {}
+    for a, c in zip(averaged, current, strict=True):
+        mine, theirs = groups.setdefault(getattr(a, "device_mesh", None), ([], []))
+        mine.append(a)
+        theirs.append(c)
+    return list(groups.values())
+
+
 def make_ema(model: torch.nn.Module, decay: float) -> AveragedModel:
     """ema <- d * ema + (1 - d) * weights after every update, d = ema_decay(decay, updates so far);
     the first update copies the weights. Buffers are averaged too (BatchNorm's running statistics belong
@@ -75,10 +87,10 @@ def make_ema(model: torch.nn.Module, decay: float) -> AveragedModel:
 
     @torch.no_grad()
     def update(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
-        if not averaged[0].is_floating_point():  # a counter (BatchNorm's num_batches_tracked): the latest
-            torch._foreach_copy_(averaged, current)
-            return
-        d = ema_decay(decay, int(num_averaged))
-        torch._foreach_lerp_(averaged, current, 1 - d)
+        for mine, theirs in _by_kind(averaged, current):
+            if not mine[0].is_floating_point():  # a counter (BatchNorm's num_batches_tracked): the latest
+                torch._foreach_copy_(mine, theirs)
+            else:
+                torch._foreach_lerp_(mine, theirs, 1 - ema_decay(decay, int(num_averaged)))
 
     return AveragedModel(model, multi_avg_fn=update, use_buffers=True)

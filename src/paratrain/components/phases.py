@@ -21,10 +21,17 @@ WARMUP_STEPS = 1  # the first step allocates every buffer: it is left out of the
 
 
 class PhaseTimer:
-    def __init__(self, ctx: DistContext, active: bool) -> None:
-        self.ctx, self.active = ctx, active
+    def __init__(self, ctx: DistContext, active: bool, allreduce: bool = True) -> None:
+        """`allreduce`: the strategy reduces the gradients in a phase of their own (else inside the backward,
+        which is then compute, and the all-reduce's figure is None: not measured, rather than 0)."""
+        self.ctx, self.active, self.allreduce = ctx, active, allreduce
         self.seconds: dict[str, float] = defaultdict(float)
         self.steps = 0
+
+    @property
+    def separates_allreduce(self) -> bool:
+        """The backward leaves the gradients unreduced, for the timed all-reduce after it (DDP's no_sync)."""
+        return self.active and self.allreduce
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -48,4 +55,5 @@ class PhaseTimer:
         timed = self.steps - WARMUP_STEPS
         if not self.active or timed < 1:
             return None
-        return {name: self.seconds[name] / timed for name in PHASES}
+        return {name: None if name == "allreduce" and not self.allreduce else self.seconds[name] / timed
+                for name in PHASES}

@@ -88,7 +88,7 @@ def breakdown(results: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows) + 2), 4.5))
     bottom = [0.0] * len(rows)
     for phase in PHASES:
-        ms = [1000 * r["step_phases_s"][phase] for r in rows]
+        ms = [1000 * (r["step_phases_s"][phase] or 0.0) for r in rows]  # None: inside the backward
         ax.bar(range(len(rows)), ms, bottom=bottom, label=phase)
         bottom = [b + m for b, m in zip(bottom, ms, strict=True)]
     ax.set_xticks(range(len(rows)), [r["name"] for r in rows], rotation=20)
@@ -143,7 +143,8 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
             lines.append(f"| {r['name']} | {r['devices']} | failed: {r['error']} | | | | | | | |")
             continue
         phases, pipe = r.get("step_phases_s"), r.get("pipeline")
-        split = " / ".join(f"{1000 * phases[p]:.1f}" for p in PHASES) if phases else "-"
+        split = " / ".join("-" if phases[p] is None else f"{1000 * phases[p]:.1f}" for p in PHASES) \
+            if phases else "-"
         if pipe:  # a pipeline's step: the stages' measured idle time instead
             split = (f"bubble {pipe['bubble']['measured_mean']:.0%} measured, "
                      f"{pipe['bubble']['theoretical']:.0%} in theory")

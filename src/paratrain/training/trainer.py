@@ -87,7 +87,7 @@ class Trainer:
         self.checkpoints = RunCheckpoints(self.run_dir, ctx, cfg.async_checkpoint)
         self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
                           self.state.validated)
-        self.timer = PhaseTimer(ctx, cfg.time_phases)
+        self.timer = PhaseTimer(ctx, cfg.time_phases, self.strategy.allreduce_timed)
         self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
         self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
@@ -209,7 +209,7 @@ class Trainer:
             with self.timer.phase("data"):
                 x, y = self._fetch(worker_part(batches[k], which, of))
             self.weight = weights[k]
-            sync = k == acc - 1 and not self.timer.active  # timed runs all-reduce explicitly (reduce_gradients)
+            sync = k == acc - 1 and not self.timer.separates_allreduce  # then reduce_gradients all-reduces
             with self.timer.phase("compute"), masks(self.drops, self.strategy, self.cfg, self.state.step, k):
                 loss, logits = self.strategy.forward_backward(x, y, sync, self._backward)
             if loss is None:  # a pipeline stage before the last
@@ -281,7 +281,7 @@ class Trainer:
     def _after_update(self, epoch: int) -> None:
         state, cfg = self.state, self.cfg
         if cfg.histogram_every and state.step % cfg.histogram_every == 0:
-            self.log.histograms(state.step, state.model)
+            self.log.histograms(state.step, self.strategy.whole_parameters())  # a collective where sharded
         state.optimizer.zero_grad(set_to_none=True)
         if state.step % cfg.log_every == 0 or state.step == self.length.total_steps:
             self._log_step(epoch)

@@ -14,7 +14,7 @@ average (--ema) of it, `save` decides who writes what (rank 0 writes one whole-m
 pipelines have every rank write its own part through torch.distributed.checkpoint, `_save_sharded`),
 `load`/`restore` read either form back (every strategy reads a sharded checkpoint: what it holds of it), and
 `evaluate`/`clip_grad_norm` run or reduce across workers where needed (a pipeline evaluates through its
-schedule; no strategy gathers the whole model). Not routed through a strategy: the weight histograms.
+schedule; no strategy gathers the whole model, but for the weight histograms: `whole_parameters`).
 A pipeline's stage averages its own layers (--ema) and evaluates the average through the schedule.
 Adding a strategy: a module with a subclass, and one line in strategies/__init__.py.
 """
@@ -22,7 +22,7 @@ Adding a strategy: a module with a subclass, and one line in strategies/__init__
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...core.errors import UserError
@@ -65,6 +65,9 @@ class Strategy:
     unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages
     pipelined: ClassVar[bool] = False  # cuts the layers into stages (--stages, --split, --print-split)
     lockstep: ClassVar[bool] = False  # every forward is a collective: evaluation runs as many on every worker
+    # --time-phases: the gradients' reduction is a phase of its own (DDP's is moved out of the backward); where
+    # it runs inside the backward (FSDP's reduce-scatter, tensor parallelism's collectives), it counts as compute
+    allreduce_timed: ClassVar[bool] = True
 
     # ---- before launch, in the launching process ----
 
@@ -256,6 +259,19 @@ class Strategy:
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         """Whatever gradient reduction forward_backward left to do before the update."""
 
+    def whole_parameters(self) -> Iterator[tuple[str, torch.Tensor, torch.Tensor | None]]:
+        """(name, weight, gradient) of each parameter this worker trains, whole (--histogram-every), one at a
+        time (a sharded model is not gathered at once): a sharded tensor (a DTensor: fsdp, tp) is gathered, a
+        collective that every worker of the run joins, so every worker iterates to the end. A pipeline's
+        stage gives its own layers."""
+        from torch.distributed.tensor import DTensor
+
+        def whole(t: torch.Tensor) -> torch.Tensor:
+            return t.full_tensor() if isinstance(t, DTensor) else t
+
+        for name, p in self.module.named_parameters():
+            yield name, whole(p.detach()), None if p.grad is None else whole(p.grad.detach())
+
     def clip_grad_norm(self, max_norm: float) -> None:
         """Clip the gradients to a total norm of `max_norm` (here every worker holds every gradient)."""
         from torch.nn.utils import clip_grad_norm_
@@ -276,6 +292,19 @@ class Strategy:
         from ...components.evaluation import evaluate
 
         return evaluate(ema.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
+
+    def _evaluate_average_in_place(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor],
+                                   prep: BatchPipeline, batch_size: int, loss: Any, flip: bool,
+                                   meter: Any = None) -> tuple[float, float]:
+        """`evaluate_average` where the average cannot evaluate as a model of its own (a pipeline's stage
+        evaluates through the schedule, tensor parallelism's split scores through its own loss): the average's
+        weights in the module for the while, through this strategy's `evaluate`."""
+        kept = {k: v.clone() for k, v in self.module.state_dict().items()}
+        self.module.load_state_dict(ema.module.state_dict())
+        try:
+            return self.evaluate(pair, prep, batch_size, loss, flip, meter)
+        finally:
+            self.module.load_state_dict(kept)
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:

@@ -52,6 +52,7 @@ def blocks(model: nn.Module, names: str | None) -> list[nn.Module]:
 class FSDP(Strategy):
     name = "fsdp"
     lockstep = True  # every forward is a collective: every worker runs as many (evaluation.evaluate)
+    allreduce_timed = False  # the reduce-scatter runs inside the backward (--time-phases: compute)
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
@@ -59,12 +60,6 @@ class FSDP(Strategy):
         if cfg.precision == "16-mixed":
             raise UserError(f"--precision 16-mixed is not available with --strategy {cfg.strategy} (FSDP casts "
                             "the weights itself); use --precision bf16")
-        if cfg.time_phases:
-            raise UserError(f"--time-phases times DDP's all-reduce; under --strategy {cfg.strategy} the gradients "
-                            "are reduce-scattered inside the backward: leave it out")
-        if cfg.histogram_every:
-            raise UserError(f"--histogram-every draws rank 0's whole weights; under --strategy {cfg.strategy} each "
-                            "worker holds a shard of them: leave it out")
         if cfg.shard_size is not None and cfg.strategy != "hsdp":
             raise UserError("--shard-size is for --strategy hsdp")
         if cfg.shard_size is not None and cfg.shard_size < 1:

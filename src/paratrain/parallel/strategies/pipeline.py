@@ -28,9 +28,8 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
 
 
 def refuse_in_pipeline(cfg: TrainConfig) -> None:
-    """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: a backward the
-    schedule does not run (--accumulate), fp16's loss scaling (a step skipped by one stage alone), float8,
-    channels-last activations."""
+    """What a pipeline does not do (yet), under any strategy that cuts the layers into stages: fp16's loss scaling
+    (a step skipped by one stage alone), float8, channels-last activations."""
     if cfg.precision == "float8":
         raise UserError(f"--precision float8 is not available with --strategy {cfg.strategy} yet; use --strategy "
                         "ddp or fsdp, or --precision bf16")
@@ -38,12 +37,10 @@ def refuse_in_pipeline(cfg: TrainConfig) -> None:
         raise UserError(f"--precision 16-mixed is not available with --strategy {cfg.strategy}: fp16's loss scaling "
                         "skips the update of a stage whose gradients overflowed, and not the other stages'; use "
                         "--precision bf16")
-    for on, flag in ((cfg.accumulate > 1, "--accumulate (use --microbatches)"),
-                     (cfg.memory_format == "channels_last", "--memory-format channels_last")):
-        if on:
-            raise UserError(f"{flag} is not available with --strategy {cfg.strategy}"
-                            + (f" (--mesh {cfg.mesh}: a pipeline)" if cfg.mesh else "") + "; leave it out or use "
-                            "--strategy ddp")
+    if cfg.memory_format == "channels_last":
+        raise UserError(f"--memory-format channels_last is not available with --strategy {cfg.strategy}"
+                        + (f" (--mesh {cfg.mesh}: a pipeline)" if cfg.mesh else "") + "; leave it out or use "
+                        "--strategy ddp")
 
 
 def check_microbatches(cfg: TrainConfig, copies: int) -> None:
@@ -148,7 +145,8 @@ class PipelineStrategy(Strategy):
         cuts = self.layout["cuts"]  # resolved once before launch (prepare)
         example = example_batch(cfg, data, micro)
         self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, layout, ctx.device, cfg.microbatches,
-                              cfg.schedule, example, loss, autocast=autocast_dtype(cfg.precision))
+                              cfg.schedule, example, loss, autocast=autocast_dtype(cfg.precision),
+                              accumulate=cfg.accumulate)
         self.module = self.model = self.stage.module
         if cfg.batchnorm == "local" and ctx.is_main and not cfg.quiet and has_batchnorm(model):
             print(f"paratrain: note: --strategy {cfg.strategy} with --batchnorm local: each stage normalises its "
@@ -209,14 +207,8 @@ class PipelineStrategy(Strategy):
 
     def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
                          batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
-        """The weight average through the schedule: each stage's average in its layers for the while (a stage
-        cannot evaluate alone)."""
-        kept = {k: v.clone() for k, v in self.module.state_dict().items()}
-        self.module.load_state_dict(ema.module.state_dict())
-        try:
-            return self.evaluate(pair, prep, batch_size, loss, flip, meter)
-        finally:
-            self.module.load_state_dict(kept)
+        """The weight average through the schedule (a stage cannot evaluate alone)."""
+        return self._evaluate_average_in_place(ema, pair, prep, batch_size, loss, flip, meter)
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
                  flip: bool, meter: Any = None) -> tuple[float, float]:

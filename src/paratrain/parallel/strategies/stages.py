@@ -247,10 +247,11 @@ class Pipeline:
     def __init__(self, full: nn.Sequential, cuts: list[int], layout: Layout, device: torch.device,
                  microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy,
                  built: DeviceMesh | None = None, shard: Callable[[nn.Module], nn.Module] | None = None,
-                 autocast: torch.dtype | None = None) -> None:
+                 autocast: torch.dtype | None = None, accumulate: int = 1) -> None:
         """`built`: the run's device mesh (default: one of pp x dp); `shard`: what splits the stage's layers
         further (tensor parallelism) before the stage is made; `autocast`: the type every forward autocasts to
-        (--precision bf16). The example goes through the layers before the stage under the CPU's autocast;
+        (--precision bf16); `accumulate`: the batches whose gradients add up before an update (--accumulate).
+        The example goes through the layers before the stage under the CPU's autocast;
         torch's PipelineStage (2.14) types what a stage receives and sends from its first forward, which runs
         under the device's."""
         K = layout.stages
@@ -273,16 +274,26 @@ class Pipeline:
                                  group=self.pp_group)
         self.stage.chunk_share, self.stage.chunks = (layout.replica, layout.replicas), microbatches
         self.stage.first_call = before.call
-        self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches, loss_fn=loss)
+        # --accumulate K: each batch's loss is divided by K (the schedule divides its gradients by the
+        # micro-batches, scale_grads), and step() adds each batch's gradients to those of the batches before
+        self.accumulate = accumulate
+        self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches,
+                                                   loss_fn=lambda out, target: loss(out, target) / accumulate)
         self.is_first, self.is_last = layout.stage == 0, layout.stage == K - 1
         self.wall_s = 0.0
 
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
         """Forward and backward of one batch through the pipeline; gradients accumulate in the stage,
-        scaled so that they equal those of the batch's mean loss. The last stage returns the mean loss
-        and the logits; the others return (None, None)."""
+        scaled so that they equal those of the update's mean loss (the batch's, under --accumulate 1). The last
+        stage returns the batch's mean loss and the logits; the others return (None, None)."""
         start = time.perf_counter()
         losses: list[torch.Tensor] = []
+        # the gradients of the batches accumulated before this one, put aside: the schedule divides the whole
+        # .grad by its micro-batches after the batch, which must not divide theirs again
+        parameters = list(self.module.parameters())
+        before = [p.grad for p in parameters]
+        for p in parameters:
+            p.grad = None
         with self.cast():
             if self.is_first:
                 self.schedule.step(x)
@@ -290,10 +301,13 @@ class Pipeline:
                 logits = self.schedule.step(target=y, losses=losses)
             else:
                 self.schedule.step()
+        for p, grad in zip(parameters, before, strict=True):
+            if grad is not None:
+                p.grad = grad if p.grad is None else grad.add_(p.grad)
         self.wall_s += time.perf_counter() - start
         if not self.is_last:
             return None, None
-        return torch.stack(losses).mean(), logits
+        return torch.stack(losses).mean() * self.accumulate, logits
 
     def average_gradients(self) -> None:
         """Hybrid: average each stage's gradients over the R copies of the pipeline (one flat all-reduce)."""

@@ -13,6 +13,7 @@ Checkpoints are sharded (torch.distributed.checkpoint): any mesh, and one device
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ class TensorParallel(Strategy):
     name = "tp"
     unit = "copies"
     lockstep = True  # every forward is a collective
+    allreduce_timed = False  # the collectives run inside the forward and backward (--time-phases: compute)
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
@@ -48,13 +50,9 @@ class TensorParallel(Strategy):
             raise UserError("--stages is for --strategy pipeline or hybrid; with tensor parallelism give the stages "
                             "as pp in --mesh (e.g. --mesh tp=2,pp=2)")
         super().check(cfg.replace(stages=None))  # the stages are the mesh's pp
-        refused = ((cfg.ema, "--ema"), (cfg.precision in ("16-mixed", "float8"), f"--precision {cfg.precision}"),
-                   (cfg.time_phases, "--time-phases"), (cfg.histogram_every, "--histogram-every"),
-                   (cfg.clip_grad_norm, "--clip-grad-norm"))
-        for on, flag in refused:
-            if on:
-                raise UserError(f"{flag} is not available with --strategy tp (a mesh with tensor parallelism) yet; "
-                                "leave it out or use --strategy fsdp")
+        if cfg.precision in ("16-mixed", "float8"):
+            raise UserError(f"--precision {cfg.precision} is not available with --strategy tp (a mesh with tensor "
+                            "parallelism) yet; leave it out or use --strategy fsdp")
         if mesh is not None and mesh.pp > 1:
             refuse_in_pipeline(cfg)
 
@@ -140,11 +138,14 @@ class TensorParallel(Strategy):
             module = module.to(self.ctx.device)
             return tensor_plan.apply(module, self.built["tp"], plan) if mesh.tp > 1 else module
 
+        self._unsharded = None
         if mesh.pp > 1:
             self.stage = self._pipeline(model, data, loss, shard)
             self.module = self.model = self.stage.module
             return self.module
         module = shard(model)
+        # the EMA's copy, before fsdp shards the copies (its modules refuse deepcopy): average() shards it alike
+        self._unsharded = copy.deepcopy(module) if self.cfg.ema and mesh.copies > 1 else None
         if mesh.copies > 1:
             self._shard_copies(module)
         self.module = self.model = module
@@ -157,6 +158,18 @@ class TensorParallel(Strategy):
 
         return [self.module] if self.dims().pp > 1 else blocks(self.module, self.cfg.shard_modules)
 
+    def compile(self) -> None:
+        """As every strategy compiles, without torch's caches of compiled graphs: a graph of tensor parallelism
+        holds its collectives' process group names, which torch 2.14's caches do not tell apart, so a warm cache
+        handed one worker another's graph ("Could not resolve the process group registered under the name 19",
+        the second run of a --mesh dp=2,tp=2,pp=2 --compile). Each run compiles afresh."""
+        import torch._functorch.config as functorch
+        import torch._inductor.config as inductor
+
+        inductor.fx_graph_cache = False
+        functorch.enable_autograd_cache = False
+        super().compile()
+
     def _pipeline(self, model: nn.Module, data: Splits, loss: Any, shard: Callable) -> Any:
         from .stages import Layout, Pipeline, example_batch, layers_of
 
@@ -165,7 +178,7 @@ class TensorParallel(Strategy):
         example = example_batch(cfg, data, micro)
         return Pipeline(layers_of(model, cfg.model, example), self.layout["cuts"], Layout.of(mesh, self.ctx.rank),
                         self.ctx.device, cfg.microbatches, cfg.schedule, example, self._loss_of(loss), self.built,
-                        shard, autocast_dtype(cfg.precision))
+                        shard, autocast_dtype(cfg.precision), cfg.accumulate)
 
     def _shard_copies(self, module: nn.Module) -> None:
         """FSDP2 over the copies (HSDP where there are whole copies too): each block, then the root."""
@@ -229,7 +242,39 @@ class TensorParallel(Strategy):
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         if self.dims().pp > 1:
-            self.stage.average_gradients()  # over the dp copies of each stage (their own parts)
+            with timer.phase("compute"):  # --time-phases: tp's collectives count as compute, this one too
+                self.stage.average_gradients()  # over the dp copies of each stage (their own parts)
+
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """torch's clip_grad_norm_ rule over the whole model's gradients, which here are DTensors (split by the
+        plan, sharded over the copies, on several meshes) and plain tensors (the layers the plan leaves whole)
+        that no one norm takes together. Each worker sums the squares of what it holds, each divided by the
+        workers that hold the same elements (a copy's other stages hold none of them); one all-reduce of those
+        sums gives every worker the same total, so every worker scales alike. (A DTensor's own norm, made whole
+        over a 2-D mesh, is two all-reduces whose order may differ between ranks.)"""
+        import math
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor, Replicate
+
+        stage_workers = self.ctx.world_size // self.dims().pp
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
+        for grad in grads:
+            if isinstance(grad, DTensor):
+                mesh = grad.device_mesh
+                holders = stage_workers // mesh.size() * math.prod(
+                    mesh.size(i) for i, p in enumerate(grad.placements) if isinstance(p, Replicate))
+                grad = grad.to_local()
+            else:
+                holders = stage_workers
+            squares += grad.double().square().sum() / holders
+        if self.ctx.distributed:
+            dist.all_reduce(squares)
+        scale = min(max_norm / (math.sqrt(float(squares)) + 1e-6), 1.0)
+        for grad in grads:
+            grad.mul_(scale)
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
                  flip: bool, meter: Any = None) -> tuple[float, float]:
@@ -246,6 +291,21 @@ class TensorParallel(Strategy):
             view = dataclasses.replace(self.ctx, rank=which, world_size=of)
             sums = evaluate_share(_Gathered(self.module), pair, prep, view, batch_size, loss, flip, meter)
         return totals(sums if self.reports else sums.zero_(), self.ctx)
+
+    def average(self, decay: float) -> AveragedModel:
+        if self._unsharded is None:
+            return super().average(decay)
+        from ...components.optim import make_ema
+
+        ema = make_ema(self._unsharded, decay)
+        self._unsharded = None
+        self._shard_copies(ema.module)  # on the same mesh: its shards line up with the model's
+        return ema
+
+    def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
+                         batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
+        """The weight average through `evaluate` (its scores split as the model's: its own loss)."""
+        return self._evaluate_average_in_place(ema, pair, prep, batch_size, loss, flip, meter)
 
     def load(self, saved: dict) -> None:
         if "sharded" in saved:
@@ -264,11 +324,15 @@ class TensorParallel(Strategy):
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         if "sharded" in saved:
-            super().restore(optimizer, None, saved)
+            super().restore(optimizer, ema, saved)  # the weight average's part too, split as the weights
             return
         # one whole model's file (ddp's, one device's): its state by parameter number, named here as the whole
         # model names them, of which this worker loads what it holds (split by set_optimizer_state_dict)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         full = saved["optimizer"]
         if len(full["param_groups"]) != 1:
@@ -278,6 +342,11 @@ class TensorParallel(Strategy):
         state = {self.names[int(i)]: v for i, v in full["state"].items() if self.names[int(i)] in mine}
         group = {**full["param_groups"][0], "params": [n for n in self.names if n in mine]}
         set_optimizer_state_dict(self.module, optimizer, {"state": state, "param_groups": [group]},
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        if ema is not None and "ema_model" in saved:  # the whole average's, "module."-named: what this worker holds
+            held = dict(ema.module.state_dict())
+            average = {k.removeprefix("module."): v for k, v in saved["ema_model"].items()}
+            set_model_state_dict(ema.module, {k: v for k, v in average.items() if k in held},
                                  options=StateDictOptions(full_state_dict=True, strict=False))
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,

@@ -1,0 +1,199 @@
+"""The compatibility matrix's cells that no other test covers: each layout with each feature, the gpt on CPU
+workers, against one device with the same feature (for --compile, --activation-checkpointing and
+--async-checkpoint: one device without it, which computes the same). Small runs (width 32, 6 steps of SGD with
+momentum, dropout 0.1, so every layout's random masks must follow one device's), one reference per feature,
+shared by the layouts (see tests/matrix.py for how the marks below make the page). The tower's replicas draw
+their dropout masks as one device does in distribution only (components/dropout.py): its runs, and the
+references they are compared with, leave dropout out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import max_abs_diff, train_here, weights
+
+from paratrain.checkpoint import files as checkpoint
+
+pytestmark = pytest.mark.integration
+
+STEPS = 6
+LAYOUTS = {
+    "ddp": ("--strategy", "ddp", "--devices", "2"),
+    "tower": ("--strategy", "tower", "--devices", "2", "--dropout", "0"),
+    "fsdp": ("--strategy", "fsdp", "--devices", "2"),
+    "hsdp": ("--strategy", "hsdp", "--devices", "4", "--shard-size", "2", "--oversubscribe"),
+    "tp": ("--strategy", "tp", "--devices", "2"),
+    "pipeline": ("--strategy", "pipeline", "--stages", "2", "--devices", "2"),
+    "hybrid": ("--strategy", "hybrid", "--stages", "2", "--devices", "4", "--oversubscribe"),
+    "fsdp x tp": ("--mesh", "fsdp=2,tp=2", "--oversubscribe"),
+    "dp x tp x pp": ("--mesh", "dp=2,tp=2,pp=2", "--oversubscribe"),
+}
+# feature: (its flags, the flags of the one-device run it is compared with)
+FEATURES = {
+    "compile": (("--compile",), ()),
+    "activation checkpointing": (("--activation-checkpointing", "full"), ()),
+    "bf16": (("--precision", "bf16"), ("--precision", "bf16")),
+    "16-mixed": (("--precision", "16-mixed"), ("--precision", "16-mixed")),
+    "EMA": (("--ema", "0.9", "--eval-ema"), ("--ema", "0.9", "--eval-ema")),
+    "clipping": (("--clip-grad-norm", "0.5"), ("--clip-grad-norm", "0.5")),
+    "accumulation": (("--accumulate", "2"), ("--accumulate", "2")),
+    "async checkpoints": (("--async-checkpoint",), ()),
+}
+FLOAT32, BF16 = 1e-4, 1.5e-2  # float32: every layout's own gap to one device is at most 1.6e-5 (test_tensor_parallel)
+
+
+@pytest.fixture(scope="module")
+def base(corpus: Path) -> tuple[str, ...]:
+    return ("--dataset", "text", "--data-dir", str(corpus), "--model", "gpt", "--width", "32", "--depth", "2",
+            "--heads", "2", "--context", "16", "--batch-size", "16", "--steps", str(STEPS), "--optimizer", "sgd",
+            "--momentum", "0.9", "--lr", "0.1", "--dropout", "0.1", "--checkpoint-every", "3", "--no-tensorboard")
+
+
+@pytest.fixture(scope="module")
+def one_device(base: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The one-device runs, by the flags they add, each run once for the module."""
+    root, runs = tmp_path_factory.mktemp("one"), {}
+
+    def run(flags: tuple[str, ...]) -> Path:
+        if flags not in runs:
+            runs[flags] = root / f"r{len(runs)}"
+            assert train_here(runs[flags], *base, *flags, "--devices", "1")["world_size"] == 1
+        return runs[flags]
+    return {"run": run}
+
+
+CELLS = [
+    ("ddp", "compile", FLOAT32), ("hsdp", "compile", FLOAT32), ("hybrid", "compile", FLOAT32),
+    ("fsdp x tp", "compile", FLOAT32), ("dp x tp x pp", "compile", FLOAT32),
+    ("hsdp", "activation checkpointing", FLOAT32), ("hybrid", "activation checkpointing", FLOAT32),
+    ("fsdp x tp", "activation checkpointing", FLOAT32), ("dp x tp x pp", "activation checkpointing", FLOAT32),
+    ("tower", "bf16", BF16), ("fsdp", "bf16", BF16), ("hsdp", "bf16", BF16), ("tp", "bf16", BF16),
+    ("hybrid", "bf16", BF16), ("fsdp x tp", "bf16", BF16), ("dp x tp x pp", "bf16", BF16),
+    ("ddp", "16-mixed", BF16), ("tower", "16-mixed", BF16),
+    ("ddp", "EMA", FLOAT32), ("tower", "EMA", FLOAT32), ("tp", "EMA", FLOAT32), ("fsdp x tp", "EMA", FLOAT32),
+    ("dp x tp x pp", "EMA", FLOAT32),
+    ("ddp", "clipping", FLOAT32), ("tower", "clipping", FLOAT32), ("hsdp", "clipping", FLOAT32),
+    ("tp", "clipping", FLOAT32), ("fsdp x tp", "clipping", FLOAT32), ("dp x tp x pp", "clipping", FLOAT32),
+    ("tower", "accumulation", FLOAT32), ("hsdp", "accumulation", FLOAT32), ("tp", "accumulation", FLOAT32),
+    ("fsdp x tp", "accumulation", FLOAT32), ("pipeline", "accumulation", FLOAT32), ("hybrid", "accumulation", FLOAT32),
+    ("dp x tp x pp", "accumulation", FLOAT32),
+    ("tower", "async checkpoints", FLOAT32), ("hsdp", "async checkpoints", FLOAT32),
+    ("tp", "async checkpoints", FLOAT32), ("pipeline", "async checkpoints", FLOAT32),
+    ("hybrid", "async checkpoints", FLOAT32), ("fsdp x tp", "async checkpoints", FLOAT32),
+    ("dp x tp x pp", "async checkpoints", FLOAT32),
+]
+
+
+@pytest.mark.parametrize(("layout", "feature", "bound"), CELLS, ids=[f"{c[0]}-{c[1]}" for c in CELLS])
+@pytest.mark.matrix(  # the gaps measured on the 2-core build machine (EMA: the weights and the average)
+    ("ddp", "compile", "1.2e-7"), ("hsdp", "compile", "6.0e-8"), ("hybrid", "compile", "3.0e-8"),
+    ("fsdp x tp", "compile", "1.2e-7"), ("dp x tp x pp", "compile", "1.2e-7"),
+    ("hsdp", "activation checkpointing", "1.2e-7"), ("hybrid", "activation checkpointing", "1.2e-7"),
+    ("fsdp x tp", "activation checkpointing", "1.2e-7"), ("dp x tp x pp", "activation checkpointing", "1.2e-7"),
+    ("tower", "bf16", "7.1e-4"), ("fsdp", "bf16", "1.3e-3"), ("hsdp", "bf16", "9.6e-4"), ("tp", "bf16", "4.8e-4"),
+    ("hybrid", "bf16", "3.7e-4"), ("fsdp x tp", "bf16", "3.8e-4"), ("dp x tp x pp", "bf16", "3.2e-4"),
+    ("ddp", "16-mixed", "3.5e-4"), ("tower", "16-mixed", "7.1e-4"),
+    ("ddp", "EMA", "1.2e-7"), ("tower", "EMA", "3.0e-8"), ("tp", "EMA", "1.2e-7"), ("fsdp x tp", "EMA", "1.2e-7"),
+    ("dp x tp x pp", "EMA", "1.2e-7"),
+    ("ddp", "clipping", "9.3e-9"), ("tower", "clipping", "1.5e-8"), ("hsdp", "clipping", "1.5e-8"),
+    ("tp", "clipping", "1.1e-8"), ("fsdp x tp", "clipping", "1.1e-8"), ("dp x tp x pp", "clipping", "1.5e-8"),
+    ("tower", "accumulation", "3.0e-8"), ("hsdp", "accumulation", "3.0e-8"), ("tp", "accumulation", "3.0e-8"),
+    ("fsdp x tp", "accumulation", "1.2e-7"), ("pipeline", "accumulation", "3.0e-8"),
+    ("hybrid", "accumulation", "3.0e-8"), ("dp x tp x pp", "accumulation", "1.9e-8"),
+    ("tower", "async checkpoints", "3.0e-8"), ("hsdp", "async checkpoints", "1.2e-7"),
+    ("tp", "async checkpoints", "1.2e-7"), ("pipeline", "async checkpoints", "1.2e-7"),
+    ("hybrid", "async checkpoints", "1.2e-7"), ("fsdp x tp", "async checkpoints", "1.2e-7"),
+    ("dp x tp x pp", "async checkpoints", "1.2e-7"))
+def test_a_layout_with_a_feature_equals_one_device_with_it(base: tuple[str, ...], one_device: dict, tmp_path: Path,
+                                                           layout: str, feature: str, bound: float) -> None:
+    flags, reference = FEATURES[feature]
+    one = one_device["run"](reference + _dropout(layout))
+    summary = train_here(tmp_path / "run", *base, *LAYOUTS[layout], *flags)
+    assert summary["steps"] == STEPS
+    assert max_abs_diff(weights(one), weights(tmp_path / "run")) <= bound
+    if feature == "EMA":  # the average too, and the test loss it gives (--eval-ema)
+        averages = [checkpoint.load(run)["ema_model"] for run in (one, tmp_path / "run")]
+        averages = [{k.removeprefix("module."): v for k, v in a.items() if k != "n_averaged"} for a in averages]
+        assert max_abs_diff(*averages) <= bound
+        assert summary["evaluated_with"] == "ema"
+        assert summary["test_loss"] == pytest.approx(json.loads((one / "summary.json").read_text())["test_loss"],
+                                                     abs=1e-5)
+    if feature == "clipping":  # the clipping bites: unclipped, one device ends elsewhere (measured 0.18)
+        assert max_abs_diff(weights(one), weights(one_device["run"](_dropout(layout)))) > 1e-2
+    if feature == "async checkpoints":  # the step-3 checkpoint, written while step 4 ran, is whole
+        assert [step for step, _ in checkpoint.step_checkpoints(tmp_path / "run" / "checkpoints")] == [3, 6]
+
+
+def _dropout(layout: str) -> tuple[str, ...]:
+    """The dropout flag the one-device run takes to be compared with `layout`'s (the tower's: none)."""
+    return ("--dropout", "0") if "--dropout" in LAYOUTS[layout] else ()
+
+
+RESUMED = ["tower", "hsdp", "hybrid", "fsdp x tp"]
+
+
+@pytest.mark.parametrize("layout", RESUMED)
+@pytest.mark.matrix(("tower", "resume across layouts", "1.2e-7"), ("hsdp", "resume across layouts", "1.2e-7"),
+                    ("hybrid", "resume across layouts", "1.2e-7"), ("fsdp x tp", "resume across layouts", "1.2e-7"))
+def test_a_layout_stopped_midway_carries_on_on_one_device(base: tuple[str, ...], one_device: dict, tmp_path: Path,
+                                                          layout: str) -> None:
+    """Stopped after its step-3 checkpoint, carried on to step 6 on one device: the weights of one device's run
+    never stopped."""
+    train_here(tmp_path / "run", *base, *LAYOUTS[layout], "--steps", "3")
+    shutil.copytree(tmp_path / "run", tmp_path / "carried")
+    carried = train_here(tmp_path / "carried", "--resume", str(tmp_path / "carried"), "--steps", str(STEPS),
+                         "--devices", "1", "--strategy", "ddp")
+    assert carried["resumed_from_step"] == 3 and carried["world_size"] == 1
+    assert max_abs_diff(weights(one_device["run"](_dropout(layout))), weights(tmp_path / "carried")) <= FLOAT32
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tp"])
+def test_sharded_weights_are_drawn_whole_and_their_steps_timed(base: tuple[str, ...], tmp_path: Path,
+                                                               layout: str) -> None:
+    """--histogram-every gathers each sharded weight and gradient whole for rank 0's TensorBoard histograms;
+    --time-phases times data, compute (where FSDP's reduce-scatter and tensor parallelism's collectives run,
+    inside the backward) and the optimizer, the all-reduce left unmeasured (None, not 0). Neither changes what
+    the steps compute."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    plain = train_here(tmp_path / "plain", *base, *LAYOUTS[layout])
+    args = [a for a in base if a != "--no-tensorboard"]
+    seen = train_here(tmp_path / "seen", *args, *LAYOUTS[layout], "--histogram-every", "3", "--time-phases")
+    assert plain["step_phases_s"] is None
+    phases = seen["step_phases_s"]
+    assert phases["allreduce"] is None and phases["compute"] > 0 and phases["optimizer"] > 0, phases
+    assert max_abs_diff(weights(tmp_path / "plain"), weights(tmp_path / "seen")) == 0.0
+    whole = weights(tmp_path / "seen")
+    events = EventAccumulator(str(tmp_path / "seen" / "tb"), size_guidance={"histograms": 0}).Reload()
+    drawn = {t for t in events.Tags()["histograms"]}
+    assert drawn == {f"{kind}/{name}" for kind in ("weights", "gradients") for name in whole}
+    for name, tensor in whole.items():  # every element, not one worker's shard
+        counts = [e.histogram_value.num for e in events.Histograms(f"weights/{name}")]
+        assert counts == [tensor.numel()] * 2, name  # steps 3 and 6
+
+
+def _average(run: Path) -> dict:
+    """A run's weight average (--ema), named as the model's weights."""
+    average = checkpoint.load(run)["ema_model"]
+    return {k.removeprefix("module."): v for k, v in average.items() if k != "n_averaged"}
+
+
+@pytest.mark.parametrize("layout", ["tp", "fsdp x tp"])
+def test_a_tensor_parallel_weight_average_carries_on(base: tuple[str, ...], one_device: dict, tmp_path: Path,
+                                                     layout: str) -> None:
+    """--ema under tensor parallelism, stopped after its step-3 checkpoint and carried on under the same layout:
+    the average of the run never stopped, bit for bit (a sharded checkpoint's average comes back split as the
+    weights); one device's checkpoint (one whole-model file) carried on under the layout: one device's
+    average, within float noise."""
+    ema = ("--ema", "0.9")
+    train_here(tmp_path / "whole", *base, *LAYOUTS[layout], *ema)
+    train_here(tmp_path / "cut", *base, *LAYOUTS[layout], *ema, "--steps", "3")
+    assert train_here(tmp_path / "cut", "--resume", str(tmp_path / "cut"), "--steps", str(STEPS))[
+        "resumed_from_step"] == 3
+    assert max_abs_diff(_average(tmp_path / "whole"), _average(tmp_path / "cut")) == 0.0
+    train_here(tmp_path / "one-cut", *base, *ema, "--devices", "1", "--steps", "3")
+    train_here(tmp_path / "one-cut", "--resume", str(tmp_path / "one-cut"), "--steps", str(STEPS), *LAYOUTS[layout])
+    assert max_abs_diff(_average(one_device["run"](ema)), _average(tmp_path / "one-cut")) <= FLOAT32
