@@ -448,8 +448,9 @@ def test_two_workers_equal_one_device_on_text(tmp_path: Path, corpus: Path, drop
                    if '"loss"' in line] for r in ("one", name)]
         assert len(logged[0]) == 4 and max(abs(a - b) for a, b in zip(*logged, strict=True)) <= 1e-5
         assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / name)) <= 1e-4
-    if dropout != "0":  # the masks dropped something: not the run without dropout
-        assert abs(one["val_loss"] - _lm(tmp_path / "off", corpus, "--devices", "1")["val_loss"]) > 1e-3
+    if dropout != "0":  # the masks dropped something: the weights end elsewhere (the validation loss by as
+        _lm(tmp_path / "off", corpus, "--devices", "1")  # little as 9.6e-4 on some versions of the corpus)
+        assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "off")) > 1e-3
 
 
 def _gpt2_on_text(devices: str, out: Path, corpus: Path) -> dict:
