@@ -563,7 +563,7 @@ def _files_hold(folder: Path, secret: str) -> list[str]:
 
 
 def test_a_storage_password_is_masked_in_every_spelling() -> None:
-    from paratrain.search.urls import masked, scrubbed
+    from paratrain.core.urls import masked, scrubbed
 
     url = "postgresql://alice:s3cret%40PW@db.example:5432/search"
     assert masked(url) == "postgresql://alice:***@db.example:5432/search"

@@ -25,7 +25,9 @@ def weights_only(run: str | Path) -> str | None:
             "every trial resumable)")
 
 
-RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb")
+# trackers.json: the MLflow and W&B runs it logs into (components/trackers.py); wandb: W&B's own files of them
+RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb", "metrics.csv",
+             "trackers.json", "wandb")
 
 
 def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:

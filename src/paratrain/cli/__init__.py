@@ -16,12 +16,12 @@ from ..core.errors import UserError, one_line
 from ..runtime.env import detect
 from ..runtime.interrupt import Stopped, hold, signal_number
 from ..runtime.proc import end_process
-from . import bench, devices, doctor, evaluate, export, generate, plan, recipes, report, search, submit, train
+from . import bench, devices, doctor, evaluate, export, generate, log, plan, recipes, report, search, submit, train
 from .parser import Parser
 from .train import resolve_config
 
 # in the order --help lists them
-COMMANDS = (devices, doctor, recipes, train, submit, bench, search, report, plan, evaluate, export, generate)
+COMMANDS = (devices, doctor, recipes, train, submit, bench, search, report, log, plan, evaluate, export, generate)
 
 
 def build_parser() -> argparse.ArgumentParser:

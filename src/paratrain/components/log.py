@@ -16,8 +16,11 @@ import torch
 from tqdm import tqdm
 
 from ..config import TrainConfig
+from ..config.fields import loggers
 from ..core.optional import how_to_install, installed
 from ..core.outputs import write_atomic, writing
+from ..runtime.interrupt import Stopped
+from .trackers import Trackers, identity
 
 
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +46,8 @@ class RunLog:
     """Every method is a no-op off rank 0, so the loop can call them unconditionally."""
 
     def __init__(self, run_dir: Path, active: bool, cfg: TrainConfig, total_steps: int, start_step: int,
-                 validated: int = 0) -> None:
+                 validated: int = 0, tags: dict[str, str] | None = None) -> None:
+        """`tags`: the launch's, for the trackers (launcher, devices)."""
         self.active = active
         self.quiet = cfg.quiet
         self.no_val_flag = cfg.val_size == 0  # (paratrain.fit may be given an empty validation set instead)
@@ -51,23 +55,27 @@ class RunLog:
         self.path = run_dir / "metrics.jsonl"
         self.bar = None
         self.tb = None
+        self.trackers: Trackers | None = None
         if not active:
             return
         # tqdm's default lock includes a multiprocessing RLock, a semaphore that a worker leaving through
         # os._exit (launch.end_process) never releases: "resource_tracker: ... 1 leaked semaphore" at the end
         # of every run. Only this process writes the console here, so a thread lock is enough.
         tqdm.set_lock(threading.RLock())
-        self.tb_dir = run_dir / "tb"
+        self.tb_dir, self.run_dir = run_dir / "tb", run_dir
         with writing(self.path):
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._truncate_after(start_step, validated)
+            kept = self._truncate_after(start_step, validated)
             # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
             self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
                                   "a")
-        if cfg.tensorboard and not installed("tensorboard"):  # the run goes on: metrics.jsonl has every figure
+        if set(loggers(cfg)) - {"tensorboard"}:  # a warning is shown --quiet or not
+            self.trackers = Trackers(run_dir, loggers(cfg), identity(run_dir, cfg.to_dict(), tags), self._warn_or_say,
+                                     cfg.mlflow_uri, have=kept)
+        if "tensorboard" in loggers(cfg) and not installed("tensorboard"):  # the run goes on: metrics.jsonl has all
             self.say(f"paratrain: note: no TensorBoard event files: the tensorboard package is not installed "
                      f"({how_to_install('tensorboard')}); metrics.jsonl holds every figure")
-        elif cfg.tensorboard:
+        elif "tensorboard" in loggers(cfg):
             from torch.utils.tensorboard import SummaryWriter  # imported only where it is used: ~1 s
 
             with writing(self.tb_dir):
@@ -76,21 +84,31 @@ class RunLog:
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                             mininterval=0.5)
 
-    def _truncate_after(self, step: int, validated: int) -> None:
+    def _truncate_after(self, step: int, validated: int) -> int:
         """On resume, drop the records a killed run wrote after its last checkpoint (of `step`, `validated`
-        epochs validated)."""
+        epochs validated); how many are kept."""
         try:  # O_NOFOLLOW: a link in its place is refused (core/outputs.check_owned says so before launch)
             with os.fdopen(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
                 lines = f.read().splitlines()
         except FileNotFoundError:
-            return
+            return 0
         kept = [line for line in lines if _before_checkpoint(line, step, validated)]
         write_atomic(self.path, "".join(line + "\n" for line in kept))
+        return len(kept)
 
     def _write(self, fields: dict[str, Any]) -> None:
         with writing(self.path):
             self.file.write(json.dumps(_clean(fields)) + "\n")
             self.file.flush()
+        if self.trackers is not None:
+            self.trackers.record(_clean(fields))
+
+    def _warn_or_say(self, line: str) -> None:
+        """A tracker's warning, on stderr whatever --quiet says; its other lines as say's."""
+        if "warning" in line:
+            tqdm.write(line, file=sys.stderr)
+        else:
+            self.say(line)
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
         """TensorBoard's writer writes in a thread of its own and raises a failed write at a later call."""
@@ -153,10 +171,22 @@ class RunLog:
         if self.bar is not None:
             self.bar.update(1)
 
+    def finish(self, summary: dict[str, Any], write: bool) -> None:
+        """Rank 0, after close: summary.json written (`write`: no launcher's session will), and the trackers' runs
+        ended as finished, with the summary and the run's files."""
+        if write:
+            write_summary(self.run_dir, summary)
+        if self.trackers is not None:
+            self.trackers.finish(summary)
+
     def close(self) -> None:
-        """Flush and close (once). A failed flush still closes the files, then raises WriteFailed."""
+        """Flush and close (once). A failed flush still closes the files, then raises WriteFailed. Called while an
+        exception is handled, the trackers' runs end too: killed by a stop, else failed."""
         if not self.active or self.file.closed:
             return
+        failed = sys.exc_info()[1]
+        if failed is not None and self.trackers is not None:
+            self.trackers.finish(None, "KILLED" if isinstance(failed, Stopped | KeyboardInterrupt) else "FAILED")
         if self.bar is not None:
             self.bar.close()
         try:

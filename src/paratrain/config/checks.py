@@ -9,7 +9,18 @@ from pathlib import Path
 
 from ..core.errors import UserError
 from ..core.import_path import absolute, is_import_path
-from .fields import DATASET_DEFAULTS, FIELDS, METRICS, TrainConfig, did_you_mean, model_for_data, shown
+from ..core.urls import masked, password_of
+from .fields import (
+    DATASET_DEFAULTS,
+    FIELDS,
+    LOGGERS,
+    METRICS,
+    TrainConfig,
+    did_you_mean,
+    loggers,
+    model_for_data,
+    shown,
+)
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
@@ -23,6 +34,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         cfg = cfg.replace(data_dir=str(Path(cfg.data_dir).expanduser().resolve()))
     _check_choices(cfg)
     _check_metrics(cfg.metric)
+    _check_loggers(cfg)
     _check_numbers(cfg)
     _check_combinations(cfg)
     return cfg  # what a strategy cannot take is its own to refuse (strategies.checked)
@@ -41,6 +53,19 @@ def _check_metrics(text: str | None) -> None:
                  "comma-separated (Python: metrics= takes torchmetrics objects too)")
     if len(set(chosen)) != len(chosen):
         _bad(f"--metric names a metric twice: {text}")
+
+
+def _check_loggers(cfg: TrainConfig) -> None:
+    for name in loggers(cfg):
+        if name not in LOGGERS:
+            _bad(f"--logger {shown(name)} is not a logger paratrain knows{did_you_mean(name, LOGGERS) or '.'} Choose "
+                 f"one or more of {', '.join(LOGGERS)}, comma-separated (none: metrics.jsonl alone)")
+    if len(set(loggers(cfg))) != len(loggers(cfg)):
+        _bad(f"--logger names a logger twice: {cfg.logger}")
+    if cfg.mlflow_uri and password_of(cfg.mlflow_uri):  # config.yaml records the options
+        _bad(f"--mlflow-uri {masked(cfg.mlflow_uri)} holds a password, which the run folder's config.yaml would keep "
+             "in plain text: pass the URI without it and export MLFLOW_TRACKING_USERNAME and "
+             "MLFLOW_TRACKING_PASSWORD (or put the whole URI in $MLFLOW_TRACKING_URI)")
 
 
 def _check_choices(cfg: TrainConfig) -> None:

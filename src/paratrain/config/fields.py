@@ -38,6 +38,8 @@ STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp", "tp")
 LOSSES = ("auto", "cross-entropy", "mse", "l1", "smooth-l1", "bce", "model")
 # --metric's built-in metrics (torchmetrics objects: metrics.py builds them)
 METRICS = ("mae", "mse", "rmse", "r2", "f1", "precision", "recall")
+# --logger: where a run's figures go beside metrics.jsonl (components/trackers.py; tensorboard: components/log.py)
+LOGGERS = ("tensorboard", "csv", "mlflow", "wandb")
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -204,6 +206,13 @@ class TrainConfig:
     histogram_every: int = _f(0, "TensorBoard histograms of weights and gradients every N steps (0: never)")
     tensorboard: bool = _f(True, "write TensorBoard event files under RUN_DIR/tb", flag="--no-tensorboard",
                            off_help="write no TensorBoard event files (RUN_DIR/tb)")
+    logger: str = _f("tensorboard", "where the run's figures also go: one or more of tensorboard (RUN_DIR/tb), csv "
+                     "(RUN_DIR/metrics.csv), mlflow, wandb, comma-separated (none: metrics.jsonl alone, which every "
+                     "run writes); --no-tensorboard leaves tensorboard out")
+    mlflow_uri: str | None = _f(None, "mlflow: the tracking server or store (default: $MLFLOW_TRACKING_URI, else "
+                                "MLflow's own default, ./mlruns); a password belongs in $MLFLOW_TRACKING_PASSWORD")
+    experiment: str | None = _f(None, "mlflow: the experiment, wandb: the project the run is logged to (default: "
+                                "the name of the run folder's parent folder)")
     quiet: bool = _f(False, "no progress bar or per-epoch lines", flag="--quiet")
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -253,6 +262,12 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def loggers(cfg: TrainConfig) -> tuple[str, ...]:
+    """The trackers a run writes: --logger's names ("none": none), tensorboard left out by --no-tensorboard."""
+    named = tuple(n.strip() for n in cfg.logger.split(",") if n.strip() and n.strip() != "none")
+    return tuple(n for n in named if n != "tensorboard" or cfg.tensorboard)
 
 
 def shown(value: Any, width: int = 60) -> str:

@@ -1,7 +1,9 @@
 """The optional dependencies (pyproject's extras): whether one is installed, and the one line that says how to
 install it. A search needs Optuna (`paratrain[search]`), plots matplotlib (`[plots]`), TensorBoard's event
 files the tensorboard package (`[tensorboard]`), a tokenizer other than bytes tiktoken or tokenizers
-(`[text]`); `[all]` brings every one (`[transformers]` is a network's own dependency: it is not in all)."""
+(`[text]`), an
+experiment tracker its client (`[mlflow]`, `[wandb]`); `[all]` brings the rest (`[transformers]` is a network's own
+dependency: it is not in all)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ from importlib.util import find_spec
 from .errors import UserError
 
 EXTRA = {"optuna": "search", "sklearn": "search", "matplotlib": "plots", "tensorboard": "tensorboard",
-         "psycopg": "postgres", "tiktoken": "text", "tokenizers": "text", "torchao": "float8"}
+         "psycopg": "postgres", "tiktoken": "text", "tokenizers": "text", "torchao": "float8",
+         "mlflow": "mlflow", "wandb": "wandb"}
+
+NOT_IN_ALL = ("float8", "mlflow", "wandb")
 
 
 def installed(module: str) -> bool:
@@ -20,8 +25,8 @@ def installed(module: str) -> bool:
 
 def how_to_install(module: str) -> str:
     extra = EXTRA[module]
-    # torchao follows torch's releases closely: installed on its own, where float8 is wanted
-    return f"pip install 'paratrain[{extra}]'" + ("" if extra == "float8" else " (or 'paratrain[all]')")
+    # torchao follows torch's releases closely, and a tracker's client is a team's choice: installed on its own
+    return f"pip install 'paratrain[{extra}]'" + ("" if extra in NOT_IN_ALL else " (or 'paratrain[all]')")
 
 
 def require(module: str, what: str) -> None:

@@ -15,14 +15,15 @@ from ..config import TrainConfig
 from ..core.errors import UserError
 from ..core.optional import installed
 from ..core.outputs import check_writable
+from ..core.urls import masked
 from ..parallel import requeue
 from ..parallel.strategies import checked
 from ..runtime.env import detect
 from ..runtime.interrupt import signal_name
+from . import tracking
 from .objective import choose
 from .objective import of_study as objective_of
 from .pool import Warned, raising_on, run_pool
-from .urls import masked
 
 # `paratrain train` options that a search sets itself (or that mean something else here); --strategy is
 # defined by the search itself, to tell a parallelism from a sampler
@@ -91,6 +92,9 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     out = check_writable(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings, study, budget = _open_study(args, sp, base, cfg, out, parallel)
+    if not args.worker:  # the search's own tracker run (--logger mlflow, wandb), its trials' parent
+        tracking.open_parent(study, base, out, {"sampler": args.sampler, "trials": budget, "study": args.study,
+                                                "objective": settings.objective.key, "pruner": args.pruner})
     devices = _say_start(args, settings, study, budget, (accelerator, gpus, parallel, threads))
     this_start, wall = _search(args, settings, sp, base, cfg, study, budget, (accelerator, parallel, threads))
     keep.tidy(study, out, settings.keep)  # as the search stands now (a trial another machine finished last)
@@ -213,6 +217,7 @@ def _report_best(study: Any, base: Any, out: Path, times: tuple[float, float], d
 
     wall, this_start = times
     result = report.write(study, base, out, wall, devices, time_budget)
+    tracking.close_parent(base, out, result.get("best_value"), [out / name for name in REPORT_FILES])
     if result.get("best_trial") is None:
         raise UserError("no trial finished; see the errors in trials.csv", code=1)
     print(result["leaderboard"])
@@ -225,6 +230,9 @@ def _report_best(study: Any, base: Any, out: Path, times: tuple[float, float], d
     if result["no_importance"]:
         print(f"search: {result['no_importance']}")
     print(f"search: trial folders in {out / 'trials'}: {KEPT[settings.keep]}")
+
+
+REPORT_FILES = ("best.yaml", "trials.csv", "leaderboard.md", "summary.yaml", "fitness.png", "importance.png")
 
 
 def _trainings(result: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from .. import config as C
 from ..core.optional import how_to_install, installed
 from .objective import ACCURACY, Objective, of_study
 
-RUN_ONLY = ("out", "resume", "quiet", "tensorboard")  # not part of a configuration to reuse
+RUN_ONLY = ("out", "resume", "quiet", "tensorboard", "logger")  # not part of a configuration to reuse
 
 
 def rows(study: Any) -> list[dict[str, Any]]:

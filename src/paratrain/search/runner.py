@@ -103,13 +103,30 @@ class _Objective:
         trial.set_user_attr("params", params)  # as trained (floats at the space's precision)
         trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
         summary = self._train(trial, params)
-        return float("nan") if summary is None else self._value(trial, summary)
+        try:
+            value = float("nan") if summary is None else self._value(trial, summary)
+        except optuna.TrialPruned:
+            self._track(trial, params, "pruned")
+            raise
+        self._track(trial, params, "finished" if value == value else "failed", value)
+        return value
+
+    def _track(self, trial: Any, params: dict[str, Any], state: str, value: float | None = None) -> None:
+        """The trial's child run in the search's trackers (--logger mlflow, wandb); never the search's end."""
+        from . import tracking
+
+        try:
+            tracking.send_trial(self.study, self.base, Path(self.s.out) / "trials" / f"{trial.number:04d}",
+                                trial.number, params, state, value, trial.user_attrs.get("error"))
+        except Exception as e:  # noqa: BLE001 (the trackers' own failures are a warning already)
+            print(f"paratrain: warning: trial {trial.number} was not sent to the trackers ({type(e).__name__}: "
+                  f"{str(e)[:200]})", file=sys.stderr, flush=True)
 
     def _train(self, trial: Any, params: dict[str, Any]) -> dict[str, Any] | None:
         """The trial's training; None where this point failed (the reason on the trial), the search going on."""
         s = self.s
         cfg = C.validate(C.from_dict({**self.base, **params, "out": str(Path(s.out) / "trials" / f"{trial.number:04d}"),
-                                      "quiet": True, "tensorboard": False}))
+                                      "quiet": True, "tensorboard": False, "logger": "none"}))
         report = TrialReport(s.storage, s.study, s.pruner, trial._trial_id, trial, s.objective.key) \
             if s.pruner != "none" else None
         try:

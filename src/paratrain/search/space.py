@@ -33,6 +33,7 @@ SET_BY_SEARCH = {
     "threads_per_worker": "the search divides the cores among the trials running at once (--parallel)",
     "quiet": "trials run quiet (the search shows their progress)",
     "tensorboard": "trials write no TensorBoard files (trials.csv and the plots hold their results)",
+    "logger": "the search's --logger sends each trial to its trackers (a child of the search's run) as it ends",
 }
 FIXED_BY_SEARCH = {"seed": "the search's --seed seeds every trial (a space may search it)"}
 # each pool process loads the data once, for all its trials: a space may fix these, not search them

@@ -14,9 +14,9 @@ from typing import Any
 
 from ..core.errors import UserError
 from ..core.optional import installed, require
+from ..core.urls import masked, scrubbed
 from .objective import ACCURACY, Objective
 from .space import Space
-from .urls import masked, scrubbed
 
 SAMPLERS = ("grid", "genetic", "tpe", "random")  # Optuna samplers; not a parallelism (--strategy of train)
 PRUNERS = ("none", "median", "hyperband")  # Optuna's pruners, fed the validation accuracy after every epoch

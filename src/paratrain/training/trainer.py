@@ -28,7 +28,7 @@ from ..components.adapt import models_loss
 from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
 from ..components.dropout import has_dropout, masks
 from ..components.evaluation import SUMS, step_sums
-from ..components.log import RunLog, window_figures, write_summary
+from ..components.log import RunLog, window_figures
 from ..components.losses import counted, evaluation_loss, has_ignored, loss_name, token_weights, training_loss
 from ..components.metrics import Meter, for_run
 from ..components.parts import Parts
@@ -86,7 +86,7 @@ class Trainer:
         # the one owner of the run's checkpoints/ (collective where they are written in the background)
         self.checkpoints = RunCheckpoints(self.run_dir, ctx, cfg.async_checkpoint)
         self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
-                          self.state.validated)
+                          self.state.validated, {"launcher": plan.env.launcher, "devices": str(ctx.world_size)})
         self.timer = PhaseTimer(ctx, cfg.time_phases, self.strategy.allreduce_timed)
         self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
         self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
@@ -395,6 +395,5 @@ class Trainer:
             self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
                          f"{max(summary['sync_wait_s']):.1f} s for it at the steps' all-reduce, of "
                          f"{state.train_time:.1f} s of training (summary.json: sync_wait_s)")
-        if self.writes_summary:  # else the launcher's session writes it, with its own last figures, once
-            write_summary(self.run_dir, summary)
+        self.log.finish(summary, self.writes_summary)  # else the launcher's session writes it, with its last figures
         return summary

@@ -1,0 +1,343 @@
+"""Experiment trackers beside metrics.jsonl (--logger csv, mlflow, wandb): rank 0 sends a run's options, every
+figure of its records and its summary to each, through the trackers' own clients.
+
+A tracker that fails (a server that refuses, times out or is gone) is one warning line and is then left alone: the
+run goes on, metrics.jsonl keeps every figure, and `paratrain log RUN --logger NAME` sends them afterwards (from
+the first record the tracker did not take). The tracker runs a run logs into are kept in RUN_DIR/trackers.json,
+so a resumed or requeued run logs into the same MLflow or W&B run. No secret is printed or kept: a tracking URI
+is shown with its password masked, a W&B key is W&B's own to read."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.optional import how_to_install, installed
+from ..core.outputs import write_atomic
+from ..core.urls import masked, scrubbed
+
+RECORD = "trackers.json"
+# each tracker run's artifacts (a bench adds its pictures), and summary.json: the summary rank 0 ends with (the
+# file the launcher then writes adds how long the workers took to leave, and --devices auto's choice)
+FILES = ("config.yaml", "parts.yaml")
+# MLflow reads the bounds of its HTTP requests only from the environment (retries 7, backoff x2, 120 s timeout by
+# default: minutes of a stalled training per call when a server is gone); a user's own setting wins
+MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+SUMMARY = ("examples_per_sec", "tokens_per_sec", "mfu", "train_time_s", "final_lr")  # + test_*
+STATES = ("FINISHED", "FAILED", "KILLED")  # how a tracker run ends (MLflow's words)
+
+
+@dataclass
+class Identity:
+    """What a tracker run is called and holds from the start: its experiment (W&B: project), its name (the run
+    folder's), the options as params, tags (strategy, mesh, devices, launcher), and where a search or bench
+    puts it: `parent`, an MLflow run id (W&B: `group`)."""
+
+    experiment: str
+    name: str
+    params: dict[str, Any]
+    tags: dict[str, str] = field(default_factory=dict)
+    parent: str | None = None
+    group: str | None = None
+
+
+def identity(run_dir: Path, options: dict[str, Any], tags: dict[str, str] | None = None) -> Identity:
+    """A run's identity from its resolved options (config.yaml's) and the tags its launch adds."""
+    experiment = options.get("experiment") or Path(run_dir).resolve().parent.name or "paratrain"
+    return Identity(experiment, Path(run_dir).resolve().name, options,
+                    {"strategy": str(options.get("strategy")), "mesh": str(options.get("mesh") or ""),
+                     **(tags or {})})
+
+
+def figures(record: dict[str, Any]) -> dict[str, float]:
+    """A record's figures: its finite numbers (not the step, not a flag or a list)."""
+    return {k: float(v) for k, v in record.items() if k != "step" and isinstance(v, int | float)
+            and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def end_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary's figures a tracker compares runs by: the test figures, the rates, the time (the validation's are
+    the last epoch record's)."""
+    return {k: v for k, v in figures(summary).items() if k.startswith("test_") or k in SUMMARY}
+
+
+class Tracker:
+    """One tracker run: opened (a new one, or the kept one), then given figures, files, and its end."""
+
+    name = ""
+
+    def open(self, ident: Identity, kept: dict[str, Any]) -> dict[str, Any]:
+        """Open the run (`kept`: what trackers.json kept of it); what to keep to find it again."""
+        return {}
+
+    def log(self, step: int, values: dict[str, float]) -> None: ...
+
+    def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
+               final: dict[str, float] | None = None) -> None: ...
+
+    def where(self) -> str:
+        return ""
+
+
+class CsvTracker(Tracker):
+    """RUN_DIR/metrics.csv: metrics.jsonl as a table (a column per figure), rewritten at each epoch and the end."""
+
+    name = "csv"
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        if "epoch" in values:
+            write_csv(self.run_dir)
+
+    def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
+               final: dict[str, float] | None = None) -> None:
+        write_csv(self.run_dir)
+
+    def where(self) -> str:
+        return str(self.run_dir / "metrics.csv")
+
+
+def write_csv(run_dir: Path) -> None:
+    rows = records(run_dir)
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows({k: (json.dumps(v) if isinstance(v, list | dict) else v) for k, v in row.items()} for row in rows)
+    write_atomic(run_dir / "metrics.csv", text.getvalue())
+
+
+class MlflowTracker(Tracker):
+    """An MLflow run, through MlflowClient (no global active run: a search's process logs many)."""
+
+    name = "mlflow"
+
+    def __init__(self, uri: str | None) -> None:
+        for key, value in MLFLOW_BOUNDS.items():
+            os.environ.setdefault(key, value)
+        from mlflow import MlflowClient  # ~2.5 s: imported only where a run logs to MLflow
+
+        self.client = MlflowClient(tracking_uri=uri)  # None: $MLFLOW_TRACKING_URI, else ./mlruns
+        self.uri = self.client.tracking_uri
+        self.run_id = ""
+
+    def open(self, ident: Identity, kept: dict[str, Any]) -> dict[str, Any]:
+        from mlflow.entities import Param
+
+        if kept.get("run_id"):  # a resumed or requeued run: the same MLflow run, running again
+            self.run_id = kept["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            return {"run_id": self.run_id}
+        found = self.client.get_experiment_by_name(ident.experiment)
+        experiment = found.experiment_id if found else self.client.create_experiment(ident.experiment)
+        tags = {**ident.tags, **({"mlflow.parentRunId": ident.parent} if ident.parent else {})}
+        self.run_id = self.client.create_run(experiment, run_name=ident.name, tags=tags).info.run_id
+        params = [Param(k, str(v)[:500]) for k, v in ident.params.items()]  # 500: every MLflow server's limit
+        for start in range(0, len(params), 100):  # a request holds at most 100 params
+            self.client.log_batch(self.run_id, params=params[start:start + 100])
+        return {"run_id": self.run_id}
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+
+    def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
+               final: dict[str, float] | None = None) -> None:
+        for path in files:
+            self.client.log_artifact(self.run_id, str(path))
+        if summary is not None:
+            self.client.log_dict(self.run_id, summary, "summary.json")
+        self.client.set_terminated(self.run_id, state)
+
+    def where(self) -> str:
+        return f"MLflow run {self.run_id} at {masked(self.uri)}"
+
+
+class WandbTracker(Tracker):
+    """A W&B run in the mode W&B users set (WANDB_MODE=offline: no network); its files under RUN_DIR/wandb."""
+
+    name = "wandb"
+
+    def __init__(self, run_dir: Path) -> None:
+        import wandb  # imported only where a run logs to W&B
+
+        self.wandb, self.run_dir, self.run = wandb, run_dir, None
+
+    def open(self, ident: Identity, kept: dict[str, Any]) -> dict[str, Any]:
+        settings = self.wandb.Settings(console="off", silent=True)  # paratrain's own lines stay the console's
+        self.run = self.wandb.init(project=ident.experiment, name=ident.name, id=kept.get("id"), resume="allow",
+                                   dir=str(self.run_dir), config=ident.params, group=ident.group,
+                                   tags=[f"{k}={v}" for k, v in ident.tags.items() if v], reinit="create_new",
+                                   settings=settings)
+        self.run.define_metric("*", step_metric="step")  # steps may repeat after a resume: an axis of its own
+        return {"id": self.run.id}
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log({**values, "step": step})
+
+    def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
+               final: dict[str, float] | None = None) -> None:
+        import shutil
+
+        self.run.summary.update(final or {})
+        if summary:
+            (Path(self.run.dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        for path in files:  # a copy in the run's own folder is uploaded with it (wandb.save would link, and warn)
+            shutil.copy(path, Path(self.run.dir) / path.name)
+        self.run.finish(exit_code=0 if state == "FINISHED" else 1)
+
+    def where(self) -> str:
+        return f"W&B run {self.run.id} ({self.run.settings.mode}) in {self.run_dir / 'wandb'}"
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl's records (a torn last line left out)."""
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return [r for r in found if isinstance(r, dict)]
+
+
+def _make(name: str, run_dir: Path, uri: str | None) -> Tracker:
+    if name != "csv" and not installed(name):
+        from ..core.errors import UserError
+
+        raise UserError(f"--logger {name} needs the {name} package, which is not installed: {how_to_install(name)}")
+    return {"csv": lambda: CsvTracker(run_dir), "mlflow": lambda: MlflowTracker(uri),
+            "wandb": lambda: WandbTracker(run_dir)}[name]()
+
+
+class Trackers:
+    """The run's trackers, each opened, fed and ended here; any failure of one is one line (`say`) and its end."""
+
+    def __init__(self, run_dir: Path, names: Iterable[str], ident: Identity, say: Callable[[str], None],
+                 uri: str | None = None, have: int = 0) -> None:
+        """`have`: the records metrics.jsonl holds now (a resumed run's, those before its checkpoint): a kept
+        tracker run has them all, unless it failed at an earlier one ("sent" in trackers.json)."""
+        self.run_dir, self.say, self.uri = run_dir, say, uri
+        self.kept = _read(run_dir)
+        self.live: list[Tracker] = []
+        self.count: dict[str, int] = {}
+        for name in names:
+            if name == "tensorboard":  # components/log.py writes it
+                continue
+            tracker = self._guard(name, lambda n=name: _make(n, run_dir, uri))
+            known = {k: v for k, v in self.kept.get(name, {}).items() if k != "sent"}
+            opened = None if tracker is None else self._guard(name, lambda t=tracker, k=known: t.open(ident, k))
+            if opened is None:  # a kept run not reached: `paratrain log` sends it what this start adds
+                self.kept[name] = {**known, "sent": min(self.kept[name].get("sent", have), have)} if known else {}
+                continue
+            self.count[name] = min(self.kept[name].get("sent", have), have) if known else 0
+            self.kept[name] = opened
+            self.live.append(tracker)
+            if tracker.where():
+                say(f"paratrain: logging to {tracker.where()}")
+        self._save()
+
+    def _guard(self, name: str, call: Callable[[], Any]) -> Any:
+        """`call`'s result, or None after one warning line (the tracker is then left out)."""
+        from ..core.errors import UserError
+
+        try:
+            return call()
+        except UserError:
+            raise
+        except Exception as e:  # a client's error: connection refused, a timeout, a server's 5xx, a full disk
+            why = scrubbed(f"{type(e).__name__}: {e}".splitlines()[0][:300], self.uri or "")
+            self.say(f"paratrain: warning: --logger {name} failed ({why}); the run goes on without it and "
+                     f"metrics.jsonl keeps every figure: `paratrain log {self.run_dir} --logger {name}` sends "
+                     "them later")
+            self.live = [t for t in self.live if t.name != name]
+            return None
+
+    def _save(self) -> None:
+        write_atomic(self.run_dir / RECORD, json.dumps(self.kept, indent=1) + "\n")
+
+    def record(self, record: dict[str, Any]) -> None:
+        """One record of metrics.jsonl, to every tracker (its figures at its step)."""
+        for tracker in list(self.live):
+            self._send(tracker, record)
+
+    def _send(self, tracker: Tracker, record: dict[str, Any]) -> None:
+        if self._guard(tracker.name, lambda: tracker.log(record.get("step", 0), figures(record)) or 1) is None:
+            self._save_sent(tracker.name)
+        else:
+            self.count[tracker.name] += 1
+
+    def replay(self, found: list[dict[str, Any]]) -> None:
+        """metrics.jsonl's records `found`, each tracker from the first it has not taken."""
+        for tracker in list(self.live):
+            for record in found[self.count[tracker.name]:]:
+                if tracker in self.live:
+                    self._send(tracker, record)
+
+    def _save_sent(self, failed: str) -> None:
+        """Where `paratrain log` takes the failed tracker up."""
+        self.kept.setdefault(failed, {})["sent"] = self.count[failed]
+        self._save()
+
+    def finish(self, summary: dict[str, Any] | None, state: str = "FINISHED", extra: Iterable[Path] = (),
+               final: dict[str, float] | None = None) -> None:
+        """The end of every tracker run: the summary's figures, the run's files, its state (STATES)."""
+        files = [self.run_dir / n for n in FILES if (self.run_dir / n).is_file()] + list(extra)
+        final = {**end_figures(summary or {}), **(final or {})}
+        for tracker in list(self.live):
+            if final and tracker.name == "mlflow":  # W&B keeps them as the run's summary
+                self._guard(tracker.name, lambda t=tracker: t.log((summary or {}).get("steps") or 0, final))
+            if self._guard(tracker.name, lambda t=tracker: t.finish(files, summary, state, final) or 1) is None:
+                self._save_sent(tracker.name)
+        self.live = []
+
+
+def _read(run_dir: Path) -> dict[str, Any]:
+    try:
+        kept = json.loads((run_dir / RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
+
+def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, uri: str | None = None,
+         tags: dict[str, str] | None = None, parent: str | None = None, group: str | None = None,
+         experiment: str | None = None, options: dict[str, Any] | None = None, state: str = "FINISHED",
+         final: dict[str, float] | None = None, extra: Iterable[Path] = ()) -> None:
+    """A run folder's records to trackers after the fact (`paratrain log`, a search's trials, a bench's rows):
+    into the tracker runs it kept (from the first record they did not take), or new ones. `options`: where the
+    run wrote no config.yaml (a trial refused before it started); `final`: figures of the caller's (a trial's
+    objective), logged at the end."""
+    import yaml
+
+    if options is None:
+        options = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    ident = identity(run_dir, {**options, **({"experiment": experiment} if experiment else {})}, tags)
+    ident.parent, ident.group = parent, group
+    found = records(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # trackers.json's, for a run refused before it wrote a file
+    trackers = Trackers(run_dir, names, ident, say, uri or options.get("mlflow_uri"), have=len(found))
+    trackers.replay(found)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        summary = None
+    trackers.finish(summary, state if summary is not None or state != "FINISHED" else "KILLED", extra, final)
