@@ -1,0 +1,240 @@
+"""Experiment trackers (--logger csv, mlflow, wandb): a real `mlflow server` on loopback for training on 2
+workers, a resume, a search's parent and child runs, a server stopped mid-run and `paratrain log` afterwards;
+W&B in its offline mode, read back from its own run file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import free_port, main_code, run_cli
+
+from paratrain.components import trackers
+
+mlflow = pytest.importorskip("mlflow", reason="the mlflow package is not installed (pip install 'paratrain[mlflow]')")
+
+
+class Server:
+    """`mlflow server` on 127.0.0.1 over a SQLite store in `folder`: stopped and started again on the same store."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port, self.proc = folder, free_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        command = [shutil.which("mlflow") or str(Path(sys.executable).parent / "mlflow"), "server", "--host",
+                   "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                   "--backend-store-uri", f"sqlite:///{self.folder / 'store.db'}",
+                   "--artifacts-destination", str(self.folder / "artifacts")]
+        log = open(self.folder / "server.log", "a")  # noqa: SIM115 (the server's for its life)
+        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
+                    return
+            except OSError:
+                assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-2000:]
+                time.sleep(0.5)
+        raise AssertionError("mlflow server did not answer within 120 s")
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def client(self) -> mlflow.MlflowClient:
+        return mlflow.MlflowClient(self.uri)
+
+    def runs(self, experiment: str) -> list:
+        found = self.client().get_experiment_by_name(experiment)
+        return self.client().search_runs([found.experiment_id]) if found else []
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    serving = Server(tmp_path_factory.mktemp("mlflow"))
+    serving.start()
+    yield serving
+    serving.stop()
+
+
+def _cli(uri: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "paratrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.integration
+def test_a_run_on_two_workers_is_one_mlflow_run_and_its_resume_adds_to_it(server: Server, tmp_path: Path) -> None:
+    run = tmp_path / "two-workers" / "run"
+    proc = _cli(server.uri, "train", "--logger", "mlflow", "--devices", "2", "--epochs", "2", "--log-every", "5",
+                "--lr", "0.003", "--out", str(run), "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [found] = server.runs("two-workers")  # the experiment: the run folder's parent
+    client, run_id = server.client(), found.info.run_id
+    assert found.info.status == "FINISHED" and found.info.run_name == "run"
+    assert found.data.params["lr"] == "0.003" and found.data.params["devices"] == "2"
+    assert found.data.tags["strategy"] == "ddp" and found.data.tags["devices"] == "2"
+    assert found.data.tags["launcher"] == "local"
+    losses = client.get_metric_history(run_id, "loss")
+    assert len(losses) >= 2 and [m.step for m in losses] == sorted(m.step for m in losses)
+    assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == [20, 40]
+    summary = json.loads((run / "summary.json").read_text())
+    assert found.data.metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"summary.json", "config.yaml"}
+    sent = json.loads(Path(client.download_artifacts(run_id, "summary.json", str(tmp_path))).read_text())
+    assert sent["test_accuracy"] == summary["test_accuracy"] and sent["steps"] == 40
+
+    proc = _cli(server.uri, "train", "--resume", str(run), "--epochs", "3", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [again] = server.runs("two-workers")  # the same MLflow run, carried on
+    assert again.info.run_id == run_id and again.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == [20, 40, 60]
+
+
+@pytest.mark.integration
+def test_a_search_is_a_parent_run_with_a_child_run_per_trial(server: Server, tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("params:\n  lr: {low: 0.001, high: 0.01, log: true}\nfixed:\n  epochs: 1\n")
+    out = tmp_path / "searches" / "lr-search"
+    proc = _cli(server.uri, "search", "--space", str(space), "--trials", "4", "--parallel", "1", "--logger", "mlflow",
+                "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = server.runs("searches")
+    [parent] = [r for r in runs if r.info.run_name == "lr-search"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(runs) == 5 and len(children) == 4
+    assert all(c.data.tags["state"] == "finished" and 0 < c.data.metrics["objective"] <= 1 for c in children)
+    assert sorted(float(c.data.params["lr"]) for c in children) == sorted(float(c.data.tags["param.lr"])
+                                                                            for c in children)
+    best = max(c.data.metrics["objective"] for c in children)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["best_objective"] == pytest.approx(best)
+    assert "trials.csv" in {a.path for a in server.client().list_artifacts(parent.info.run_id)}
+
+
+@pytest.mark.integration
+def test_a_server_stopped_mid_run_is_one_warning_and_paratrain_log_sends_the_rest(tmp_path: Path) -> None:
+    server = Server(tmp_path)
+    server.start()
+    run = tmp_path / "stopped" / "run"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--logger", "mlflow", "--devices", "2",
+                             "--epochs", "40", "--log-every", "2", "--out", str(run), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(trackers.records(run)) < 10:
+        time.sleep(0.2)
+    assert len(trackers.records(run)) >= 10, "the run logged nothing in 240 s"
+    server.stop()
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "--logger mlflow failed" in warnings[0] and "paratrain log" in warnings[0], err
+    records = trackers.records(run)
+    assert records[-1]["step"] == 40 * 20 and sum("epoch_time_s" in r for r in records) == 40
+    assert (run / "summary.json").is_file()
+
+    server.start()  # the same store: the run it began is there, short of the records after the stop
+    [begun] = server.runs("stopped")
+    have = len(server.client().get_metric_history(begun.info.run_id, "loss"))
+    assert begun.info.status == "RUNNING" and have < sum("loss" in r for r in records)
+    proc = _cli(server.uri, "log", str(run), "--logger", "mlflow")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [done] = server.runs("stopped")
+    assert done.info.run_id == begun.info.run_id and done.info.status == "FINISHED"
+    steps = [m.step for m in server.client().get_metric_history(done.info.run_id, "loss")]
+    assert len(steps) == len(set(steps)) == sum("loss" in r for r in records)  # each once
+    server.stop()
+
+
+def _wandb_records(path: Path) -> Iterator:
+    """The records of a W&B run file (its LevelDB-style log: 32 KiB blocks of checksummed chunks)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, pending = path.read_bytes(), 7, b""  # 7: the file's header (":W&B", magic, version)
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if left < 7 or (kind == 0 and length == 0):
+            pos += left
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or a record's last chunk
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def _key(item: object) -> str:
+    return item.key or "/".join(item.nested_key)  # W&B writes a key in one field or the other
+
+
+@pytest.mark.integration
+def test_wandb_offline_holds_the_same_content(tmp_path: Path) -> None:
+    pytest.importorskip("wandb", reason="the wandb package is not installed (pip install 'paratrain[wandb]')")
+    run = tmp_path / "offline" / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--logger", "wandb", "--epochs", "2",
+                           "--log-every", "5", "--lr", "0.003", "--out", str(run), "--quiet"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [file] = run.glob("wandb/offline-run-*/run-*.wandb")
+    found = list(_wandb_records(file))
+    [header] = [r.run for r in found if r.WhichOneof("record_type") == "run"]
+    assert header.project == "offline" and header.display_name == "run" and "strategy=ddp" in header.tags
+    config = {item.key: json.loads(item.value_json) for item in header.config.update}
+    assert config["lr"] == {"value": 0.003} or config["lr"] == 0.003
+    history = [{_key(i): json.loads(i.value_json) for i in r.history.item} for r in found
+               if r.WhichOneof("record_type") == "history"]
+    assert sum("loss" in h for h in history) >= 2 and [h["step"] for h in history if "val_accuracy" in h] == [20, 40]
+    summary = json.loads((run / "summary.json").read_text())
+    ends = [{_key(i): json.loads(i.value_json) for i in r.summary.update} for r in found
+            if r.WhichOneof("record_type") == "summary"]
+    assert any(e.get("test_accuracy") == pytest.approx(summary["test_accuracy"]) for e in ends)
+    kept = json.loads(next(file.parent.glob("files/summary.json")).read_text())
+    assert kept["test_accuracy"] == summary["test_accuracy"]
+    assert json.loads((run / "trackers.json").read_text())["wandb"]["id"] == header.run_id
+
+
+def test_logger_names_and_a_password_in_the_uri_are_one_line_errors(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    for flags, words in ((["--logger", "mlflw"], "did you mean 'mlflow'?"),
+                         (["--logger", "csv,csv"], "names a logger twice"),
+                         (["--mlflow-uri", "http://alice:s3cret@host:5000"], "MLFLOW_TRACKING_PASSWORD")):
+        assert main_code(["train", "--out", str(tmp_path / "r"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "s3cret" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_csv_and_a_file_store_from_paratrain_log(digits_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(digits_run, run)
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    proc = run_cli("log", str(run), "--logger", "csv,mlflow", "--mlflow-uri", store, cwd=tmp_path)  # ./mlruns: artifacts
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(trackers.records(run)) and rows[0].startswith("step,")
+    client = mlflow.MlflowClient(store)
+    [found] = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
+    losses = sum("loss" in r for r in trackers.records(run))
+    assert found.info.status == "FINISHED" and len(client.get_metric_history(found.info.run_id, "loss")) == losses >= 1
+
+
+def test_an_unreachable_server_is_one_warning_and_the_figures_stay(tmp_path: Path) -> None:
+    said: list[str] = []
+    ident = trackers.Identity("e", "r", {"lr": 0.1})
+    found = trackers.Trackers(tmp_path, ["mlflow"], ident, said.append, uri=f"http://bob:pw@127.0.0.1:{free_port()}")
+    assert found.live == [] and len(said) == 1 and "--logger mlflow failed" in said[0] and "pw@" not in said[0]
