@@ -223,7 +223,7 @@ def test_csv_and_a_file_store_from_paratrain_log(digits_run: Path, tmp_path: Pat
     run = tmp_path / "run"
     shutil.copytree(digits_run, run)
     store = f"sqlite:///{tmp_path / 'store.db'}"
-    proc = run_cli("log", str(run), "--logger", "csv,mlflow", "--mlflow-uri", store, cwd=tmp_path)  # ./mlruns: artifacts
+    proc = run_cli("log", str(run), "--logger", "csv,mlflow", "--mlflow-uri", store, cwd=tmp_path)  # ./mlruns there
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = (run / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + len(trackers.records(run)) and rows[0].startswith("step,")
