@@ -123,6 +123,26 @@ def test_a_search_is_a_parent_run_with_a_child_run_per_trial(server: Server, tmp
 
 
 @pytest.mark.integration
+def test_a_bench_is_a_parent_run_with_a_child_run_per_configuration(server: Server, tmp_path: Path) -> None:
+    out = tmp_path / "benches" / "cpu"
+    proc = _cli(server.uri, "bench", "--configs", "cpu:1t,tower-cpu:2", "--steps", "10", "--repeats", "1",
+                "--dataset", "digits", "--logger", "mlflow", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = server.runs("benches")
+    [parent] = [r for r in runs if r.info.run_name == "cpu"]
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert len(runs) == 3 and set(children) == {"cpu:1t", "tower-cpu:2"}
+    rows = {r["name"]: r for r in json.loads((out / "results.json").read_text())["results"]}
+    for name, child in children.items():
+        assert child.data.metrics["examples_per_sec"] == pytest.approx(rows[name]["examples_per_sec"]["mean"])
+        assert child.data.tags["state"] == "ok" and child.data.params["steps"] == "10"
+    assert {"results.json", "report.md"} <= {a.path for a in server.client().list_artifacts(parent.info.run_id)}
+    for name in children:  # the first repeat's records, each sent once (its runs logged to no tracker live)
+        losses = sum("loss" in r for r in trackers.records(out / "runs" / f"{name.replace(':', '-')}-r0"))
+        assert len(server.client().get_metric_history(children[name].info.run_id, "loss")) == losses >= 1
+
+
+@pytest.mark.integration
 def test_a_server_stopped_mid_run_is_one_warning_and_paratrain_log_sends_the_rest(tmp_path: Path) -> None:
     server = Server(tmp_path)
     server.start()

@@ -82,7 +82,7 @@ def _refused(config: Any, values: dict[str, Any]) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from ..components.inputs import load_for
-    from ..measure import bench, plot
+    from ..measure import bench, plot, tracked
     from ..runtime import devices
 
     at_least_one(args, "repeats", "epochs", "steps", "batch_size")
@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     configs = (bench.parse_configs(args.configs) if args.configs
                else bench.default_configs(devices.usable_cores(), torch.cuda.device_count()))
     values = workload(args)
+    tracking = {k: values.pop(k) for k in tracked.TRACKING if k in values}  # sent once every run is measured
+    C.validate(C.from_dict(tracking))  # a wrong --logger fails here, before any run
     cfg = checked(C.validate(C.from_dict({**values, "log_every": 20})))  # checked once, here
     C.check_read(cfg, values)
     load_for(cfg)  # a missing dataset fails here, once (and an image folder is decoded once, for every run)
@@ -103,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"bench: 0 of {len(configs)} configurations measured (failed: {', '.join(failed)}); the "
                         f"reasons are above and in {out / 'results.json'}")
     path = plot.write_report(report, out)
+    tracked.send(report, out, tracking, values)
     print(f"bench: {len(configs) - len(failed)} of {len(configs)} configurations measured"
           f"{' (failed: ' + ', '.join(failed) + ')' if failed else ''}; report: {path}")
     return 0

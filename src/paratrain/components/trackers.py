@@ -109,6 +109,8 @@ class CsvTracker(Tracker):
 
 def write_csv(run_dir: Path) -> None:
     rows = records(run_dir)
+    if not rows:  # a folder with no metrics.jsonl (a search's, a bench's): no table
+        return
     columns = list(dict.fromkeys(k for row in rows for k in row))
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
@@ -321,17 +323,17 @@ def _read(run_dir: Path) -> dict[str, Any]:
 def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, uri: str | None = None,
          tags: dict[str, str] | None = None, parent: str | None = None, group: str | None = None,
          experiment: str | None = None, options: dict[str, Any] | None = None, state: str = "FINISHED",
-         final: dict[str, float] | None = None, extra: Iterable[Path] = ()) -> None:
+         final: dict[str, float] | None = None, extra: Iterable[Path] = (), name: str | None = None) -> None:
     """A run folder's records to trackers after the fact (`paratrain log`, a search's trials, a bench's rows):
     into the tracker runs it kept (from the first record they did not take), or new ones. `options`: where the
     run wrote no config.yaml (a trial refused before it started); `final`: figures of the caller's (a trial's
-    objective), logged at the end."""
+    objective), logged at the end; `name`: the tracker run's, where not the folder's."""
     import yaml
 
     if options is None:
         options = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     ident = identity(run_dir, {**options, **({"experiment": experiment} if experiment else {})}, tags)
-    ident.parent, ident.group = parent, group
+    ident.parent, ident.group, ident.name = parent, group, name or ident.name
     found = records(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # trackers.json's, for a run refused before it wrote a file
     trackers = Trackers(run_dir, names, ident, say, uri or options.get("mlflow_uri"), have=len(found))
