@@ -103,6 +103,18 @@ def test_a_run_on_two_workers_is_one_mlflow_run_and_its_resume_adds_to_it(server
 
 
 @pytest.mark.integration
+def test_a_password_in_the_tracking_uri_is_never_printed_nor_kept(server: Server, tmp_path: Path) -> None:
+    uri = server.uri.replace("http://", "http://alice:s3cret-pw@")  # this server takes any credentials
+    run = tmp_path / "secret" / "run"
+    proc = _cli(uri, "train", "--logger", "mlflow,csv", "--steps", "10", "--log-every", "5", "--out", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "alice:***@127.0.0.1" in proc.stdout + proc.stderr and "s3cret" not in proc.stdout + proc.stderr
+    assert not [p for p in run.rglob("*") if p.is_file() and b"s3cret" in p.read_bytes()]
+    [found] = server.runs("secret")
+    assert not [v for v in {**found.data.params, **found.data.tags}.values() if "s3cret" in v]
+
+
+@pytest.mark.integration
 def test_a_search_is_a_parent_run_with_a_child_run_per_trial(server: Server, tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("params:\n  lr: {low: 0.001, high: 0.01, log: true}\nfixed:\n  epochs: 1\n")

@@ -69,9 +69,9 @@ class RunLog:
             # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
             self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
                                   "a")
-        if set(loggers(cfg)) - {"tensorboard"}:  # a warning is shown --quiet or not
-            self.trackers = Trackers(run_dir, loggers(cfg), identity(run_dir, cfg.to_dict(), tags), self._warn_or_say,
-                                     cfg.mlflow_uri, have=kept)
+        if set(loggers(cfg)) - {"tensorboard"}:  # a tracker's warning is shown --quiet or not
+            self.trackers = Trackers(run_dir, loggers(cfg), identity(run_dir, cfg.to_dict(), tags), self.say,
+                                     cfg.mlflow_uri, have=kept, warn=lambda line: tqdm.write(line, file=sys.stderr))
         if "tensorboard" in loggers(cfg) and not installed("tensorboard"):  # the run goes on: metrics.jsonl has all
             self.say(f"paratrain: note: no TensorBoard event files: the tensorboard package is not installed "
                      f"({how_to_install('tensorboard')}); metrics.jsonl holds every figure")
@@ -102,13 +102,6 @@ class RunLog:
             self.file.flush()
         if self.trackers is not None:
             self.trackers.record(_clean(fields))
-
-    def _warn_or_say(self, line: str) -> None:
-        """A tracker's warning, on stderr whatever --quiet says; its other lines as say's."""
-        if "warning" in line:
-            tqdm.write(line, file=sys.stderr)
-        else:
-            self.say(line)
 
     def _scalars(self, step: int, values: dict[str, float]) -> None:
         """TensorBoard's writer writes in a thread of its own and raises a failed write at a later call."""

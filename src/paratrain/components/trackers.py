@@ -234,10 +234,11 @@ class Trackers:
     """The run's trackers, each opened, fed and ended here; any failure of one is one line (`say`) and its end."""
 
     def __init__(self, run_dir: Path, names: Iterable[str], ident: Identity, say: Callable[[str], None],
-                 uri: str | None = None, have: int = 0) -> None:
-        """`have`: the records metrics.jsonl holds now (a resumed run's, those before its checkpoint): a kept
+                 uri: str | None = None, have: int = 0, warn: Callable[[str], None] | None = None) -> None:
+        """`say`: where a line goes (which tracker run a run logs into), `warn`: a failure's (default: say's).
+        `have`: the records metrics.jsonl holds now (a resumed run's, those before its checkpoint): a kept
         tracker run has them all, unless it failed at an earlier one ("sent" in trackers.json)."""
-        self.run_dir, self.say, self.uri = run_dir, say, uri
+        self.run_dir, self.say, self.uri, self.warn = run_dir, say, uri, warn or say
         self.kept = _read(run_dir)
         self.live: list[Tracker] = []
         self.count: dict[str, int] = {}
@@ -267,7 +268,7 @@ class Trackers:
             raise
         except Exception as e:  # a client's error: connection refused, a timeout, a server's 5xx, a full disk
             why = scrubbed(f"{type(e).__name__}: {e}".splitlines()[0][:300], self.uri or "")
-            self.say(f"paratrain: warning: --logger {name} failed ({why}); the run goes on without it and "
+            self.warn(f"paratrain: warning: --logger {name} failed ({why}); the run goes on without it and "
                      f"metrics.jsonl keeps every figure: `paratrain log {self.run_dir} --logger {name}` sends "
                      "them later")
             self.live = [t for t in self.live if t.name != name]
@@ -320,7 +321,8 @@ def _read(run_dir: Path) -> dict[str, Any]:
     return kept if isinstance(kept, dict) else {}
 
 
-def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, uri: str | None = None,
+def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, warn: Callable[[str], None] | None = None,
+         uri: str | None = None,
          tags: dict[str, str] | None = None, parent: str | None = None, group: str | None = None,
          experiment: str | None = None, options: dict[str, Any] | None = None, state: str = "FINISHED",
          final: dict[str, float] | None = None, extra: Iterable[Path] = (), name: str | None = None) -> None:
@@ -336,7 +338,7 @@ def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, uri
     ident.parent, ident.group, ident.name = parent, group, name or ident.name
     found = records(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # trackers.json's, for a run refused before it wrote a file
-    trackers = Trackers(run_dir, names, ident, say, uri or options.get("mlflow_uri"), have=len(found))
+    trackers = Trackers(run_dir, names, ident, say, uri or options.get("mlflow_uri"), have=len(found), warn=warn)
     trackers.replay(found)
     try:
         summary = json.loads((run_dir / "summary.json").read_text())

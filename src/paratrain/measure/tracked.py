@@ -16,8 +16,11 @@ TRACKING = ("logger", "mlflow_uri", "experiment")  # the bench's own, never its 
 
 
 def _say(line: str) -> None:
-    if "logging to" not in line or "bench" in line:
-        print(line, file=sys.stderr, flush=True)
+    print(line.replace("paratrain: logging to", "bench: logging to"), file=sys.stderr, flush=True)
+
+
+def _quiet(line: str) -> None:
+    """Where a row's tracker run is: not a line each (the parent's says where they all go)."""
 
 
 def _row_figures(row: dict[str, Any]) -> dict[str, float]:
@@ -40,7 +43,7 @@ def send(report: dict[str, Any], out: Path, tracking: dict[str, Any], workload: 
     (out / trackers.RECORD).unlink(missing_ok=True)  # a bench run again measures afresh: a new parent run
     ident = trackers.identity(out, {**workload, **tracking, "repeats": report.get("repeats")}, {"kind": "bench"})
     ident.group = ident.name
-    parent = trackers.Trackers(out, names, ident, lambda line: _say(line.replace("paratrain:", "bench:")), uri)
+    parent = trackers.Trackers(out, names, ident, _say, uri)
     parent_id = parent.kept.get("mlflow", {}).get("run_id")
     for row in report["results"]:
         folder = out / "runs" / f"{row['name'].replace(':', '-')}-r0"
@@ -48,7 +51,7 @@ def send(report: dict[str, Any], out: Path, tracking: dict[str, Any], workload: 
         tags = {"kind": "configuration", "configuration": row["name"], "state": row["status"],
                 **({"error": str(row.get("error"))[:500]} if row.get("error") else {}),
                 **({"same_as": row["same_as"]} if row.get("same_as") else {})}
-        trackers.send(folder, names, _say, uri=uri, tags=tags, parent=parent_id, group=ident.name,
+        trackers.send(folder, names, _quiet, warn=_say, uri=uri, tags=tags, parent=parent_id, group=ident.name,
                       experiment=ident.experiment, options=None if measured else {**workload, "out": str(folder)},
                       state="FINISHED" if row["status"] == "ok" else "FAILED", final=_row_figures(row),
                       name=row["name"])

@@ -24,6 +24,10 @@ def _say(line: str) -> None:
     print(line.replace("paratrain: logging to", "search: logging to"), file=sys.stderr, flush=True)
 
 
+def _quiet(line: str) -> None:
+    """Where a trial's tracker run is: not a line each (the parent's says where they all go)."""
+
+
 def open_parent(study: Any, base: dict[str, Any], out: Path, settings: dict[str, Any]) -> None:
     """The search's own tracker run (the same one when the search is run again), its id in the study."""
     chosen = names(base)
@@ -50,9 +54,9 @@ def send_trial(study: Any, base: dict[str, Any], trial_dir: Path, number: int, p
     tags = {"kind": "trial", "trial": str(number), "state": state, **({"error": error[:500]} if error else {}),
             **{f"param.{k}": str(v) for k, v in params.items()}}
     final = {"objective": value} if value is not None and value == value else None  # NaN: no objective
-    trackers.send(trial_dir, chosen, lambda line: None if "logging to" in line else _say(line),
-                  uri=base.get("mlflow_uri"), tags=tags, parent=parent.get("mlflow"), group=parent.get("group"),
-                  experiment=parent.get("experiment"), options=options, final=final,
+    trackers.send(trial_dir, chosen, _quiet, warn=_say, uri=base.get("mlflow_uri"), tags=tags,
+                  parent=parent.get("mlflow"), group=parent.get("group"), experiment=parent.get("experiment"),
+                  options=options, final=final,
                   state={"finished": "FINISHED", "pruned": "KILLED"}.get(state, "FAILED"))
 
 
@@ -62,7 +66,6 @@ def close_parent(base: dict[str, Any], out: Path, best: float | None, files: lis
     if not chosen:
         return
     ident = trackers.identity(out, base)
-    found = trackers.Trackers(out, chosen, ident, lambda line: None if "logging to" in line else _say(line),
-                              base.get("mlflow_uri"))
+    found = trackers.Trackers(out, chosen, ident, _quiet, base.get("mlflow_uri"), warn=_say)
     found.finish(None, "FINISHED", [f for f in files if f.is_file()],
                  {"best_objective": best} if best is not None else None)
