@@ -129,7 +129,7 @@ class MlflowTracker(Tracker):
             os.environ.setdefault(key, value)
         from mlflow import MlflowClient  # ~2.5 s: imported only where a run logs to MLflow
 
-        self.client = MlflowClient(tracking_uri=uri)  # None: $MLFLOW_TRACKING_URI, else ./mlruns
+        self.client = MlflowClient(tracking_uri=uri)  # None: $MLFLOW_TRACKING_URI, else MLflow's default here
         self.uri = self.client.tracking_uri
         self.run_id = ""
 

@@ -210,7 +210,8 @@ class TrainConfig:
                      "(RUN_DIR/metrics.csv), mlflow, wandb, comma-separated (none: metrics.jsonl alone, which every "
                      "run writes); --no-tensorboard leaves tensorboard out")
     mlflow_uri: str | None = _f(None, "mlflow: the tracking server or store (default: $MLFLOW_TRACKING_URI, else "
-                                "MLflow's own default, ./mlruns); a password belongs in $MLFLOW_TRACKING_PASSWORD")
+                                "MLflow's own default in the current folder: mlflow.db and mlruns/); a password "
+                                "belongs in $MLFLOW_TRACKING_PASSWORD")
     experiment: str | None = _f(None, "mlflow: the experiment, wandb: the project the run is logged to (default: "
                                 "the name of the run folder's parent folder)")
     quiet: bool = _f(False, "no progress bar or per-epoch lines", flag="--quiet")
