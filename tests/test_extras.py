@@ -102,3 +102,14 @@ def test_the_first_command_works_without_any_extra(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["test_accuracy"] > 0.5 and "no TensorBoard event files" in proc.stdout
+
+
+@pytest.mark.parametrize("tracker", ["mlflow", "wandb"])
+def test_a_tracker_without_its_client_says_what_to_install(tmp_path: Path, without, tracker: str,  # noqa: ANN001
+                                                           capsys: pytest.CaptureFixture) -> None:
+    without(tracker)
+    assert main_code(["train", "--logger", f"csv,{tracker}", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"paratrain: error: --logger {tracker} needs {tracker}, which is not installed: pip install "
+                   f"'paratrain[{tracker}]'"), err
+    assert not (tmp_path / "r").exists()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..core.errors import UserError
 from ..core.import_path import absolute, is_import_path
+from ..core.optional import require
 from ..core.urls import masked, password_of
 from .fields import (
     DATASET_DEFAULTS,
@@ -60,6 +61,8 @@ def _check_loggers(cfg: TrainConfig) -> None:
         if name not in LOGGERS:
             _bad(f"--logger {shown(name)} is not a logger paratrain knows{did_you_mean(name, LOGGERS) or '.'} Choose "
                  f"one or more of {', '.join(LOGGERS)}, comma-separated (none: metrics.jsonl alone)")
+        if name in ("mlflow", "wandb"):  # before any worker starts (tensorboard's absence is a note: it goes on)
+            require(name, f"--logger {name}")
     if len(set(loggers(cfg))) != len(loggers(cfg)):
         _bad(f"--logger names a logger twice: {cfg.logger}")
     if cfg.mlflow_uri and password_of(cfg.mlflow_uri):  # config.yaml records the options
