@@ -434,16 +434,20 @@ def _lm(run: Path, corpus: Path, *flags: str) -> dict:
 @pytest.mark.parametrize("dropout", ["0", "0.1"])
 def test_two_workers_equal_one_device_on_text(tmp_path: Path, corpus: Path, dropout: str) -> None:
     """The gpt, AdamW, 20 steps: the losses one device logs and reports, 2 ddp workers (and fsdp with dropout)
-    log and report, within 1e-5 (measured: 0 in the validation loss to 16 digits); the weights within 1e-4 (Adam
-    turns last-bit differences of an update's sums into up to 8e-6 on a few weights here, measured)."""
+    log and report, within 1e-5 (measured: 0 to 3.7e-7 in the validation loss, with the docs it trains on); the
+    weights within 1e-4 (Adam turns last-bit differences of an update's sums into up to 8e-6 on a few weights
+    here, measured)."""
     one = _lm(tmp_path / "one", corpus, "--devices", "1", "--dropout", dropout)
     layouts = [("ddp", "--devices", "2")] + ([("fsdp", "--devices", "2", "--strategy", "fsdp")] if dropout != "0"
                                                else [])
     for name, *flags in layouts:
         many = _lm(tmp_path / name, corpus, *flags, "--dropout", dropout)
         assert many["world_size"] == 2 and many["tokens_per_sec"] > 0
-        for key in ("val_loss", "test_loss", "val_perplexity"):
+        for key in ("val_loss", "test_loss"):
             assert abs(many[key] - one[key]) <= 1e-5, (name, key, many[key], one[key])
+        # the perplexity is exp(loss): a loss 1e-5 apart is the perplexity 1e-5 apart relatively (measured on the
+        # corpus of this session's docs: 3.7e-7 in the loss, 1.1e-5 absolute in a perplexity of 29.7)
+        assert many["val_perplexity"] == pytest.approx(one["val_perplexity"], rel=1e-5, abs=0)
         logged = [[json.loads(line)["loss"] for line in (tmp_path / r / "metrics.jsonl").read_text().splitlines()
                    if '"loss"' in line] for r in ("one", name)]
         assert len(logged[0]) == 4 and max(abs(a - b) for a, b in zip(*logged, strict=True)) <= 1e-5
