@@ -24,9 +24,9 @@ def run(args: argparse.Namespace) -> int:
     from ..config.checks import validate
     from ..core.errors import UserError
 
-    names = tuple(n.strip() for n in args.logger.split(","))
     validate(TrainConfig(logger=args.logger, mlflow_uri=args.mlflow_uri))  # the names, a password in the URI
-    if "tensorboard" in names:
+    names = trackers.named(args.logger)
+    if "tensorboard" in {n.strip() for n in args.logger.split(",")}:
         raise UserError("--logger tensorboard: a run writes its TensorBoard files as it trains (RUN_DIR/tb); "
                         "paratrain log sends to csv, mlflow and wandb")
     for run_dir in map(Path, args.runs):

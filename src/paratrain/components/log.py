@@ -20,7 +20,7 @@ from ..config.fields import loggers
 from ..core.optional import how_to_install, installed
 from ..core.outputs import write_atomic, writing
 from ..runtime.interrupt import Stopped
-from .trackers import Trackers, identity
+from .trackers import Trackers, identity, named
 
 
 def _clean(fields: dict[str, Any]) -> dict[str, Any]:
@@ -69,13 +69,14 @@ class RunLog:
             # appended to, so not renamed: O_NOFOLLOW refuses a link planted in its place
             self.file = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644),
                                   "a")
-        if set(loggers(cfg)) - {"tensorboard"}:  # a tracker's warning is shown --quiet or not
-            self.trackers = Trackers(run_dir, loggers(cfg), identity(run_dir, cfg.to_dict(), tags), self.say,
+        chosen = loggers(cfg)
+        if named(cfg.logger):  # a tracker's warning is shown --quiet or not
+            self.trackers = Trackers(run_dir, named(cfg.logger), identity(run_dir, cfg.to_dict(), tags), self.say,
                                      cfg.mlflow_uri, have=kept, warn=lambda line: tqdm.write(line, file=sys.stderr))
-        if "tensorboard" in loggers(cfg) and not installed("tensorboard"):  # the run goes on: metrics.jsonl has all
+        if "tensorboard" in chosen and not installed("tensorboard"):  # the run goes on: metrics.jsonl has all
             self.say(f"paratrain: note: no TensorBoard event files: the tensorboard package is not installed "
                      f"({how_to_install('tensorboard')}); metrics.jsonl holds every figure")
-        elif "tensorboard" in loggers(cfg):
+        elif "tensorboard" in chosen:
             from torch.utils.tensorboard import SummaryWriter  # imported only where it is used: ~1 s
 
             with writing(self.tb_dir):

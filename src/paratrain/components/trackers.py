@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.optional import how_to_install, installed
+from ..config.fields import TrainConfig, loggers
 from ..core.outputs import write_atomic
 from ..core.urls import masked, scrubbed
 
@@ -55,6 +55,11 @@ def identity(run_dir: Path, options: dict[str, Any], tags: dict[str, str] | None
     return Identity(experiment, Path(run_dir).resolve().name, options,
                     {"strategy": str(options.get("strategy")), "mesh": str(options.get("mesh") or ""),
                      **(tags or {})})
+
+
+def named(logger: str | None) -> tuple[str, ...]:
+    """The trackers a --logger value names beside TensorBoard (which a run writes as it trains, components/log.py)."""
+    return tuple(n for n in loggers(TrainConfig(logger=logger or "none")) if n != "tensorboard")
 
 
 def figures(record: dict[str, Any]) -> dict[str, float]:
@@ -96,7 +101,7 @@ class CsvTracker(Tracker):
         self.run_dir = run_dir
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        if "epoch" in values:
+        if "epoch_time_s" in values:  # an epoch's record (a step's holds its epoch too)
             write_csv(self.run_dir)
 
     def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
@@ -222,10 +227,7 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _make(name: str, run_dir: Path, uri: str | None) -> Tracker:
-    if name != "csv" and not installed(name):
-        from ..core.errors import UserError
-
-        raise UserError(f"--logger {name} needs the {name} package, which is not installed: {how_to_install(name)}")
+    """(config/checks.py refused a tracker whose client is not installed, before any run started.)"""
     return {"csv": lambda: CsvTracker(run_dir), "mlflow": lambda: MlflowTracker(uri),
             "wandb": lambda: WandbTracker(run_dir)}[name]()
 
@@ -242,9 +244,7 @@ class Trackers:
         self.kept = _read(run_dir)
         self.live: list[Tracker] = []
         self.count: dict[str, int] = {}
-        for name in names:
-            if name == "tensorboard":  # components/log.py writes it
-                continue
+        for name in names:  # named()'s: no tensorboard
             tracker = self._guard(name, lambda n=name: _make(n, run_dir, uri))
             known = {k: v for k, v in self.kept.get(name, {}).items() if k != "sent"}
             opened = None if tracker is None else self._guard(name, lambda t=tracker, k=known: t.open(ident, k))

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from ..components import trackers
-from ..config.fields import TrainConfig, loggers
 
 TRACKING = ("logger", "mlflow_uri", "experiment")  # the bench's own, never its runs': they log no tracker live
 
@@ -36,7 +35,7 @@ def _row_figures(row: dict[str, Any]) -> dict[str, float]:
 
 def send(report: dict[str, Any], out: Path, tracking: dict[str, Any], workload: dict[str, Any]) -> None:
     """The bench's parent run and a child run per row of `report` (results.json's)."""
-    names = tuple(n for n in loggers(TrainConfig(logger=tracking.get("logger") or "none")) if n != "tensorboard")
+    names = trackers.named(tracking.get("logger"))
     if not names:
         return
     uri = tracking.get("mlflow_uri")

@@ -10,14 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..components import trackers
-from ..config.fields import TrainConfig, loggers
 
 PARENT = "tracker_parent"  # the study's user attribute: {"mlflow": run id, "group": the search's name}
-
-
-def names(base: dict[str, Any]) -> tuple[str, ...]:
-    """The trackers of a search's runs: its --logger's but TensorBoard (a trial writes none)."""
-    return tuple(n for n in loggers(TrainConfig(logger=base.get("logger") or "none")) if n != "tensorboard")
 
 
 def _say(line: str) -> None:
@@ -30,7 +24,7 @@ def _quiet(line: str) -> None:
 
 def open_parent(study: Any, base: dict[str, Any], out: Path, settings: dict[str, Any]) -> None:
     """The search's own tracker run (the same one when the search is run again), its id in the study."""
-    chosen = names(base)
+    chosen = trackers.named(base.get("logger"))
     if not chosen:
         return
     ident = trackers.identity(out, {**base, **settings}, {"kind": "search"})
@@ -46,7 +40,7 @@ def open_parent(study: Any, base: dict[str, Any], out: Path, settings: dict[str,
 def send_trial(study: Any, base: dict[str, Any], trial_dir: Path, number: int, params: dict[str, Any],
                state: str, value: float | None = None, error: str | None = None) -> None:
     """A trial's child run: `state` one of finished, pruned, failed (`error` its reason)."""
-    chosen = names(base)
+    chosen = trackers.named(base.get("logger"))
     parent = study.user_attrs.get(PARENT) or {}
     if not chosen:
         return
@@ -62,7 +56,7 @@ def send_trial(study: Any, base: dict[str, Any], trial_dir: Path, number: int, p
 
 def close_parent(base: dict[str, Any], out: Path, best: float | None, files: list[Path]) -> None:
     """The search's run ended: its best objective and its report's files."""
-    chosen = names(base)
+    chosen = trackers.named(base.get("logger"))
     if not chosen:
         return
     ident = trackers.identity(out, base)
