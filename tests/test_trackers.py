@@ -270,3 +270,14 @@ def test_an_unreachable_server_is_one_warning_and_the_figures_stay(tmp_path: Pat
     ident = trackers.Identity("e", "r", {"lr": 0.1})
     found = trackers.Trackers(tmp_path, ["mlflow"], ident, said.append, uri=f"http://bob:pw@127.0.0.1:{free_port()}")
     assert found.live == [] and len(said) == 1 and "--logger mlflow failed" in said[0] and "pw@" not in said[0]
+
+
+def test_paratrain_log_refuses_what_it_cannot_send_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "not-a-run").mkdir()
+    for argv, words in ((["log", str(tmp_path / "not-a-run"), "--logger", "csv"], "no config.yaml there"),
+                        (["log", str(tmp_path / "not-a-run"), "--logger", "tensorboard"], "as it trains"),
+                        (["log", str(tmp_path / "not-a-run"), "--logger", "mlfow"], "did you mean 'mlflow'?")):
+        assert main_code(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err
+    assert list((tmp_path / "not-a-run").iterdir()) == []  # nothing written there
