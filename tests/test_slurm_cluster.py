@@ -71,16 +71,19 @@ def test_a_preempted_job_is_requeued_and_ends_with_the_uninterrupted_weights(clu
                                                                             tmp_path: Path) -> None:
     """`paratrain submit` writes and submits the job; USR1 to its tasks mid-run (scancel --signal=USR1, what
     --signal=USR1@T sends before a time limit); every task checkpoints, rank 0 runs scontrol requeue, Slurm
-    starts the job again (made eligible at once: it waits 120 s otherwise) and the same script carries on."""
+    starts the job again (made eligible at once: it waits 120 s otherwise) and the same script carries on, into
+    the same MLflow run."""
+    mlflow = pytest.importorskip("mlflow", reason="the mlflow package is not installed (the [mlflow] extra)")
     whole = tmp_path / "whole"
     job = cluster.sbatch(_job_script(whole, *LONG))
     assert cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED"})["JobState"] == "COMPLETED", \
         _output(whole, job)[-3000:]
 
     run = tmp_path / "requeued"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # the requeued job logs into the MLflow run it began
     submitted = subprocess.run([sys.executable, "-m", "paratrain", "submit", "--ntasks-per-node", "2",
                                 "--cpus-per-task", "1", "--job-name", "requeue-test", "train", *LONG,
-                                "--out", str(run)],
+                                "--logger", "mlflow", "--mlflow-uri", store, "--out", str(run)],
                                env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert submitted.returncode == 0, submitted.stderr
     job = re.search(r"submitted job (\d+)", submitted.stdout).group(1)
@@ -108,6 +111,11 @@ def test_a_preempted_job_is_requeued_and_ends_with_the_uninterrupted_weights(clu
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
     assert max_abs_diff(a["ema_model"], b["ema_model"]) <= 1e-6
     assert max_abs_diff(adam_moments(a), adam_moments(b)) <= 1e-6
+    client = mlflow.MlflowClient(store)
+    [tracked] = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
+    assert tracked.info.status == "FINISHED" and tracked.data.tags["launcher"] == "slurm"
+    steps = {m.step for m in client.get_metric_history(tracked.info.run_id, "loss")}
+    assert min(steps) == 1 and max(steps) == 600 and saved + 1 in steps  # both jobs' steps, in one run
 
 
 @pytest.fixture(scope="module")

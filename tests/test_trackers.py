@@ -102,6 +102,64 @@ def test_a_run_on_two_workers_is_one_mlflow_run_and_its_resume_adds_to_it(server
     assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == [20, 40, 60]
 
 
+BUGGY = """
+import torch
+import torch.distributed as dist
+
+STEPS = [0]
+
+def build(channels, num_classes):
+    return Net(channels * 28 * 28, num_classes)
+
+class Net(torch.nn.Module):
+    def __init__(self, inputs, classes):
+        super().__init__()
+        self.fc = torch.nn.Linear(inputs, classes)
+
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled() and dist.is_initialized():
+            STEPS[0] += 1
+            if STEPS[0] == 30:
+                raise ValueError("a bug of mine at step 30")
+        return self.fc(x.flatten(1))
+"""
+
+
+@pytest.mark.integration
+def test_a_stopped_run_is_killed_a_crashed_one_failed_and_a_resume_finishes_the_same_run(server: Server,
+                                                                                      tmp_path: Path) -> None:
+    """How a tracker run ends: SIGTERM to a 2-worker run (its checkpoint saved) leaves it KILLED, and --resume
+    carries the same run on to FINISHED; an error in the user's network during training leaves it FAILED."""
+    run = tmp_path / "ends" / "stopped"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": server.uri, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--logger", "mlflow", "--devices", "2",
+                             "--epochs", "1000", "--log-every", "2", "--out", str(run), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(trackers.records(run)) < 5:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in err, err[-3000:]
+    [stopped] = server.runs("ends")
+    assert stopped.info.status == "KILLED", err[-3000:]
+    logged = [m.step for m in server.client().get_metric_history(stopped.info.run_id, "loss")]
+    assert len(logged) >= 4, logged
+    proc = _cli(server.uri, "train", "--resume", str(run), "--epochs", "2", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [resumed] = server.runs("ends")
+    assert resumed.info.run_id == stopped.info.run_id and resumed.info.status == "FINISHED"
+    assert max(m.step for m in server.client().get_metric_history(resumed.info.run_id, "loss")) > max(logged)
+
+    (tmp_path / "buggy.py").write_text(BUGGY)
+    crashed = tmp_path / "ends" / "crashed"
+    proc = _cli(server.uri, "train", "--logger", "mlflow", "--model", f"{tmp_path / 'buggy.py'}:build", "--devices",
+                "2", "--steps", "50", "--log-every", "2", "--out", str(crashed), "--quiet")
+    assert proc.returncode == 1 and "a bug of mine at step 30" in proc.stderr, proc.stderr[-3000:]
+    ended = {r.info.run_name: r.info.status for r in server.runs("ends")}
+    assert ended == {"stopped": "FINISHED", "crashed": "FAILED"}
+
+
 @pytest.mark.integration
 def test_a_password_in_the_tracking_uri_is_never_printed_nor_kept(server: Server, tmp_path: Path) -> None:
     uri = server.uri.replace("http://", "http://alice:s3cret-pw@")  # this server takes any credentials
