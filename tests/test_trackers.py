@@ -339,3 +339,31 @@ def test_paratrain_log_refuses_what_it_cannot_send_in_one_line(tmp_path: Path, c
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, err
     assert list((tmp_path / "not-a-run").iterdir()) == []  # nothing written there
+
+
+def test_mlflow_records_reach_the_server_in_batches_off_the_training_loop(tmp_path: Path) -> None:
+    """MlflowTracker.log only queues: its thread sends a second's records in one request, and finish waits for
+    them all. A failed request comes back as the next log's error, with the records the server never took
+    counted as pending (where `paratrain log` takes the run up)."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    tracker = trackers.MlflowTracker(store)
+    tracker.open(trackers.Identity("batches", "run", {"lr": 0.1}), {})
+    requests: list[int] = []
+    send = tracker.client.log_batch
+    tracker.client.log_batch = lambda run_id, metrics=(), **kw: (requests.append(len(metrics)),
+                                                                  send(run_id, metrics=metrics, **kw))
+    for step in range(1, 51):
+        tracker.log(step, {"loss": 1.0 / step, "accuracy": step / 50})
+    tracker.finish([], {"steps": 50}, "FINISHED", {"test_accuracy": 0.9})
+    history = tracker.client.get_metric_history(tracker.run_id, "loss")
+    assert [m.step for m in history] == list(range(1, 51)) and tracker.pending() == 0
+    assert sum(requests) == 101 and len(requests) < 10, requests  # 50 records of 2, then the final figure
+
+    failing = trackers.MlflowTracker(store)
+    failing.open(trackers.Identity("batches", "failing", {}), {})
+    failing.client.log_batch = lambda *a, **kw: (_ for _ in ()).throw(ConnectionError("server gone"))
+    failing.log(1, {"loss": 1.0})
+    failing.sender.join(timeout=30)
+    with pytest.raises(ConnectionError, match="server gone"):
+        failing.log(2, {"loss": 0.5})
+    assert failing.pending() == 1

@@ -14,6 +14,8 @@ import io
 import json
 import math
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +93,10 @@ class Tracker:
     def where(self) -> str:
         return ""
 
+    def pending(self) -> int:
+        """Records `log` took that have not reached the tracker (a tracker that sends them in the background)."""
+        return 0
+
 
 class CsvTracker(Tracker):
     """RUN_DIR/metrics.csv: metrics.jsonl as a table (a column per figure), rewritten at each epoch and the end."""
@@ -125,9 +131,14 @@ def write_csv(run_dir: Path) -> None:
 
 
 class MlflowTracker(Tracker):
-    """An MLflow run, through MlflowClient (no global active run: a search's process logs many)."""
+    """An MLflow run, through MlflowClient (no global active run: a search's process logs many). Its records go
+    to the server from a thread of their own, in batches: the client's requests are synchronous (12.6 ms a record
+    on loopback in the training loop, benchmarks/tracker_overhead.py), and a remote server's round trip would
+    slow every logged step. A failed request is raised by the next `log` or by `finish`."""
 
     name = "mlflow"
+    BATCH = 1000  # metrics per request: every MLflow server's limit
+    EVERY_S = 1.0  # a request at most this often (the records of that second in one): the server's work is per request
 
     def __init__(self, uri: str | None) -> None:
         for key, value in MLFLOW_BOUNDS.items():
@@ -137,6 +148,10 @@ class MlflowTracker(Tracker):
         self.client = MlflowClient(tracking_uri=uri)  # None: $MLFLOW_TRACKING_URI, else MLflow's default here
         self.uri = self.client.tracking_uri
         self.run_id = ""
+        self.queue: queue.Queue[list[Any] | None] = queue.Queue()
+        self.unsent = 0  # records queued and not yet taken by the server (a failure leaves them unsent)
+        self.error: BaseException | None = None
+        self.sender: threading.Thread | None = None
 
     def open(self, ident: Identity, kept: dict[str, Any]) -> dict[str, Any]:
         from mlflow.entities import Param
@@ -159,11 +174,67 @@ class MlflowTracker(Tracker):
 
         from mlflow.entities import Metric
 
+        self._raise()
+        if self.sender is None:  # daemon: a run that dies is never held up by its tracker
+            self.sender = threading.Thread(target=self._send, name="paratrain-mlflow", daemon=True)
+            self.sender.start()
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        self.unsent += 1
+        self.queue.put([Metric(k, v, now, step) for k, v in values.items()])
+
+    def _send(self) -> None:
+        """The sender thread: what is queued in EVERY_S, a request per BATCH metrics (whole records), until None (the
+        end) or a failure."""
+        import time
+
+        while True:
+            records = [self.queue.get()]
+            until = time.monotonic() + self.EVERY_S
+            while records[-1] is not None and (left := until - time.monotonic()) > 0:
+                try:
+                    records.append(self.queue.get(timeout=left))
+                except queue.Empty:
+                    break
+            last = records[-1] is None
+            records = [r for r in records if r is not None]
+            while records:
+                batch, size = [], 0
+                while records and (not batch or size + len(records[0]) <= self.BATCH):
+                    size += len(records[0])
+                    batch.append(records.pop(0))
+                try:
+                    self.client.log_batch(self.run_id, metrics=[m for record in batch for m in record])
+                except Exception as e:  # raised in the training's thread, by the next log or finish
+                    self.error = e
+                    return
+                self.unsent -= len(batch)
+            if last:
+                return
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _flush(self) -> None:
+        if self.sender is not None:
+            self.queue.put(None)
+            self.sender.join()
+            self.sender = None
+        self._raise()
+
+    def pending(self) -> int:
+        return self.unsent
 
     def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
                final: dict[str, float] | None = None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        self._flush()
+        if final:  # at the last step, as metrics (W&B keeps them as the run's summary)
+            now, step = int(time.time() * 1000), (summary or {}).get("steps") or 0
+            self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in final.items()])
         for path in files:
             self.client.log_artifact(self.run_id, str(path))
         if summary is not None:
@@ -284,7 +355,7 @@ class Trackers:
 
     def _send(self, tracker: Tracker, record: dict[str, Any]) -> None:
         if self._guard(tracker.name, lambda: tracker.log(record.get("step", 0), figures(record)) or 1) is None:
-            self._save_sent(tracker.name)
+            self._save_sent(tracker)
         else:
             self.count[tracker.name] += 1
 
@@ -295,9 +366,9 @@ class Trackers:
                 if tracker in self.live:
                     self._send(tracker, record)
 
-    def _save_sent(self, failed: str) -> None:
-        """Where `paratrain log` takes the failed tracker up."""
-        self.kept.setdefault(failed, {})["sent"] = self.count[failed]
+    def _save_sent(self, failed: Tracker) -> None:
+        """Where `paratrain log` takes the failed tracker up: after the records it took (not those it had queued)."""
+        self.kept.setdefault(failed.name, {})["sent"] = self.count[failed.name] - failed.pending()
         self._save()
 
     def finish(self, summary: dict[str, Any] | None, state: str = "FINISHED", extra: Iterable[Path] = (),
@@ -306,10 +377,8 @@ class Trackers:
         files = [self.run_dir / n for n in FILES if (self.run_dir / n).is_file()] + list(extra)
         final = {**end_figures(summary or {}), **(final or {})}
         for tracker in list(self.live):
-            if final and tracker.name == "mlflow":  # W&B keeps them as the run's summary
-                self._guard(tracker.name, lambda t=tracker: t.log((summary or {}).get("steps") or 0, final))
             if self._guard(tracker.name, lambda t=tracker: t.finish(files, summary, state, final) or 1) is None:
-                self._save_sent(tracker.name)
+                self._save_sent(tracker)
         self.live = []
 
 
