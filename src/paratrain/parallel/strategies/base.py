@@ -165,6 +165,16 @@ class Strategy:
 
         return make_ema(self.module, decay)
 
+    def _average_sharded(self, unsharded: nn.Module, decay: float, shard: Callable[[nn.Module], Any]) -> AveragedModel:
+        """The weight average of a sharded model (fsdp's, a tp mesh's copies): made from the whole copy kept
+        before sharding (sharded modules refuse deepcopy), then sharded as the model was, on the same mesh, so
+        that its shards line up with the model's."""
+        from ...components.optim import make_ema
+
+        ema = make_ema(unsharded, decay)
+        shard(ema.module)
+        return ema
+
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         """Load a checkpoint's optimizer state into this worker's optimizer, and its weight average into
         `ema` (a whole-model file's, or this worker's part of a sharded checkpoint's)."""

@@ -146,12 +146,8 @@ class FSDP(Strategy):
         return blocks(self.module, self.cfg.shard_modules) if self.ctx.distributed else [self.module]
 
     def average(self, decay: float) -> AveragedModel:
-        from ...components.optim import make_ema
-
-        ema = make_ema(self._unsharded, decay)
-        self._unsharded = None
-        self._shard(ema.module)  # the same blocks on the same mesh: its shards line up with the model's
-        return ema
+        unsharded, self._unsharded = self._unsharded, None
+        return self._average_sharded(unsharded, decay, self._shard)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         # sharded, FSDP's policy casts the gathered weights; one worker trains the plain module under autocast

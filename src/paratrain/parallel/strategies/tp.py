@@ -295,12 +295,8 @@ class TensorParallel(Strategy):
     def average(self, decay: float) -> AveragedModel:
         if self._unsharded is None:
             return super().average(decay)
-        from ...components.optim import make_ema
-
-        ema = make_ema(self._unsharded, decay)
-        self._unsharded = None
-        self._shard_copies(ema.module)  # on the same mesh: its shards line up with the model's
-        return ema
+        unsharded, self._unsharded = self._unsharded, None
+        return self._average_sharded(unsharded, decay, self._shard_copies)
 
     def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
                          batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
