@@ -328,6 +328,7 @@ def test_an_unreachable_server_is_one_warning_and_the_figures_stay(tmp_path: Pat
     ident = trackers.Identity("e", "r", {"lr": 0.1})
     found = trackers.Trackers(tmp_path, ["mlflow"], ident, said.append, uri=f"http://bob:pw@127.0.0.1:{free_port()}")
     assert found.live == [] and len(said) == 1 and "--logger mlflow failed" in said[0] and "pw@" not in said[0]
+    assert "(MlflowException: Connection refused)" in said[0], said  # the socket's words, not urllib3's wrapping
 
 
 def test_paratrain_log_refuses_what_it_cannot_send_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -338,7 +339,7 @@ class Trackers:
         except UserError:
             raise
         except Exception as e:  # a client's error: connection refused, a timeout, a server's 5xx, a full disk
-            why = scrubbed(f"{type(e).__name__}: {e}".splitlines()[0][:300], self.uri or "")
+            why = scrubbed(_why(e), self.uri or "")
             self.warn(f"paratrain: warning: --logger {name} failed ({why}); the run goes on without it and "
                      f"metrics.jsonl keeps every figure: `paratrain log {self.run_dir} --logger {name}` sends "
                      "them later")
@@ -380,6 +381,17 @@ class Trackers:
             if self._guard(tracker.name, lambda t=tracker: t.finish(files, summary, state, final) or 1) is None:
                 self._save_sent(tracker)
         self.live = []
+
+
+def _why(error: Exception) -> str:
+    """A client's error in a few words: the socket's own (a refused or unknown host under urllib3's and MLflow's
+    wrapping, a 300-character line), else its first line, cut at a word."""
+    text = f"{type(error).__name__}: {error}"
+    low = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text) or re.search(r"(Read timed out|timed out)", text)
+    if low:
+        return f"{type(error).__name__}: {low.group(1).strip()}"
+    first = text.splitlines()[0]
+    return first if len(first) <= 200 else first[:200].rsplit(" ", 1)[0] + " ..."
 
 
 def _read(run_dir: Path) -> dict[str, Any]:
