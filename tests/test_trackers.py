@@ -364,7 +364,7 @@ def test_mlflow_records_reach_the_server_in_batches_off_the_training_loop(tmp_pa
     failing.open(trackers.Identity("batches", "failing", {}), {})
     failing.client.log_batch = lambda *a, **kw: (_ for _ in ()).throw(ConnectionError("server gone"))
     failing.log(1, {"loss": 1.0})
-    failing.sender.join(timeout=30)
+    failing.sender.thread.join(timeout=30)
     with pytest.raises(ConnectionError, match="server gone"):
         failing.log(2, {"loss": 0.5})
     assert failing.pending() == 1

@@ -14,15 +14,15 @@ import io
 import json
 import math
 import os
-import queue
 import re
-import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..config.fields import TrainConfig, loggers
+from ..core.background import BatchSender
 from ..core.outputs import write_atomic
 from ..core.urls import masked, scrubbed
 
@@ -149,10 +149,7 @@ class MlflowTracker(Tracker):
         self.client = MlflowClient(tracking_uri=uri)  # None: $MLFLOW_TRACKING_URI, else MLflow's default here
         self.uri = self.client.tracking_uri
         self.run_id = ""
-        self.queue: queue.Queue[list[Any] | None] = queue.Queue()
-        self.unsent = 0  # records queued and not yet taken by the server (a failure leaves them unsent)
-        self.error: BaseException | None = None
-        self.sender: threading.Thread | None = None
+        self.sender = BatchSender(self._post, self.EVERY_S, self.BATCH, size=len, name="paratrain-mlflow")
 
     def open(self, ident: Identity, kept: dict[str, Any]) -> dict[str, Any]:
         from mlflow.entities import Param
@@ -171,68 +168,22 @@ class MlflowTracker(Tracker):
         return {"run_id": self.run_id}
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        import time
-
         from mlflow.entities import Metric
 
-        self._raise()
-        if self.sender is None:  # daemon: a run that dies is never held up by its tracker
-            self.sender = threading.Thread(target=self._send, name="paratrain-mlflow", daemon=True)
-            self.sender.start()
-        now = int(time.time() * 1000)
-        self.unsent += 1
-        self.queue.put([Metric(k, v, now, step) for k, v in values.items()])
+        self.sender.put([Metric(k, v, int(time.time() * 1000), step) for k, v in values.items()])
 
-    def _send(self) -> None:
-        """The sender thread: what is queued in EVERY_S, a request per BATCH metrics (whole records), until None (the
-        end) or a failure."""
-        import time
-
-        while True:
-            records = [self.queue.get()]
-            until = time.monotonic() + self.EVERY_S
-            while records[-1] is not None and (left := until - time.monotonic()) > 0:
-                try:
-                    records.append(self.queue.get(timeout=left))
-                except queue.Empty:
-                    break
-            last = records[-1] is None
-            records = [r for r in records if r is not None]
-            while records:
-                batch, size = [], 0
-                while records and (not batch or size + len(records[0]) <= self.BATCH):
-                    size += len(records[0])
-                    batch.append(records.pop(0))
-                try:
-                    self.client.log_batch(self.run_id, metrics=[m for record in batch for m in record])
-                except Exception as e:  # raised in the training's thread, by the next log or finish
-                    self.error = e
-                    return
-                self.unsent -= len(batch)
-            if last:
-                return
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def _flush(self) -> None:
-        if self.sender is not None:
-            self.queue.put(None)
-            self.sender.join()
-            self.sender = None
-        self._raise()
+    def _post(self, records: list[list[Any]]) -> None:
+        """A request with the records the sender's thread gathered (whole records, BATCH metrics at most)."""
+        self.client.log_batch(self.run_id, metrics=[metric for record in records for metric in record])
 
     def pending(self) -> int:
-        return self.unsent
+        return self.sender.unsent
 
     def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
                final: dict[str, float] | None = None) -> None:
-        import time
-
         from mlflow.entities import Metric
 
-        self._flush()
+        self.sender.close()
         if final:  # at the last step, as metrics (W&B keeps them as the run's summary)
             now, step = int(time.time() * 1000), (summary or {}).get("steps") or 0
             self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in final.items()])
