@@ -321,6 +321,50 @@ def test_csv_and_a_file_store_from_paratrain_log(digits_run: Path, tmp_path: Pat
     [found] = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
     losses = sum("loss" in r for r in trackers.records(run))
     assert found.info.status == "FINISHED" and len(client.get_metric_history(found.info.run_id, "loss")) == losses >= 1
+    assert json.loads((run / "trackers.json").read_text())["mlflow"] == {"run_id": found.info.run_id, "uri": store,
+                                                                         "ended": "FINISHED"}
+    again = run_cli("log", str(run), "--logger", "mlflow", cwd=tmp_path)  # the store: the one the run logged to
+    assert again.returncode == 0 and "is already in mlflow" in again.stderr, again.stderr[-3000:]
+    assert len(client.get_metric_history(found.info.run_id, "loss")) == losses  # nothing sent twice
+    other = tmp_path / "other"
+    shutil.copytree(digits_run, other)
+    proc = run_cli("log", str(other), "--logger", "mlflow", "--mlflow-uri", store, "--experiment", "mine",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r.info.run_name for r in client.search_runs([client.get_experiment_by_name("mine").experiment_id])] \
+        == ["other"]
+
+
+def test_paratrain_log_to_a_server_that_is_down_fails_in_one_line_and_loses_nothing(digits_run: Path,
+                                                                                   tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(digits_run, run)
+    down = f"http://127.0.0.1:{free_port()}"
+    proc = run_cli("log", str(run), "--logger", "csv,mlflow", "--mlflow-uri", down, cwd=tmp_path)
+    err = [line for line in proc.stderr.strip().splitlines() if "logging to" not in line]  # csv's line
+    assert proc.returncode == 1 and len(err) == 1, proc.stderr[-3000:]  # no warning beside the error
+    assert f"--logger mlflow failed (MlflowException: Connection refused at {down})" in err[0], err
+    assert "run this command again once the tracker answers" in err[0]
+    assert (run / "metrics.csv").is_file() and json.loads((run / "trackers.json").read_text())["mlflow"] == {}
+
+
+def test_a_run_carried_on_elsewhere_logs_into_the_store_it_began_in(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's default store is the current folder's: trackers.json keeps the store a run logged to (a URI
+    without a password), so a resume or `paratrain log` started in another folder finds the same MLflow run."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    ident = trackers.Identity("elsewhere", "run", {"lr": 0.1})
+    first = trackers.Trackers(tmp_path, ["mlflow"], ident, print, uri="sqlite:///store.db")  # relative, as the docs'
+    first.finish(None, "KILLED")
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    again = trackers.Trackers(tmp_path, ["mlflow"], ident, print)
+    assert again.uri == f"sqlite:///{tmp_path / 'store.db'}"
+    assert [t.run_id for t in again.live] == [first.kept["mlflow"]["run_id"]]
+    again.finish(None)
+    assert list((tmp_path / "other").iterdir()) == []  # no store of MLflow's default made here
+    assert trackers.identity(tmp_path, {"strategy": None, "mesh": None}).tags == {}  # a search's: no 'None' tag
 
 
 def test_an_unreachable_server_is_one_warning_and_the_figures_stay(tmp_path: Path) -> None:
@@ -328,7 +372,7 @@ def test_an_unreachable_server_is_one_warning_and_the_figures_stay(tmp_path: Pat
     ident = trackers.Identity("e", "r", {"lr": 0.1})
     found = trackers.Trackers(tmp_path, ["mlflow"], ident, said.append, uri=f"http://bob:pw@127.0.0.1:{free_port()}")
     assert found.live == [] and len(said) == 1 and "--logger mlflow failed" in said[0] and "pw@" not in said[0]
-    assert "(MlflowException: Connection refused)" in said[0], said  # the socket's words, not urllib3's wrapping
+    assert "(MlflowException: Connection refused at http://bob:***@127.0.0.1:" in said[0], said  # the socket's words
 
 
 def test_paratrain_log_refuses_what_it_cannot_send_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -13,7 +13,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
     p.add_argument("--logger", required=True, help="one or more of csv, mlflow, wandb, comma-separated")
     p.add_argument("--mlflow-uri", help="mlflow: the tracking server or store (default: the run's --mlflow-uri, "
-                   "else $MLFLOW_TRACKING_URI)")
+                   "else $MLFLOW_TRACKING_URI, else the store the run logged to, else MLflow's default here)")
+    p.add_argument("--experiment", help="the MLflow experiment or W&B project of a new tracker run (default: the "
+                   "run's --experiment, else the name of its folder's parent)")
     p.set_defaults(run=run)
 
 
@@ -29,9 +31,21 @@ def run(args: argparse.Namespace) -> int:
     if "tensorboard" in {n.strip() for n in args.logger.split(",")}:
         raise UserError("--logger tensorboard: a run writes its TensorBoard files as it trains (RUN_DIR/tb); "
                         "paratrain log sends to csv, mlflow and wandb")
+    failed = []
     for run_dir in map(Path, args.runs):
         if not (run_dir / "config.yaml").is_file():
             raise UserError(f"{run_dir}: no config.yaml there; pass the directory of a paratrain run")
         with held(run_dir):  # a run still training there owns its trackers.json
-            trackers.send(run_dir, names, lambda line: print(line, file=sys.stderr), uri=args.mlflow_uri)
+            kept = trackers.kept(run_dir)
+            done = [n for n in names if n != "csv" and "ended" in kept.get(n, {}) and "sent" not in kept[n]]
+            for name in done:  # sent again, its figures would be there twice
+                print(f"paratrain: {run_dir} is already in {name} (its run there ended {kept[name]['ended']}); "
+                      "nothing to send", file=sys.stderr)
+            todo = [n for n in names if n not in done]
+            failures = trackers.send(run_dir, todo, lambda line: print(line, file=sys.stderr), warn=lambda _: None,
+                                     uri=args.mlflow_uri, experiment=args.experiment) if todo else {}
+        failed += [f"{run_dir}: --logger {name} failed ({why})" for name, why in failures.items()]
+    if failed:  # nothing is lost: trackers.json says where the next try takes up
+        raise UserError(f"{'; '.join(failed)}; nothing of the run is lost: run this command again once the "
+                        "tracker answers", code=1)
     return 0

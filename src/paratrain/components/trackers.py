@@ -55,9 +55,8 @@ class Identity:
 def identity(run_dir: Path, options: dict[str, Any], tags: dict[str, str] | None = None) -> Identity:
     """A run's identity from its resolved options (config.yaml's) and the tags its launch adds."""
     experiment = options.get("experiment") or Path(run_dir).resolve().parent.name or "paratrain"
-    return Identity(experiment, Path(run_dir).resolve().name, options,
-                    {"strategy": str(options.get("strategy")), "mesh": str(options.get("mesh") or ""),
-                     **(tags or {})})
+    own = {k: str(options[k]) for k in ("strategy", "mesh") if options.get(k)}  # a search's or bench's: none
+    return Identity(experiment, Path(run_dir).resolve().name, options, {**own, **(tags or {})})
 
 
 def named(logger: str | None) -> tuple[str, ...]:
@@ -115,8 +114,8 @@ class CsvTracker(Tracker):
                final: dict[str, float] | None = None) -> None:
         write_csv(self.run_dir)
 
-    def where(self) -> str:
-        return str(self.run_dir / "metrics.csv")
+    def where(self) -> str:  # a folder with records to tabulate (a bench's own has none: its runs' have)
+        return str(self.run_dir / "metrics.csv") if (self.run_dir / "metrics.jsonl").is_file() else ""
 
 
 def write_csv(run_dir: Path) -> None:
@@ -157,7 +156,7 @@ class MlflowTracker(Tracker):
         if kept.get("run_id"):  # a resumed or requeued run: the same MLflow run, running again
             self.run_id = kept["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
-            return {"run_id": self.run_id}
+            return self._kept()
         found = self.client.get_experiment_by_name(ident.experiment)
         experiment = found.experiment_id if found else self.client.create_experiment(ident.experiment)
         tags = {**ident.tags, **({"mlflow.parentRunId": ident.parent} if ident.parent else {})}
@@ -165,7 +164,15 @@ class MlflowTracker(Tracker):
         params = [Param(k, str(v)[:500]) for k, v in ident.params.items()]  # 500: every MLflow server's limit
         for start in range(0, len(params), 100):  # a request holds at most 100 params
             self.client.log_batch(self.run_id, params=params[start:start + 100])
-        return {"run_id": self.run_id}
+        return self._kept()
+
+    def _kept(self) -> dict[str, Any]:
+        """The run's id, and the store it is in unless its URI holds a password (which no file keeps): MLflow's
+        default store is the current folder's, and a resume started elsewhere must still find the run."""
+        uri = self.uri  # a relative SQLite store (the docs' sqlite:///mlflow.db) made absolute, as the default's is
+        if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+            uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
+        return {"run_id": self.run_id, **({"uri": uri} if masked(uri) == uri else {})}
 
     def log(self, step: int, values: dict[str, float]) -> None:
         from mlflow.entities import Metric
@@ -263,8 +270,11 @@ class Trackers:
         """`say`: where a line goes (which tracker run a run logs into), `warn`: a failure's (default: say's).
         `have`: the records metrics.jsonl holds now (a resumed run's, those before its checkpoint): a kept
         tracker run has them all, unless it failed at an earlier one ("sent" in trackers.json)."""
+        self.kept = kept(run_dir)
+        if uri is None and not os.environ.get("MLFLOW_TRACKING_URI"):  # the store the run logged to before
+            uri = self.kept.get("mlflow", {}).get("uri")
         self.run_dir, self.say, self.uri, self.warn = run_dir, say, uri, warn or say
-        self.kept = _read(run_dir)
+        self.failures: dict[str, str] = {}  # tracker: why it failed
         self.live: list[Tracker] = []
         self.count: dict[str, int] = {}
         for name in names:  # named()'s: no tensorboard
@@ -290,7 +300,9 @@ class Trackers:
         except UserError:
             raise
         except Exception as e:  # a client's error: connection refused, a timeout, a server's 5xx, a full disk
-            why = scrubbed(_why(e), self.uri or "")
+            store = self.uri or os.environ.get("MLFLOW_TRACKING_URI") or "MLflow's default store in this folder"
+            why = scrubbed(_why(e), store) + (f" at {masked(store)}" if name == "mlflow" else "")
+            self.failures[name] = why
             self.warn(f"paratrain: warning: --logger {name} failed ({why}); the run goes on without it and "
                      f"metrics.jsonl keeps every figure: `paratrain log {self.run_dir} --logger {name}` sends "
                      "them later")
@@ -331,7 +343,10 @@ class Trackers:
         for tracker in list(self.live):
             if self._guard(tracker.name, lambda t=tracker: t.finish(files, summary, state, final) or 1) is None:
                 self._save_sent(tracker)
+            else:  # a second `paratrain log` has nothing to send it
+                self.kept[tracker.name]["ended"] = state
         self.live = []
+        self._save()
 
 
 def _why(error: Exception) -> str:
@@ -345,23 +360,26 @@ def _why(error: Exception) -> str:
     return first if len(first) <= 200 else first[:200].rsplit(" ", 1)[0] + " ..."
 
 
-def _read(run_dir: Path) -> dict[str, Any]:
+def kept(run_dir: Path) -> dict[str, Any]:
+    """trackers.json: each tracker's run (`sent`: the records it took before it failed; `ended`: how it ended)."""
     try:
-        kept = json.loads((run_dir / RECORD).read_text())
+        found = json.loads((run_dir / RECORD).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
-    return kept if isinstance(kept, dict) else {}
+    return found if isinstance(found, dict) else {}
 
 
 def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, warn: Callable[[str], None] | None = None,
          uri: str | None = None,
          tags: dict[str, str] | None = None, parent: str | None = None, group: str | None = None,
          experiment: str | None = None, options: dict[str, Any] | None = None, state: str = "FINISHED",
-         final: dict[str, float] | None = None, extra: Iterable[Path] = (), name: str | None = None) -> None:
+         final: dict[str, float] | None = None, extra: Iterable[Path] = (), name: str | None = None
+         ) -> dict[str, str]:
     """A run folder's records to trackers after the fact (`paratrain log`, a search's trials, a bench's rows):
     into the tracker runs it kept (from the first record they did not take), or new ones. `options`: where the
     run wrote no config.yaml (a trial refused before it started); `final`: figures of the caller's (a trial's
-    objective), logged at the end; `name`: the tracker run's, where not the folder's."""
+    objective), logged at the end; `name`: the tracker run's, where not the folder's. Returns the trackers that
+    failed, with why."""
     import yaml
 
     if options is None:
@@ -377,3 +395,4 @@ def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, war
     except (FileNotFoundError, json.JSONDecodeError):
         summary = None
     trackers.finish(summary, state if summary is not None or state != "FINISHED" else "KILLED", extra, final)
+    return trackers.failures
