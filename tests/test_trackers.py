@@ -85,7 +85,7 @@ def test_a_run_on_two_workers_is_one_mlflow_run_and_its_resume_adds_to_it(server
     assert found.info.status == "FINISHED" and found.info.run_name == "run"
     assert found.data.params["lr"] == "0.003" and found.data.params["devices"] == "2"
     assert found.data.tags["strategy"] == "ddp" and found.data.tags["devices"] == "2"
-    assert found.data.tags["launcher"] == "local"
+    assert found.data.tags["launcher"] == "spawn"  # summary.json's word: paratrain started the workers
     losses = client.get_metric_history(run_id, "loss")
     assert len(losses) >= 2 and [m.step for m in losses] == sorted(m.step for m in losses)
     assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == [20, 40]
@@ -185,6 +185,11 @@ def test_a_search_is_a_parent_run_with_a_child_run_per_trial(server: Server, tmp
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(runs) == 5 and len(children) == 4
     assert all(c.data.tags["state"] == "finished" and 0 < c.data.metrics["objective"] <= 1 for c in children)
+    for child in children:  # where each trial ran, as its summary.json says
+        [summary] = [json.loads(p.read_text()) for p in out.rglob("summary.json")
+                     if p.parent.name == child.info.run_name]
+        assert (child.data.tags["devices"], child.data.tags["launcher"]) == (str(summary["world_size"]), "spawn")
+    assert "strategy" not in parent.data.tags  # a search has none of its own
     assert sorted(float(c.data.params["lr"]) for c in children) == sorted(float(c.data.tags["param.lr"])
                                                                             for c in children)
     best = max(c.data.metrics["objective"] for c in children)
@@ -206,6 +211,7 @@ def test_a_bench_is_a_parent_run_with_a_child_run_per_configuration(server: Serv
     for name, child in children.items():
         assert child.data.metrics["examples_per_sec"] == pytest.approx(rows[name]["examples_per_sec"]["mean"])
         assert child.data.tags["state"] == "ok" and child.data.params["steps"] == "10"
+        assert child.data.tags["devices"] == ("1" if name == "cpu:1t" else "2")
     assert {"results.json", "report.md"} <= {a.path for a in server.client().list_artifacts(parent.info.run_id)}
     for name in children:  # the first repeat's records, each sent once (its runs logged to no tracker live)
         losses = sum("loss" in r for r in trackers.records(out / "runs" / f"{name.replace(':', '-')}-r0"))

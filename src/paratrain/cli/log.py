@@ -47,5 +47,5 @@ def run(args: argparse.Namespace) -> int:
         failed += [f"{run_dir}: --logger {name} failed ({why})" for name, why in failures.items()]
     if failed:  # nothing is lost: trackers.json says where the next try takes up
         raise UserError(f"{'; '.join(failed)}; nothing of the run is lost: run this command again once the "
-                        "tracker answers", code=1)
+                        "tracker answers (or with the --mlflow-uri of the store the run logged to)", code=1)
     return 0

@@ -9,9 +9,8 @@ is shown with its password masked, a W&B key is W&B's own to read."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
+import logging
 import math
 import os
 import re
@@ -25,8 +24,8 @@ from ..config.fields import TrainConfig, loggers
 from ..core.background import BatchSender
 from ..core.outputs import write_atomic
 from ..core.urls import masked, scrubbed
+from .tracker_files import RECORD, kept, read_json, records, write_csv
 
-RECORD = "trackers.json"
 # each tracker run's artifacts (a bench adds its pictures), and summary.json: the summary rank 0 ends with (the
 # file the launcher then writes adds how long the workers took to leave, and --devices auto's choice)
 FILES = ("config.yaml", "parts.yaml")
@@ -118,18 +117,6 @@ class CsvTracker(Tracker):
         return str(self.run_dir / "metrics.csv") if (self.run_dir / "metrics.jsonl").is_file() else ""
 
 
-def write_csv(run_dir: Path) -> None:
-    rows = records(run_dir)
-    if not rows:  # a folder with no metrics.jsonl (a search's, a bench's): no table
-        return
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    text = io.StringIO()
-    writer = csv.DictWriter(text, columns, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows({k: (json.dumps(v) if isinstance(v, list | dict) else v) for k, v in row.items()} for row in rows)
-    write_atomic(run_dir / "metrics.csv", text.getvalue())
-
-
 class MlflowTracker(Tracker):
     """An MLflow run, through MlflowClient (no global active run: a search's process logs many). Its records go
     to the server from a thread of their own, in batches: the client's requests are synchronous (12.6 ms a record
@@ -144,6 +131,8 @@ class MlflowTracker(Tracker):
         for key, value in MLFLOW_BOUNDS.items():
             os.environ.setdefault(key, value)
         from mlflow import MlflowClient  # ~2.5 s: imported only where a run logs to MLflow
+
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # its "Creating ... tables" lines
 
         self.client = MlflowClient(tracking_uri=uri)  # None: $MLFLOW_TRACKING_URI, else MLflow's default here
         self.uri = self.client.tracking_uri
@@ -191,13 +180,13 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         self.sender.close()
-        if final:  # at the last step, as metrics (W&B keeps them as the run's summary)
-            now, step = int(time.time() * 1000), (summary or {}).get("steps") or 0
-            self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in final.items()])
-        for path in files:
+        for path in files:  # before the end's figures: a retry after a failure here sends those once
             self.client.log_artifact(self.run_id, str(path))
         if summary is not None:
             self.client.log_dict(self.run_id, summary, "summary.json")
+        if final:  # at the last step, as metrics (W&B keeps them as the run's summary)
+            now, step = int(time.time() * 1000), (summary or {}).get("steps") or 0
+            self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in final.items()])
         self.client.set_terminated(self.run_id, state)
 
     def where(self) -> str:
@@ -239,21 +228,6 @@ class WandbTracker(Tracker):
 
     def where(self) -> str:
         return f"W&B run {self.run.id} ({self.run.settings.mode}) in {self.run_dir / 'wandb'}"
-
-
-def records(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's records (a torn last line left out)."""
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    found = []
-    for line in lines:
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return [r for r in found if isinstance(r, dict)]
 
 
 def _make(name: str, run_dir: Path, uri: str | None) -> Tracker:
@@ -360,21 +334,11 @@ def _why(error: Exception) -> str:
     return first if len(first) <= 200 else first[:200].rsplit(" ", 1)[0] + " ..."
 
 
-def kept(run_dir: Path) -> dict[str, Any]:
-    """trackers.json: each tracker's run (`sent`: the records it took before it failed; `ended`: how it ended)."""
-    try:
-        found = json.loads((run_dir / RECORD).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, warn: Callable[[str], None] | None = None,
-         uri: str | None = None,
-         tags: dict[str, str] | None = None, parent: str | None = None, group: str | None = None,
-         experiment: str | None = None, options: dict[str, Any] | None = None, state: str = "FINISHED",
-         final: dict[str, float] | None = None, extra: Iterable[Path] = (), name: str | None = None
-         ) -> dict[str, str]:
+         uri: str | None = None, tags: dict[str, str] | None = None, parent: str | None = None,
+         group: str | None = None, experiment: str | None = None, options: dict[str, Any] | None = None,
+         state: str = "FINISHED", final: dict[str, float] | None = None, extra: Iterable[Path] = (),
+         name: str | None = None) -> dict[str, str]:
     """A run folder's records to trackers after the fact (`paratrain log`, a search's trials, a bench's rows):
     into the tracker runs it kept (from the first record they did not take), or new ones. `options`: where the
     run wrote no config.yaml (a trial refused before it started); `final`: figures of the caller's (a trial's
@@ -384,15 +348,14 @@ def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, war
 
     if options is None:
         options = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    ident = identity(run_dir, {**options, **({"experiment": experiment} if experiment else {})}, tags)
+    summary = read_json(run_dir / "summary.json")  # where it ran: the tags a run's launch gives (devices, launcher)
+    ran = {k: str(summary[s]) for k, s in (("devices", "world_size"), ("launcher", "launcher")) if s in (summary or {})}
+    options = {**options, **({"experiment": experiment} if experiment else {})}
+    ident = identity(run_dir, options, {**ran, **(tags or {})})
     ident.parent, ident.group, ident.name = parent, group, name or ident.name
     found = records(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)  # trackers.json's, for a run refused before it wrote a file
     trackers = Trackers(run_dir, names, ident, say, uri or options.get("mlflow_uri"), have=len(found), warn=warn)
     trackers.replay(found)
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        summary = None
     trackers.finish(summary, state if summary is not None or state != "FINISHED" else "KILLED", extra, final)
     return trackers.failures

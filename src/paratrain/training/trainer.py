@@ -86,7 +86,7 @@ class Trainer:
         # the one owner of the run's checkpoints/ (collective where they are written in the background)
         self.checkpoints = RunCheckpoints(self.run_dir, ctx, cfg.async_checkpoint)
         self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
-                          self.state.validated, {"launcher": plan.env.launcher, "devices": str(ctx.world_size)})
+                          self.state.validated, {"launcher": plan.env.launcher_name, "devices": str(ctx.world_size)})
         self.timer = PhaseTimer(ctx, cfg.time_phases, self.strategy.allreduce_timed)
         self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
         self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
