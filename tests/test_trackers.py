@@ -392,10 +392,12 @@ def test_paratrain_log_refuses_what_it_cannot_send_in_one_line(tmp_path: Path, c
     assert list((tmp_path / "not-a-run").iterdir()) == []  # nothing written there
 
 
-def test_mlflow_records_reach_the_server_in_batches_off_the_training_loop(tmp_path: Path) -> None:
+def test_mlflow_records_reach_the_server_in_batches_off_the_training_loop(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """MlflowTracker.log only queues: its thread sends a second's records in one request, and finish waits for
     them all. A failed request comes back as the next log's error, with the records the server never took
     counted as pending (where `paratrain log` takes the run up)."""
+    monkeypatch.chdir(tmp_path)  # a SQLite store's artifacts go to ./mlruns: here, not into the checkout
     store = f"sqlite:///{tmp_path / 'store.db'}"
     tracker = trackers.MlflowTracker(store)
     tracker.open(trackers.Identity("batches", "run", {"lr": 0.1}), {})
