@@ -345,3 +345,43 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("text") / "docs.txt"
     path.write_bytes(gzip.decompress((Path(__file__).parent / "data" / "corpus.txt.gz").read_bytes()))
     return path
+
+
+# a network that fails during training, as the user's own code would (the tests of crashes and their ends)
+CRASHING = """
+import os, signal
+import torch
+import torch.distributed as dist
+
+STEPS = [0]
+
+def build(channels, num_classes):
+    return Net(channels * 28 * 28, num_classes)
+
+class Net(torch.nn.Module):
+    def __init__(self, inputs, classes):
+        super().__init__()
+        self.fc = torch.nn.Linear(inputs, classes)
+
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled() and dist.is_initialized():
+            STEPS[0] += 1
+            if STEPS[0] == 4:
+                {fault}
+        return self.fc(x.flatten(1))
+"""
+
+
+def crashing_model(tmp_path: Path, fault: str) -> str:
+    """A network file (`--model PATH:build`) whose 4th training forward in a worker runs `fault`."""
+    path = tmp_path / "net.py"
+    path.write_text(CRASHING.format(fault=fault))
+    return f"{path}:build"
+
+
+def wait_for(condition, timeout: float, what: str) -> None:  # noqa: ANN001
+    """Poll `condition` until it holds; fail the test naming `what` after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import alive, descendants, max_abs_diff, train_here, training_workers, weights
+from conftest import alive, crashing_model, descendants, max_abs_diff, train_here, training_workers, wait_for, weights
 
 from paratrain.checkpoint import files as checkpoint
 
@@ -30,13 +30,6 @@ def _records(run: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
 
 
-def _wait_for(condition, timeout: float, what: str) -> None:  # noqa: ANN001
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def _workers(launcher: subprocess.Popen) -> list[int]:
     """The launcher's training workers (not its forkserver nor multiprocessing's resource tracker)."""
     return training_workers(launcher.pid)
@@ -53,7 +46,7 @@ def _finish(launcher: subprocess.Popen, timeout: float) -> tuple[int, str]:
 def test_sigterm_stops_saves_and_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run"
     launcher = _launch(run, "--devices", "2", "--epochs", "1000", "--log-every", "5")
-    _wait_for(lambda: len(_records(run)) >= 2, 120, "training to start")
+    wait_for(lambda: len(_records(run)) >= 2, 120, "training to start")
     workers = _workers(launcher)
     assert len(workers) == 2
     # each worker names its rank for ps, top and pgrep (its command line is its forkserver's)
@@ -76,7 +69,7 @@ def test_sigterm_stops_saves_and_resumes(tmp_path: Path) -> None:
 def test_sigint_in_one_process_saves_and_exits_130(tmp_path: Path) -> None:
     run = tmp_path / "run"
     launcher = _launch(run, "--devices", "1", "--epochs", "1000", "--log-every", "5")
-    _wait_for(lambda: len(_records(run)) >= 2, 120, "training to start")
+    wait_for(lambda: len(_records(run)) >= 2, 120, "training to start")
     launcher.send_signal(signal.SIGINT)
     code, stderr = _finish(launcher, timeout=10)
     assert code == 130 and "stopped by SIGINT" in stderr, stderr
@@ -88,7 +81,7 @@ def test_stopped_worker_ends_the_run_within_the_timeout(tmp_path: Path) -> None:
     silent rank, and no process of the run remains."""
     run = tmp_path / "run"
     launcher = _launch(run, "--devices", "2", "--epochs", "1000", "--log-every", "5", "--collective-timeout", "5")
-    _wait_for(lambda: len(_records(run)) >= 2, 120, "training to start")
+    wait_for(lambda: len(_records(run)) >= 2, 120, "training to start")
     workers = _workers(launcher)
     every = [launcher.pid, *descendants(launcher.pid)]
     start = time.time()
@@ -134,7 +127,7 @@ def test_killed_worker_restarts_from_the_checkpoint(tmp_path: Path, mnist_dir: P
     run = tmp_path / "killed"
     launcher = _launch(run, *args, "--max-restarts", "1")
     per_epoch = 55_000 // 512
-    _wait_for(lambda: any(r.get("step", 0) >= per_epoch + 30 for r in _records(run)), 300, "epoch 2")
+    wait_for(lambda: any(r.get("step", 0) >= per_epoch + 30 for r in _records(run)), 300, "epoch 2")
     workers = _workers(launcher)
     assert len(workers) == 2
     os.kill(workers[1], signal.SIGKILL)
@@ -172,7 +165,7 @@ def test_a_worker_in_a_restart_environment_carries_on_from_the_checkpoint(tmp_pa
 
 def _started(run: Path, launcher: subprocess.Popen, step: int = 3) -> list[int]:
     """Wait until the run has logged `step`, and return its two workers."""
-    _wait_for(lambda: any(r.get("step", 0) >= step for r in _records(run)), 120, f"step {step}")
+    wait_for(lambda: any(r.get("step", 0) >= step for r in _records(run)), 120, f"step {step}")
     workers = _workers(launcher)
     assert len(workers) == 2, workers
     return workers
@@ -209,7 +202,7 @@ def test_restarts_used_up_end_the_run_with_exit_1(tmp_path: Path) -> None:
     launcher = _launch(run, *LONG, "--max-restarts", "1")
     first = _started(run, launcher)
     os.kill(first[0], signal.SIGKILL)
-    _wait_for(lambda: len(set(_workers(launcher)) - set(first)) == 2, 60, "the restarted workers")
+    wait_for(lambda: len(set(_workers(launcher)) - set(first)) == 2, 60, "the restarted workers")
     # a death before the first checkpoint (step 5) restarts from scratch, with the log emptied
     second = _started(run, launcher, step=max((r.get("step", 0) for r in _records(run)), default=0) + 2)
     assert not set(second) & set(first)
@@ -286,7 +279,7 @@ def test_torchrun_max_restarts_carries_on_after_a_killed_worker(tmp_path: Path) 
                               "--max-restarts", "1", "-m", "paratrain", "train", "--out", str(run), *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
-    _wait_for(lambda: any(r.get("step", 0) >= 12 for r in _records(run)), 120, "step 12")
+    wait_for(lambda: any(r.get("step", 0) >= 12 for r in _records(run)), 120, "step 12")
 
     def workers() -> list[int]:
         found = []
@@ -312,39 +305,9 @@ def test_torchrun_max_restarts_carries_on_after_a_killed_worker(tmp_path: Path) 
 
 # ---- a crash, a bug in your code during training, and a power loss ----
 
-CRASHING = """
-import os, signal
-import torch
-import torch.distributed as dist
-
-STEPS = [0]
-
-def build(channels, num_classes):
-    return Net(channels * 28 * 28, num_classes)
-
-class Net(torch.nn.Module):
-    def __init__(self, inputs, classes):
-        super().__init__()
-        self.fc = torch.nn.Linear(inputs, classes)
-
-    def forward(self, x):
-        if self.training and torch.is_grad_enabled() and dist.is_initialized():
-            STEPS[0] += 1
-            if STEPS[0] == 4:
-                {fault}
-        return self.fc(x.flatten(1))
-"""
-
-
-def _model_file(tmp_path: Path, fault: str) -> str:
-    path = tmp_path / "net.py"
-    path.write_text(CRASHING.format(fault=fault))
-    return f"{path}:build"
-
-
 def test_a_worker_that_crashes_ends_the_run_with_exit_1(tmp_path: Path) -> None:
     """A segmentation fault in one worker (a crash, not an exception): the group is stopped, exit 1."""
-    model = _model_file(tmp_path, "if dist.get_rank() == 1: os.kill(os.getpid(), signal.SIGSEGV)")
+    model = crashing_model(tmp_path, "if dist.get_rank() == 1: os.kill(os.getpid(), signal.SIGSEGV)")
     launcher = _launch(tmp_path / "run", "--model", model, "--devices", "2", "--steps", "50")
     code, stderr = _finish(launcher, timeout=120)
     last = stderr.strip().splitlines()[-1]
@@ -355,7 +318,7 @@ def test_a_worker_that_crashes_ends_the_run_with_exit_1(tmp_path: Path) -> None:
 def test_a_bug_in_your_code_during_training_shows_its_traceback_and_exits_1(tmp_path: Path) -> None:
     """A network that raises only in training (after the check before launch passed): the worker's traceback,
     then one line naming your line, and no restart suggested, even with --max-restarts (it would fail again)."""
-    model = _model_file(tmp_path, "raise ValueError('a bug of mine at step 4')")
+    model = crashing_model(tmp_path, "raise ValueError('a bug of mine at step 4')")
     launcher = _launch(tmp_path / "run", "--model", model, "--devices", "2", "--steps", "50", "--max-restarts", "1")
     code, stderr = _finish(launcher, timeout=120)
     last = stderr.strip().splitlines()[-1]
@@ -372,7 +335,7 @@ def test_a_power_loss_loses_only_the_steps_since_the_last_checkpoint(tmp_path: P
     args = ("--devices", "2", "--steps", "60", "--optimizer", "sgd", "--lr", "0.01", "--momentum", "0.9",
             "--checkpoint-every", "5", "--log-every", "1")
     launcher = _launch(run, *args)
-    _wait_for(lambda: any(r.get("step", 0) >= 23 for r in _records(run)), 120, "step 23")
+    wait_for(lambda: any(r.get("step", 0) >= 23 for r in _records(run)), 120, "step 23")
     everyone = [launcher.pid, *descendants(launcher.pid)]
     for pid in everyone:
         os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port, main_code, run_cli
+from conftest import crashing_model, free_port, main_code, run_cli, wait_for
 
 from paratrain.components import trackers
 
@@ -102,29 +102,6 @@ def test_a_run_on_two_workers_is_one_mlflow_run_and_its_resume_adds_to_it(server
     assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == [20, 40, 60]
 
 
-BUGGY = """
-import torch
-import torch.distributed as dist
-
-STEPS = [0]
-
-def build(channels, num_classes):
-    return Net(channels * 28 * 28, num_classes)
-
-class Net(torch.nn.Module):
-    def __init__(self, inputs, classes):
-        super().__init__()
-        self.fc = torch.nn.Linear(inputs, classes)
-
-    def forward(self, x):
-        if self.training and torch.is_grad_enabled() and dist.is_initialized():
-            STEPS[0] += 1
-            if STEPS[0] == 30:
-                raise ValueError("a bug of mine at step 30")
-        return self.fc(x.flatten(1))
-"""
-
-
 @pytest.mark.integration
 def test_a_stopped_run_is_killed_a_crashed_one_failed_and_a_resume_finishes_the_same_run(server: Server,
                                                                                       tmp_path: Path) -> None:
@@ -135,9 +112,7 @@ def test_a_stopped_run_is_killed_a_crashed_one_failed_and_a_resume_finishes_the_
     proc = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--logger", "mlflow", "--devices", "2",
                              "--epochs", "1000", "--log-every", "2", "--out", str(run), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(trackers.records(run)) < 5:
-        time.sleep(0.2)
+    wait_for(lambda: len(trackers.records(run)) >= 5, 240, "5 records")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 143 and "stopped by SIGTERM" in err, err[-3000:]
@@ -151,11 +126,11 @@ def test_a_stopped_run_is_killed_a_crashed_one_failed_and_a_resume_finishes_the_
     assert resumed.info.run_id == stopped.info.run_id and resumed.info.status == "FINISHED"
     assert max(m.step for m in server.client().get_metric_history(resumed.info.run_id, "loss")) > max(logged)
 
-    (tmp_path / "buggy.py").write_text(BUGGY)
     crashed = tmp_path / "ends" / "crashed"
-    proc = _cli(server.uri, "train", "--logger", "mlflow", "--model", f"{tmp_path / 'buggy.py'}:build", "--devices",
-                "2", "--steps", "50", "--log-every", "2", "--out", str(crashed), "--quiet")
-    assert proc.returncode == 1 and "a bug of mine at step 30" in proc.stderr, proc.stderr[-3000:]
+    model = crashing_model(tmp_path, "raise ValueError('a bug of mine at step 4')")
+    proc = _cli(server.uri, "train", "--logger", "mlflow", "--model", model, "--devices", "2", "--steps", "50",
+                "--log-every", "2", "--out", str(crashed), "--quiet")
+    assert proc.returncode == 1 and "a bug of mine at step 4" in proc.stderr, proc.stderr[-3000:]
     ended = {r.info.run_name: r.info.status for r in server.runs("ends")}
     assert ended == {"stopped": "FINISHED", "crashed": "FAILED"}
 
@@ -227,10 +202,7 @@ def test_a_server_stopped_mid_run_is_one_warning_and_paratrain_log_sends_the_res
     proc = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--logger", "mlflow", "--devices", "2",
                              "--epochs", "40", "--log-every", "2", "--out", str(run), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(trackers.records(run)) < 10:
-        time.sleep(0.2)
-    assert len(trackers.records(run)) >= 10, "the run logged nothing in 240 s"
+    wait_for(lambda: len(trackers.records(run)) >= 10, 240, "10 records")
     server.stop()
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]

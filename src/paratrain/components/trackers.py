@@ -164,9 +164,7 @@ class MlflowTracker(Tracker):
         return {"run_id": self.run_id, **({"uri": uri} if masked(uri) == uri else {})}
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        from mlflow.entities import Metric
-
-        self.sender.put([Metric(k, v, int(time.time() * 1000), step) for k, v in values.items()])
+        self.sender.put(_metrics(step, values))
 
     def _post(self, records: list[list[Any]]) -> None:
         """A request with the records the sender's thread gathered (whole records, BATCH metrics at most)."""
@@ -177,20 +175,25 @@ class MlflowTracker(Tracker):
 
     def finish(self, files: list[Path], summary: dict[str, Any] | None, state: str,
                final: dict[str, float] | None = None) -> None:
-        from mlflow.entities import Metric
-
         self.sender.close()
         for path in files:  # before the end's figures: a retry after a failure here sends those once
             self.client.log_artifact(self.run_id, str(path))
         if summary is not None:
             self.client.log_dict(self.run_id, summary, "summary.json")
         if final:  # at the last step, as metrics (W&B keeps them as the run's summary)
-            now, step = int(time.time() * 1000), (summary or {}).get("steps") or 0
-            self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in final.items()])
+            self._post([_metrics((summary or {}).get("steps") or 0, final)])
         self.client.set_terminated(self.run_id, state)
 
     def where(self) -> str:
         return f"MLflow run {self.run_id} at {masked(self.uri)}"
+
+
+def _metrics(step: int, values: dict[str, float]) -> list[Any]:
+    """A record's figures as MLflow metrics at `step`, stamped now."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    return [Metric(k, v, now, step) for k, v in values.items()]
 
 
 class WandbTracker(Tracker):
