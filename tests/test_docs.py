@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -253,3 +254,28 @@ def test_gpu_blocks_run(page: Path, tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     run_page(page, "gpu", tmp_path)
+
+
+@pytest.mark.integration
+def test_the_site_build_fails_on_a_broken_link(tmp_path: Path) -> None:
+    """.ci/docs, as CI runs it, refuses a link to an anchor that does not exist (with --quiet it passed), and
+    names it; the same copy without the broken link builds (so the failure is the link's)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / "docs", copy / "docs")
+    shutil.copy(REPO / "mkdocs.yml", copy / "mkdocs.yml")
+    (copy / "src").symlink_to(REPO / "src")  # mkdocstrings reads the API pages' code from src/
+    page = copy / "docs" / "reference" / "testing.md"
+    text = page.read_text()
+
+    def build() -> subprocess.CompletedProcess:
+        return subprocess.run([str(REPO / ".ci" / "docs"), str(copy / "mkdocs.yml")], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:"
+                                                           f"{os.environ['PATH']}"})
+
+    page.write_text(text + "\nSee [the layers](../explanations/architecture.md#no-such-anchor).\n")
+    broken = build()
+    assert broken.returncode != 0, broken.stdout
+    assert "no-such-anchor" in broken.stdout
+    page.write_text(text)
+    fine = build()
+    assert fine.returncode == 0, fine.stdout
