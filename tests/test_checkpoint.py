@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -323,3 +324,33 @@ def test_the_owner_saves_a_step_prunes_the_old_and_lists_anew(tmp_path: Path) ->
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000002.pt",
                                                                                   "step-00000003.pt"]
     assert owner.newest_loadable()["model"]["w"].item() == 3
+
+
+@pytest.mark.parametrize("stop", ["end", "early-stopping"])
+def test_each_step_is_saved_once_and_an_epochs_last_after_its_validation(tmp_path: Path, stop: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """--checkpoint-every 1: every step is written, each once. The step that ends an epoch is written after its
+    validation (so it records it), and the run's last step, or the step it stopped early at, by the end's save
+    alone (the periodic save and the end's were two writes of one step)."""
+    from conftest import main_code
+
+    from paratrain.checkpoint import manager
+
+    saved: list[tuple[int, int]] = []  # (step, epochs validated)
+    write = manager.RunCheckpoints.save_file
+
+    def counted(self, state, step, keep):  # noqa: ANN001, ANN202
+        saved.append((step, state["validated"]))
+        write(self, state, step, keep)
+
+    monkeypatch.setattr(manager.RunCheckpoints, "save_file", counted)
+    args = ["--steps", "12"] if stop == "end" else ["--epochs", "20", "--early-stopping", "1", "--lr", "1"]
+    assert main_code(["train", "--quiet", "--devices", "1", "--batch-size", "512", "--checkpoint-every", "1",
+                      "--out", str(tmp_path / "run"), *args]) == 0
+    steps = [s for s, _ in saved]
+    assert steps == list(range(1, steps[-1] + 1)), steps  # each step once, in order
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    per_epoch = summary["steps"] // summary["epochs"]
+    assert all(validated == s // per_epoch for s, validated in saved), (per_epoch, saved)
+    if stop == "early-stopping":
+        assert summary["epochs"] < 20 and steps[-1] == summary["epochs"] * per_epoch  # it stopped early

@@ -165,18 +165,6 @@ class RunRecord:
     language: dict[str, Any] | None = None  # a sequence model's (language_of): tokens, FLOPs, the device's peak
 
 
-def sync_waits(waits: torch.Tensor | None, train_time: float) -> dict[str, Any]:
-    """Each worker's seconds spent waiting for the busiest worker at the steps' synchronisation, and the
-    straggler: the worker that waited least, where another waited more than 1 s and 10% of the training
-    time. Measured where a worker's own part of a step can be timed apart from its waiting (`waits`): data
-    parallel on the CPU (None elsewhere: on a GPU the host does not see the wait inside NCCL's all-reduce)."""
-    if waits is None:
-        return {"sync_wait_s": None, "straggler": None}
-    waits = waits.tolist()
-    straggler = waits.index(min(waits)) if max(waits) > max(1.0, 0.1 * train_time) else None
-    return {"sync_wait_s": [round(w, 3) for w in waits], "straggler": straggler}
-
-
 def _local_bytes(tensor: torch.Tensor) -> int:
     """The bytes of `tensor` this worker holds: its own shard of a sharded (DTensor) one."""
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor

@@ -52,9 +52,9 @@ from .state import (
     pruned,
     quiet_compiler,
     summary_of,
-    sync_waits,
     trained_figures,
 )
+from .stragglers import Stragglers, held_back
 
 
 class Trainer:
@@ -92,14 +92,11 @@ class Trainer:
         self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
         # the flags' divisors: the loss is summed over the workers that compute one; any worker's stop counts
         self.to_means = torch.tensor([self.strategy.batch_share[1], 1.0, 1.0], dtype=torch.float64, device=ctx.device)
-        # straggler accounting (summary.json's sync_wait_s), where a worker's own part of a step can be timed
-        # apart from its waiting (data parallel on the CPU): this worker's busy time since the last _agree
-        # (its forward-backward until its gradients were ready, and its update), and every worker's waits
-        self.waits_measured = ctx.device.type == "cpu" and cfg.strategy == "ddp"
-        self.t_start = self.t_window = self.busy = 0.0
-        self.waits = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
+        self.stragglers = Stragglers(ctx, self.strategy.waits_measurable)
+        self.t_start = self.t_window = 0.0
         self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
         self.finish_s: dict[str, float | None] = {}
+        self.save_after_validation = False  # a periodic checkpoint due at an epoch's last step (_after_update)
 
     # ---- set-up ----
 
@@ -158,7 +155,10 @@ class Trainer:
                     self._leave(epoch)
                 self._validate(epoch, epoch_time)
                 if state.stop:
-                    break
+                    break  # _finish saves this step, once
+                if self.save_after_validation and state.step < length.total_steps:
+                    self._checkpoint(epoch)
+                self.save_after_validation = False
             return self._finish()
         except BaseException:  # a NaN loss, a signal, a failed collective or write: flush the logs, keep the cause
             with contextlib.suppress(WriteFailed):
@@ -171,11 +171,11 @@ class Trainer:
         perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(ctx.device)
         ctx.synchronize()
         t_epoch = time.perf_counter()
-        for i in range(state.step - epoch * length.per_epoch,
-                       min(length.per_epoch, length.total_steps - epoch * length.per_epoch)):
+        last = min(length.per_epoch, length.total_steps - epoch * length.per_epoch) - 1
+        for i in range(state.step - epoch * length.per_epoch, last + 1):
             time_up, asked = self._agree(self._forward_backward(perm, i))
             self._update()
-            self._after_update(epoch)
+            self._after_update(epoch, ends=i == last or time_up or asked)
             if state.steps_run == 1:
                 ctx.synchronize()
                 self.marks["first_step_done"] = time.time()
@@ -217,7 +217,7 @@ class Trainer:
             step_loss += loss.detach().double()
             # read back at log steps only (no stall)
             self.window += step_sums(loss.detach(), logits.detach(), y, self.counts)
-        self.busy += (self.strategy.gradients_ready_at() or time.perf_counter()) - t_start
+        self.stragglers.worked(t_start, self.strategy.gradients_ready_at())
         return step_loss
 
     def _fetch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,19 +238,8 @@ class Trainer:
         time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
         asked = self.stop_request is not None and self.stop_request.signum != 0
         flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
-        summed = torch.stack([step_loss / cfg.accumulate, *flag])
-        if self.waits_measured and ctx.distributed:
-            # Each worker's busy time rides along (one slot each): a worker waited, this step, for as long as
-            # the busiest worker was busy beyond it. A straggler's stall counts against it, wherever it falls in
-            # its own work; what the communication itself takes counts for no one.
-            busy = torch.zeros(ctx.world_size, dtype=torch.float64, device=ctx.device)
-            busy[ctx.rank] = self.busy
-            summed = ctx.all_reduce_sum(torch.cat([summed, busy]))
-            self.waits += summed[3:].max() - summed[3:]
-        else:
-            ctx.all_reduce_sum(summed)
-        self.busy = 0.0
-        mean_loss, time_flag, signal_flag = (summed[:3] / self.to_means).tolist()
+        summed = self.stragglers.all_reduce(torch.stack([step_loss / cfg.accumulate, *flag]))
+        mean_loss, time_flag, signal_flag = (summed / self.to_means).tolist()
         if not math.isfinite(mean_loss):
             self.checkpoints.wait()  # a good checkpoint still being written is kept whole (every worker is here)
             raise UserError(f"the loss became {mean_loss} at step {self.state.step + 1}; stopped before updating. "
@@ -271,14 +260,17 @@ class Trainer:
             state.scheduler.step()
             if state.ema is not None:
                 state.ema.update_parameters(state.model)
-        self.busy += time.perf_counter() - t_start  # told to the others at the next step's _agree
+        self.stragglers.worked(t_start)  # told to the others at the next step's _agree
         self.timer.steps += 1
         state.step += 1
         state.steps_run += 1
         if self.on_step is not None:  # the launcher's record of where each worker is (launch._worker)
             self.on_step(state.step)
 
-    def _after_update(self, epoch: int) -> None:
+    def _after_update(self, epoch: int, ends: bool) -> None:
+        """Histograms, the log line and the periodic checkpoint after an update. `ends`: this step ends the epoch
+        (or the run, or a stop): its checkpoint waits for the validation that follows, so that it records it and
+        the end's or the stop's save is not a second write of the same step."""
         state, cfg = self.state, self.cfg
         if cfg.histogram_every and state.step % cfg.histogram_every == 0:
             self.log.histograms(state.step, self.strategy.whole_parameters())  # a collective where sharded
@@ -287,7 +279,10 @@ class Trainer:
             self._log_step(epoch)
         self.log.advance()
         if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
-            self._checkpoint(epoch)
+            if ends:
+                self.save_after_validation = True
+            else:
+                self._checkpoint(epoch)
 
     # ---- logging, checkpoints, evaluation ----
 
@@ -384,16 +379,14 @@ class Trainer:
         self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,
                          "logs": time.perf_counter() - t_logs, "shutdown": None}  # shutdown: the launcher's to time
         added = self.strategy.summary()  # a collective for some strategies: every worker calls it
-        waits = {**sync_waits(self.waits if self.waits_measured else None, state.train_time),
+        waits = {**self.stragglers.figures(state.train_time),
                  **memory_figures(state.model, state.optimizer, self.ctx, self.memory_at_start)}  # a collective
         if not self.ctx.is_main:
             return None
         summary = {**summary_of(state, self._record(), test, test_ema, added), **waits}
         if state.steps_run == 0:  # a finished run evaluated again: its training's figures are the earlier start's
             summary.update(trained_figures(self.run_dir, state.step))
-        if summary["straggler"] is not None:
-            self.log.say(f"paratrain: worker {summary['straggler']} held the others back: they waited up to "
-                         f"{max(summary['sync_wait_s']):.1f} s for it at the steps' all-reduce, of "
-                         f"{state.train_time:.1f} s of training (summary.json: sync_wait_s)")
+        if held_back(summary, state.train_time):
+            self.log.say(held_back(summary, state.train_time))
         self.log.finish(summary, self.writes_summary)  # else the launcher's session writes it, with its last figures
         return summary

@@ -68,6 +68,9 @@ class Strategy:
     # --time-phases: the gradients' reduction is a phase of its own (DDP's is moved out of the backward); where
     # it runs inside the backward (FSDP's reduce-scatter, tensor parallelism's collectives), it counts as compute
     allreduce_timed: ClassVar[bool] = True
+    # a worker's own part of a step can be timed apart from its wait for the others (gradients_ready_at): the
+    # waits at the step's all-reduce are measured on the CPU (training/stragglers.py)
+    waits_measurable: ClassVar[bool] = False
 
     # ---- before launch, in the launching process ----
 
