@@ -5,6 +5,7 @@ those under `if TYPE_CHECKING:` included, so a deferred import cannot hide an up
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "paratrain"
@@ -156,3 +157,25 @@ def test_the_function_check_counts_a_method_and_a_nested_function(tmp_path: Path
                     "\ndef short():\n    return 1\n")
     found = [line.split()[1] for line in _long_functions(path, 60, tmp_path)]
     assert sorted(found) == ["inner", "long", "outer"]
+
+
+RUN_FOLDER_NAMES = re.compile(r'"(summary\.json|config\.yaml|parts\.yaml|metrics\.jsonl|metrics\.csv|trackers\.json'
+                              r'|checkpoints|tb)"')
+PATH_JOIN = re.compile(r"/\s*" + RUN_FOLDER_NAMES.pattern + r"|\(\s*" + RUN_FOLDER_NAMES.pattern + r"\s*,")
+
+
+def _spelled_run_paths(source: str) -> list[str]:
+    """The lines of `source` that join a run folder's file or folder name to a path, or list one as a name."""
+    return [line.strip() for line in source.splitlines() if PATH_JOIN.search(line)]
+
+
+def test_the_run_folders_paths_are_named_in_one_module() -> None:
+    """core/run_paths.py names every path of a run folder; no other module spells one (a message may name them)."""
+    spelled = {path.relative_to(PACKAGE).as_posix(): found for path in PACKAGE.rglob("*.py")
+               if path.name != "run_paths.py" and (found := _spelled_run_paths(path.read_text()))}
+    assert not spelled, spelled
+
+
+def test_the_run_paths_check_sees_a_joined_name_and_a_listed_one() -> None:
+    assert _spelled_run_paths('x = run / "summary.json"\ny = ("checkpoints", True)\nprint("see summary.json")') == [
+        'x = run / "summary.json"', 'y = ("checkpoints", True)']

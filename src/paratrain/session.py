@@ -34,6 +34,7 @@ from .components.parts import Parts
 from .config.length import check_not_past
 from .core.errors import UserError, WriteFailed
 from .core.outputs import check_owned, write_atomic
+from .core.run_paths import RunPaths
 from .data import Splits
 from .measure import autodevices
 from .parallel import launch, runplan
@@ -78,7 +79,7 @@ def _carried_on(cfg: C.TrainConfig, env: Environment) -> tuple[C.TrainConfig, bo
         raise UserError(f"--overwrite clears a run before a fresh start, and every {env.launcher} start (and restart) "
                         "carries on the run in --out: clear the folder before launching, or pass a new --out")
     requeued = bool(env.slurm and env.slurm.restart_count and not env.in_group and not cfg.resume and
-                    (Path(cfg.out) / "config.yaml").is_file())
+                    RunPaths(cfg.out).config.is_file())
     return (cfg.replace(resume=cfg.out, overwrite=False) if requeued else cfg), requeued
 
 
@@ -175,7 +176,7 @@ def _check_resumed(cfg: C.TrainConfig, checkpoints: RunCheckpoints) -> None:
     checkpoint they read the same way, resume.check)."""
     if why := checkpoints.why_not_resumable():  # a search trial's weights: before any data is read or record written
         raise UserError(why)
-    saved = C.load_yaml(Path(cfg.resume) / "config.yaml")
+    saved = C.load_yaml(RunPaths(cfg.resume).config)
     for why in (model_mismatch(saved.get("model"), cfg), dataset_mismatch(saved.get("dataset"), cfg)):
         if why:
             raise UserError(why)
@@ -184,9 +185,9 @@ def _check_resumed(cfg: C.TrainConfig, checkpoints: RunCheckpoints) -> None:
 def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     check_owned(out)  # again: another user could have made it since check_writable
-    C.save_yaml(cfg, out / "config.yaml")
+    C.save_yaml(cfg, RunPaths(out).config)
     if parts is not None and parts.record:  # what config.yaml names "custom"
-        write_atomic(out / "parts.yaml", "# the network, optimizer and loss of your own that ran\n"
+        write_atomic(RunPaths(out).parts, "# the network, optimizer and loss of your own that ran\n"
                      + yaml.safe_dump(parts.record, sort_keys=False))
 
 

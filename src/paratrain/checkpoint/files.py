@@ -15,6 +15,7 @@ import torch
 
 from ..core.errors import UserError
 from ..core.outputs import writing
+from ..core.run_paths import RunPaths
 from . import dcp
 from .run_folder import step_checkpoints, weights_only
 
@@ -122,10 +123,10 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
     in this process; the workers that carry a run on read their own parts instead (whole=False)."""
     path = Path(path)
     if path.is_dir() and not dcp.is_sharded(path) and not path.name.startswith("step-"):  # a run directory
-        state = newest_loadable(path / "checkpoints", whole)
+        state = newest_loadable(RunPaths(path).checkpoints, whole)
         if state is not None:
             return state
-        path = path / "checkpoints" / "last.pt"
+        path = RunPaths(path).checkpoints / "last.pt"
     is_sharded = dcp.is_sharded(path)
     if path.is_dir() and not is_sharded:
         raise UserError(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is missing); "

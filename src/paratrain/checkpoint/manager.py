@@ -24,6 +24,7 @@ from typing import Any
 
 from ..config import SHARDED
 from ..core.errors import UserError
+from ..core.run_paths import RunPaths
 from . import dcp
 from . import files as checkpoint_files
 from .background import Background, staged
@@ -44,7 +45,7 @@ class RunCheckpoints:
 
     def __init__(self, run_dir: str | Path, ctx: Any = None, background: bool = False) -> None:
         self.run_dir = Path(run_dir)
-        self.folder = self.run_dir / "checkpoints"
+        self.folder = RunPaths(self.run_dir).checkpoints
         self._found: Found | None = None
         self.ctx = ctx  # a worker's (where it saves)
         self.background = Background(ctx) if background else None  # collective where distributed

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..core.errors import UserError
+from ..core.run_paths import RunPaths
 
 # What a run writes into its folder; --overwrite removes these and nothing else.
 WEIGHTS_ONLY = "weights-only.txt"  # in checkpoints/: the checkpoint there kept only its weights (search/keep.py)
@@ -17,17 +18,12 @@ WEIGHTS_ONLY = "weights-only.txt"  # in checkpoints/: the checkpoint there kept 
 
 def weights_only(run: str | Path) -> str | None:
     """Why the run in `run` cannot be carried on, where its checkpoint kept only its weights; else None."""
-    if not (Path(run) / "checkpoints" / WEIGHTS_ONLY).is_file():
+    if not (RunPaths(run).checkpoints / WEIGHTS_ONLY).is_file():
         return None
     return (f"{run} kept only its weights (a search trial that was not the best, under --keep-trial-checkpoints "
             f"best), so it cannot be carried on: evaluate or load it, or train it again with paratrain train "
-            f"--config {Path(run) / 'config.yaml'} --out NEW (a search with --keep-trial-checkpoints all keeps "
+            f"--config {RunPaths(run).config} --out NEW (a search with --keep-trial-checkpoints all keeps "
             "every trial resumable)")
-
-
-# trackers.json: the MLflow and W&B runs it logs into (components/trackers.py); wandb: W&B's own files of them
-RUN_FILES = ("config.yaml", "parts.yaml", "summary.json", "metrics.jsonl", "checkpoints", "tb", "metrics.csv",
-             "trackers.json", "wandb")
 
 
 def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
@@ -43,7 +39,7 @@ def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
 def newest_step(run: Path) -> int | None:
     """The step of the newest checkpoint in the run folder `run`, by its file's name (none is opened); None
     where it has none."""
-    steps = step_checkpoints(run / "checkpoints")
+    steps = step_checkpoints(RunPaths(run).checkpoints)
     return steps[-1][0] if steps else None
 
 
@@ -53,12 +49,13 @@ def held_run(path: Path) -> str | None:
     def has_files(folder: Path) -> bool:
         return folder.is_dir() and not folder.is_symlink() and any(folder.iterdir())
 
-    metrics = path / "metrics.jsonl"
-    if not ((path / "summary.json").exists() or has_files(path / "checkpoints") or has_files(path / "tb")
+    paths = RunPaths(path)
+    metrics = paths.metrics
+    if not (paths.summary.exists() or has_files(paths.checkpoints) or has_files(paths.tensorboard)
             or (metrics.is_file() and metrics.stat().st_size > 0) or metrics.is_symlink()):
         return None
     step = newest_step(path)
-    done = "a finished" if (path / "summary.json").exists() else "an unfinished"
+    done = "a finished" if paths.summary.exists() else "an unfinished"
     return f"{done} run" + (f", checkpoints up to step {step}" if step is not None else "")
 
 
@@ -77,8 +74,7 @@ def clear_run(path: Path) -> None:
     """--overwrite: remove the files of the run in `path` (only those a run writes)."""
     import shutil
 
-    for name in RUN_FILES:
-        inside = path / name
+    for inside in RunPaths(path).written():
         if inside.is_dir() and not inside.is_symlink():
             shutil.rmtree(inside)
         elif inside.exists() or inside.is_symlink():
@@ -143,7 +139,7 @@ def holder(path: Path) -> str:
 def kept_after_failure(run_dir: Path, remedy: str) -> str:
     """After a failed write: the newest checkpoint on disk (each is written whole or not at all), and how to
     go on (`remedy`: what to do about the cause, WriteFailed.remedy)."""
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = RunPaths(run_dir).checkpoints
     steps = step_checkpoints(ckpt_dir)
     if not steps:
         return f"no checkpoint was kept (none had been written); {remedy} (or pass another --out) and run again"

@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import TrainConfig
     from ..config.checks import validate
     from ..core.errors import UserError
+    from ..core.run_paths import RunPaths
 
     validate(TrainConfig(logger=args.logger, mlflow_uri=args.mlflow_uri))  # the names, a password in the URI
     names = trackers.named(args.logger)
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
                         "paratrain log sends to csv, mlflow and wandb")
     failed = []
     for run_dir in map(Path, args.runs):
-        if not (run_dir / "config.yaml").is_file():
+        if not RunPaths(run_dir).config.is_file():
             raise UserError(f"{run_dir}: no config.yaml there; pass the directory of a paratrain run")
         with held(run_dir):  # a run still training there owns its trackers.json
             kept = trackers.kept(run_dir)

@@ -19,6 +19,7 @@ from ..config import TrainConfig
 from ..config.fields import loggers
 from ..core.optional import how_to_install, installed
 from ..core.outputs import write_atomic, writing
+from ..core.run_paths import RunPaths
 from ..runtime.interrupt import Stopped
 from .trackers import Trackers, identity, named
 
@@ -52,7 +53,7 @@ class RunLog:
         self.quiet = cfg.quiet
         self.no_val_flag = cfg.val_size == 0  # (paratrain.fit may be given an empty validation set instead)
         self.total_steps = total_steps
-        self.path = run_dir / "metrics.jsonl"
+        self.path = RunPaths(run_dir).metrics
         self.bar = None
         self.tb = None
         self.trackers: Trackers | None = None
@@ -62,7 +63,7 @@ class RunLog:
         # os._exit (launch.end_process) never releases: "resource_tracker: ... 1 leaked semaphore" at the end
         # of every run. Only this process writes the console here, so a thread lock is enough.
         tqdm.set_lock(threading.RLock())
-        self.tb_dir, self.run_dir = run_dir / "tb", run_dir
+        self.tb_dir, self.run_dir = RunPaths(run_dir).tensorboard, run_dir
         with writing(self.path):
             run_dir.mkdir(parents=True, exist_ok=True)
             kept = self._truncate_after(start_step, validated)
@@ -209,4 +210,4 @@ def window_figures(sums: list[float], elapsed: float, per_update: int, tokens: i
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    write_atomic(run_dir / "summary.json", json.dumps(_clean(summary), indent=2) + "\n")
+    write_atomic(RunPaths(run_dir).summary, json.dumps(_clean(summary), indent=2) + "\n")

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core.outputs import write_atomic
-
-RECORD = "trackers.json"
+from ..core.run_paths import RunPaths
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
     """metrics.jsonl's records (a torn last line left out)."""
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = RunPaths(run_dir).metrics.read_text().splitlines()
     except FileNotFoundError:
         return []
     found = []
@@ -38,12 +37,12 @@ def write_csv(run_dir: Path) -> None:
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows({k: (json.dumps(v) if isinstance(v, list | dict) else v) for k, v in row.items()} for row in rows)
-    write_atomic(run_dir / "metrics.csv", text.getvalue())
+    write_atomic(RunPaths(run_dir).metrics_csv, text.getvalue())
 
 
 def kept(run_dir: Path) -> dict[str, Any]:
     """trackers.json: each tracker's run (`sent`: the records it took before it failed; `ended`: how it ended)."""
-    return read_json(run_dir / RECORD) or {}
+    return read_json(RunPaths(run_dir).trackers) or {}
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

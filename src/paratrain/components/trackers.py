@@ -23,12 +23,12 @@ from typing import Any
 from ..config.fields import TrainConfig, loggers
 from ..core.background import BatchSender
 from ..core.outputs import write_atomic
+from ..core.run_paths import RunPaths
 from ..core.urls import masked, scrubbed
-from .tracker_files import RECORD, kept, read_json, records, write_csv
+from .tracker_files import kept, read_json, records, write_csv
 
 # each tracker run's artifacts (a bench adds its pictures), and summary.json: the summary rank 0 ends with (the
 # file the launcher then writes adds how long the workers took to leave, and --devices auto's choice)
-FILES = ("config.yaml", "parts.yaml")
 # MLflow reads the bounds of its HTTP requests only from the environment (retries 7, backoff x2, 120 s timeout by
 # default: minutes of a stalled training per call when a server is gone); a user's own setting wins
 MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -114,7 +114,8 @@ class CsvTracker(Tracker):
         write_csv(self.run_dir)
 
     def where(self) -> str:  # a folder with records to tabulate (a bench's own has none: its runs' have)
-        return str(self.run_dir / "metrics.csv") if (self.run_dir / "metrics.jsonl").is_file() else ""
+        paths = RunPaths(self.run_dir)
+        return str(paths.metrics_csv) if paths.metrics.is_file() else ""
 
 
 class MlflowTracker(Tracker):
@@ -224,13 +225,13 @@ class WandbTracker(Tracker):
 
         self.run.summary.update(final or {})
         if summary:
-            (Path(self.run.dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            (Path(self.run.dir) / RunPaths(self.run_dir).summary.name).write_text(json.dumps(summary, indent=2) + "\n")
         for path in files:  # a copy in the run's own folder is uploaded with it (wandb.save would link, and warn)
             shutil.copy(path, Path(self.run.dir) / path.name)
         self.run.finish(exit_code=0 if state == "FINISHED" else 1)
 
     def where(self) -> str:
-        return f"W&B run {self.run.id} ({self.run.settings.mode}) in {self.run_dir / 'wandb'}"
+        return f"W&B run {self.run.id} ({self.run.settings.mode}) in {RunPaths(self.run_dir).wandb}"
 
 
 def _make(name: str, run_dir: Path, uri: str | None) -> Tracker:
@@ -287,7 +288,7 @@ class Trackers:
             return None
 
     def _save(self) -> None:
-        write_atomic(self.run_dir / RECORD, json.dumps(self.kept, indent=1) + "\n")
+        write_atomic(RunPaths(self.run_dir).trackers, json.dumps(self.kept, indent=1) + "\n")
 
     def record(self, record: dict[str, Any]) -> None:
         """One record of metrics.jsonl, to every tracker (its figures at its step)."""
@@ -315,7 +316,7 @@ class Trackers:
     def finish(self, summary: dict[str, Any] | None, state: str = "FINISHED", extra: Iterable[Path] = (),
                final: dict[str, float] | None = None) -> None:
         """The end of every tracker run: the summary's figures, the run's files, its state (STATES)."""
-        files = [self.run_dir / n for n in FILES if (self.run_dir / n).is_file()] + list(extra)
+        files = [p for p in (RunPaths(self.run_dir).config, RunPaths(self.run_dir).parts) if p.is_file()] + list(extra)
         final = {**end_figures(summary or {}), **(final or {})}
         for tracker in list(self.live):
             if self._guard(tracker.name, lambda t=tracker: t.finish(files, summary, state, final) or 1) is None:
@@ -350,8 +351,8 @@ def send(run_dir: Path, names: Iterable[str], say: Callable[[str], None], *, war
     import yaml
 
     if options is None:
-        options = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    summary = read_json(run_dir / "summary.json")  # where it ran: the tags a run's launch gives (devices, launcher)
+        options = yaml.safe_load(RunPaths(run_dir).config.read_text()) or {}
+    summary = read_json(RunPaths(run_dir).summary)  # where it ran: the tags a run's launch gives (devices, launcher)
     ran = {k: str(summary[s]) for k, s in (("devices", "world_size"), ("launcher", "launcher")) if s in (summary or {})}
     options = {**options, **({"experiment": experiment} if experiment else {})}
     ident = identity(run_dir, options, {**ran, **(tags or {})})

@@ -12,6 +12,7 @@ import yaml
 from ..core.errors import UserError
 from ..core.import_path import is_import_path
 from ..core.outputs import write_atomic
+from ..core.run_paths import RunPaths
 from ..runtime.env import LOCAL, Environment
 from .fields import FIELDS, TrainConfig, _coerce, did_you_mean, model_for_data, shown
 
@@ -48,7 +49,7 @@ def overlay(base: TrainConfig, values: dict[str, Any]) -> TrainConfig:
 def of_run(run: str | Path, given_as: str) -> TrainConfig:
     """The configuration a run was trained with (its config.yaml); `given_as` names how `run` was passed
     (`--resume RUN`, `resume=RUN`), for the error."""
-    saved = Path(run) / "config.yaml"
+    saved = RunPaths(run).config
     if not Path(run).exists():
         raise UserError(f"{given_as}: there is no such folder; pass the directory of a paratrain run")
     if not saved.is_file():

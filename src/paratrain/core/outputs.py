@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import UserError, WriteFailed, os_error_in
+from .run_paths import RunPaths
 
 
 def check_writable(path: str | Path, flag: str = "--out") -> Path:
@@ -54,8 +55,8 @@ def check_owned(path: Path, flag: str = "--out") -> None:
         raise UserError(f"{flag} {path} can be written by every user (mode {stat.filemode(info.st_mode)}); pass a "
                         f"folder only you can write, or run chmod o-w {path}")
     # What the run writes into rather than replaces must be what it seems: its folders, its appended log.
-    for name, folder in (("checkpoints", True), ("tb", True), ("metrics.jsonl", False)):
-        inside = path / name
+    for inside, folder in RunPaths(path).written_into():
+        name = inside.name
         if inside.is_symlink() or (inside.exists() and inside.is_dir() != folder):
             what = "a link" if inside.is_symlink() else ("a file" if folder else "a folder")
             raise UserError(f"{flag} {path} holds {what} named {name}, where the run keeps its "

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.errors import UserError
+from ..core.run_paths import RunPaths
 from ..runtime import devices
 
 _SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu|fsdp-cpu|fsdp-gpu|tp-cpu|tp-gpu):(\d+)(t?)$")
@@ -115,8 +116,8 @@ def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
 
 def _read_run(run_dir: Path) -> dict[str, Any]:
     """A run directory's summary, epoch times and logged examples/sec windows."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    summary = json.loads(RunPaths(run_dir).summary.read_text())
+    records = [json.loads(line) for line in RunPaths(run_dir).metrics.read_text().splitlines() if line.strip()]
     return {"summary": summary,
             "epoch_times": [r["epoch_time_s"] for r in records if "epoch_time_s" in r],
             "window_rates": [r["examples_per_sec"] for r in records if "loss" in r],
@@ -132,7 +133,7 @@ def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
     if proc.returncode:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
         raise RuntimeError(lines[-1][:300])
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # a measurement's: its figures are in the files kept
+    shutil.rmtree(RunPaths(out).checkpoints, ignore_errors=True)  # a measurement's: its figures are in the files kept
     return {**_read_run(out), "wall_s": wall}
 
 
@@ -238,7 +239,7 @@ def _workload(run_dir: Path, summary: dict[str, Any]) -> str:
     from ..config import FIELDS, load_yaml
 
     try:
-        saved = load_yaml(run_dir / "config.yaml")
+        saved = load_yaml(RunPaths(run_dir).config)
     except UserError:  # a run without its config.yaml (copied without it): its summary's words alone
         saved = {}
     shaped = [f"{k} {saved[k]}" for k in SHAPING if saved.get(k) not in (None, FIELDS[k].default)]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..components import trackers
+from ..core.run_paths import RunPaths
 
 TRACKING = ("logger", "mlflow_uri", "experiment")  # the bench's own, never its runs': they log no tracker live
 
@@ -46,7 +47,7 @@ def send(report: dict[str, Any], out: Path, tracking: dict[str, Any], workload: 
     parent_id = parent.kept.get("mlflow", {}).get("run_id")
     for row in report["results"]:
         folder = out / "runs" / f"{row['name'].replace(':', '-')}-r0"
-        measured = row["status"] == "ok" and (folder / "config.yaml").is_file()
+        measured = row["status"] == "ok" and RunPaths(folder).config.is_file()
         tags = {"kind": "configuration", "configuration": row["name"], "state": row["status"],
                 **({"error": str(row.get("error"))[:500]} if row.get("error") else {}),
                 **({"same_as": row["same_as"]} if row.get("same_as") else {})}

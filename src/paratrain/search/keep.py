@@ -24,6 +24,7 @@ from ..checkpoint import dcp
 from ..checkpoint import files as checkpoint
 from ..checkpoint.run_folder import WEIGHTS_ONLY, step_checkpoints
 from ..core.errors import UserError
+from ..core.run_paths import RunPaths
 from .objective import of_study
 
 POLICIES = ("none", "best", "all")
@@ -40,7 +41,7 @@ def tidy(study: Any, out: str | Path, policy: str) -> None:
     best = of_study(study).best(done, lambda t: t.value).number if done and policy == "best" else None
     finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     for t in trials:
-        folder = Path(out) / "trials" / f"{t.number:04d}" / "checkpoints"
+        folder = RunPaths(Path(out) / "trials" / f"{t.number:04d}").checkpoints
         if t.state not in finished or t.number == best or not folder.is_dir():
             continue
         if policy == "none":

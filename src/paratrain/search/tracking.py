@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..components import trackers
+from ..core.run_paths import RunPaths
 
 PARENT = "tracker_parent"  # the study's user attribute: {"mlflow": run id, "group": the search's name}
 
@@ -44,7 +45,7 @@ def send_trial(study: Any, base: dict[str, Any], trial_dir: Path, number: int, p
     parent = study.user_attrs.get(PARENT) or {}
     if not chosen:
         return
-    options = None if (trial_dir / "config.yaml").is_file() else {**base, **params}
+    options = None if RunPaths(trial_dir).config.is_file() else {**base, **params}
     tags = {"kind": "trial", "trial": str(number), "state": state, **({"error": error[:500]} if error else {}),
             **{f"param.{k}": str(v) for k, v in params.items()}}
     final = {"objective": value} if value is not None and value == value else None  # NaN: no objective

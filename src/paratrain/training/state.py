@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
+from ..core.run_paths import RunPaths
 from ..runtime import clock
 
 if TYPE_CHECKING:
@@ -355,7 +356,7 @@ def trained_figures(run_dir: Path, step: int) -> dict[str, Any]:
     """The figures of the start that trained up to `step`, from summary.json; none where that file is
     missing, unreadable or an earlier start's (stopped or killed after its last step, before its summary)."""
     try:
-        earlier = json.loads((run_dir / "summary.json").read_text())
+        earlier = json.loads(RunPaths(run_dir).summary.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(earlier, dict) or earlier.get("steps") != step:
