@@ -15,6 +15,7 @@ import torch
 
 from paratrain.checkpoint import files as checkpoint
 from paratrain.core.errors import UserError, WriteFailed
+from paratrain.parallel import strategies
 
 WRITER = """
 import sys, torch
@@ -291,8 +292,8 @@ def test_the_owner_lists_the_folder_once_and_knows_the_newest_step_and_its_form(
     (tmp_path / "checkpoints" / "step-00000002.pt").write_bytes(b"")
     owner = manager.RunCheckpoints(tmp_path)
     assert owner.found() == manager.Found(newest_step=3, sharded=True, weights_only=False)
-    owner.check_form("fsdp")  # fsdp reads a sharded checkpoint
-    owner.check_form("ddp")
+    owner.check_form("fsdp", strategies.get("fsdp").reads_whole_files)  # fsdp reads a sharded checkpoint
+    owner.check_form("ddp", strategies.get("ddp").reads_whole_files)
     assert owner.why_not_resumable() is None
     assert len(listed) == 1  # every question answered from one listing
     assert manager.RunCheckpoints(tmp_path / "fresh").found() == manager.Found()
@@ -307,8 +308,8 @@ def test_the_owner_refuses_a_whole_model_file_to_fsdp_and_a_trials_weights_to_re
     (tmp_path / "checkpoints" / WEIGHTS_ONLY).write_text("weights")
     owner = manager.RunCheckpoints(tmp_path)
     with pytest.raises(UserError, match="holds one whole model, which --strategy hsdp does not read"):
-        owner.check_form("hsdp")
-    owner.check_form("pipeline")
+        owner.check_form("hsdp", strategies.get("hsdp").reads_whole_files)
+    owner.check_form("pipeline", strategies.get("pipeline").reads_whole_files)
     assert "kept only its weights" in owner.why_not_resumable()
 
 

@@ -18,6 +18,7 @@ from paratrain.config import recipes
 from paratrain.core.errors import UserError
 from paratrain.data.transforms import BatchPipeline
 from paratrain.models import build_model
+from paratrain.parallel import strategies
 from paratrain.parallel.strategies import checked
 from paratrain.runtime.dist import DistContext
 
@@ -50,12 +51,13 @@ def test_channels_last_is_the_registry_convolutional_networks_under_ddp_and_aske
     from paratrain.components.build import memory_format
 
     cfg = config.TrainConfig()
-    assert memory_format(cfg) == torch.channels_last  # lenet5, ddp
-    assert memory_format(cfg.replace(model="mlp")) == torch.contiguous_format
-    assert memory_format(cfg.replace(model="custom")) == torch.contiguous_format  # a user's network may .view()
-    assert memory_format(cfg.replace(strategy="pipeline", stages=2)) == torch.contiguous_format
-    assert memory_format(cfg.replace(model="custom", memory_format="channels_last")) == torch.channels_last
-    assert memory_format(cfg.replace(memory_format="contiguous")) == torch.contiguous_format
+    allows = {name: strategies.get(name).channels_last for name in ("ddp", "pipeline")}
+    assert memory_format(cfg, allows["ddp"]) == torch.channels_last  # lenet5, ddp
+    assert memory_format(cfg.replace(model="mlp"), allows["ddp"]) == torch.contiguous_format
+    assert memory_format(cfg.replace(model="custom"), allows["ddp"]) == torch.contiguous_format  # it may .view()
+    assert memory_format(cfg, allows["pipeline"]) == torch.contiguous_format
+    assert memory_format(cfg.replace(model="custom", memory_format="channels_last"), True) == torch.channels_last
+    assert memory_format(cfg.replace(memory_format="contiguous"), allows["ddp"]) == torch.contiguous_format
 
 
 def test_epochs_given_over_a_recipe_of_steps_train_epochs() -> None:

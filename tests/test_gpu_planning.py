@@ -47,7 +47,7 @@ def test_the_tower_drives_every_gpu_from_one_process(fake_gpus: FakeGPUs, param_
     fake_gpus(4)
     plan = _plan(strategy="tower", param_device=param_device)
     assert plan.hardware.workers == 1 and plan.devices == (process_device,)
-    assert plan.layout["replicas"] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert plan.layout.replicas == ("cuda:0", "cuda:1", "cuda:2", "cuda:3")
     assert plan.cfg.devices == "4" and plan.cfg.accelerator == "gpu"
 
 

@@ -14,7 +14,7 @@ from paratrain.core.errors import UserError
 from paratrain.models import build_model
 from paratrain.parallel.mesh import Mesh
 from paratrain.parallel.strategies.stages import (
-    Layout,
+    StagePlace,
     balanced_cuts,
     layer_costs,
     parse_split,
@@ -65,9 +65,9 @@ def test_optimizer_state_slices_for_a_stage() -> None:
 
 def test_layout_and_bubble_formula() -> None:
     # the pipeline outermost on the mesh (parallel/mesh.py): rank = stage x copies + copy
-    places = [Layout.of(Mesh(pp=2, dp=2), r) for r in range(4)]
+    places = [StagePlace.of(Mesh(pp=2, dp=2), r) for r in range(4)]
     assert [(p.replica, p.stage) for p in places] == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    tp = [Layout.of(Mesh(pp=2, dp=2, tp=2), r) for r in range(8)]  # tp innermost: neighbours share a stage and copy
+    tp = [StagePlace.of(Mesh(pp=2, dp=2, tp=2), r) for r in range(8)]  # tp innermost: neighbours share a stage and copy
     assert [(p.stage, p.replica) for p in tp] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
     assert theoretical_bubble(2, 1) == pytest.approx(0.5) and theoretical_bubble(4, 8) == pytest.approx(3 / 11)
 

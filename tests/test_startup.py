@@ -18,6 +18,7 @@ from conftest import alive, descendants, main_code, run_cli, training_workers
 
 import paratrain
 from paratrain.checkpoint import files as checkpoint
+from paratrain.parallel import strategies
 from paratrain.runtime import clock, prefork
 
 # its integration tests bound wall times or compare measured rates: .ci/run runs them with nothing beside
@@ -74,10 +75,13 @@ def test_the_forkserver_starts_only_once_the_plan_knows_workers_will_be_forked(
     assert plan(1) == ["data"]
     assert plan(2) == ["warm_up", "data"]
     # what the command line starts before it imports torch: only where the flags make it certain
-    assert prefork.forks_for("2", "ddp", in_group=False) and prefork.forks_for("4", "pipeline", in_group=False)
-    assert not prefork.forks_for("auto", "ddp", in_group=False)  # auto decides in the plan, after measuring
-    assert not prefork.forks_for("1", "ddp", in_group=False) and not prefork.forks_for("2", "tower", in_group=False)
-    assert not prefork.forks_for("2", "ddp", in_group=True)  # torchrun's rank: torchrun started the workers
+    one = {name: strategies.get(name).one_process for name in ("ddp", "pipeline", "tower")}
+    assert prefork.forks_for("2", one["ddp"], in_group=False)
+    assert prefork.forks_for("4", one["pipeline"], in_group=False)
+    assert not prefork.forks_for("auto", one["ddp"], in_group=False)  # auto decides in the plan, after measuring
+    assert not prefork.forks_for("1", one["ddp"], in_group=False)
+    assert not prefork.forks_for("2", one["tower"], in_group=False)  # one process drives the tower's devices
+    assert not prefork.forks_for("2", one["ddp"], in_group=True)  # torchrun's rank: torchrun started the workers
     monkeypatch.setenv("PARATRAIN_START_METHOD", "spawn")
     assert prefork.start_method() == "spawn"
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),

@@ -20,7 +20,7 @@ from paratrain.core.errors import UserError
 from paratrain.measure.bench import parse_configs
 from paratrain.parallel import mesh as M
 from paratrain.parallel.strategies import tensor_plan
-from paratrain.parallel.strategies.stages import Layout
+from paratrain.parallel.strategies.stages import StagePlace
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +45,7 @@ def test_a_mesh_is_read_placed_tp_innermost_and_every_strategy_is_one() -> None:
         wanted = M.strategy_for(expected)  # and back: the mesh runs as that strategy
         assert wanted["strategy"] == strategy and wanted.get("stages", stages) == stages
     assert M.strategy_for(M.Mesh(fsdp=2, tp=2)) == {"strategy": "tp"}
-    assert [(p.stage, p.replica) for p in (Layout.of(mesh, r) for r in (0, 2, 4, 7))] == [(0, 0), (0, 1), (1, 0),
+    assert [(p.stage, p.replica) for p in (StagePlace.of(mesh, r) for r in (0, 2, 4, 7))] == [(0, 0), (0, 1), (1, 0),
                                                                                             (1, 1)]
 
 

@@ -268,17 +268,20 @@ def _score(run: Path, state: dict[str, Any], cfg: C.TrainConfig, splits: Splits,
     from .components.build import make_batch_transforms, memory_format
     from .components.evaluation import evaluate as evaluate_on
     from .components.metrics import Meter, for_run
+    from .parallel import strategies
     from .runtime import dist
 
     use_ema = cfg.eval_ema and "ema_model" in state  # the run chose to be judged by its averaged weights
     net = restore(cfg, splits, state, run, model, use_ema)
-    if memory_format(cfg) == torch.channels_last:  # as it trained
+    channels_last = strategies.get(cfg.strategy).channels_last  # what its layout allowed
+    if memory_format(cfg, channels_last) == torch.channels_last:  # as it trained
         net.to(memory_format=torch.channels_last)
     ctx = dist.init(0, 1, device)
     splits = splits.to(ctx.device)
     chosen = for_run(cfg.metric, check_metrics(metrics), splits)
     meter = Meter(chosen, ctx.device) if chosen else None
-    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, make_batch_transforms(cfg, splits, ctx.device), ctx,
+    prep = make_batch_transforms(cfg, splits, ctx.device, channels_last)
+    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, prep, ctx,
                                  cfg.eval_batch_size, loss, cfg.test_flip, meter=meter)  # judged as the run was
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},

@@ -37,8 +37,7 @@ from .core.outputs import check_owned, write_atomic
 from .core.run_paths import RunPaths
 from .data import Splits
 from .measure import autodevices
-from .parallel import launch, runplan
-from .parallel.mesh import Mesh
+from .parallel import launch, runplan, strategies
 from .runtime import clock
 from .runtime.devices import Hardware
 from .runtime.env import Environment, detect
@@ -117,7 +116,7 @@ def _plan(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
     found = Found() if fresh else checkpoints.found()
     if found.newest_step is not None:  # before config.yaml says otherwise (each worker checks what it reads)
         check_not_past(found.newest_step, plan.length.total_steps, cfg.out)
-        checkpoints.check_form(plan.cfg.strategy)
+        checkpoints.check_form(plan.cfg.strategy, strategies.get(plan.cfg.strategy).reads_whole_files)
     # overwrite done with: a restart of this run (--max-restarts) carries it on, and must not clear it again
     return dataclasses.replace(plan, cfg=plan.cfg.replace(overwrite=False), checkpoints=found,
                                launcher_writes_summary=not env.in_group), choice
@@ -204,11 +203,6 @@ def _announce(plan: runplan.RunPlan, done: int | None) -> None:
               "--warmup-steps", flush=True)
     name = (parts.record or {}).get("model", cfg.model) if parts is not None else cfg.model
     hw = plan.hardware
-    mesh = plan.layout.get("mesh")  # fsdp's shards (hsdp: copies x shards)
-    dims = plan.layout.get("dims")  # a tensor-parallel mesh's sizes
-    how = "" if cfg.strategy == "ddp" else f" ({cfg.strategy}" + (
-        f": mesh {Mesh(**dims).text()}" if dims else
-        f": {' copies x '.join(map(str, mesh))} shards" if mesh and len(mesh) == 2 else
-        f": each holds 1/{mesh[0]} of the model" if mesh else "") + ")"
     print(f"paratrain: {name} on {cfg.dataset}, {hw.workers} {hw.accelerator} worker(s) x "
-          f"{hw.threads_per_worker} thread(s){how}, global batch {cfg.batch_size}, run dir {cfg.out}", flush=True)
+          f"{hw.threads_per_worker} thread(s){plan.layout.describe()}, global batch {cfg.batch_size}, run dir "
+          f"{cfg.out}", flush=True)

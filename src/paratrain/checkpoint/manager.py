@@ -3,7 +3,7 @@
     RunCheckpoints(run_dir)   lists checkpoints/ once, on first asked: the steps there, the newest, its form
                               (one whole-model file, or a sharded step folder), whether it kept only its weights
       .found()                that listing as a `Found`, small and frozen: what the launcher carries in the plan
-      .check_form(strategy)   the newest checkpoint's form is one the strategy reads
+      .check_form(strategy, reads_whole_files)   the newest checkpoint's form is one the strategy reads
       .newest_loadable()      in a worker: the newest checkpoint that loads (its tensors read by the strategy
                               where it is sharded)
       .save_file(...)         a step's checkpoint written as one whole-model file, the older ones pruned
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import SHARDED
 from ..core.errors import UserError
 from ..core.run_paths import RunPaths
 from . import dcp
@@ -62,12 +61,12 @@ class RunCheckpoints:
         """Why this run cannot be carried on, where its checkpoint kept only its weights; else None."""
         return weights_only(self.run_dir) if self.found().weights_only else None
 
-    def check_form(self, strategy: str) -> None:
+    def check_form(self, strategy: str, reads_whole_files: bool) -> None:
         """The newest checkpoint's form is one `strategy` reads: every strategy reads a sharded folder (fsdp's,
-        hsdp's, a pipeline's), fsdp and hsdp no whole-model file. Refused before config.yaml would say another
-        strategy."""
+        hsdp's, a pipeline's); a whole-model file only where it `reads_whole_files` (not fsdp and hsdp). Refused
+        before config.yaml would say another strategy."""
         found = self.found()
-        if found.newest_step is not None and not found.sharded and strategy in SHARDED:  # those read only sharded
+        if found.newest_step is not None and not found.sharded and not reads_whole_files:
             raise UserError(f"the checkpoint in {self.run_dir} holds one whole model, which --strategy {strategy} "
                             "does not read (it reads sharded checkpoints); carry it on with ddp, tower or pipeline "
                             f"(without --strategy: the one that wrote it), or start a new run under --strategy "

@@ -29,17 +29,18 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
     from ..config import recipes
     from ..parallel.mesh import parse as parse_mesh
     from ..parallel.mesh import strategy_for
+    from ..parallel.strategies import carried_to
 
     base = C.TrainConfig()
     if args.resume:
         C.check_resume_out(args.resume, args.out, f"--out {args.out}")
         base = C.of_run(args.resume, f"--resume {args.resume}")
         if args.mesh is not None:  # the mesh decides the strategy, its stages, cuts and workers
-            base = C.for_strategy(base, strategy_for(parse_mesh(args.mesh))["strategy"])
+            base = carried_to(base, strategy_for(parse_mesh(args.mesh))["strategy"])
             base = base.replace(strategy=C.TrainConfig.strategy, stages=None, split=C.TrainConfig.split,
                                 shard_size=None, devices="auto")
         elif args.strategy is not None:  # carried on by another strategy: the old one's own options stay behind
-            base = C.for_strategy(base, args.strategy)
+            base = carried_to(base, args.strategy)
     elif args.recipe:
         base = C.from_dict(recipes.load(args.recipe))
     values = C.load_yaml(args.config) if args.config else {}
@@ -62,14 +63,15 @@ def resolve_config(args: argparse.Namespace) -> C.TrainConfig:
 def run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     env = args.env  # main's: detected once per process
-    if prefork.forks_for(cfg.devices, cfg.strategy, env.in_group) and not args.print_split:
+    from ..parallel import strategies
+
+    if prefork.forks_for(cfg.devices, strategies.get(cfg.strategy).one_process, env.in_group) and not args.print_split:
         # certain from the flags: the forkserver imports torch for the workers while this process imports it
         # and reads the data. Under --devices auto nothing starts here: the plan starts it once it has chosen
         # (one started on a guess beside a run that then trained in this process cost that run 16%).
         prefork.warm_up(signal_for(env, cfg))
     from .. import session
     from ..components.inputs import load_for
-    from ..parallel import strategies
 
     if args.print_split:
         strategy = strategies.get(cfg.strategy)

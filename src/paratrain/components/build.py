@@ -123,22 +123,23 @@ def _gru(cfg: TrainConfig, data: Splits) -> nn.Module:
     return net
 
 
-def memory_format(cfg: TrainConfig) -> torch.memory_format:
+def memory_format(cfg: TrainConfig, channels_last: bool) -> torch.memory_format:
     """The layout of the model's weights and input batches. Channels-last (N x H x W x C in memory) is what
     oneDNN's CPU convolutions are fastest on: one training step on one thread was 1.2x (LeNet-5), 1.6x
     (mnist-fast-net) and 1.4x (cifar10-fast-net) as fast as in the default layout. auto: channels-last for
-    the registry's convolutional networks under ddp (a pipeline sends activations between processes, which
-    wants the default layout)."""
+    the registry's convolutional networks where the run's layout allows it (`channels_last`, its strategy's: a
+    pipeline sends activations between processes, which wants the default layout)."""
     if cfg.memory_format == "auto":
-        wanted = convolutional(cfg.model) and cfg.strategy == "ddp"
+        wanted = convolutional(cfg.model) and channels_last
     else:
         wanted = cfg.memory_format == "channels_last"
     return torch.channels_last if wanted else torch.contiguous_format
 
 
-def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) -> BatchPipeline | TensorPipeline:
+def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device,
+                          channels_last: bool = False) -> BatchPipeline | TensorPipeline:
     """Normalisation and the training augmentation, applied to whole batches on the device (images; other
-    tensors go to the network as they are)."""
+    tensors go to the network as they are); `channels_last`: as memory_format takes it."""
     if not data.images:
         if not cfg.standardize:
             return TensorPipeline()
@@ -147,7 +148,7 @@ def make_batch_transforms(cfg: TrainConfig, data: Splits, device: torch.device) 
         return TensorPipeline(mean, std)
     augment = Augment(cfg.random_crop, cfg.crop_padding, cfg.hflip, cfg.brightness, cfg.contrast)
     return BatchPipeline(data.mean, data.std, input_size(cfg.model, data.image_size), device, augment,
-                         memory_format(cfg))
+                         memory_format(cfg, channels_last))
 
 
 def optimizer_parts(cfg: TrainConfig, module: nn.Module, parts: Parts, total_steps: int,

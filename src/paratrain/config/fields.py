@@ -223,18 +223,6 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-SHARDING = ("shard_modules", "reshard_after_forward", "cpu_offload")  # fsdp's and hsdp's own options
-SHARDED = ("fsdp", "hsdp")
-
-
-def for_strategy(cfg: TrainConfig, strategy: str) -> TrainConfig:
-    """`cfg` (a resumed run's) for `strategy`: the options only its old strategy took back at their defaults
-    (an hsdp run's shard size does not follow it to fsdp)."""
-    drop = ([] if strategy == "hsdp" else ["shard_size"]) + ([] if strategy in SHARDED else list(SHARDING)) + \
-        ([] if strategy == cfg.strategy else ["mesh", "tp_plan"])  # the old layout's, where it changes
-    return cfg.replace(**{name: FIELDS[name].default for name in drop})
-
-
 # Sizes that suit each dataset: the 1,437 digits need small batches to get enough steps.
 def model_for_data(cfg: TrainConfig) -> TrainConfig:
     """The default model (lenet5, an image network) on data that is not images: the registry's network for it

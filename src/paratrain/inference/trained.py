@@ -177,6 +177,7 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     from ..components.evaluation import evaluate as evaluate_on
     from ..components.losses import evaluation_loss
     from ..components.metrics import Meter, for_run
+    from ..parallel import strategies
     from ..runtime import devices, dist
 
     cfg = C.from_dict(state["config"])
@@ -204,7 +205,8 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     )
 
     acc, mean_loss = evaluate_on(net.to(ctx.device), splits.to(ctx.device).test,
-                                 make_batch_transforms(cfg, shaped, ctx.device), ctx,
+                                 make_batch_transforms(cfg, shaped, ctx.device,
+                                                       strategies.get(cfg.strategy).channels_last), ctx,
                                  cfg.eval_batch_size, judge, meter=meter)
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]), "rows": rows,
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},

@@ -35,7 +35,7 @@ from .. import __version__
 from ..config import TrainConfig
 from ..core.outputs import write_atomic
 from ..data.folder import user_cache
-from ..parallel import launch
+from ..parallel import launch, strategies
 from ..parallel.runplan import RunPlan, with_hardware
 from ..runtime.devices import MAX_AUTO_CPU_WORKERS, Hardware, cpu_model, usable_cores
 from ..runtime.env import Environment
@@ -55,9 +55,9 @@ def applies(cfg: TrainConfig, env: Environment, hardware: Hardware | None) -> bo
     """Whether this run's workers are for auto to choose: `--devices auto` on CPUs, data parallel, started
     here, with neither the threads nor a per-worker batch given (either fixes a layout, or what one computes)."""
     on_cpu = cfg.accelerator == "cpu" or (cfg.accelerator == "auto" and torch.cuda.device_count() == 0)
-    return (cfg.devices == "auto" and on_cpu and cfg.strategy == "ddp" and not env.in_group and hardware is None
-            and cfg.threads_per_worker is None and cfg.batch_per_worker is None and not cfg.oversubscribe
-            and usable_cores() > 1)
+    return (cfg.devices == "auto" and on_cpu and strategies.get(cfg.strategy).auto_devices and not env.in_group
+            and hardware is None and cfg.threads_per_worker is None and cfg.batch_per_worker is None
+            and not cfg.oversubscribe and usable_cores() > 1)
 
 
 def layout(workers: int) -> Hardware:
@@ -243,7 +243,7 @@ def far_below(plan: RunPlan, summary: dict[str, Any]) -> str | None:
     """After an explicit --devices N on CPUs: its rate against one worker's measured here before (cached), in
     one line, where N workers ran far slower; also records the run's own rate for later choices."""
     hw, rate = plan.hardware, summary.get("examples_per_sec")
-    if hw.accelerator != "cpu" or plan.cfg.strategy != "ddp" or plan.env.in_group or not rate:
+    if hw.accelerator != "cpu" or not strategies.get(plan.cfg.strategy).auto_devices or plan.env.in_group or not rate:
         return None
     if summary.get("steps", 0) - (summary.get("resumed_from_step") or 0) < 2 * (WARM_STEPS + TIMED_STEPS):
         return None  # too few steps for a rate that means something

@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .. import config as C
 from ..checkpoint.manager import Found
@@ -39,7 +38,7 @@ from ..runtime.devices import Hardware, device_map, for_group, group_devices, pr
 from ..runtime.devices import resolve as resolve_devices
 from ..runtime.env import LOCAL, Environment
 from . import requeue, strategies
-from .mesh import parse as parse_mesh
+from .layout import Layout
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ class RunPlan:
     data: Splits
     length: Length  # the run's updates and epochs, computed once here (config/length.py)
     parts: Parts | None = None  # the user's own network, optimizer and loss (None: the configuration's)
-    layout: dict[str, Any] = field(default_factory=dict)  # the strategy's own decisions (its `arrange`/`prepare`)
+    layout: Layout = Layout()  # how the run is spread: its mesh, cuts, replicas (its strategy's arrange/prepare)
     # after each epoch's validation, rank 0 calls report(epoch, {"val_accuracy": .., "val_loss": .., "val_<metric>":
     # ..}); True stops the run (a search trial's pruner)
     report: Callable[[int, dict[str, float]], bool] | None = None
@@ -80,8 +79,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     if devices is None:  # under a launcher's group: this node's workers, by local rank
         devices = group_devices(env, hardware) if env.in_group else device_map(hardware)
     cfg, arranged, layout = strategy.arrange(cfg, hardware, env)
-    if "replicas" in layout:  # devices driven from one process (the tower), named by their place in the map
-        layout = {**layout, "replicas": [devices[i] for i in layout["replicas"]]}
+    layout = _placed(layout, devices)
     devices = tuple(d if arranged.accelerator == "gpu" else "cpu" for d in devices[:arranged.workers])
     if is_import_path(cfg.model):  # a typo in the path fails before the data is decoded, not after
         resolve(cfg.model)
@@ -114,8 +112,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
                 print(f"paratrain: note: --loss {cfg.loss} takes the targets as numbers (a regression), not as the "
                       "class indices they look like", file=sys.stderr, flush=True)
         check_task(cfg, data, parts.loss if parts is not None else None)
-        staged = strategy.pipelined or (cfg.mesh is not None and parse_mesh(cfg.mesh).pp > 1)
-        if hasattr(data.train[0], "columns") and (staged or cfg.strategy == "tower"):
+        if hasattr(data.train[0], "columns") and (layout.mesh.pp > 1 or layout.replicas):
             raise UserError(f"--strategy {cfg.strategy} cuts or copies an nn.Sequential and hands it one tensor; "
                             "these inputs are named columns (a dict): train them with ddp, fsdp or hsdp")
         if (parts is None or parts.model is None) and not is_import_path(cfg.model):  # the registry's network
@@ -123,8 +120,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
     cfg, parts = _check_own(cfg, data, parts, env.is_main)
-    cfg, more = strategy.prepare(cfg, data, parts)
-    return RunPlan(cfg, arranged, devices, data, length, parts, {**layout, **more}, report, env=env,
+    cfg, layout = strategy.prepare(cfg, data, parts, layout)
+    return RunPlan(cfg, arranged, devices, data, length, parts, layout, report, env=env,
                    requeue_signal=signum)
 
 
@@ -189,4 +186,12 @@ def with_hardware(plan: RunPlan, hardware: Hardware) -> RunPlan:
     cfg, arranged, layout = strategies.get(plan.cfg.strategy).arrange(plan.cfg, hardware, plan.env)
     return dataclasses.replace(plan, cfg=cfg, hardware=arranged, devices=device_map(arranged),
                                length=run_length(cfg, len(plan.data.train[1])),  # the batch split anew
-                               layout={**plan.layout, **layout})
+                               layout=dataclasses.replace(_placed(layout, device_map(hardware)), cuts=plan.layout.cuts))
+
+
+def _placed(layout: Layout, devices: tuple[str, ...]) -> Layout:
+    """The layout with the tower's replicas named by their devices (its `arrange` gives their places in the
+    run's device map)."""
+    if not layout.replicas:
+        return layout
+    return dataclasses.replace(layout, replicas=tuple(devices[int(i)] for i in layout.replicas))

@@ -104,8 +104,9 @@ def _adopt(out: object, err: object) -> None:
             os.close(received)
 
 
-def forks_for(devices: str, strategy: str, in_group: bool) -> bool:
+def forks_for(devices: str, one_process: bool, in_group: bool) -> bool:
     """Whether the flags alone say that this run forks workers here: an explicit --devices N of more than one,
-    not the tower (one process drives its devices), not a rank of torchrun's or srun's (they start their own).
+    not a layout whose `one_process` drives its devices (the tower), not a rank of torchrun's or srun's (they
+    start their own).
     Never a guess: under --devices auto the plan decides (runplan.make starts the forkserver then)."""
-    return devices.isdigit() and int(devices) > 1 and strategy != "tower" and not in_group
+    return devices.isdigit() and int(devices) > 1 and not one_process and not in_group

@@ -289,12 +289,12 @@ def device_plan(accelerator: str, parallel: int, per_trial: int, threads: int) -
 
 
 def _devices_per_trial(given: int | None, cfg: Any, sp: Any) -> int:
-    """--devices-per-trial, or a pipeline's stages; checked against a fixed strategy once, here, instead of
-    failing every trial alike."""
+    """--devices-per-trial, or the fewest the layout runs on (a pipeline's stages); checked against a fixed
+    strategy once, here, instead of failing every trial alike."""
     from ..parallel import strategies
 
     searched = {p.name for p in sp.params}
-    devices = given or (cfg.stages if cfg.strategy == "pipeline" and "stages" not in searched else 1)
+    devices = given or (strategies.get(cfg.strategy).least_devices(cfg) if "stages" not in searched else 1)
     if not searched & {"strategy", "stages"}:
         strategies.get(cfg.strategy).copies(cfg, devices)  # a UserError that names the flag to change
     return devices

@@ -81,7 +81,7 @@ class Trainer:
         # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
         self.data = data.to(ctx.device)
         self.memory_at_start = memory_held(ctx.device)  # what the steps add is measured from here
-        self.prep = make_batch_transforms(cfg, self.data, ctx.device)
+        self.prep = make_batch_transforms(cfg, self.data, ctx.device, self.strategy.channels_last)
         self.run_dir = Path(cfg.out)
         # the one owner of the run's checkpoints/ (collective where they are written in the background)
         self.checkpoints = RunCheckpoints(self.run_dir, ctx, cfg.async_checkpoint)
@@ -116,7 +116,8 @@ class Trainer:
         module = self.strategy.build(whole, data, self.loss or training_loss(cfg, data.categorical))
         if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights
             self.strategy.load(saved)
-        if memory_format(cfg) == torch.channels_last:  # before DDP lays out its buckets and the EMA copies it
+        # before DDP lays out its buckets and the EMA copies it
+        if memory_format(cfg, self.strategy.channels_last) == torch.channels_last:
             module.to(memory_format=torch.channels_last)
         state = RunState(module, *optimizer_parts(cfg, module, self.parts, self.length.total_steps,
                                                   self.length.per_epoch, self.ctx.device),

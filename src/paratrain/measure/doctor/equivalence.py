@@ -28,17 +28,18 @@ TASKS = {"images": dict(model="mlp", dataset="synthetic", width=64, depth=2),
 BOUND = 1e-4
 
 
-def strategies_for(n: int) -> list[tuple[str, str]]:
-    """(task, strategy): on images ddp on N workers, the tower (one process) and a pipeline of 2 stages; on
-    token ids ddp; where the devices allow."""
-    return [("images", "ddp"), ("images", "tower"), ("images", "pipeline"), ("token ids", "ddp")] if n >= 2 else []
+def runs_for(n: int) -> list[tuple[str, str, int, dict[str, Any]]]:
+    """(task, strategy, its devices, its own options): on images ddp on N workers, the tower (one process)
+    and a pipeline of 2 stages; on token ids ddp; where the devices allow."""
+    if n < 2:
+        return []
+    return [("images", "ddp", n, {}), ("images", "tower", n, {}),
+            ("images", "pipeline", 2, {"stages": 2, "microbatches": 2}), ("token ids", "ddp", n, {})]
 
 
-def _train(folder: Path, accelerator: str, task: str, strategy: str, n: int, threads: int,
-           data: Any) -> dict[str, torch.Tensor]:
-    extra = {"stages": 2, "microbatches": 2} if strategy == "pipeline" else {}
-    devices = 2 if strategy == "pipeline" else n
-    cfg = config.validate(config.TrainConfig(**SETTINGS, **TASKS[task], **extra, strategy=strategy,
+def _train(folder: Path, accelerator: str, task: str, strategy: str, devices: int, threads: int, data: Any,
+           options: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    cfg = config.validate(config.TrainConfig(**SETTINGS, **TASKS[task], **(options or {}), strategy=strategy,
                                              accelerator=accelerator, devices=str(devices),
                                              threads_per_worker=threads, out=str(folder)))
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,8 +53,7 @@ def check(accelerator: str, n: int, threads: int) -> list[dict[str, Any]]:
     data = {task: load_dataset(TASKS[task]["dataset"]) for task in TASKS}
     results, one = [], {}
     with tempfile.TemporaryDirectory(prefix="paratrain-doctor-") as tmp:
-        for task, strategy in strategies_for(n):
-            used = 2 if strategy == "pipeline" else n
+        for task, strategy, used, options in runs_for(n):
             result: dict[str, Any] = {"task": task, "strategy": strategy, "devices": used, "steps": STEPS}
             try:
                 if task not in one:
@@ -64,8 +64,8 @@ def check(accelerator: str, n: int, threads: int) -> list[dict[str, Any]]:
                 if isinstance(one[task], Exception):
                     raise one[task]
                 # the tower is planned as N workers, then runs as one process with their threads
-                many = _train(Path(tmp) / task / strategy, accelerator, task, strategy, n, max(1, threads // used),
-                              data[task])
+                many = _train(Path(tmp) / task / strategy, accelerator, task, strategy, used,
+                              max(1, threads // used), data[task], options)
                 result["max_abs_diff"] = max(float((one[task][k] - many[k]).abs().max()) for k in one[task])
                 result["ok"] = result["max_abs_diff"] <= BOUND
             except (UserError, RuntimeError) as e:  # a strategy that failed here is the check's finding

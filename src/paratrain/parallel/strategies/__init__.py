@@ -2,8 +2,8 @@
 Which examples each worker takes of a global batch lives in data/batches.py.
 
 The registry names each strategy's class by import path, so choosing `ddp` never imports the pipeline
-machinery; config/fields.py lists the names (STRATEGIES, and SHARDED: those that read only sharded
-checkpoints) without knowing the strategies.
+machinery; config/fields.py lists the names (STRATEGIES) without knowing the strategies. What a layout allows
+or needs is declared on its class (base.Strategy's capabilities), and asked by the code outside parallel/.
 """
 
 from __future__ import annotations
@@ -41,6 +41,18 @@ def checked(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def carried_to(cfg: TrainConfig, name: str) -> TrainConfig:
+    """`cfg` (a resumed run's) to be carried on under strategy `name`: the options only its old layout took
+    (those `name` does not take, and its mesh where the strategy changes) back at their defaults: an hsdp run's
+    shard size does not follow it to fsdp."""
+    from ...config import FIELDS
+    from .base import FOREIGN
+
+    drop = [option for option in FOREIGN if option not in get(name).options] + (["mesh"] if name != cfg.strategy
+                                                                                 else [])
+    return cfg.replace(**{option: FIELDS[option].default for option in drop})
+
+
 def get(name: str) -> type[Strategy]:
     """The strategy class registered as `name`."""
     module, cls = REGISTRY[name].split(":")
@@ -49,4 +61,4 @@ def get(name: str) -> type[Strategy]:
 
 assert tuple(REGISTRY) == STRATEGIES, "config.STRATEGIES names the strategies registered here, in order"
 
-__all__ = ["REGISTRY", "checked", "get"]
+__all__ = ["REGISTRY", "carried_to", "checked", "get"]

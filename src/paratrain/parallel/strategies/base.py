@@ -41,6 +41,8 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
     from ...runtime.devices import Hardware
     from ...runtime.dist import DistContext
     from ...runtime.env import Environment
+    from ..layout import Layout
+    from ..mesh import Mesh
 
 # --precision -> autocast dtype (float8: the linear layers' products in float8, the rest autocast to bf16)
 AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16", "float8": "bfloat16"}
@@ -60,6 +62,14 @@ def autocast(device_type: str, dtype: Any) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+# The options only some layouts take (those in their `options`), as a user meets them when another layout is given
+FOREIGN = {"shard_modules": ("--shard-modules", "--strategy fsdp or hsdp"),
+           "shard_size": ("--shard-size", "--strategy hsdp"),
+           "reshard_after_forward": ("--no-reshard-after-forward", "--strategy fsdp or hsdp"),
+           "cpu_offload": ("--cpu-offload", "--strategy fsdp or hsdp"),
+           "tp_plan": ("--tp-plan", "--strategy tp (or a --mesh with tp)")}
+
+
 class Strategy:
     name: ClassVar[str]
     unit: ClassVar[str] = "workers"  # what the global batch is split over, for messages
@@ -68,6 +78,13 @@ class Strategy:
     # --time-phases: the gradients' reduction is a phase of its own (DDP's is moved out of the backward); where
     # it runs inside the backward (FSDP's reduce-scatter, tensor parallelism's collectives), it counts as compute
     allreduce_timed: ClassVar[bool] = True
+    # What a layout allows or needs, declared here and asked by the code outside parallel/ (which never compares
+    # a layout's name): the options it takes of those only some layouts take (FOREIGN, and --mesh), ...
+    options: ClassVar[tuple[str, ...]] = ()
+    one_process: ClassVar[bool] = False  # one process drives every device (no workers forked)
+    auto_devices: ClassVar[bool] = False  # --devices auto on CPUs measures 1 worker against N (autodevices.py)
+    channels_last: ClassVar[bool] = False  # --memory-format channels_last (auto: for convolutional networks)
+    reads_whole_files: ClassVar[bool] = True  # carries on from a whole-model checkpoint file
     # a worker's own part of a step can be timed apart from its wait for the others (gradients_ready_at): the
     # waits at the step's all-reduce are measured on the CPU (training/stragglers.py)
     waits_measurable: ClassVar[bool] = False
@@ -79,20 +96,23 @@ class Strategy:
         """Raise UserError for options this strategy cannot take (strategies.checked calls it)."""
         if cfg.stages is not None:
             raise UserError(f"--stages is for --strategy pipeline or hybrid, not {cfg.strategy}")
-        if cfg.memory_format == "channels_last" and cfg.strategy != "ddp":
+        if cfg.memory_format == "channels_last" and not cls.channels_last:
             raise UserError(f"--memory-format channels_last is available with --strategy ddp, not {cfg.strategy}; "
                             "leave it out")
 
     @classmethod
     def check_foreign(cls, cfg: TrainConfig) -> None:
         """Raise UserError for another strategy's own options (every strategy's, whatever its `check`)."""
-        sharding = ((cfg.shard_modules, "--shard-modules"), (cfg.shard_size is not None, "--shard-size"),
-                    (not cfg.reshard_after_forward, "--no-reshard-after-forward"), (cfg.cpu_offload, "--cpu-offload"))
-        for on, flag in sharding:
-            if on and cfg.strategy not in ("fsdp", "hsdp"):
-                raise UserError(f"{flag} is for --strategy fsdp or hsdp, not {cfg.strategy}")
-        if cfg.tp_plan and cfg.strategy != "tp":
-            raise UserError(f"--tp-plan is for --strategy tp (or a --mesh with tp), not {cfg.strategy}")
+        from ...config import FIELDS
+
+        for option, (flag, takers) in FOREIGN.items():
+            if getattr(cfg, option) != FIELDS[option].default and option not in cls.options:
+                raise UserError(f"{flag} is for {takers}, not {cfg.strategy}")
+
+    @classmethod
+    def least_devices(cls, cfg: TrainConfig) -> int:
+        """The fewest workers this layout runs on (a search's trial gets at least these)."""
+        return 1
 
     @classmethod
     def defaults(cls, cfg: TrainConfig) -> TrainConfig:
@@ -106,27 +126,39 @@ class Strategy:
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
-                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+                env: Environment) -> tuple[TrainConfig, Hardware, Layout]:
         """The batch split over the workers, checked once before any process starts; the processes to
-        start; and the strategy's layout (what its workers read from the run's plan)."""
+        start; and the run's layout (parallel/layout.py: what its workers read from the plan)."""
+        from ..layout import Layout
+
         copies = cls.copies(cfg, hardware.workers)
         if cfg.batch_per_worker:
             cfg = cfg.replace(batch_size=cfg.batch_per_worker * copies)
         if cfg.batch_size % copies:
             raise UserError(f"--batch-size {cfg.batch_size} does not split evenly over {copies} {cls.unit}; "
                             f"use a multiple of {copies}")
-        return cfg, hardware, {}
+        return cfg, hardware, Layout(cfg.strategy, cls.mesh_of(cfg, hardware.workers, env))
 
     @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+    def mesh_of(cls, cfg: TrainConfig, workers: int, env: Environment) -> Mesh:
+        """The mesh this strategy runs `workers` on (its shorthand: parallel/mesh.py's `of`)."""
+        from ..mesh import of
+
+        return of(cfg.strategy, workers, cfg.stages, cfg.shard_size)
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None,
+                layout: Layout) -> tuple[TrainConfig, Layout]:
         """What is decided once the data is loaded, for every worker alike: the resolved configuration, and
-        what it adds to the layout."""
-        return cfg, {}
+        the layout with what it adds (a pipeline's cuts)."""
+        return cfg, layout
 
     # ---- in each worker ----
 
-    def __init__(self, ctx: DistContext, cfg: TrainConfig, layout: dict[str, Any] | None = None) -> None:
-        self.ctx, self.cfg, self.layout = ctx, cfg, layout or {}
+    def __init__(self, ctx: DistContext, cfg: TrainConfig, layout: Layout | None = None) -> None:
+        from ..layout import Layout
+
+        self.ctx, self.cfg, self.layout = ctx, cfg, layout or Layout(cfg.strategy)  # the plan's, in a run
         self.module: Any = None  # what this worker trains (set by build)
         self.model: Any = None  # what it calls: the module, or its wrapper (set by build, wrap)
         self.loss: Any = None
@@ -331,12 +363,9 @@ class Strategy:
                 state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
             checkpoints.save_file(state, step, keep)
 
-    def dims(self) -> Any:
-        """The run's mesh (parallel/mesh.py): this strategy's shorthand for its workers."""
-        from ..mesh import of
-
-        cfg = self.cfg
-        return of(cfg.strategy, self.ctx.world_size, cfg.stages, self.layout.get("mesh", [None])[-1])
+    def dims(self) -> Mesh:
+        """The run's mesh, as the plan carries it (parallel/layout.py)."""
+        return self.layout.mesh
 
     def summary(self) -> dict[str, Any]:
         """What the strategy adds to summary.json (collective: every worker's bytes of weights are gathered)."""

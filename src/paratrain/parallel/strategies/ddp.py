@@ -46,6 +46,8 @@ def _timed_allreduce(last, bucket):  # noqa: ANN001, ANN202 (DDP refuses a hook 
 class DDP(Strategy):
     name = "ddp"
     waits_measurable = True  # gradients_ready_at: its hook marks when this worker's own gradients were ready
+    auto_devices = True
+    channels_last = True  # a pipeline sends activations between processes, which wants the default layout
     synced_bn = False  # whether build() made the BatchNorm layers normalise over the global batch
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:

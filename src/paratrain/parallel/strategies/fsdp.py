@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from ...data import Splits
     from ...runtime.devices import Hardware
     from ...runtime.env import Environment
+    from ..layout import Layout
+    from ..mesh import Mesh
 
 
 def blocks(model: nn.Module, names: str | None) -> list[nn.Module]:
@@ -53,6 +55,8 @@ class FSDP(Strategy):
     name = "fsdp"
     lockstep = True  # every forward is a collective: every worker runs as many (evaluation.evaluate)
     allreduce_timed = False  # the reduce-scatter runs inside the backward (--time-phases: compute)
+    options = ("shard_modules", "reshard_after_forward", "cpu_offload")
+    reads_whole_files = False  # its workers read their shards of a sharded (DCP) checkpoint only
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
@@ -60,8 +64,6 @@ class FSDP(Strategy):
         if cfg.precision == "16-mixed":
             raise UserError(f"--precision 16-mixed is not available with --strategy {cfg.strategy} (FSDP casts "
                             "the weights itself); use --precision bf16")
-        if cfg.shard_size is not None and cfg.strategy != "hsdp":
-            raise UserError("--shard-size is for --strategy hsdp")
         if cfg.shard_size is not None and cfg.shard_size < 1:
             raise UserError(f"--shard-size {cfg.shard_size}: give a positive number of workers")
 
@@ -75,15 +77,11 @@ class FSDP(Strategy):
         if cfg.cpu_offload and hardware.workers == 1:
             raise UserError("--cpu-offload keeps fsdp's shards in CPU memory; one worker trains the whole model "
                             "unsharded: use 2 or more --devices, or leave it out")
-        return cfg, hardware, {**layout, "mesh": cls.mesh_shape(cfg, hardware.workers, env)}
+        return cfg, hardware, layout
 
     @classmethod
-    def mesh_shape(cls, cfg: TrainConfig, workers: int, env: Environment) -> list[int]:
-        """The device mesh: [workers] (one shard group)."""
-        return [workers]
-
-    @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None,
+                layout: Layout) -> tuple[TrainConfig, Layout]:
         import torch
 
         from ...components.build import make_model
@@ -91,7 +89,7 @@ class FSDP(Strategy):
         if cfg.shard_modules:  # a misspelt name is one line before any process starts
             with torch.device("meta"):  # its names only: no memory for its weights
                 blocks(make_model(cfg, data, parts), cfg.shard_modules)
-        return cfg, {}
+        return cfg, layout
 
     # ---- in each worker ----
 
@@ -115,11 +113,9 @@ class FSDP(Strategy):
 
     def _mesh(self) -> Any:
         """The run's mesh (dp x fsdp: its copies, each sharded), as parallel/mesh.py builds every strategy's."""
-        from ..mesh import Mesh, data_mesh, device_mesh
+        from ..mesh import data_mesh, device_mesh
 
-        shape = self.layout["mesh"]
-        mesh = Mesh(dp=shape[0], fsdp=shape[1]) if len(shape) == 2 else Mesh(fsdp=shape[0])
-        return data_mesh(mesh, device_mesh(mesh, self.ctx.device.type))
+        return data_mesh(self.layout.mesh, device_mesh(self.layout.mesh, self.ctx.device.type))
 
     def _shard(self, module: nn.Module) -> None:
         """fully_shard each block, then the root (one worker: nothing to shard, the plain module trains)."""
@@ -179,14 +175,17 @@ class FSDP(Strategy):
 
 class HSDP(FSDP):
     name = "hsdp"
+    options = ("shard_modules", "reshard_after_forward", "cpu_offload", "shard_size")
 
     @classmethod
-    def mesh_shape(cls, cfg: TrainConfig, workers: int, env: Environment) -> list[int]:
-        """[copies, shard size]: each tensor sharded over --shard-size workers (default: one node's), whole in
-        each of workers / shard size groups."""
+    def mesh_of(cls, cfg: TrainConfig, workers: int, env: Environment) -> Mesh:
+        """dp=copies, fsdp=shard size: each tensor sharded over --shard-size workers (default: one node's), whole
+        in each of workers / shard size groups."""
+        from ..mesh import Mesh
+
         size = cfg.shard_size or (env.local_world_size if env.in_group else workers)
         if workers % size:
             given = f"--shard-size {size}" if cfg.shard_size else f"the default shard size, {size} (a node's workers)"
             raise UserError(f"{given} does not divide the {workers} workers; pass --shard-size with a divisor of "
                             f"{workers} (the workers of one node, say)")
-        return [workers // size, size]
+        return Mesh(dp=workers // size, fsdp=size)

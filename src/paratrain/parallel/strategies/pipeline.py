@@ -4,6 +4,7 @@ the whole model: each evaluates and checkpoints its own stage."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
     from ...data.transforms import BatchPipeline
     from ...runtime.devices import Hardware
     from ...runtime.env import Environment
+    from ..layout import Layout
     from .stages import Pipeline
 
 
@@ -63,6 +65,10 @@ class PipelineStrategy(Strategy):
         refuse_in_pipeline(cfg)
 
     @classmethod
+    def least_devices(cls, cfg: TrainConfig) -> int:
+        return cfg.stages or 2  # a worker per stage
+
+    @classmethod
     def defaults(cls, cfg: TrainConfig) -> TrainConfig:
         return cfg.replace(devices=str(cfg.stages)) if cfg.devices == "auto" else cfg  # a worker per stage
 
@@ -81,14 +87,15 @@ class PipelineStrategy(Strategy):
         return cfg, hardware, layout
 
     @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None,
+                layout: Layout) -> tuple[TrainConfig, Layout]:
 
         from ...components.build import make_model
 
         model = make_model(cfg, data, parts)
         cls.prepare_checks(cfg, data, model)
         cfg = cls.cut(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
-        return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
+        return cfg, dataclasses.replace(layout, cuts=tuple(int(c) for c in cfg.split.split(",")))
 
     @staticmethod
     def prepare_checks(cfg: TrainConfig, data: Splits, model: nn.Module) -> None:
@@ -131,20 +138,19 @@ class PipelineStrategy(Strategy):
 
     @property
     def batch_share(self) -> tuple[int, int]:
-        return self.stage.layout.replica, self.stage.layout.replicas  # every stage of a copy sees its batch
+        return self.stage.place.replica, self.stage.place.replicas  # every stage of a copy sees its batch
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
 
         from ...components.batchnorm import has_batchnorm
-        from ..mesh import Mesh
-        from .stages import Layout, Pipeline, example_batch, layers_of
+        from .stages import Pipeline, StagePlace, example_batch, layers_of
 
         cfg, ctx = self.cfg, self.ctx
-        layout = Layout.of(Mesh(pp=cfg.stages, dp=ctx.world_size // cfg.stages), ctx.rank)
-        micro = cfg.batch_size // layout.replicas // cfg.microbatches
-        cuts = self.layout["cuts"]  # resolved once before launch (prepare)
+        place = StagePlace.of(self.layout.mesh, ctx.rank)
+        micro = cfg.batch_size // place.replicas // cfg.microbatches
+        cuts = self.layout.cuts  # resolved once before launch (prepare)
         example = example_batch(cfg, data, micro)
-        self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, layout, ctx.device, cfg.microbatches,
+        self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, place, ctx.device, cfg.microbatches,
                               cfg.schedule, example, loss, autocast=autocast_dtype(cfg.precision),
                               accumulate=cfg.accumulate)
         self.module = self.model = self.stage.module
@@ -157,7 +163,7 @@ class PipelineStrategy(Strategy):
         """Hybrid: the copies of a stage take copy 0's buffers (each stage owns its layers' buffers)."""
         from ...components.batchnorm import broadcast_buffers
 
-        if self.stage.layout.replicas > 1:
+        if self.stage.place.replicas > 1:
             broadcast_buffers(module, group=self.stage.dp_group)
 
     def load(self, saved: dict) -> None:
@@ -225,7 +231,7 @@ class PipelineStrategy(Strategy):
         self._save_sharded(optimizer, ema, extras, checkpoints, step, keep)
 
     def summary(self) -> dict[str, Any]:
-        cfg, cuts = self.cfg, ",".join(map(str, self.layout["cuts"]))
+        cfg, cuts = self.cfg, ",".join(map(str, self.layout.cuts))
         return {**super().summary(), "pipeline": {"stages": cfg.stages, "microbatches": cfg.microbatches,
                                                   "schedule": cfg.schedule, "cuts": cuts,
                                                   "bubble": self.stage.bubble()}}

@@ -189,7 +189,7 @@ def slice_optimizer_state(full: dict, offset: int, count: int) -> dict:
 # ---- the processes ----
 
 @dataclass(frozen=True)
-class Layout:
+class StagePlace:
     """This process's stage, of `stages`, in pipeline copy `replica`, of `replicas` (its place on the mesh's pp
     and data-parallel dimensions: parallel/mesh.py)."""
 
@@ -199,7 +199,7 @@ class Layout:
     replica: int
 
     @classmethod
-    def of(cls, mesh: Mesh, rank: int) -> Layout:
+    def of(cls, mesh: Mesh, rank: int) -> StagePlace:
         where = mesh.coordinates(rank)
         return cls(mesh.pp, mesh.copies, where["pp"], where["dp"] * mesh.fsdp + where["fsdp"])
 
@@ -244,7 +244,7 @@ def _padded(t: torch.Tensor, size: int) -> torch.Tensor:
 class Pipeline:
     """This process's stage of a K-stage pipeline (one of R copies) and its schedule."""
 
-    def __init__(self, full: nn.Sequential, cuts: list[int], layout: Layout, device: torch.device,
+    def __init__(self, full: nn.Sequential, cuts: tuple[int, ...], place: StagePlace, device: torch.device,
                  microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy,
                  built: DeviceMesh | None = None, shard: Callable[[nn.Module], nn.Module] | None = None,
                  autocast: torch.dtype | None = None, accumulate: int = 1) -> None:
@@ -254,11 +254,11 @@ class Pipeline:
         The example goes through the layers before the stage under the CPU's autocast;
         torch's PipelineStage (2.14) types what a stage receives and sends from its first forward, which runs
         under the device's."""
-        K = layout.stages
-        self.layout, self.device, self.microbatches = layout, device, microbatches
-        built = built or device_mesh(Mesh(pp=K, dp=layout.replicas), device.type)
+        K = place.stages
+        self.place, self.device, self.microbatches = place, device, microbatches
+        built = built or device_mesh(Mesh(pp=K, dp=place.replicas), device.type)
         self.pp_group, self.dp_group = built.get_group("pp"), built.get_group("dp")
-        lo, hi = stage_bounds(cuts, len(full))[layout.stage]
+        lo, hi = stage_bounds(cuts, len(full))[place.stage]
         # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
         self.module = nn.Sequential(OrderedDict(list(full.named_children())[lo:hi])).to(device)
         if shard is not None:
@@ -270,16 +270,16 @@ class Pipeline:
         with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before, \
                 cast_to("cpu", autocast):
             inp = nn.Sequential(*list(full)[:lo])(example)
-        self.stage = _TimedStage(self.module, layout.stage, K, device, input_args=(inp.to(device),),
+        self.stage = _TimedStage(self.module, place.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
-        self.stage.chunk_share, self.stage.chunks = (layout.replica, layout.replicas), microbatches
+        self.stage.chunk_share, self.stage.chunks = (place.replica, place.replicas), microbatches
         self.stage.first_call = before.call
         # --accumulate K: each batch's loss is divided by K (the schedule divides its gradients by the
         # micro-batches, scale_grads), and step() adds each batch's gradients to those of the batches before
         self.accumulate = accumulate
         self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches,
                                                    loss_fn=lambda out, target: loss(out, target) / accumulate)
-        self.is_first, self.is_last = layout.stage == 0, layout.stage == K - 1
+        self.is_first, self.is_last = place.stage == 0, place.stage == K - 1
         self.wall_s = 0.0
 
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
@@ -311,8 +311,8 @@ class Pipeline:
 
     def average_gradients(self) -> None:
         """Hybrid: average each stage's gradients over the R copies of the pipeline (one flat all-reduce)."""
-        if self.layout.replicas > 1:
-            average_gradients(self.module.parameters(), self.layout.replicas, self.dp_group)
+        if self.place.replicas > 1:
+            average_gradients(self.module.parameters(), self.place.replicas, self.dp_group)
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: Any, loss: Any, flip: bool,
                  meter: Any = None) -> torch.Tensor:
@@ -324,7 +324,7 @@ class Pipeline:
         from ...components.evaluation import SUMS, batch_sums
 
         x_all, y_all = pair
-        share = eval_range(len(y_all), self.layout.replica, self.layout.replicas)
+        share = eval_range(len(y_all), self.place.replica, self.place.replicas)
         size = self.micro * self.microbatches
         sums = torch.zeros(SUMS, dtype=torch.float64, device=self.device)
         busy, was_training = self.stage.busy_s, self.module.training
@@ -366,7 +366,7 @@ class Pipeline:
     def bubble(self) -> dict[str, Any]:
         """Measured idle fraction of every stage (of this copy) beside the theory, (K-1)/(M+K-1) (collective)."""
         mine = 1.0 - self.stage.busy_s / self.wall_s if self.wall_s else float("nan")
-        idle: list[Any] = [None] * self.layout.stages
+        idle: list[Any] = [None] * self.place.stages
         dist.all_gather_object(idle, mine, group=self.pp_group)
         return {"measured_idle_fraction": idle, "measured_mean": sum(idle) / len(idle),
-                "theoretical": theoretical_bubble(self.layout.stages, self.microbatches)}
+                "theoretical": theoretical_bubble(self.place.stages, self.microbatches)}

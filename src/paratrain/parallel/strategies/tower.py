@@ -4,6 +4,7 @@ gradients summed on the parameter device, one optimizer step."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
@@ -15,11 +16,13 @@ if TYPE_CHECKING:
     from ...data import Splits
     from ...runtime.devices import Hardware
     from ...runtime.env import Environment
+    from ..layout import Layout
 
 
 class TowerStrategy(Strategy):
     name = "tower"
     unit = "towers"
+    one_process = True
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
@@ -35,9 +38,10 @@ class TowerStrategy(Strategy):
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
-                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+                env: Environment) -> tuple[TrainConfig, Hardware, Layout]:
         """One process whose device is the parameter device; its replicas are the run's devices (GPUs,
-        or copies on the CPU), in the layout."""
+        or copies on the CPU), in the layout: their places in the run's device map, until the plan names them
+        (runplan.make)."""
         from ...runtime import devices
 
         cfg, hardware, layout = super().arrange(cfg, hardware, env)
@@ -49,14 +53,15 @@ class TowerStrategy(Strategy):
         one = devices.Hardware("cpu" if on_cpu else "gpu", 1, threads, "none")
         # config.yaml records the resolved devices, which a resumed run then asks for again
         return (cfg.replace(accelerator=hardware.accelerator, devices=str(hardware.workers)), one,
-                {**layout, "replicas": list(range(hardware.workers))})  # places in the run's device map
+                dataclasses.replace(layout, replicas=tuple(map(str, range(hardware.workers)))))
 
     @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None,
+                layout: Layout) -> tuple[TrainConfig, Layout]:
         from ...components.build import make_model
 
         cls.check_network(make_model(cfg, data, parts))
-        return cfg, {}
+        return cfg, layout
 
     @staticmethod
     def check_network(model: Any) -> None:
@@ -74,7 +79,7 @@ class TowerStrategy(Strategy):
 
         from ...models.tower import Tower
 
-        self.model = Tower(self.module, [torch.device(d) for d in self.layout["replicas"]])
+        self.model = Tower(self.module, [torch.device(d) for d in self.layout.replicas])
 
     def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "world_size": len(self.layout["replicas"])}
+        return {**super().summary(), "world_size": len(self.layout.replicas)}

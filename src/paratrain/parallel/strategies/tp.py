@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ...data.transforms import BatchPipeline
     from ...runtime.devices import Hardware
     from ...runtime.env import Environment
+    from ..layout import Layout
 
 
 class TensorParallel(Strategy):
@@ -42,6 +44,7 @@ class TensorParallel(Strategy):
     unit = "copies"
     lockstep = True  # every forward is a collective
     allreduce_timed = False  # the collectives run inside the forward and backward (--time-phases: compute)
+    options = ("tp_plan",)
 
     @classmethod
     def check(cls, cfg: TrainConfig) -> None:
@@ -69,26 +72,31 @@ class TensorParallel(Strategy):
 
     @classmethod
     def arrange(cls, cfg: TrainConfig, hardware: Hardware,
-                env: Environment) -> tuple[TrainConfig, Hardware, dict[str, Any]]:
+                env: Environment) -> tuple[TrainConfig, Hardware, Layout]:
         cfg, hardware, layout = super().arrange(cfg, hardware, env)
-        mesh = for_run(cfg, hardware.workers)
+        mesh = layout.mesh
         if mesh.pp > 1 and mesh.fsdp > 1:
             raise UserError(f"--mesh {mesh.text()}: sharded copies (fsdp) of a pipeline's stages are not available "
                             "yet; use dp for the copies")
         if mesh.pp > 1:
             check_microbatches(cfg, mesh.copies)
-        # the workers counted: prepare reads the mesh from them (tp = --devices where no --mesh is given)
+        # config.yaml records the workers counted (tp = --devices where no --mesh is given)
         cfg = cfg.replace(stages=mesh.pp if mesh.pp > 1 else None, devices=str(hardware.workers))
-        return cfg, hardware, {**layout, "dims": mesh.sizes}
+        return cfg, hardware, layout
 
     @classmethod
-    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[TrainConfig, dict[str, Any]]:
+    def mesh_of(cls, cfg: TrainConfig, workers: int, env: Environment) -> Mesh:
+        return for_run(cfg, workers)
+
+    @classmethod
+    def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None,
+                layout: Layout) -> tuple[TrainConfig, Layout]:
         """The plan and the sizes checked before any process starts; a pipeline's cuts resolved."""
         from ...components.build import make_model
         from ..mesh import check_model
         from . import tensor_plan
 
-        mesh = for_run(cfg, int(cfg.devices))
+        mesh = layout.mesh
         # built as the workers build it (on the CPU, not the meta device: a network of yours may load weights),
         # and a pipeline's cuts count its layers' costs on an example
         model = make_model(cfg, data, parts)
@@ -96,17 +104,14 @@ class TensorParallel(Strategy):
         check_model(mesh, tensor_plan.shape(model))  # the heads first: the size a user chose
         tensor_plan.check_splits(model, plan, mesh.tp)
         if mesh.pp == 1:
-            return cfg, {}
+            return cfg, layout
         from .pipeline import PipelineStrategy
 
         PipelineStrategy.prepare_checks(cfg, data, model)
         cfg = PipelineStrategy.cut(cfg, data, parts, model)[0]
-        return cfg, {"cuts": [int(c) for c in cfg.split.split(",")]}
+        return cfg, dataclasses.replace(layout, cuts=tuple(int(c) for c in cfg.split.split(",")))
 
     # ---- in each worker ----
-
-    def dims(self) -> Mesh:
-        return Mesh(**self.layout["dims"])
 
     @property
     def batch_share(self) -> tuple[int, int]:
@@ -171,12 +176,12 @@ class TensorParallel(Strategy):
         super().compile()
 
     def _pipeline(self, model: nn.Module, data: Splits, loss: Any, shard: Callable) -> Any:
-        from .stages import Layout, Pipeline, example_batch, layers_of
+        from .stages import Pipeline, StagePlace, example_batch, layers_of
 
         cfg, mesh = self.cfg, self.dims()
         micro = cfg.batch_size // mesh.copies // cfg.microbatches
         example = example_batch(cfg, data, micro)
-        return Pipeline(layers_of(model, cfg.model, example), self.layout["cuts"], Layout.of(mesh, self.ctx.rank),
+        return Pipeline(layers_of(model, cfg.model, example), self.layout.cuts, StagePlace.of(mesh, self.ctx.rank),
                         self.ctx.device, cfg.microbatches, cfg.schedule, example, self._loss_of(loss), self.built,
                         shard, autocast_dtype(cfg.precision), cfg.accumulate)
 
@@ -353,7 +358,7 @@ class TensorParallel(Strategy):
         pipeline = None
         if self.dims().pp > 1:
             pipeline = {"stages": self.dims().pp, "microbatches": self.cfg.microbatches,
-                        "schedule": self.cfg.schedule, "cuts": ",".join(map(str, self.layout["cuts"])),
+                        "schedule": self.cfg.schedule, "cuts": ",".join(map(str, self.layout.cuts)),
                         "bubble": self.stage.bubble()}
         return {**super().summary(), "pipeline": pipeline}
 
