@@ -157,7 +157,7 @@ def test_a_report_of_runs_draws_one_scaling_curve_per_workload(tmp_path: Path) -
         run = tmp_path / name
         run.mkdir()
         (run / "summary.json").write_text(json.dumps({
-            "model": model, "dataset": "digits", "global_batch_size": 64, "strategy": "single" if n == 1 else "ddp",
+            "model": model, "dataset": "digits", "global_batch_size": 64, "strategy": "ddp",
             "world_size": n, "train_time_s": 1.0, "eval_time_s": 0.1, "examples_per_sec": rate,
             "test_accuracy": 0.9}))
         (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "epoch": 1, "epoch_time_s": 1.0}) + "\n")

@@ -179,3 +179,54 @@ def test_the_run_folders_paths_are_named_in_one_module() -> None:
 def test_the_run_paths_check_sees_a_joined_name_and_a_listed_one() -> None:
     assert _spelled_run_paths('x = run / "summary.json"\ny = ("checkpoints", True)\nprint("see summary.json")') == [
         'x = run / "summary.json"', 'y = ("checkpoints", True)']
+
+
+# A layout's name compared outside parallel/, left where it is for now: each is a measurement's own reading of a
+# bench row (its --configs token's words), not a rule of the layout. New ones fail the test below.
+LAYOUT_NAMES_LEFT = {
+    "cli/plan.py": "fsdp rows of a bench's results.json get the sharded traffic model (rows before 'strategy')",
+    "measure/scaling.py": "the same: an fsdp row's predicted rate adds the sharding's traffic",
+    "measure/bench.py": "the --configs grammar: pipeline-cpu:KxM's second number is micro-batches, hybrid's copies",
+}
+LAYOUT_NAMES = {"ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp", "tp", "single"}
+
+
+def _literals(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_literals(e) for e in node.elts))
+    return set()
+
+
+def _compared_layout_names(source: str) -> list[int]:
+    """The lines of `source` that compare something with a layout's name (==, !=, in, startswith)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            named = set().union(*(_literals(n) for n in (node.left, *node.comparators)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("startswith", "endswith"):
+            named = set().union(*(_literals(a) for a in node.args))
+        else:
+            continue
+        if named & LAYOUT_NAMES:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_code_outside_parallel_compares_a_layouts_name() -> None:
+    """What a layout allows or needs is declared on it (parallel/strategies/base.py's capabilities); the code
+    outside parallel/ asks those, never the name."""
+    found = {rel: lines for path in PACKAGE.rglob("*.py")
+             if not (rel := path.relative_to(PACKAGE).as_posix()).startswith("parallel/")
+             and rel not in LAYOUT_NAMES_LEFT and (lines := _compared_layout_names(path.read_text()))}
+    assert not found, found
+    assert all(_compared_layout_names((PACKAGE / rel).read_text()) for rel in LAYOUT_NAMES_LEFT), \
+        "a file left with a layout's name compares none now: take it off LAYOUT_NAMES_LEFT"
+
+
+def test_the_layout_name_check_sees_a_comparison_a_membership_and_a_prefix() -> None:
+    source = 'a = cfg.strategy == "ddp"\nb = s in ("fsdp", "hsdp")\nc = k.startswith("tp")\nd = x == "auto"\n'
+    assert _compared_layout_names(source) == [1, 2, 3]

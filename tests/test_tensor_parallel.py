@@ -239,7 +239,7 @@ def test_a_checkpoint_of_any_layout_carries_on_under_any_other(tmp_path: Path, c
         shutil.copytree(tmp_path / "cut", tmp_path / name)
         carried = train_here(tmp_path / name, "--resume", str(tmp_path / name), "--steps", "20", *layout)
         assert carried["resumed_from_step"] == 10 and carried["steps"] == 20
-        assert carried["strategy"] == {"fsdp": "fsdp", "one": "single"}[name]
+        assert carried["strategy"] == {"fsdp": "fsdp", "one": "ddp"}[name]
         assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / name)) <= 1e-4, name
     _gpt(tmp_path / "one-whole", corpus, "--devices", "1", *flags)
     _gpt(tmp_path / "one-cut", corpus, "--devices", "1", *flags, "--steps", "10")
@@ -264,3 +264,21 @@ def test_llama_by_its_own_plan_on_two_workers_equals_one_device(tmp_path: Path, 
                                                              out=str(tmp_path / name), tensorboard=False, **layout))
     assert runs["tp"]["mesh"]["tp"] == 2 and abs(runs["tp"]["val_loss"] - runs["one"]["val_loss"]) <= 1e-5
     assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "tp")) <= 1e-4
+
+
+def test_a_mesh_is_read_once_and_the_plan_carries_it(corpus: Path) -> None:
+    """The whole planning of a --mesh run (the command line's resolution, the strategy's checks, the batch
+    split, the layout) reads the --mesh text once; the plan's Layout carries the Mesh to the workers."""
+    from paratrain import config
+    from paratrain.components.inputs import load_for
+    from paratrain.parallel import runplan
+    from paratrain.parallel.strategies import checked
+    from paratrain.runtime.devices import Hardware
+
+    M.parse.cache_clear()
+    cfg = checked(config.validate(TrainConfig(model="gpt", dataset="text", data_dir=str(corpus), width=32, heads=2,
+                                              depth=1, context=16, batch_size=8, mesh="dp=2,tp=2", steps=1)))
+    plan = runplan.make(cfg, lambda: load_for(cfg), hardware=Hardware("cpu", 4, 1, "gloo"))
+    assert M.parse.cache_info().misses == 1
+    assert plan.layout.mesh == M.Mesh(dp=2, tp=2) and plan.layout.strategy == "tp"
+    assert plan.layout.describe() == " (tp: mesh dp=2,tp=2)"

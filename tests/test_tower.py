@@ -18,7 +18,7 @@ def test_tower_equals_ddp_equals_single_device(tmp_path: Path, mnist_dir: Path) 
     single = train_here(tmp_path / "single", *args, "--devices", "1")
     ddp = train_here(tmp_path / "ddp", *args, "--devices", "2")
     tower = train_here(tmp_path / "tower", *args, "--devices", "2", "--strategy", "tower")
-    assert (single["strategy"], ddp["strategy"], tower["strategy"]) == ("single", "ddp", "tower")
+    assert (single["strategy"], ddp["strategy"], tower["strategy"]) == ("ddp", "ddp", "tower")
     assert tower["world_size"] == 2
     w = weights(tmp_path / "single")
     assert max_abs_diff(w, weights(tmp_path / "ddp")) < 3e-6  # measured 2.2e-8

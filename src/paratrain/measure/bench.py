@@ -23,8 +23,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..config import TrainConfig
 from ..core.errors import UserError
 from ..core.run_paths import RunPaths
+from ..parallel import strategies
 from ..runtime import devices
 
 _SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu|fsdp-cpu|fsdp-gpu|tp-cpu|tp-gpu):(\d+)(t?)$")
@@ -38,6 +40,7 @@ class BenchConfig:
     family: str  # cpu, ddp-cpu, gpu, tower-cpu, ...: the configurations one scaling line joins
     devices: int  # devices (processes or towers) it uses (1 for the cpu:Kt rows)
     flags: tuple[str, ...]  # the `paratrain train` flags that make it
+    strategy: str = "ddp"  # the strategy that runs it (a mesh's, resolved): what its layout can time
 
 
 def parse_configs(spec: str) -> list[BenchConfig]:
@@ -65,9 +68,10 @@ def parse_configs(spec: str) -> list[BenchConfig]:
             continue
         accel = "gpu" if kind.endswith("gpu") else "cpu"
         flags = ("--accelerator", accel, "--devices", str(n))
-        if kind.startswith(("tower", "fsdp", "tp")):
-            flags += ("--strategy", kind.split("-")[0])
-        out.append(BenchConfig(token, kind, n, flags))
+        strategy = kind.rpartition("-")[0] or TrainConfig.strategy  # tower-gpu: tower; gpu: the default's
+        if strategy != TrainConfig.strategy:
+            flags += ("--strategy", strategy)
+        out.append(BenchConfig(token, kind, n, flags, strategy))
     if not out:
         raise UserError("--configs is empty; name at least one configuration, e.g. ddp-cpu:1,ddp-cpu:2")
     return out
@@ -86,11 +90,11 @@ def _tokens(spec: str) -> list[str]:
 
 def _mesh_config(token: str, accel: str, text: str) -> BenchConfig:
     """mesh-cpu:fsdp=2,tp=2: the workers on that mesh (their count its product)."""
-    from ..parallel.mesh import parse
+    from ..parallel.mesh import parse, strategy_for
 
     mesh = parse(text)
     return BenchConfig(token, f"mesh-{accel}", mesh.workers, ("--accelerator", accel, "--devices", str(mesh.workers),
-                                                              "--mesh", mesh.text()))
+                                                              "--mesh", mesh.text()), strategy_for(mesh)["strategy"])
 
 
 def _pipeline_config(token: str, kind: str, accel: str, k: int, x: int) -> BenchConfig:
@@ -101,7 +105,7 @@ def _pipeline_config(token: str, kind: str, accel: str, k: int, x: int) -> Bench
     workers, micro = (k, x) if kind == "pipeline" else (k * x, 2)
     flags = ("--accelerator", accel, "--devices", str(workers), "--strategy", kind, "--stages", str(k),
              "--microbatches", str(micro))
-    return BenchConfig(token, f"{kind}-{accel}", workers, flags)
+    return BenchConfig(token, f"{kind}-{accel}", workers, flags, kind)
 
 
 def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
@@ -154,7 +158,8 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
     steady = [t for times in epochs for t in (times[1:] or times)]
     # no --time-phases for a pipeline (the bubble is measured instead) nor fsdp (its collectives run inside the
     # forward and backward)
-    untimed = "--stages" in config.flags or config.family.startswith(("fsdp", "tp", "mesh"))
+    layout = strategies.get(config.strategy)
+    untimed = layout.pipelined or not layout.allreduce_timed or "--mesh" in config.flags
     phased = None if untimed else _train([*train_flags, *config.flags, "--time-phases", "--steps", "30",
                                             "--log-every", "10"],
                                            out / "runs" / f"{config.name.replace(':', '-')}-phases", timeout)
@@ -211,7 +216,7 @@ def result_from_run(run_dir: Path) -> dict:
         raise UserError(f"{run_dir} is not a finished paratrain run ({e}); pass run directories") from None
     summary, epochs = run["summary"], run["epoch_times"]
     total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
-    family = "ddp" if summary["strategy"] == "single" else summary["strategy"]  # one device: ddp's first point
+    family = summary["strategy"]  # one device: ddp's first point (its mesh dp=1)
     # a scaling curve joins runs of one workload only: two models at 2 devices are two curves, not a drop
     workload = _workload(run_dir, summary)
     family += f": {workload}"

@@ -17,6 +17,7 @@ tp strategy for one with tensor parallelism). No torch at import: the launching 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -63,8 +64,11 @@ class Mesh:
         return {d: where[d] for d in DIMS}
 
 
+@functools.cache
 def parse(text: str) -> Mesh:
-    """`--mesh fsdp=2,tp=2` -> Mesh(fsdp=2, tp=2); a malformed one is one line."""
+    """`--mesh fsdp=2,tp=2` -> Mesh(fsdp=2, tp=2); a malformed one is one line. Read once per process: every
+    later reader of the same --mesh (the strategy's checks, the batch split, the plan) shares that Mesh, and the
+    workers never read it (the plan's Layout carries it)."""
     sizes: dict[str, int] = {}
     for part in (p.strip() for p in text.split(",")):
         m = re.fullmatch(r"(\w+)\s*=\s*(\d+)", part)

@@ -94,6 +94,3 @@ class DDP(Strategy):
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         timer.allreduce_gradients(self.module)  # --time-phases: the all-reduce DDP was told to skip
-
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "strategy": "ddp" if self.ctx.distributed else "single"}
