@@ -1,4 +1,4 @@
-"""What drawing dropout masks as one device does costs (components/dropout.py): the gpt on text, tokens/s with
+"""What drawing dropout masks as one device does costs (features/dropout.py): the gpt on text, tokens/s with
 dropout 0, with dropout 0.1 drawn for the global batch (paratrain's), and, on one worker, with dropout 0.1 as
 torch draws it (the masks' interception switched off: what the runs did before). Runs interleaved, medians of
 `--repeats`; run it alone.

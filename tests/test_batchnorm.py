@@ -16,7 +16,7 @@ from conftest import weights
 from torch import nn
 
 import paratrain
-from paratrain.components.batchnorm import CpuSyncBatchNorm, _GlobalBatchNorm, has_batchnorm, synchronise
+from paratrain.features.batchnorm import CpuSyncBatchNorm, _GlobalBatchNorm, has_batchnorm, synchronise
 from paratrain.runtime.dist import loopback_store
 from paratrain.runtime.proc import reserved_port
 

@@ -13,11 +13,11 @@ from torch import nn
 
 import paratrain
 from paratrain import config
-from paratrain.components.evaluation import evaluate
 from paratrain.config import recipes
 from paratrain.core.errors import UserError
 from paratrain.data.transforms import BatchPipeline
 from paratrain.models import build_model
+from paratrain.optimization.evaluation import evaluate
 from paratrain.parallel import strategies
 from paratrain.parallel.strategies import checked
 from paratrain.runtime.dist import DistContext
@@ -68,7 +68,7 @@ def test_epochs_given_over_a_recipe_of_steps_train_epochs() -> None:
 
 
 def test_adams_betas_reach_the_optimizer() -> None:
-    from paratrain.components.optim import make_optimizer
+    from paratrain.optimization.optim import make_optimizer
 
     cfg = config.TrainConfig(beta1=0.7, beta2=0.9)
     for name in ("adam", "adamax", "nadam"):
@@ -77,7 +77,7 @@ def test_adams_betas_reach_the_optimizer() -> None:
 
 
 def test_label_smoothing_trains_on_the_smoothed_loss() -> None:
-    from paratrain.components.losses import training_loss
+    from paratrain.optimization.losses import training_loss
 
     logits, y = torch.randn(8, 10), torch.randint(0, 10, (8,))
     assert training_loss(config.TrainConfig())(logits, y) == F.cross_entropy(logits, y)

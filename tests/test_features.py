@@ -12,10 +12,10 @@ from conftest import max_abs_diff, run_cli, train, train_here, weights
 from paratrain import config
 from paratrain import fit as paratrain_fit
 from paratrain.checkpoint import files as checkpoint
-from paratrain.components.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
 from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
+from paratrain.optimization.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
 from paratrain.parallel import runplan
 from paratrain.runtime import dist
 from paratrain.runtime.devices import Hardware
@@ -491,8 +491,8 @@ def test_a_cosine_schedule_of_one_step_ends_at_zero() -> None:
 def test_evaluation_gives_the_mean_loss_and_accuracy_of_the_whole_set() -> None:
     """Against cross-entropy and argmax computed directly on the same 50 examples, in batches of 16 that do
     not divide them."""
-    from paratrain.components.evaluation import evaluate
     from paratrain.data.transforms import BatchPipeline
+    from paratrain.optimization.evaluation import evaluate
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))

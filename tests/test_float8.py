@@ -1,4 +1,4 @@
-"""--precision float8 (components/float8.py): torchao's float8 linear layers on GPUs of compute capability 8.9 or
+"""--precision float8 (features/float8.py): torchao's float8 linear layers on GPUs of compute capability 8.9 or
 later; refused in one line on CPUs, on older GPUs (naming their capability), without torchao, and under the
 strategies that do not take it yet. On such a GPU (marked gpu): the gpt trains in float8 to about bf16's loss."""
 
@@ -11,9 +11,9 @@ import torch
 from conftest import FakeGPUs, main_code
 
 from paratrain import config
-from paratrain.components.float8 import takes
 from paratrain.core.errors import UserError
 from paratrain.core.optional import installed
+from paratrain.features.float8 import takes
 from paratrain.parallel.strategies import checked
 from paratrain.runtime.devices import Hardware, check_float8
 

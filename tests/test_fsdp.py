@@ -16,8 +16,8 @@ from torch import nn
 from paratrain.checkpoint import dcp as sharded
 from paratrain.checkpoint import files as checkpoint
 from paratrain.checkpoint.run_folder import step_checkpoints
-from paratrain.components.evaluation import evaluate
 from paratrain.core.errors import UserError
+from paratrain.optimization.evaluation import evaluate
 from paratrain.runtime.dist import DistContext
 
 ONE = DistContext(0, 1, torch.device("cpu"), None)

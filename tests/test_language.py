@@ -15,13 +15,13 @@ from conftest import main_code, max_abs_diff, train, train_here, weights
 from torch import nn
 
 import paratrain
-from paratrain.components.dropout import GlobalBatchDropout, has_dropout
-from paratrain.components.evaluation import batch_sums
-from paratrain.components.losses import cross_entropy
 from paratrain.core.errors import UserError
 from paratrain.data import text
+from paratrain.features.dropout import GlobalBatchDropout, has_dropout
 from paratrain.models.flops import flops_per_token
 from paratrain.models.gpt import GPT
+from paratrain.optimization.evaluation import batch_sums
+from paratrain.optimization.losses import cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ("--width", "32", "--depth", "1", "--heads", "2", "--context", "32", "--batch-size", "8")
@@ -175,7 +175,7 @@ def test_the_cross_entropy_takes_both_layouts_and_ignores_minus_100() -> None:
 def test_padded_shares_are_weighed_so_that_workers_make_the_step_of_one_device() -> None:
     """With -100 in the targets, two workers' shares count unequal tokens: token_weights makes the mean of their
     weighted means (DDP's average, and --accumulate's) the mean over every counted token of the step."""
-    from paratrain.components.losses import has_ignored, token_weights
+    from paratrain.optimization.losses import has_ignored, token_weights
 
     torch.manual_seed(0)
     net, ids = nn.Sequential(nn.Embedding(11, 8), nn.Linear(8, 11)), torch.randint(0, 11, (8, 5))

@@ -18,14 +18,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("1 runtime: this process, who started it, its devices and group", ("runtime",)),
     ("2 config: the configuration, the run's length, the recipes", ("config",)),
     ("3 data and models", ("data", "models")),
-    ("4 checkpoints, and what a training run is made of", ("checkpoint", "components")),
-    ("5 parallel: strategies, the plan, the launcher", ("parallel",)),
-    ("6 training: one worker's life, the Trainer", ("training",)),
-    ("7 a trained run loaded back; measurements", ("inference", "measure")),
-    ("8 the session that opens a run", ("session",)),
-    ("9 entries: the Python API, search", ("api", "search")),
-    ("10 the command line", ("cli",)),
-    ("11 the package", ("", "__main__")),
+    ("4 checkpoints, a model's features, optimisation", ("checkpoint", "features", "optimization")),
+    ("5 what a training run is assembled from; its records and trackers", ("components", "tracking")),
+    ("6 parallel: layouts, strategies, the plan, the launcher", ("parallel",)),
+    ("7 training: one worker's life, the Trainer", ("training",)),
+    ("8 a trained run loaded back; measurements", ("inference", "measure")),
+    ("9 the session that opens a run", ("session",)),
+    ("10 entries: the Python API, search", ("api", "search")),
+    ("11 the command line", ("cli",)),
+    ("12 the package", ("", "__main__")),
 ]
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 60

@@ -3,7 +3,7 @@ workers, against one device with the same feature (for --compile, --activation-c
 --async-checkpoint: one device without it, which computes the same). Small runs (width 32, 6 steps of SGD with
 momentum, dropout 0.1, so every layout's random masks must follow one device's), one reference per feature,
 shared by the layouts (see tests/matrix.py for how the marks below make the page). The tower's replicas draw
-their dropout masks as one device does in distribution only (components/dropout.py): its runs, and the
+their dropout masks as one device does in distribution only (features/dropout.py): its runs, and the
 references they are compared with, leave dropout out."""
 
 from __future__ import annotations

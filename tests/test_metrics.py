@@ -125,8 +125,8 @@ def test_a_label_metric_does_not_depend_on_the_batches(shape: tuple[int, ...]) -
     """torchmetrics takes a batch as logits only where some value is outside 0..1: logits near 0 would be
     read as probabilities in one batch and not in another. The built-in f1 of 0/1 targets (one an example:
     binary; a row: multi-label) is given probabilities, so any batching gives one value."""
-    from paratrain.components.metrics import Meter, for_run
     from paratrain.data.tensors import tensor_splits
+    from paratrain.optimization.metrics import Meter, for_run
 
     g = torch.Generator().manual_seed(0)
     y = (torch.rand(shape, generator=g) > 0.5).float()

@@ -1,4 +1,4 @@
-"""Activation checkpointing (components/recompute.py): the blocks found in the gpt, a Hugging Face model and a
+"""Activation checkpointing (features/recompute.py): the blocks found in the gpt, a Hugging Face model and a
 ResNet, the modules each mode recomputes, the parameters' names unchanged, gradients equal to the bit with
 dropout drawn as one device draws it (placed and unplaced masks), bad options in one line; on CPU workers, every
 strategy with --activation-checkpointing full equals one device without it, and the gpt of the issue holds at
@@ -15,9 +15,9 @@ import torch
 from conftest import main_code, max_abs_diff, run_cli, train_here, weights
 from torch import nn
 
-from paratrain.components import recompute
-from paratrain.components.dropout import GlobalBatchDropout
 from paratrain.core.errors import UserError
+from paratrain.features import recompute
+from paratrain.features.dropout import GlobalBatchDropout
 from paratrain.models.gpt import GPT
 
 

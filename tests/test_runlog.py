@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.components.log import RunLog
 from paratrain.config import TrainConfig
+from paratrain.tracking.log import RunLog
 
 
 def test_a_resumed_run_drops_the_records_after_its_checkpoint_and_the_validation_it_makes_again(

@@ -14,9 +14,9 @@ from conftest import main_code, max_abs_diff, train_here, weights
 from torch import nn
 
 import paratrain
-from paratrain.components.dropout import GlobalBatchDropout
 from paratrain.config import TrainConfig
 from paratrain.core.errors import UserError
+from paratrain.features.dropout import GlobalBatchDropout
 from paratrain.measure.bench import parse_configs
 from paratrain.parallel import mesh as M
 from paratrain.parallel.strategies import tensor_plan

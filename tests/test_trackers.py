@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import crashing_model, free_port, main_code, run_cli, wait_for
 
-from paratrain.components import trackers
+from paratrain.tracking import trackers
 
 mlflow = pytest.importorskip("mlflow", reason="the mlflow package is not installed (pip install 'paratrain[mlflow]')")
 

@@ -22,12 +22,12 @@ from torch import nn
 
 from . import config as C
 from .components.inputs import DataLike, as_splits, file_kind, is_folder
-from .components.metrics import check as check_metrics
 from .components.parts import Parts
 from .core.errors import UserError
 from .core.outputs import check_writable
 from .data import Splits
 from .inference.trained import check_callables, evaluate_tensors, model_name, restore, run_of, user_facing
+from .optimization.metrics import check as check_metrics
 from .parallel.strategies import checked
 from .runtime.env import detect
 
@@ -266,8 +266,8 @@ def _score(run: Path, state: dict[str, Any], cfg: C.TrainConfig, splits: Splits,
            loss: Any, metrics: dict[str, Any] | None) -> dict[str, Any]:
     """The run's network on the test split, on one device, judged as the run was."""
     from .components.build import make_batch_transforms, memory_format
-    from .components.evaluation import evaluate as evaluate_on
-    from .components.metrics import Meter, for_run
+    from .optimization.evaluation import evaluate as evaluate_on
+    from .optimization.metrics import Meter, for_run
     from .parallel import strategies
     from .runtime import dist
 

@@ -29,7 +29,6 @@ from . import config as C
 from .checkpoint.manager import Found, RunCheckpoints
 from .checkpoint.resume import dataset_mismatch, model_mismatch
 from .checkpoint.run_folder import check_fresh, clear_run, held, kept_after_failure
-from .components.log import write_summary
 from .components.parts import Parts
 from .config.length import check_not_past
 from .core.errors import UserError, WriteFailed
@@ -41,6 +40,7 @@ from .parallel import launch, runplan, strategies
 from .runtime import clock
 from .runtime.devices import Hardware
 from .runtime.env import Environment, detect
+from .tracking.log import write_summary
 from .training.worker import work
 
 

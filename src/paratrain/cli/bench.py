@@ -82,8 +82,9 @@ def _refused(config: Any, values: dict[str, Any]) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from ..components.inputs import load_for
-    from ..measure import bench, plot, tracked
+    from ..measure import bench, plot
     from ..runtime import devices
+    from ..tracking import bench as tracked
 
     at_least_one(args, "repeats", "epochs", "steps", "batch_size")
     check_writable(args.out)

@@ -21,11 +21,11 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint.run_folder import held
-    from ..components import trackers
     from ..config import TrainConfig
     from ..config.checks import validate
     from ..core.errors import UserError
     from ..core.run_paths import RunPaths
+    from ..tracking import trackers
 
     validate(TrainConfig(logger=args.logger, mlflow_uri=args.mlflow_uri))  # the names, a password in the URI
     names = trackers.named(args.logger)

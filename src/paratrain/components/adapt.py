@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..core.errors import UserError
-from .losses import counted
+from ..optimization.losses import counted
 
 
 class LastOutputs:

@@ -17,8 +17,8 @@ from ..data import Splits
 from ..data.transforms import Augment, BatchPipeline, TensorPipeline
 from ..models import build_model, convolutional, input_size
 from ..models.imported import call_factory
+from ..optimization.optim import make_optimizer, make_scheduler
 from .adapt import read_by_logits
-from .optim import make_optimizer, make_scheduler
 from .parts import Parts
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from ..core.errors import UserError
 from ..core.import_path import is_import_path
 from ..core.tracebacks import failed, name_of
-from .losses import FUNCTIONS, loss_name
+from ..optimization.losses import FUNCTIONS, loss_name
 
 
 def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> dict[str, Any]:

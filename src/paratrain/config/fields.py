@@ -38,7 +38,7 @@ STRATEGIES = ("ddp", "tower", "pipeline", "hybrid", "fsdp", "hsdp", "tp")
 LOSSES = ("auto", "cross-entropy", "mse", "l1", "smooth-l1", "bce", "model")
 # --metric's built-in metrics (torchmetrics objects: metrics.py builds them)
 METRICS = ("mae", "mse", "rmse", "r2", "f1", "precision", "recall")
-# --logger: where a run's figures go beside metrics.jsonl (components/trackers.py; tensorboard: components/log.py)
+# --logger: where a run's figures go beside metrics.jsonl (tracking/trackers.py; tensorboard: tracking/log.py)
 LOGGERS = ("tensorboard", "csv", "mlflow", "wandb")
 
 

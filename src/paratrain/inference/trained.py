@@ -174,9 +174,9 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     the test rows the run held out; another file its x_test, or every row where it has none. The loss is
     `loss`, else cross-entropy for class indices and the mean squared error otherwise; the metrics are the
     run's --metric."""
-    from ..components.evaluation import evaluate as evaluate_on
-    from ..components.losses import evaluation_loss
-    from ..components.metrics import Meter, for_run
+    from ..optimization.evaluation import evaluate as evaluate_on
+    from ..optimization.losses import evaluation_loss
+    from ..optimization.metrics import Meter, for_run
     from ..parallel import strategies
     from ..runtime import devices, dist
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..components.phases import PHASES
 from ..core.optional import how_to_install, installed
+from ..optimization.phases import PHASES
 
 
 def _plt():  # noqa: ANN202

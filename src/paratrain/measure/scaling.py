@@ -323,8 +323,8 @@ def bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any,
         from .. import config as C
         from ..components.build import make_model
         from ..components.inputs import load_for
-        from ..components.losses import training_loss
         from ..config.fields import model_for_data
+        from ..optimization.losses import training_loss
 
         cfg = C.validate(model_for_data(C.TrainConfig(model=model, **shape, **data)))
         splits = load_for(cfg)

@@ -11,7 +11,7 @@ which would part 2 workers from 1 device in the last bits. The head is not tied 
 token embedding: tied, one weight would live in the first and the last pipeline stage.
 
 Dropout (0 by default, as for pre-training today) is on the embeddings' sum and on each residual branch, through
-nn.Dropout, never inside the attention kernel: components/dropout.py then draws every mask as one device
+nn.Dropout, never inside the attention kernel: features/dropout.py then draws every mask as one device
 would, whatever the number of workers.
 """
 

@@ -306,7 +306,7 @@ def _report_in(results: Any, finished: Callable[[dict[str, Any]], None] | None =
 def _keep_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Rank 0 had finished the run when a signal or another worker's failure ended it: its summary.json, which
     the session would have written, written here (without the shutdown time), so the finished run reads as one."""
-    from ..components.log import write_summary
+    from ..tracking.log import write_summary
 
     try:
         write_summary(run_dir, summary)

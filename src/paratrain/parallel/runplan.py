@@ -24,7 +24,6 @@ from pathlib import Path
 from .. import config as C
 from ..checkpoint.manager import Found
 from ..components.build import check_tensor_model
-from ..components.metrics import for_run
 from ..components.parts import Parts
 from ..components.parts_check import check_and_describe, check_task, settings_that_ran
 from ..config.length import Length, run_length
@@ -33,6 +32,7 @@ from ..core.import_path import is_import_path
 from ..data import Splits
 from ..data.tensors import as_numbers, standardized
 from ..models.imported import resolve
+from ..optimization.metrics import for_run
 from ..runtime import prefork
 from ..runtime.devices import Hardware, device_map, for_group, group_devices, precision_on
 from ..runtime.devices import resolve as resolve_devices

@@ -20,7 +20,7 @@ from ..parallel import requeue
 from ..parallel.strategies import checked
 from ..runtime.env import detect
 from ..runtime.interrupt import signal_name
-from . import tracking
+from ..tracking import search as tracking
 from .objective import choose
 from .objective import of_study as objective_of
 from .pool import Warned, raising_on, run_pool

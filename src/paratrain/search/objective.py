@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..components.metrics import BUILT_IN, names
 from ..core.errors import UserError
+from ..optimization.metrics import BUILT_IN, names
 
 
 @dataclass(frozen=True)

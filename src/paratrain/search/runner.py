@@ -113,7 +113,7 @@ class _Objective:
 
     def _track(self, trial: Any, params: dict[str, Any], state: str, value: float | None = None) -> None:
         """The trial's child run in the search's trackers (--logger mlflow, wandb); never the search's end."""
-        from . import tracking
+        from ..tracking import search as tracking
 
         try:
             tracking.send_trial(self.study, self.base, Path(self.s.out) / "trials" / f"{trial.number:04d}",

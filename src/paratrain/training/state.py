@@ -43,7 +43,7 @@ def quiet_compiler() -> None:
         lambda record: "is_opaque_value is deprecated" not in record.getMessage())
     # torch.fx's interpreter opens a tqdm bar while compiling, and tqdm's default lock is a multiprocessing
     # semaphore that a worker leaving through os._exit never releases ("resource_tracker: ... 1 leaked
-    # semaphore" at the end of a 2-worker --compile run): a thread lock is enough (as components/log.py's)
+    # semaphore" at the end of a 2-worker --compile run): a thread lock is enough (as tracking/log.py's)
     tqdm.set_lock(threading.RLock())
 
 
@@ -257,7 +257,7 @@ def summary_of(state: RunState, record: RunRecord, test: tuple[float, float, dic
 def pruned(ctx: Any, report: Any, epoch: int, val: tuple[float, float, dict], per_target: bool) -> bool:
     """A search trial after a validation: rank 0 reports the figures (its objective among them) and hears
     whether the pruner stops the trial; every worker learns the answer (one tiny all-reduce) and stops alike."""
-    from ..components.losses import perplexity
+    from ..optimization.losses import perplexity
 
     verdict, (acc, loss, metrics) = torch.zeros(1, device=ctx.device), val
     lm = {"val_perplexity": perplexity(loss)} if per_target else {}
@@ -330,7 +330,7 @@ def language_figures(state: RunState, record: RunRecord, reported: tuple[float, 
         "achieved_flops_per_sec": achieved, "peak_flops_per_sec": total_peak, "peak_of": peak_of,
         "mfu": achieved / total_peak if achieved and total_peak else None}
     if lm["per_target"]:
-        from ..components.losses import perplexity
+        from ..optimization.losses import perplexity
 
         losses = {"val": state.val[1], "test": reported[1], **({"test_ema": test_ema[1]} if test_ema else {})}
         for split, loss in losses.items():

@@ -23,24 +23,24 @@ import torch
 
 from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.run_folder import kept_after_failure
-from ..components import float8, recompute
 from ..components.adapt import models_loss
 from ..components.build import make_batch_transforms, make_model, memory_format, optimizer_parts
-from ..components.dropout import has_dropout, masks
-from ..components.evaluation import SUMS, step_sums
-from ..components.log import RunLog, window_figures
-from ..components.losses import counted, evaluation_loss, has_ignored, loss_name, token_weights, training_loss
-from ..components.metrics import Meter, for_run
 from ..components.parts import Parts
-from ..components.phases import PhaseTimer
 from ..config.length import step_seed
 from ..core.errors import UserError, WriteFailed
 from ..data import Splits
 from ..data.batches import epoch_order, global_batch, worker_part
+from ..features import float8, recompute
+from ..features.dropout import has_dropout, masks
+from ..optimization.evaluation import SUMS, step_sums
+from ..optimization.losses import counted, evaluation_loss, has_ignored, loss_name, token_weights, training_loss
+from ..optimization.metrics import Meter, for_run
+from ..optimization.phases import PhaseTimer
 from ..parallel import strategies
 from ..parallel.runplan import RunPlan
 from ..runtime.dist import DistContext
 from ..runtime.interrupt import Stopped, StopRequest, signal_name
+from ..tracking.log import RunLog, window_figures
 from .state import (
     WARM_STEPS,
     RunRecord,
@@ -111,7 +111,7 @@ class Trainer:
         self.drops = has_dropout(whole)  # then every micro-batch draws its masks as one device would
         # before any strategy wraps or splits it: a block keeps its parameters' names (recompute.py)
         recompute.apply(whole, cfg.activation_checkpointing, cfg.selective_ac)
-        if cfg.precision == "float8":  # the linear layers swapped, their parameters kept (components/float8.py)
+        if cfg.precision == "float8":  # the linear layers swapped, their parameters kept (features/float8.py)
             float8.convert(whole)
         module = self.strategy.build(whole, data, self.loss or training_loss(cfg, data.categorical))
         if saved is not None:  # before the optimizer and the EMA are built over it: they start from these weights

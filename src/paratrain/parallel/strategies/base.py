@@ -34,10 +34,10 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
 
     from ...checkpoint.manager import RunCheckpoints
     from ...components.parts import Parts
-    from ...components.phases import PhaseTimer
     from ...config import TrainConfig
     from ...data import Splits
     from ...data.transforms import BatchPipeline
+    from ...optimization.phases import PhaseTimer
     from ...runtime.devices import Hardware
     from ...runtime.dist import DistContext
     from ...runtime.env import Environment
@@ -196,7 +196,7 @@ class Strategy:
 
     def average(self, decay: float) -> AveragedModel:
         """The weight average (--ema) of what this worker trains (after `load`: it starts from those weights)."""
-        from ...components.optim import make_ema
+        from ...optimization.optim import make_ema
 
         return make_ema(self.module, decay)
 
@@ -204,7 +204,7 @@ class Strategy:
         """The weight average of a sharded model (fsdp's, a tp mesh's copies): made from the whole copy kept
         before sharding (sharded modules refuse deepcopy), then sharded as the model was, on the same mesh, so
         that its shards line up with the model's."""
-        from ...components.optim import make_ema
+        from ...optimization.optim import make_ema
 
         ema = make_ema(unsharded, decay)
         shard(ema.module)
@@ -283,7 +283,7 @@ class Strategy:
         """Give every worker rank 0's buffers (BatchNorm's running statistics) before an evaluation or a
         checkpoint, so that the split evaluation, the summary and the saved network are one network
         (collective; none where the model has no buffers)."""
-        from ...components.batchnorm import broadcast_buffers
+        from ...features.batchnorm import broadcast_buffers
 
         if self.ctx.distributed:
             broadcast_buffers(module)
@@ -327,14 +327,14 @@ class Strategy:
                  flip: bool, meter: Any = None) -> tuple[float, float]:
         """Accuracy and mean loss of the model being trained over a whole split (collective: every worker
         evaluates its share, the sums are all-reduced); `meter` (metrics.Meter) sees every batch."""
-        from ...components.evaluation import evaluate
+        from ...optimization.evaluation import evaluate
 
         return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
 
     def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
                          batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
         """`evaluate` of the weight average (--ema): here the average is a whole model of its own."""
-        from ...components.evaluation import evaluate
+        from ...optimization.evaluation import evaluate
 
         return evaluate(ema.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
 

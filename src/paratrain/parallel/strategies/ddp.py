@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from ...components.phases import PhaseTimer
     from ...data import Splits
+    from ...optimization.phases import PhaseTimer
 
 
 def _buffer_sync_flag() -> str:
@@ -53,7 +53,7 @@ class DDP(Strategy):
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
         """The model on this worker's device; under --batchnorm sync (on several workers) every BatchNorm
         layer normalises with the statistics of the whole global batch, as one device would."""
-        from ...components.batchnorm import has_batchnorm, synchronise
+        from ...features.batchnorm import has_batchnorm, synchronise
 
         module = super().build(model, data, loss)
         if self.ctx.distributed and self.cfg.batchnorm == "sync" and has_batchnorm(module):

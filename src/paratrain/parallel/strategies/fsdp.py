@@ -99,7 +99,7 @@ class FSDP(Strategy):
         the whole model; with --cpu-offload the shard stays in CPU memory). The whole model is built first, on
         the CPU, so every worker count starts from the one device's initial weights: it takes 4 bytes a weight
         there until it is sharded."""
-        from ...components.batchnorm import has_batchnorm, synchronise
+        from ...features.batchnorm import has_batchnorm, synchronise
 
         self.loss = loss
         module = model if self.ctx.distributed else model.to(self.ctx.device)

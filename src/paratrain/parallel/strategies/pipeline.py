@@ -19,10 +19,10 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.check
 
     from ...checkpoint.manager import RunCheckpoints
     from ...components.parts import Parts
-    from ...components.phases import PhaseTimer
     from ...config import TrainConfig
     from ...data import Splits
     from ...data.transforms import BatchPipeline
+    from ...optimization.phases import PhaseTimer
     from ...runtime.devices import Hardware
     from ...runtime.env import Environment
     from ..layout import Layout
@@ -102,7 +102,7 @@ class PipelineStrategy(Strategy):
         """What a pipeline of this model and data cannot do, in one line before any process starts."""
         from torch.distributed.pipelining import ScheduleGPipe
 
-        from ...components.batchnorm import has_batchnorm
+        from ...features.batchnorm import has_batchnorm
 
         if not hasattr(ScheduleGPipe, "eval"):  # evaluation runs the schedule forward only
             raise UserError(f"--strategy {cfg.strategy} evaluates through the pipeline schedule's eval(), which this "
@@ -142,7 +142,7 @@ class PipelineStrategy(Strategy):
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
 
-        from ...components.batchnorm import has_batchnorm
+        from ...features.batchnorm import has_batchnorm
         from .stages import Pipeline, StagePlace, example_batch, layers_of
 
         cfg, ctx = self.cfg, self.ctx
@@ -161,7 +161,7 @@ class PipelineStrategy(Strategy):
 
     def agree_buffers(self, module: nn.Module) -> None:
         """Hybrid: the copies of a stage take copy 0's buffers (each stage owns its layers' buffers)."""
-        from ...components.batchnorm import broadcast_buffers
+        from ...features.batchnorm import broadcast_buffers
 
         if self.stage.place.replicas > 1:
             broadcast_buffers(module, group=self.stage.dp_group)
@@ -220,7 +220,7 @@ class PipelineStrategy(Strategy):
                  flip: bool, meter: Any = None) -> tuple[float, float]:
         """Through the schedule, forward only, in batches of a copy's training batch (the stages' shapes are
         fixed: `batch_size` does not apply); the copies share the split out."""
-        from ...components.evaluation import totals
+        from ...optimization.evaluation import totals
 
         return totals(self.stage.evaluate(pair, prep, loss, flip, meter), self.ctx)
 

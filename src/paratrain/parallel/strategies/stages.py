@@ -25,9 +25,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.flop_counter import FlopCounterMode
 
-from ...components.dropout import GlobalBatchDropout
 from ...core.errors import UserError
 from ...data.batches import eval_range
+from ...features.dropout import GlobalBatchDropout
 from ...runtime.dist import average_gradients
 from ..mesh import Mesh, device_mesh
 from .base import autocast as cast_to
@@ -206,7 +206,7 @@ class StagePlace:
 
 class _TimedStage(PipelineStage):
     """A PipelineStage that adds up the time it spends computing, to measure the bubble (idle time), and places
-    the dropout masks of each chunk it runs forward at the chunk's rows of the global batch (components/dropout.py)."""
+    the dropout masks of each chunk it runs forward at the chunk's rows of the global batch (features/dropout.py)."""
 
     busy_s = 0.0
     chunk_share = (0, 1)  # (this copy, of how many copies), each cut into `chunks`
@@ -321,7 +321,7 @@ class Pipeline:
         of one copy's training batch, the last one padded with zeros and its padding's outputs dropped (in
         evaluation mode every example's output is its own). The measured bubble leaves this time out (the
         schedule's setting itself up for training again, a small exchange in the next step, counts there)."""
-        from ...components.evaluation import SUMS, batch_sums
+        from ...optimization.evaluation import SUMS, batch_sums
 
         x_all, y_all = pair
         share = eval_range(len(y_all), self.place.replica, self.place.replicas)

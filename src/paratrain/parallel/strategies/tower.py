@@ -66,7 +66,7 @@ class TowerStrategy(Strategy):
     @staticmethod
     def check_network(model: Any) -> None:
         """What the tower cannot train, in one line before any process starts."""
-        from ...components.batchnorm import has_batchnorm
+        from ...features.batchnorm import has_batchnorm
 
         # Its replicas run the layer through functional_call on copies of the buffers: on the CPU they share
         # the running statistics (updated N times a step), on GPUs the updates are lost.

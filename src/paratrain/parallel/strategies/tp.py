@@ -30,10 +30,10 @@ if TYPE_CHECKING:
 
     from ...checkpoint.manager import RunCheckpoints
     from ...components.parts import Parts
-    from ...components.phases import PhaseTimer
     from ...config import TrainConfig
     from ...data import Splits
     from ...data.transforms import BatchPipeline
+    from ...optimization.phases import PhaseTimer
     from ...runtime.devices import Hardware
     from ...runtime.env import Environment
     from ..layout import Layout
@@ -238,7 +238,7 @@ class TensorParallel(Strategy):
 
     def agree_buffers(self, module: nn.Module) -> None:
         """Cut into stages, each stage's copies take copy 0's buffers (the stages hold different ones)."""
-        from ...components.batchnorm import broadcast_buffers
+        from ...features.batchnorm import broadcast_buffers
 
         if self.dims().pp == 1:
             super().agree_buffers(module)
@@ -287,7 +287,7 @@ class TensorParallel(Strategy):
         worker a copy counts it."""
         import dataclasses
 
-        from ...components.evaluation import evaluate_share, totals
+        from ...optimization.evaluation import evaluate_share, totals
 
         if self.dims().pp > 1:
             sums = self.stage.evaluate(pair, prep, self._loss_of(loss), flip, meter)

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..components import trackers
 from ..core.run_paths import RunPaths
+from . import trackers
 
 TRACKING = ("logger", "mlflow_uri", "experiment")  # the bench's own, never its runs': they log no tracker live
 

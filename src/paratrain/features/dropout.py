@@ -90,7 +90,7 @@ class GlobalBatchDropout(TorchFunctionMode):
 
     def snapshot(self) -> tuple:
         """Where the next call draws from: its place, and the unplaced masks' generators' states
-        (activation checkpointing's recomputation draws again from there: components/recompute.py)."""
+        (activation checkpointing's recomputation draws again from there: features/recompute.py)."""
         states = {device: generator.get_state() for device, generator in self.own.items()}
         return self.which, self.of, self.call, self.placed, self.unplaced, states
 

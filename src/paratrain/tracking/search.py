@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..components import trackers
 from ..core.run_paths import RunPaths
+from . import trackers
 
 PARENT = "tracker_parent"  # the study's user attribute: {"mlflow": run id, "group": the search's name}
 

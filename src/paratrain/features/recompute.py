@@ -11,7 +11,7 @@ A block keeps its class's forward under a subclass made here (the class swap FSD
 so its parameters keep their names: checkpoints, tensor-parallel plans, FSDP's blocks and optimizer state by
 name see the network unchanged. Recomputation is torch.utils.checkpoint's non-reentrant one, which works under
 DDP, FSDP2, DTensor and a pipeline's stages. It replays the forward's randomness: torch's generators (torch
-keeps their states), and paratrain's dropout masks (components/dropout.py), which are seeded by their call's
+keeps their states), and paratrain's dropout masks (features/dropout.py), which are seeded by their call's
 place in the forward: the recomputation draws from the places the forward drew from, so the gradients are the
 ones the run without checkpointing computes (on the CPU, equal to the bit).
 """

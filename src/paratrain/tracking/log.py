@@ -199,7 +199,7 @@ def window_figures(sums: list[float], elapsed: float, per_update: int, tokens: i
     examples, classified examples, what the loss is a mean over): the loss, accuracy (None without classes),
     examples/s and s a batch; tokens/s (`tokens`: a sequence model's tokens an example) and the perplexity
     (`per_target`: the built-in cross-entropy over tokens)."""
-    from .losses import perplexity
+    from ..optimization.losses import perplexity
 
     loss_sum, correct, count, with_class, weight = sums
     return {"loss": loss_sum / weight, "examples_per_sec": count / elapsed,

@@ -59,7 +59,7 @@ def identity(run_dir: Path, options: dict[str, Any], tags: dict[str, str] | None
 
 
 def named(logger: str | None) -> tuple[str, ...]:
-    """The trackers a --logger value names beside TensorBoard (which a run writes as it trains, components/log.py)."""
+    """The trackers a --logger value names beside TensorBoard (which a run writes as it trains, tracking/log.py)."""
     return tuple(n for n in loggers(TrainConfig(logger=logger or "none")) if n != "tensorboard")
 
 
