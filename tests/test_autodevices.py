@@ -25,7 +25,7 @@ DIGITS = load_dataset("digits")
 
 def plan_of(tmp_path: Path, **changes: object) -> runplan.RunPlan:
     cfg = C.validate(C.TrainConfig(dataset="digits", out=str(tmp_path / "run"), **changes))
-    return runplan.make(cfg, lambda: DIGITS, hardware=autodevices.layout(1))
+    return runplan.make(cfg, lambda: DIGITS, hardware=autodevices.cpu_workers(1))
 
 
 @pytest.fixture

@@ -106,7 +106,7 @@ def _plan(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | No
         _check_resumed(cfg, checkpoints)
     auto = autodevices.applies(cfg, env, chosen["hardware"])  # measured below, on the plan's own network and data
     if auto:
-        chosen["hardware"] = autodevices.layout(1)
+        chosen["hardware"] = autodevices.cpu_workers(1)
     plan = runplan.make(cfg, load_data, parts, env=env, **chosen)
     choice = None
     if auto:

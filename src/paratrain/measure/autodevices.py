@@ -60,8 +60,8 @@ def applies(cfg: TrainConfig, env: Environment, hardware: Hardware | None) -> bo
             and not cfg.oversubscribe and usable_cores() > 1)
 
 
-def layout(workers: int) -> Hardware:
-    """`workers` CPU processes sharing the cores. layout(1), one process with every core a thread, is
+def cpu_workers(workers: int) -> Hardware:
+    """`workers` CPU processes sharing the cores. cpu_workers(1), one process with every core a thread, is
     measured first, and is the plan's until the choice."""
     return Hardware("cpu", workers, max(1, usable_cores() // workers), "gloo")
 
@@ -171,7 +171,7 @@ def measure(plan: RunPlan, hardware: Hardware) -> float:
 
 
 def _said(n: int) -> str:
-    threads = layout(n).threads_per_worker
+    threads = cpu_workers(n).threads_per_worker
     return f"{n} worker{'s' if n > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
 
 
@@ -187,7 +187,7 @@ def choose(plan: RunPlan, total_steps: int) -> tuple[RunPlan, dict[str, Any]]:
         return plan, {"workers": 1, "threads_per_worker": cores, "rates": {}, "cost_s": 0.0, "cached": False,
                       "key": key, "not_measured": {"workers": 2, "steps": total_steps}}
     if 1 not in rates:
-        rates[1] = measure(plan, layout(1))
+        rates[1] = measure(plan, cpu_workers(1))
     run_s = total_steps * plan.cfg.batch_size / rates[1]
     if plan.cfg.max_time:
         run_s = min(run_s, plan.cfg.max_time)
@@ -198,19 +198,19 @@ def choose(plan: RunPlan, total_steps: int) -> tuple[RunPlan, dict[str, Any]]:
             if run_s * (1 - 1 / n) < REPAY * cost:
                 skipped = n
                 break
-            rates[n] = measure(plan, layout(n))
+            rates[n] = measure(plan, cpu_workers(n))
         if rates[n] < rates[best] * MARGIN:
             break  # more processes only add all-reduces and contention from here
         best = n
     if best > 1 and 1 not in known:
         # measured again, now that nothing else starts: the first measurement ran as the forkserver imported
         # torch beside it (a disturbed 1-worker rate would choose workers that lose); the faster of the two
-        rates[1] = max(rates[1], measure(plan, layout(1)))
+        rates[1] = max(rates[1], measure(plan, cpu_workers(1)))
         best = max((n for n in rates if rates[n] >= rates[1] * (MARGIN if n > 1 else 1)), key=rates.get)
     measured = {n: r for n, r in rates.items() if n not in known}
     if measured:
         remember(key, measured)
-    chosen = layout(best)
+    chosen = cpu_workers(best)
     choice = {"workers": best, "threads_per_worker": chosen.threads_per_worker,
               "rates": {str(n): round(r, 1) for n, r in sorted(rates.items())},
               "cost_s": round(time.perf_counter() - started, 2), "cached": not measured, "key": key}
