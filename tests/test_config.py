@@ -101,3 +101,35 @@ def test_strings_are_read_as_yaml_reads_them() -> None:
     cfg = paratrain.TrainConfig(lr="0.01", steps="100", quiet="true", devices=2, ema="0.999")
     assert (cfg.lr, cfg.steps, cfg.quiet, cfg.devices, cfg.ema) == (0.01, 100, True, "2", 0.999)
     assert cfg.replace(lr=0.5).lr == 0.5  # replace goes through the same door
+
+
+def test_every_option_lives_in_one_section() -> None:
+    placed = [name for names in config.SECTIONS.values() for name in names]
+    assert sorted(placed) == sorted(config.FIELDS) and len(placed) == len(set(placed))
+
+
+def test_a_gpt_runs_config_yaml_holds_what_it_reads_by_section(corpus: Path, tmp_path: Path) -> None:
+    """config.yaml, by section, keeps only the options the run reads (no convnet's kernel in a gpt's, no fsdp
+    option under tp, no momentum for AdamW); read back, it is the run's configuration on every option it reads."""
+    from paratrain.parallel.strategies import checked, unread_options
+
+    cfg = checked(config.validate(config.TrainConfig(model="gpt", dataset="text", data_dir=str(corpus), width=64,
+                                                     heads=2, mesh="dp=2,tp=2", optimizer="adamw")))
+    unread = unread_options(cfg)
+    config.save_yaml(cfg, tmp_path / "config.yaml", unread)
+    text = (tmp_path / "config.yaml").read_text()
+    headings = [line[2:] for line in text.splitlines() if line.startswith("# ") and " " not in line[2:]]
+    assert headings == list(config.SECTIONS)
+    keys = set(config.load_yaml(tmp_path / "config.yaml"))
+    assert {"activation", "filters", "kernel", "momentum", "nesterov", "shard_size", "cpu_offload",
+            "stages", "param_device"} <= unread and not keys & unread
+    assert {"width", "heads", "dropout", "mesh", "tp_plan", "beta1", "lr"} <= keys
+    again = config.from_dict(config.load_yaml(tmp_path / "config.yaml"))
+    assert all(getattr(again, name) == getattr(cfg, name) for name in config.FIELDS if name not in unread)
+
+
+def test_adamw_takes_its_betas() -> None:
+    """AdamW reads --beta1 and --beta2 (torch.optim.AdamW's betas); they were refused as unread."""
+    config.check_read(config.TrainConfig(optimizer="adamw", beta2=0.95), {"beta2"})
+    with pytest.raises(UserError, match="--beta2 is not read by --optimizer sgd"):
+        config.check_read(config.TrainConfig(optimizer="sgd", beta2=0.95), {"beta2"})

@@ -161,7 +161,7 @@ def test_the_function_check_counts_a_method_and_a_nested_function(tmp_path: Path
 
 
 RUN_FOLDER_NAMES = re.compile(r'"(summary\.json|config\.yaml|parts\.yaml|metrics\.jsonl|metrics\.csv|trackers\.json'
-                              r'|checkpoints|tb)"')
+                              r'|checkpoints|tb|data-cache)"')
 PATH_JOIN = re.compile(r"/\s*" + RUN_FOLDER_NAMES.pattern + r"|\(\s*" + RUN_FOLDER_NAMES.pattern + r"\s*,")
 
 

@@ -184,7 +184,7 @@ def _check_resumed(cfg: C.TrainConfig, checkpoints: RunCheckpoints) -> None:
 def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     check_owned(out)  # again: another user could have made it since check_writable
-    C.save_yaml(cfg, RunPaths(out).config)
+    C.save_yaml(cfg, RunPaths(out).config, strategies.unread_options(cfg))
     if parts is not None and parts.record:  # what config.yaml names "custom"
         write_atomic(RunPaths(out).parts, "# the network, optimizer and loss of your own that ran\n"
                      + yaml.safe_dump(parts.record, sort_keys=False))

@@ -11,12 +11,12 @@ images were chosen, and whether the run already went past the steps asked for.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from ..config import TrainConfig
 from ..config.length import check_not_past
 from ..core.errors import UserError
+from ..core.run_paths import RunPaths
 from ..data.folder import SPLIT_SCHEME
 from ..runtime.dist import DistContext
 from . import files as checkpoint
@@ -55,7 +55,7 @@ def check(state: dict[str, Any], cfg: TrainConfig, total_steps: int) -> None:
         raise UserError(why)
     if why := dataset_mismatch(state["config"].get("dataset"), cfg):
         raise UserError(why)
-    held_out_here = cfg.dataset == "imagefolder" or (Path(run) / "data-cache").is_dir()  # a Dataset's
+    held_out_here = cfg.dataset == "imagefolder" or RunPaths(run).data_cache.is_dir()  # a Dataset's
     if held_out_here and state.get("data", {}).get("split") not in (SPLIT_SCHEME, "index-hash"):
         raise UserError(f"the run in {run} was made before paratrain chose held-out images by a hash of "
                         "their names; carried on, it would train on its old test images: start a new run")

@@ -52,28 +52,35 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_train_flags(p: argparse.ArgumentParser, skip: set[str] | frozenset = frozenset()) -> None:
-    """A flag per TrainConfig field (its help, type and choices come from the field), except `skip`."""
+    """A flag per TrainConfig field (its help, type and choices come from the field), except `skip`, in a group
+    per section of the configuration (config.SECTIONS, as config.yaml and the docs group them)."""
     if not skip:
         p.add_argument("--recipe", help="start from a named recipe (see `paratrain recipes`); flags override it")
         p.add_argument("--config", help="YAML file of training options (flags override it)")
-    for name, f in C.FIELDS.items():
-        if name in skip:
-            continue
-        flag = f.metadata.get("flag", "--" + name.replace("_", "-"))
-        helptext = f.metadata["help"]
-        if f.default is not None and "default" not in helptext:
-            helptext += f" (default: {f.default})"
-        if f.type == "bool":  # a switch: --x turns on what is off, --no-x turns off what is on
-            p.add_argument(flag, dest=name, action="store_const", const=not f.default, default=None,
-                           help=f.metadata.get("off_help", f.metadata["help"]) if f.default else f.metadata["help"])
-            continue
-        kind = int if "int" in f.type else float if "float" in f.type else str
-        choices = f.metadata.get("choices")
-        choices = [c for c in choices if c != "custom"] if choices else None  # custom: for paratrain.fit only
-        if name == "model":  # a registry name, or the import path of a network of the user's
-            kind, choices = _model_type(choices), None
-        p.add_argument(flag, dest=name, type=kind, default=None, choices=choices,
-                       help=helptext, metavar=None if "choices" in f.metadata else name.upper())
+    for section, names in C.SECTIONS.items():
+        group = p.add_argument_group(f"{section} options")
+        for name in names:
+            if name not in skip:
+                _add_flag(group, name, C.FIELDS[name])
+
+
+def _add_flag(p: Any, name: str, f: Any) -> None:
+    """The flag of TrainConfig field `name` (`f`, its dataclass field)."""
+    flag = f.metadata.get("flag", "--" + name.replace("_", "-"))
+    helptext = f.metadata["help"]
+    if f.default is not None and "default" not in helptext:
+        helptext += f" (default: {f.default})"
+    if f.type == "bool":  # a switch: --x turns on what is off, --no-x turns off what is on
+        p.add_argument(flag, dest=name, action="store_const", const=not f.default, default=None,
+                       help=f.metadata.get("off_help", f.metadata["help"]) if f.default else f.metadata["help"])
+        return
+    kind = int if "int" in f.type else float if "float" in f.type else str
+    choices = f.metadata.get("choices")
+    choices = [c for c in choices if c != "custom"] if choices else None  # custom: for paratrain.fit only
+    if name == "model":  # a registry name, or the import path of a network of the user's
+        kind, choices = _model_type(choices), None
+    p.add_argument(flag, dest=name, type=kind, default=None, choices=choices,
+                   help=helptext, metavar=None if "choices" in f.metadata else name.upper())
 
 
 def at_least_one(args: argparse.Namespace, *names: str) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from .. import config as C
 from ..core.errors import UserError, closest
+from ..core.run_paths import RunPaths
 from ..data import Splits, folder, load_dataset
 from ..data.dataset import from_dataset
 from ..data.tables import from_items, is_tensors_item
@@ -77,7 +78,7 @@ def as_splits(data: DataLike, cfg: C.TrainConfig, cache_key: str | None = None, 
         if cache_key is not None:
             where, reuse = folder.dataset_cache(cache_key, cfg.cache_dir, cfg.image_size), True
         else:  # torchrun's ranks (fresh or not) share what the first one built
-            where, reuse = Path(cfg.out) / "data-cache", bool(cfg.resume) or in_group
+            where, reuse = RunPaths(cfg.out).data_cache, bool(cfg.resume) or in_group
         return from_dataset(data, where, cfg.image_size, cfg.val_size, cfg.test_size, reuse=reuse, quiet=cfg.quiet)
     if not isinstance(data, dict):
         raise UserError(f"data must be a dataset name, an image folder's path, a torch Dataset of (image, label) "

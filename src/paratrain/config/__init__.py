@@ -23,6 +23,7 @@ from .fields import (
                      PIPELINE_SCHEDULES,
                      PRECISIONS,
                      REQUEUE_SIGNALS,
+                     SECTIONS,
                      STRATEGIES,
                      TrainConfig,
                      did_you_mean,
@@ -43,7 +44,7 @@ from .sources import (
 
 __all__ = ["ACTIVATIONS", "BATCHNORM", "DATASETS", "DATASET_DEFAULTS", "FIELDS", "FILES", "LOSSES", "LR_SCHEDULES",
            "MAX_YAML_BYTES", "METRICS", "MODELS", "OPTIMIZERS", "PIPELINE_SCHEDULES", "PRECISIONS", "READ_BY",
-           "REQUEUE_SIGNALS", "STRATEGIES",
+           "REQUEUE_SIGNALS", "SECTIONS", "STRATEGIES",
            "TrainConfig",
            "UserError", "changed", "check_read", "check_resume_out", "did_you_mean", "from_dict", "in_python_words",
            "load_yaml", "default_run_dir", "job_tag", "of_run", "overlay", "save_yaml", "shown", "unread", "validate",

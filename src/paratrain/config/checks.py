@@ -188,7 +188,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
 
 
 # Options that only some optimizers or schedules read: given for another, they would change nothing.
-_ADAMS, _DECAYS = ("optimizer", ("adam", "adamax", "nadam")), ("lr_schedule", ("exponential", "step"))
+_ADAMS, _DECAYS = ("optimizer", ("adam", "adamw", "adamax", "nadam")), ("lr_schedule", ("exponential", "step"))
 READ_BY = {"momentum": ("optimizer", ("sgd", "rmsprop")), "nesterov": ("optimizer", ("sgd",)), "beta1": _ADAMS,
            "beta2": _ADAMS, "lr_decay_rate": _DECAYS, "lr_decay_steps": _DECAYS, "lr_decay_epochs": _DECAYS,
            "lr_staircase": ("lr_schedule", ("exponential",)),

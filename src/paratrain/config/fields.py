@@ -143,8 +143,9 @@ class TrainConfig:
     optimizer: str = _f("adam", "optimizer", choices=OPTIMIZERS)
     lr: float = _f(2e-3, "learning rate")
     momentum: float = _f(0.9, "SGD/RMSprop momentum")
-    beta1: float = _f(0.9, "Adam/Adamax/NAdam: decay of the gradient's running mean")
-    beta2: float = _f(0.999, "Adam/Adamax/NAdam: decay of the squared gradient's running mean")
+    beta1: float = _f(0.9, "Adam/AdamW/Adamax/NAdam: decay of the gradient's running mean")
+    beta2: float = _f(0.999, "Adam/AdamW/Adamax/NAdam: decay of the squared gradient's running "
+                        "mean")
     loss: str = _f("auto", "the loss trained and reported: auto (cross-entropy for class indices and for token "
                    "ids, N x T targets against N x T x V outputs (-100: ignored); else the mean squared error), "
                    "cross-entropy, mse, l1, smooth-l1, bce (binary cross-entropy on logits: "
@@ -221,6 +222,30 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# The options by section, as the docs group them: config.yaml is written in this order, a heading to each section
+# (its keys stay flat: the YAML keys and flags are the same in every section). tests/test_config.py holds every
+# field to exactly one section.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("model", "width", "depth", "heads", "activation", "dropout", "filters", "kernel", "batchnorm",
+              "memory_format", "precision", "compile", "activation_checkpointing", "selective_ac"),
+    "data": ("dataset", "data_dir", "tokenizer", "context", "standardize", "target", "download", "val_size",
+             "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "random_crop", "crop_padding",
+             "hflip", "brightness", "contrast", "test_flip"),
+    "optimizer": ("optimizer", "lr", "momentum", "beta1", "beta2", "nesterov", "weight_decay", "clip_grad_norm",
+                  "lr_schedule", "lr_decay_rate", "lr_decay_steps", "lr_decay_epochs", "lr_staircase",
+                  "warmup_steps", "ema", "eval_ema", "loss", "label_smoothing", "metric"),
+    "length": ("batch_size", "batch_per_worker", "accumulate", "eval_batch_size", "epochs", "steps", "max_time",
+               "early_stopping", "seed"),
+    "layout": ("accelerator", "strategy", "mesh", "tp_plan", "param_device", "devices", "threads_per_worker",
+               "oversubscribe", "stages", "microbatches", "schedule", "split", "shard_modules",
+               "reshard_after_forward", "shard_size", "cpu_offload"),
+    "faults": ("max_restarts", "collective_timeout", "requeue_signal", "max_requeues"),
+    "checkpoint": ("out", "resume", "overwrite", "checkpoint_every", "keep_checkpoints", "async_checkpoint"),
+    "logging": ("log_every", "time_phases", "histogram_every", "tensorboard", "logger", "mlflow_uri", "experiment",
+                "quiet"),
+}
 
 
 # Sizes that suit each dataset: the 1,437 digits need small batches to get enough steps.

@@ -4,6 +4,7 @@ layers put one on another (config.overlay), and the run folder's name."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from ..core.import_path import is_import_path
 from ..core.outputs import write_atomic
 from ..core.run_paths import RunPaths
 from ..runtime.env import LOCAL, Environment
-from .fields import FIELDS, TrainConfig, _coerce, did_you_mean, model_for_data, shown
+from .fields import FIELDS, SECTIONS, TrainConfig, _coerce, did_you_mean, model_for_data, shown
 
 
 def from_dict(values: dict[str, Any], base: TrainConfig | None = None) -> TrainConfig:
@@ -127,7 +128,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def save_yaml(cfg: TrainConfig, path: str | Path) -> None:
+def save_yaml(cfg: TrainConfig, path: str | Path, unread: Iterable[str] = ()) -> None:
+    """config.yaml: the options by section (fields.SECTIONS), a heading to each, its keys flat as --config takes
+    them; `unread`, the options the run's model and layout do not read, left out (read back, they take their
+    defaults, which nothing reads either)."""
+    values, unread = cfg.to_dict(), set(unread)
     # both are recorded (a resume with --epochs drops the steps: overlay), but only one sets the length
-    note = "# steps is set: it is the run's length, and epochs is not read\n" if cfg.steps is not None else ""
-    write_atomic(Path(path), note + yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    text = "# steps is set: it is the run's length, and epochs is not read\n" if cfg.steps is not None else ""
+    for section, names in SECTIONS.items():
+        kept = {name: values[name] for name in names if name not in unread}
+        if kept:
+            text += f"# {section}\n" + yaml.safe_dump(kept, sort_keys=False)
+    write_atomic(Path(path), text)

@@ -5,7 +5,7 @@ and the code that reads it back (a resume, eval, export, paratrain log, bench, a
     parts.yaml         the network, optimizer, loss of your own  metrics.jsonl  a record per logged step/epoch
     checkpoints/       a step's checkpoint each                   tb/            TensorBoard's events
     metrics.csv        --logger csv                               trackers.json  MLflow's and W&B's runs of it
-    wandb/             W&B's own files
+    wandb/             W&B's own files                            data-cache/    a Dataset's images, decoded once
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ class RunPaths:
     @property
     def wandb(self) -> Path:
         return self.root / "wandb"
+
+    @property
+    def data_cache(self) -> Path:
+        """A torch Dataset's images, decoded once for the run (paratrain.fit); kept by --overwrite, a cache."""
+        return self.root / "data-cache"
 
     def written(self) -> tuple[Path, ...]:
         """Everything a run writes here: what --overwrite removes, and nothing else."""

@@ -216,7 +216,8 @@ def result_from_run(run_dir: Path) -> dict:
         raise UserError(f"{run_dir} is not a finished paratrain run ({e}); pass run directories") from None
     summary, epochs = run["summary"], run["epoch_times"]
     total = summary["train_time_s"] + (summary.get("eval_time_s") or 0.0)
-    family = summary["strategy"]  # one device: ddp's first point (its mesh dp=1)
+    # one device is ddp's first point (mesh dp=1); a summary before 2026-11-29 named it 'single'
+    family = {"single": "ddp"}.get(summary["strategy"], summary["strategy"])
     # a scaling curve joins runs of one workload only: two models at 2 devices are two curves, not a drop
     workload = _workload(run_dir, summary)
     family += f": {workload}"

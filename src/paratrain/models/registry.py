@@ -30,17 +30,25 @@ class ModelSpec:
     # its layers take any memory layout (build.memory_format's channels-last); a user's network may .view() its
     # activations, which a channels-last tensor refuses
     convolutional: bool = True
+    reads: tuple[str, ...] = ()  # the model options (MODEL_OPTIONS) its builder reads
+
+
+# The options that shape a network; each model reads some of them (ModelSpec.reads), a network of the user's none
+MODEL_OPTIONS = ("width", "depth", "heads", "activation", "dropout", "filters", "kernel")
+READS = {"gru": ("width", "depth", "dropout"), "gpt": ("width", "depth", "heads", "dropout")}
 
 
 REGISTRY: dict[str, ModelSpec] = {
     "lenet5": ModelSpec(lambda c, k, o: LeNet5(c, k), 32),
-    "convnet": ModelSpec(lambda c, k, o: ConvNet(c, k, o["dropout"], o["filters"], o["kernel"]), 28, 0.25),
-    "mnist-net": ModelSpec(lambda c, k, o: MnistNet(c, k, o["dropout"]), 28, 0.5),
+    "convnet": ModelSpec(lambda c, k, o: ConvNet(c, k, o["dropout"], o["filters"], o["kernel"]), 28, 0.25,
+                         reads=("dropout", "filters", "kernel")),
+    "mnist-net": ModelSpec(lambda c, k, o: MnistNet(c, k, o["dropout"]), 28, 0.5, reads=("dropout",)),
     "cifar10-net": ModelSpec(lambda c, k, o: Cifar10Net(c, k), 24, channels=3),
     "mnist-fast-net": ModelSpec(lambda c, k, o: MnistFastNet(c, k), 28),
-    "cifar10-fast-net": ModelSpec(lambda c, k, o: AirNet(c, k, o["filters"]), 32, channels=3),
+    "cifar10-fast-net": ModelSpec(lambda c, k, o: AirNet(c, k, o["filters"]), 32, channels=3, reads=("filters",)),
     "mlp": ModelSpec(lambda c, k, o: MLP(o["in_features"], k, o["width"], o["depth"], o["activation"],
-                                         o["dropout"]), None, 0.0, convolutional=False),
+                                         o["dropout"]), None, 0.0, convolutional=False,
+                     reads=("width", "depth", "activation", "dropout")),
 }
 # the sequence model over token ids (tensors, not images, so not in REGISTRY): build._tensor_model builds it
 TOKENS = ModelSpec(None, None, convolutional=False)
@@ -56,6 +64,15 @@ def _spec(name: str) -> ModelSpec:
     if name not in REGISTRY:
         raise UserError(f"unknown model '{name}'; choose one of: {', '.join(REGISTRY)}")
     return REGISTRY[name]
+
+
+def options_unread(name: str) -> tuple[str, ...]:
+    """The model options that model `name` does not read (none for a network of the user's: its factory may be
+    given them in a later version, and they cost nothing to keep)."""
+    if name == "custom" or is_import_path(name) or name not in (*REGISTRY, *READS):
+        return ()
+    reads = READS.get(name) or REGISTRY[name].reads
+    return tuple(option for option in MODEL_OPTIONS if option not in reads)
 
 
 def native_channels(name: str) -> int:

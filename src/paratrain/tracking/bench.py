@@ -40,7 +40,7 @@ def send(report: dict[str, Any], out: Path, tracking: dict[str, Any], workload: 
     if not names:
         return
     uri = tracking.get("mlflow_uri")
-    (out / trackers.RECORD).unlink(missing_ok=True)  # a bench run again measures afresh: a new parent run
+    RunPaths(out).trackers.unlink(missing_ok=True)  # a bench run again measures afresh: a new parent run
     ident = trackers.identity(out, {**workload, **tracking, "repeats": report.get("repeats")}, {"kind": "bench"})
     ident.group = ident.name
     parent = trackers.Trackers(out, names, ident, _say, uri)

@@ -47,8 +47,9 @@ class RunLog:
     """Every method is a no-op off rank 0, so the loop can call them unconditionally."""
 
     def __init__(self, run_dir: Path, active: bool, cfg: TrainConfig, total_steps: int, start_step: int,
-                 validated: int = 0, tags: dict[str, str] | None = None) -> None:
-        """`tags`: the launch's, for the trackers (launcher, devices)."""
+                 validated: int = 0, tags: dict[str, str] | None = None, unread: Iterable[str] = ()) -> None:
+        """`tags`: the launch's, for the trackers (launcher, devices); `unread`: the options the run does not read,
+        left out of the trackers' params as config.yaml leaves them out."""
         self.active = active
         self.quiet = cfg.quiet
         self.no_val_flag = cfg.val_size == 0  # (paratrain.fit may be given an empty validation set instead)
@@ -72,7 +73,8 @@ class RunLog:
                                   "a")
         chosen = loggers(cfg)
         if named(cfg.logger):  # a tracker's warning is shown --quiet or not
-            self.trackers = Trackers(run_dir, named(cfg.logger), identity(run_dir, cfg.to_dict(), tags), self.say,
+            params = {k: v for k, v in cfg.to_dict().items() if k not in set(unread)}  # config.yaml's
+            self.trackers = Trackers(run_dir, named(cfg.logger), identity(run_dir, params, tags), self.say,
                                      cfg.mlflow_uri, have=kept, warn=lambda line: tqdm.write(line, file=sys.stderr))
         if "tensorboard" in chosen and not installed("tensorboard"):  # the run goes on: metrics.jsonl has all
             self.say(f"paratrain: note: no TensorBoard event files: the tensorboard package is not installed "

@@ -86,7 +86,8 @@ class Trainer:
         # the one owner of the run's checkpoints/ (collective where they are written in the background)
         self.checkpoints = RunCheckpoints(self.run_dir, ctx, cfg.async_checkpoint)
         self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
-                          self.state.validated, {"launcher": plan.env.launcher_name, "devices": str(ctx.world_size)})
+                          self.state.validated, {"launcher": plan.env.launcher_name, "devices": str(ctx.world_size)},
+                          strategies.unread_options(cfg))
         self.timer = PhaseTimer(ctx, cfg.time_phases, self.strategy.allreduce_timed)
         self.generator = ctx.generator()  # torch.manual_seed would also seed every GPU: ~0.2 ms a step
         self.window = torch.zeros(SUMS, dtype=torch.float64, device=ctx.device)  # evaluation.batch_sums' since log
@@ -96,7 +97,6 @@ class Trainer:
         self.t_start = self.t_window = 0.0
         self.marks = {**plan.clock, "built": time.time()}  # start-up marks (clock.py); finish_s: _finish's phases
         self.finish_s: dict[str, float | None] = {}
-        self.save_after_validation = False  # a periodic checkpoint due at an epoch's last step (_after_update)
 
     # ---- set-up ----
 
@@ -156,10 +156,7 @@ class Trainer:
                     self._leave(epoch)
                 self._validate(epoch, epoch_time)
                 if state.stop:
-                    break  # _finish saves this step, once
-                if self.save_after_validation and state.step < length.total_steps:
-                    self._checkpoint(epoch)
-                self.save_after_validation = False
+                    break
             return self._finish()
         except BaseException:  # a NaN loss, a signal, a failed collective or write: flush the logs, keep the cause
             with contextlib.suppress(WriteFailed):
@@ -172,11 +169,11 @@ class Trainer:
         perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(ctx.device)
         ctx.synchronize()
         t_epoch = time.perf_counter()
-        last = min(length.per_epoch, length.total_steps - epoch * length.per_epoch) - 1
-        for i in range(state.step - epoch * length.per_epoch, last + 1):
+        for i in range(state.step - epoch * length.per_epoch,
+                       min(length.per_epoch, length.total_steps - epoch * length.per_epoch)):
             time_up, asked = self._agree(self._forward_backward(perm, i))
             self._update()
-            self._after_update(epoch, ends=i == last or time_up or asked)
+            self._after_update(epoch)
             if state.steps_run == 1:
                 ctx.synchronize()
                 self.marks["first_step_done"] = time.time()
@@ -268,10 +265,7 @@ class Trainer:
         if self.on_step is not None:  # the launcher's record of where each worker is (launch._worker)
             self.on_step(state.step)
 
-    def _after_update(self, epoch: int, ends: bool) -> None:
-        """Histograms, the log line and the periodic checkpoint after an update. `ends`: this step ends the epoch
-        (or the run, or a stop): its checkpoint waits for the validation that follows, so that it records it and
-        the end's or the stop's save is not a second write of the same step."""
+    def _after_update(self, epoch: int) -> None:
         state, cfg = self.state, self.cfg
         if cfg.histogram_every and state.step % cfg.histogram_every == 0:
             self.log.histograms(state.step, self.strategy.whole_parameters())  # a collective where sharded
@@ -280,10 +274,7 @@ class Trainer:
             self._log_step(epoch)
         self.log.advance()
         if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
-            if ends:
-                self.save_after_validation = True
-            else:
-                self._checkpoint(epoch)
+            self._checkpoint(epoch)
 
     # ---- logging, checkpoints, evaluation ----
 
@@ -374,7 +365,11 @@ class Trainer:
                                    for s in (self.data.val, self.data.test))
         state.eval_time += time.perf_counter() - t_eval
         t_saved = time.perf_counter()
-        self._checkpoint(self.length.epochs, last=True)
+        # once: where the last step's periodic save wrote it, that one stands (its record of the last validation
+        # is one behind: a resume of it validates that epoch again, as for any checkpoint saved before one)
+        if state.saved_step != state.step:
+            self._checkpoint(self.length.epochs, last=True)
+        self.checkpoints.wait()
         t_logs = time.perf_counter()
         self.log.close()
         self.finish_s = {"evaluation": t_saved - t_eval, "checkpoint": t_logs - t_saved,

@@ -53,6 +53,33 @@ def carried_to(cfg: TrainConfig, name: str) -> TrainConfig:
     return cfg.replace(**{option: FIELDS[option].default for option in drop})
 
 
+def unread_options(cfg: TrainConfig) -> set[str]:
+    """The options that the run of `cfg` (resolved) does not read: its model's, its layout's and its optimizer's
+    unread ones, which config.yaml and the trackers' params leave out."""
+    from ...config import FIELDS, READ_BY, unread
+    from ...models import options_unread
+
+    # an optimizer factory of the user's: the settings that ran are recorded (parts_check.settings_that_ran)
+    optimizer = {name for name in unread(cfg, FIELDS) if getattr(cfg, READ_BY[name][0]) != "custom"}
+    return {*options_unread(cfg.model), *_layout_options_unread(cfg), *optimizer}
+
+
+def _layout_options_unread(cfg: TrainConfig) -> list[str]:
+    """Another layout's options (FOREIGN, those its strategy does not take), a pipeline's where it has no stages,
+    the tower's parameter device elsewhere, and a --mesh it does not keep."""
+    from .base import FOREIGN
+
+    strategy = get(cfg.strategy)
+    unread = [option for option in FOREIGN if option not in strategy.options]
+    if not strategy.pipelined and cfg.stages is None:  # a tp mesh with pp keeps its stages
+        unread += ["stages", "microbatches", "schedule", "split"]
+    if not strategy.one_process:
+        unread.append("param_device")
+    if cfg.mesh is None:
+        unread.append("mesh")
+    return unread
+
+
 def get(name: str) -> type[Strategy]:
     """The strategy class registered as `name`."""
     module, cls = REGISTRY[name].split(":")
@@ -61,4 +88,4 @@ def get(name: str) -> type[Strategy]:
 
 assert tuple(REGISTRY) == STRATEGIES, "config.STRATEGIES names the strategies registered here, in order"
 
-__all__ = ["REGISTRY", "carried_to", "checked", "get"]
+__all__ = ["REGISTRY", "carried_to", "checked", "get", "unread_options"]
