@@ -195,8 +195,8 @@ def _search(args: argparse.Namespace, settings: Any, sp: Any, base: Any, cfg: Tr
     warned = requeue.signal_for(env, cfg)
     processes: list[int] = []  # the pool's processes, as they start
     try:
-        with raising_on(warned):
-            run_pool(settings, sp, base, parallel, threads, accelerator, study, budget, warned, processes)
+        with raising_on(warned) as came:
+            run_pool(settings, sp, base, parallel, threads, accelerator, study, budget, warned, processes, came)
     except Warned:  # the pool has stopped: its trials are queued again now, for whichever worker comes first
         studies.requeue_abandoned(study, {f"{socket.gethostname()}:{pid}" for pid in processes})
         raise requeue.ask(env, cfg.max_requeues, warned, f"stopped by {signal_name(warned)}: the trials that were "

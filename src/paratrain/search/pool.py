@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import UserError
@@ -19,23 +20,26 @@ class Warned(BaseException):
 
 @contextlib.contextmanager
 def raising_on(signum: int | None) -> Any:
+    """Within it, `signum` stops the pool: yields `came()`, whether it came, which run_pool asks between its
+    polls and raises Warned on. The handler only records it: raised from the handler, Warned could land inside a
+    storage call of the progress poll, leave PostgreSQL's connection mid-transaction, and end the search as a
+    storage failure instead of a requeue."""
     import signal
 
-    def warned(_signum: int, _frame: Any) -> None:
-        raise Warned
-
-    old = signal.signal(signum, warned) if signum else None
+    came: list[int] = []
+    old = signal.signal(signum, lambda number, _frame: came.append(number)) if signum else None
     try:
         if came_early(signum):  # it came while the search started
             raise Warned
-        yield
+        yield lambda: bool(came)
     finally:
         if signum:
             signal.signal(signum, old)
 
 
 def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
-          budget: int, ignored: int | None = None, started: list[int] | None = None) -> None:
+             budget: int, ignored: int | None = None, started: list[int] | None = None,
+             warned: Callable[[], bool] | None = None) -> None:
     """P worker processes run the trials; this one shows the progress (polling the storage), starts a new
     process where one died (its trial is tried once more, then failed: see studies.after_death), and makes
     sure none of them outlives the search."""
@@ -71,6 +75,8 @@ def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
     try:
         while processes:
             multiprocessing.connection.wait([p.sentinel for p in processes.values()], timeout=1.0)
+            if warned is not None and warned():  # raising_on's signal, acted on between polls
+                raise Warned
             if (now := studies.counts(study)[0]) > finished:  # the search moves on: its processes are sound
                 deaths, finished = 0, now
             for index, process in list(processes.items()):
