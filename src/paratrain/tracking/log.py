@@ -73,7 +73,8 @@ class RunLog:
                                   "a")
         chosen = loggers(cfg)
         if named(cfg.logger):  # a tracker's warning is shown --quiet or not
-            params = {k: v for k, v in cfg.to_dict().items() if k not in set(unread)}  # config.yaml's
+            left_out = set(unread)
+            params = {k: v for k, v in cfg.to_dict().items() if k not in left_out}  # config.yaml's
             self.trackers = Trackers(run_dir, named(cfg.logger), identity(run_dir, params, tags), self.say,
                                      cfg.mlflow_uri, have=kept, warn=lambda line: tqdm.write(line, file=sys.stderr))
         if "tensorboard" in chosen and not installed("tensorboard"):  # the run goes on: metrics.jsonl has all

@@ -89,12 +89,17 @@ class PipelineStrategy(Strategy):
     @classmethod
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None,
                 layout: Layout) -> tuple[TrainConfig, Layout]:
-
         from ...components.build import make_model
 
-        model = make_model(cfg, data, parts)
+        return cls.staged(cfg, data, parts, make_model(cfg, data, parts), layout)
+
+    @classmethod
+    def staged(cls, cfg: TrainConfig, data: Splits, parts: Parts | None, model: nn.Module,
+               layout: Layout) -> tuple[TrainConfig, Layout]:
+        """A pipeline of `model` checked and its layers cut, once: the configuration records the cuts (--split),
+        the layout carries them to the workers (a tp mesh with pp asks this too)."""
         cls.prepare_checks(cfg, data, model)
-        cfg = cls.cut(cfg, data, parts, model)[0]  # config.yaml records the cuts; the workers read the layout
+        cfg = cls.cut(cfg, data, parts, model)[0]
         return cfg, dataclasses.replace(layout, cuts=tuple(int(c) for c in cfg.split.split(",")))
 
     @staticmethod

@@ -107,9 +107,7 @@ class TensorParallel(Strategy):
             return cfg, layout
         from .pipeline import PipelineStrategy
 
-        PipelineStrategy.prepare_checks(cfg, data, model)
-        cfg = PipelineStrategy.cut(cfg, data, parts, model)[0]
-        return cfg, dataclasses.replace(layout, cuts=tuple(int(c) for c in cfg.split.split(",")))
+        return PipelineStrategy.staged(cfg, data, parts, model, layout)
 
     # ---- in each worker ----
 
@@ -285,7 +283,6 @@ class TensorParallel(Strategy):
                  flip: bool, meter: Any = None) -> tuple[float, float]:
         """Each copy evaluates its share (every tp worker of it alike: each forward is a collective), and one
         worker a copy counts it."""
-        import dataclasses
 
         from ...optimization.evaluation import evaluate_share, totals
 
