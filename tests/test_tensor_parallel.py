@@ -165,7 +165,6 @@ def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, caps
              (["--mesh", "fsdp=2,tp=2", "--devices", "2"], "--mesh fsdp=2,tp=2 is 4 workers"),
              (["--strategy", "tp", "--devices", "2", "--precision", "16-mixed"],
               "--precision 16-mixed is not available with --strategy tp"),
-             (["--mesh", "fsdp=2,pp=2", "--oversubscribe"], "sharded copies (fsdp) of a pipeline's stages"),
              (["--strategy", "tp", "--devices", "2", "--tp-plan", str(tmp_path / "no.yaml")], "no such file"),
              (["--strategy", "tp"], "--strategy tp needs --devices N"),
              (["--strategy", "tp", "--devices", "2", "--stages", "2"], "give the stages as pp in --mesh"),

@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 
 def blocks(model: nn.Module, names: str | None) -> list[nn.Module]:
-    """The modules sharded one at a time: those named in `names` (comma-separated module names), or the
+    """The modules sharded one at a time: those named in `names` (comma-separated module names), a decoder's
+    stage's blocks (its forward calls its pieces, not its top-level children: the rest is the root's), or the
     model's top-level children that hold weights (the registry's models are built as a row of blocks)."""
     if names:
         found = dict(model.named_modules())
@@ -48,6 +49,9 @@ def blocks(model: nn.Module, names: str | None) -> list[nn.Module]:
                 raise UserError(f"--shard-modules names '{name}', which this network does not have; its "
                                 f"top-level modules are: {top}")
         return [found[n] for n in wanted]
+    pieces = getattr(model, "_paratrain_pieces", None)
+    if pieces is not None:
+        return [model.get_submodule(p.paths[0]) for p in pieces if p.kind == "block"]
     return [child for child in model.children() if any(True for _ in child.parameters())]
 
 

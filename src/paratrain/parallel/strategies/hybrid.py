@@ -1,5 +1,5 @@
 """Data x pipeline parallelism: R = N/K copies of a K-stage pipeline on a 2-D DeviceMesh (dp x pp); each
-stage's gradients are averaged over its R copies (stages.Pipeline.average_gradients)."""
+stage's gradients are averaged over its R copies (stages.Pipeline.reduce_gradients)."""
 
 from __future__ import annotations
 

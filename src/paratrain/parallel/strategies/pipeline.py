@@ -124,18 +124,18 @@ class PipelineStrategy(Strategy):
         table that --print-split shows. `model`: the network, where the caller has built it already."""
 
         from ...components.build import make_model
-        from . import stages
+        from .cuts import example_batch, layers_of, resolve_cuts, split_table
 
-        example = stages.example_batch(cfg, data, 1)
-        model = stages.layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model, example)
+        example = example_batch(cfg, data, 1)
+        model = layers_of(model if model is not None else make_model(cfg, data, parts), cfg.model, example)
         try:
-            cuts, costs = stages.resolve_cuts(model, cfg.split, cfg.stages, example)
+            cuts, costs = resolve_cuts(model, cfg.split, cfg.stages, example)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 (the network's own failure, on one image in evaluation mode)
             raise failed("the network failed as its layers' costs were counted (one image, evaluation mode)",
                          e) from None
-        return cfg.replace(split=",".join(map(str, cuts))), stages.split_table(model, cuts, costs)
+        return cfg.replace(split=",".join(map(str, cuts))), split_table(model, cuts, costs)
 
     # ---- in each worker: its stage ----
 
@@ -148,7 +148,8 @@ class PipelineStrategy(Strategy):
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
 
         from ...features.batchnorm import has_batchnorm
-        from .stages import Pipeline, StagePlace, example_batch, layers_of
+        from .cuts import example_batch, layers_of
+        from .stages import Pipeline, StagePlace
 
         cfg, ctx = self.cfg, self.ctx
         place = StagePlace.of(self.layout.mesh, ctx.rank)
@@ -184,8 +185,8 @@ class PipelineStrategy(Strategy):
 
     def _stage_part(self, whole: dict[str, Any]) -> dict[str, Any]:
         """This stage's entries of a whole model's state dict (the stage names its layers as the whole does)."""
-        names = dict(self.stage.module.named_children())
-        return {k: v for k, v in whole.items() if k.split(".", 1)[0] in names}
+        names = self.stage.module.state_dict()
+        return {k: v for k, v in whole.items() if k in names}
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         if "sharded" in saved:
@@ -201,7 +202,7 @@ class PipelineStrategy(Strategy):
 
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         with timer.phase("allreduce"):  # --time-phases: the copies' average (hybrid); the schedule's is compute
-            self.stage.average_gradients()
+            self.stage.reduce_gradients()
 
     def clip_grad_norm(self, max_norm: float) -> None:
         """The norm over every stage's gradients (each stage's squared norm summed over its copy's stages), each
@@ -211,8 +212,9 @@ class PipelineStrategy(Strategy):
         from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
         parameters = [p for p in self.module.parameters() if p.grad is not None]
-        squares = get_total_norm([p.grad for p in parameters]).to(self.ctx.device, torch.float32).square() \
-            if parameters else torch.zeros((), dtype=torch.float32, device=self.ctx.device)
+        counted = [p.grad for p in parameters if not self.stage.counted_elsewhere(p)]
+        squares = get_total_norm(counted).to(self.ctx.device, torch.float32).square() \
+            if counted else torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         dist.all_reduce(squares, group=self.stage.pp_group)
         clip_grads_with_norm_(parameters, max_norm, squares.sqrt())
 

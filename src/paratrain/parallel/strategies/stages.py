@@ -10,9 +10,7 @@ writing its own layers under the whole model's names (strategies/base.py, checkp
 
 from __future__ import annotations
 
-import copy
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.flop_counter import FlopCounterMode
 
 from ...core.errors import UserError
 from ...data.batches import eval_range
@@ -31,159 +28,51 @@ from ...features.dropout import GlobalBatchDropout
 from ...runtime.dist import average_gradients
 from ..mesh import Mesh, device_mesh
 from .base import autocast as cast_to
+from .cuts import stage_bounds, stage_module, theoretical_bubble, whole_model
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
 
 
-def layers_of(model: nn.Module, name: str, example: torch.Tensor) -> nn.Sequential:
-    """The model as a sequence of layers: an nn.Sequential as it is; another module whose forward is its
-    children applied in order (checked on `example`: the same output, exactly) as an nn.Sequential of those
-    children under their own names, so that its weights keep the model's names (checkpoints load back into
-    the model)."""
-    if isinstance(model, nn.Sequential):
-        return model
-    children = OrderedDict(model.named_children())
-    own = list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False))
-    if children and not own and _same_output(model, nn.Sequential(children), example):
-        return nn.Sequential(children)
-    raise UserError(f"--strategy pipeline/hybrid needs a model that is a sequence of layers (lenet5, convnet, "
-                    f"cifar10-net, mlp, an nn.Sequential, or a module whose forward applies its children in "
-                    f"order); '{name}' is not one")
-
-
-def example_batch(cfg: Any, data: Any, n: int) -> torch.Tensor:
-    """A batch of `n` zero examples as the first stage takes them: images at the model's input size, or the
-    data's own inputs (kind "tensors"), whose shapes fix the stages' buffers."""
-    if not data.images:
-        return torch.zeros(n, *data.input_shape, dtype=data.train[0].dtype)
-    from ...models import input_size
-
-    side = input_size(cfg.model, data.image_size)
-    return torch.zeros(n, data.channels, side, side)
-
-
-def _same_output(model: nn.Module, layers: nn.Sequential, example: torch.Tensor) -> bool:
-    """Whether the children in order compute what the model does: on a seeded random batch of the example's
-    shape (zeros would hide a scaling of the input or a residual around it), in evaluation mode and, on
-    copies under the same random state, in training mode (dropout and other steps only training takes)."""
-    x = torch.randn(example.shape, generator=torch.Generator().manual_seed(0))
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()
-            if not torch.equal(model(x), layers(x)):
-                return False
-            whole = copy.deepcopy(model).train()  # copies: BatchNorm statistics of the real one stay untouched
-            cut = nn.Sequential(OrderedDict(whole.named_children()))
-            outputs = []
-            for net in (whole, cut):
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(0)
-                    outputs.append(net(x))
-            return bool(torch.equal(*outputs))
-    except Exception:  # noqa: BLE001 (a forward that needs more than the children: not a sequence)
-        return False
-    finally:
-        model.train(was_training)
-
-
-# ---- where to cut (pure functions, and the counted cost they balance) ----
-
-@torch.no_grad()
-def layer_costs(model: nn.Sequential, example: torch.Tensor) -> list[float]:
-    """Counted forward cost of each layer for one example: FLOPs of its matrix products and convolutions
-    (FlopCounterMode) plus one operation per output element, the memory-bound part that activations,
-    pooling and normalisation consist of. Counted in evaluation mode: the same operations, and a BatchNorm
-    after a 1x1 feature map cannot fail on the one example's batch statistics (training mode would); the
-    model's mode is put back."""
-    costs, x = [], example
-    was_training = model.training
-    model.eval()
-    try:
-        for layer in model:
-            with FlopCounterMode(display=False) as counter:
-                y = layer(x)
-            costs.append(float(counter.get_total_flops() + y.numel()))
-            x = y
-    finally:
-        model.train(was_training)
-    return costs
-
-
-def balanced_cuts(costs: list[float], k: int) -> list[int]:
-    """The k-1 cut points (the layer index where each stage after the first starts) that make the
-    costliest stage as cheap as possible: the linear partition problem, solved exactly."""
-    n = len(costs)
-    if not 1 <= k <= n:
-        raise UserError(f"--stages {k}: the model has {n} layers; use 2 to {n} stages")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    # best[j][i]: the lowest possible maximum stage cost for the first i layers in j stages
-    inf = float("inf")
-    best = [[inf] * (n + 1) for _ in range(k + 1)]
-    cut = [[0] * (n + 1) for _ in range(k + 1)]
-    best[0][0] = 0.0
-    for j in range(1, k + 1):
-        for i in range(j, n + 1):
-            for s in range(j - 1, i):  # the last stage holds layers s..i-1
-                v = max(best[j - 1][s], prefix[i] - prefix[s])
-                if v < best[j][i]:
-                    best[j][i], cut[j][i] = v, s
-    cuts, i = [], n
-    for j in range(k, 1, -1):
-        i = cut[j][i]
-        cuts.append(i)
-    return sorted(cuts)
-
-
-def parse_split(spec: str, n_layers: int, k: int) -> list[int]:
-    """`--split 3,5` -> [3, 5]: stage 1 is layers 0-2, stage 2 layers 3-4, stage 3 the rest."""
-    try:
-        cuts = [int(t) for t in spec.split(",") if t.strip()]
-    except ValueError:
-        raise UserError(f"--split '{spec}': write auto or cut points such as 3,5") from None
-    if len(cuts) != k - 1 or cuts != sorted(set(cuts)) or not all(0 < c < n_layers for c in cuts):
-        raise UserError(f"--split '{spec}': {k} stages need {k - 1} increasing cut points between 1 and "
-                        f"{n_layers - 1} (the model has {n_layers} layers; see --print-split)")
-    return cuts
-
-
-def stage_bounds(cuts: list[int], n_layers: int) -> list[tuple[int, int]]:
-    edges = [0, *cuts, n_layers]
-    return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-def resolve_cuts(model: nn.Sequential, split: str, k: int, example: torch.Tensor) -> tuple[list[int], list[float]]:
-    costs = layer_costs(model, example)
-    cuts = balanced_cuts(costs, k) if split == "auto" else parse_split(split, len(model), k)
-    return cuts, costs
-
-
-def split_table(model: nn.Sequential, cuts: list[int], costs: list[float]) -> str:
-    """What --print-split shows: each stage's layers, parameters and share of the counted cost."""
-    total = sum(costs)
-    lines = [f"{'stage':<6}{'layers':<10}{'parameters':>12}{'cost (MFLOP/ex)':>17}{'share':>8}  contents"]
-    for s, (lo, hi) in enumerate(stage_bounds(cuts, len(model))):
-        params = sum(p.numel() for i in range(lo, hi) for p in model[i].parameters())
-        cost = sum(costs[lo:hi])
-        names = ", ".join(type(model[i]).__name__ for i in range(lo, hi))
-        lines.append(f"{s:<6}{f'{lo}-{hi - 1}':<10}{params:>12,}{cost / 1e6:>17.3f}{cost / total:>8.1%}  {names}")
-    return "\n".join(lines)
-
-
-def theoretical_bubble(k: int, m: int) -> float:
-    return (k - 1) / (m + k - 1)
-
 
 # ---- the optimizer state of one stage from a whole-model checkpoint file (a pure function) ----
 
-def slice_optimizer_state(full: dict, offset: int, count: int) -> dict:
-    """The part of a whole-model optimizer state dict that belongs to parameters offset..offset+count-1."""
+def slice_optimizer_state(full: dict, numbers: list[int]) -> dict:
+    """The part of a whole-model optimizer state dict that belongs to the parameters of those numbers (in the
+    whole model's order), numbered as the stage's optimizer numbers them."""
     if len(full["param_groups"]) != 1:
         raise UserError("this checkpoint's optimizer has several parameter groups; a pipeline cannot split it")
-    state = {i - offset: v for i, v in full["state"].items() if offset <= int(i) < offset + count}
-    return {"state": state, "param_groups": [{**full["param_groups"][0], "params": list(range(count))}]}
+    at = {n: i for i, n in enumerate(numbers)}
+    state = {at[int(i)]: v for i, v in full["state"].items() if int(i) in at}
+    return {"state": state, "param_groups": [{**full["param_groups"][0], "params": list(range(len(numbers)))}]}
+
+
+# ---- the weights that stages share ----
+
+def tied_weights(full: nn.Sequential, bounds: list[tuple[int, int]], stage: int) -> list[nn.Parameter | None]:
+    """The weights that layers of different stages share (GPT-2's embedding and head), in the model's order, each
+    as this stage's parameter where it holds it, else None. Only a model's first and last stage may share one."""
+    holders: dict[int, tuple[nn.Parameter, set[int]]] = {}
+    for s, (lo, hi) in enumerate(bounds):
+        for layer in list(full)[lo:hi]:
+            for p in layer.parameters():
+                holders.setdefault(id(p), (p, set()))[1].add(s)
+    shared = [(p, stages) for p, stages in holders.values() if len(stages) > 1]
+    if any(stages != {0, len(bounds) - 1} for _, stages in shared):
+        raise UserError("a weight is shared by layers of stages other than the first and the last; cut the "
+                        "pipeline elsewhere (--split)")
+    return [p if stage in stages else None for p, stages in shared]
+
+
+def ends_group(stages: int) -> Any:
+    """The process group of this worker's first and last stage (of its copy, its shard): every rank makes every
+    such group (a collective call), in the order of the mesh, where pp is outermost."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    inner, mine = world // stages, None
+    for rest in range(inner):
+        group = dist.new_group([rest, (stages - 1) * inner + rest])
+        if rank % inner == rest:
+            mine = group
+    return mine
 
 
 # ---- the processes ----
@@ -247,29 +136,39 @@ class Pipeline:
     def __init__(self, full: nn.Sequential, cuts: tuple[int, ...], place: StagePlace, device: torch.device,
                  microbatches: int, schedule: str, example: torch.Tensor, loss: Any = F.cross_entropy,
                  built: DeviceMesh | None = None, shard: Callable[[nn.Module], nn.Module] | None = None,
-                 autocast: torch.dtype | None = None, accumulate: int = 1) -> None:
-        """`built`: the run's device mesh (default: one of pp x dp); `shard`: what splits the stage's layers
-        further (tensor parallelism) before the stage is made; `autocast`: the type every forward autocasts to
-        (--precision bf16); `accumulate`: the batches whose gradients add up before an update (--accumulate).
-        The example goes through the layers before the stage under the CPU's autocast;
-        torch's PipelineStage (2.14) types what a stage receives and sends from its first forward, which runs
-        under the device's."""
+                 autocast: torch.dtype | None = None, accumulate: int = 1, copies_reduced: bool = False) -> None:
+        """`full`: the model's layers (cuts.layers_of); `built`: the run's device mesh (default: one of pp x dp);
+        `shard`: what splits the stage's layers further (tensor parallelism, fsdp over the copies) before the stage
+        is made; `autocast`: the type every forward autocasts to (--precision bf16); `accumulate`: the batches whose
+        gradients add up before an update (--accumulate); `copies_reduced`: whether `shard` reduces the copies'
+        gradients itself (fsdp), or the pipeline averages them over dp. The example goes through the layers before
+        the stage under the CPU's autocast; torch's PipelineStage (2.14) types what a stage receives and sends from
+        its first forward, which runs under the device's."""
         K = place.stages
         self.place, self.device, self.microbatches = place, device, microbatches
         built = built or device_mesh(Mesh(pp=K, dp=place.replicas), device.type)
         self.pp_group, self.dp_group = built.get_group("pp"), built.get_group("dp")
-        lo, hi = stage_bounds(cuts, len(full))[place.stage]
-        # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
-        self.module = nn.Sequential(OrderedDict(list(full.named_children())[lo:hi])).to(device)
-        if shard is not None:
-            self.module = shard(self.module)
-        self.param_offset = sum(1 for i in range(lo) for _ in full[i].parameters())
+        self.copies_reduced = copies_reduced
+        bounds = stage_bounds(cuts, len(full))
+        lo, hi = bounds[place.stage]
         self.micro = example.shape[0]  # the stage's static shapes: evaluation runs batches of micro x microbatches
-        # the shape of a micro-batch where it enters this stage, and the dropout calls before it
+        # the shape of a micro-batch where it enters this stage, and the dropout calls before it (before the stage
+        # is made: a decoder's stage is the model itself, its other pieces removed)
         self.cast = lambda: cast_to(device.type, autocast)
         with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before, \
                 cast_to("cpu", autocast):
             inp = nn.Sequential(*list(full)[:lo])(example)
+        numbers = {id(p): i for i, p in enumerate(whole_model(full).parameters())}
+        tied = tied_weights(full, bounds, place.stage)
+        # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
+        module = stage_module(full, lo, hi)
+        self.param_numbers = [numbers[id(p)] for p in module.parameters()]  # in a whole model's optimizer
+        names = {id(p): n for n, p in module.named_parameters()}
+        self.tied = [names[id(p)] for p in tied if p is not None]  # by name: sharding makes new parameters
+        self.ends = ends_group(K) if tied else None
+        self.module = module.to(device)
+        if shard is not None:
+            self.module = shard(self.module)
         self.stage = _TimedStage(self.module, place.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
         self.stage.chunk_share, self.stage.chunks = (place.replica, place.replicas), microbatches
@@ -309,10 +208,23 @@ class Pipeline:
             return None, None
         return torch.stack(losses).mean() * self.accumulate, logits
 
-    def average_gradients(self) -> None:
-        """Hybrid: average each stage's gradients over the R copies of the pipeline (one flat all-reduce)."""
-        if self.place.replicas > 1:
+    def reduce_gradients(self) -> None:
+        """The gradients of a weight that the first and the last stage share (GPT-2's embedding and head) added
+        up between them, as one device's are; then, hybrid, each stage's averaged over the R copies of the
+        pipeline (one flat all-reduce) unless fsdp reduced them already."""
+        for p in self._tied():
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            dist.all_reduce(grad, group=self.ends)
+        if self.place.replicas > 1 and not self.copies_reduced:
             average_gradients(self.module.parameters(), self.place.replicas, self.dp_group)
+
+    def counted_elsewhere(self, p: torch.Tensor) -> bool:
+        """Whether another stage counts `p` in the whole model's gradient norm (a shared weight: the first)."""
+        return not self.is_first and any(p is q for q in self._tied())
+
+    def _tied(self) -> list[nn.Parameter]:
+        held = dict(self.module.named_parameters())
+        return [held[n] for n in self.tied]
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: Any, loss: Any, flip: bool,
                  meter: Any = None) -> torch.Tensor:
@@ -326,20 +238,23 @@ class Pipeline:
         x_all, y_all = pair
         share = eval_range(len(y_all), self.place.replica, self.place.replicas)
         size = self.micro * self.microbatches
+        # as many batches on every copy (fsdp's forwards are collectives over the copies): the most any has
+        batches = -(-len(eval_range(len(y_all), 0, self.place.replicas)) // size)
         sums = torch.zeros(SUMS, dtype=torch.float64, device=self.device)
         busy, was_training = self.stage.busy_s, self.module.training
         self.module.eval()
         try:
             with torch.no_grad():
-                for start in range(share.start, share.stop, size):
-                    n = min(size, share.stop - start)
-                    x = _padded(prep.eval(x_all[start:start + n]), size) if self.is_first else None
-                    y = _padded(y_all[start:start + n].to(self.device), size) if self.is_last else None
+                for start in range(share.start, share.start + batches * size, size):
+                    n = max(0, min(size, share.stop - start))
+                    rows = slice(start, start + n) if n else slice(0, 1)  # none left: a stand-in, counted nowhere
+                    x = _padded(prep.eval(x_all[rows]), size) if self.is_first else None
+                    y = _padded(y_all[rows].to(self.device), size) if self.is_last else None
                     logits = self._forward(x, y)
                     if flip:  # test-time augmentation: the mean with the mirror image's outputs
                         mirrored = self._forward(x.flip(3) if x is not None else None, y)
                         logits = (logits + mirrored) / 2 if self.is_last else None
-                    if self.is_last:
+                    if self.is_last and n:
                         sums += batch_sums(logits[:n], y[:n], loss)
                         if meter is not None:  # the other stages' metrics update nothing (zeros)
                             meter.update(logits[:n], y[:n])
@@ -361,7 +276,7 @@ class Pipeline:
             return None
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        optimizer.load_state_dict(slice_optimizer_state(full, self.param_offset, len(list(self.module.parameters()))))
+        optimizer.load_state_dict(slice_optimizer_state(full, self.param_numbers))
 
     def bubble(self) -> dict[str, Any]:
         """Measured idle fraction of every stage (of this copy) beside the theory, (K-1)/(M+K-1) (collective)."""

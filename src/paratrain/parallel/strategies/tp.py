@@ -75,9 +75,6 @@ class TensorParallel(Strategy):
                 env: Environment) -> tuple[TrainConfig, Hardware, Layout]:
         cfg, hardware, layout = super().arrange(cfg, hardware, env)
         mesh = layout.mesh
-        if mesh.pp > 1 and mesh.fsdp > 1:
-            raise UserError(f"--mesh {mesh.text()}: sharded copies (fsdp) of a pipeline's stages are not available "
-                            "yet; use dp for the copies")
         if mesh.pp > 1:
             check_microbatches(cfg, mesh.copies)
         # config.yaml records the workers counted (tp = --devices where no --mesh is given)
@@ -100,9 +97,10 @@ class TensorParallel(Strategy):
         # built as the workers build it (on the CPU, not the meta device: a network of yours may load weights),
         # and a pipeline's cuts count its layers' costs on an example
         model = make_model(cfg, data, parts)
-        plan = tensor_plan.plan_of(model, cfg.tp_plan)
-        check_model(mesh, tensor_plan.shape(model))  # the heads first: the size a user chose
-        tensor_plan.check_splits(model, plan, mesh.tp)
+        if mesh.tp > 1:  # (a mesh of fsdp and pp alone splits no layer: it needs no plan)
+            plan = tensor_plan.plan_of(model, cfg.tp_plan)
+            check_model(mesh, tensor_plan.shape(model))  # the heads first: the size a user chose
+            tensor_plan.check_splits(model, plan, mesh.tp)
         if mesh.pp == 1:
             return cfg, layout
         from .pipeline import PipelineStrategy
@@ -131,28 +129,30 @@ class TensorParallel(Strategy):
 
         self.loss, mesh = loss, self.dims()
         self.names = [n for n, _ in model.named_parameters()]  # a whole-model optimizer state's order (restore)
-        plan = tensor_plan.plan_of(model, self.cfg.tp_plan)
+        plan = tensor_plan.plan_of(model, self.cfg.tp_plan) if mesh.tp > 1 else {}
         if mesh.pp > 1:  # a stage hands on whole tensors: the last one's scores gathered for the schedule's loss
             plan = {k: "colwise_rep" if v == "colwise_shard_output" else v for k, v in plan.items()}
         self.split_scores = tensor_plan.splits_output(plan)
         self.built = device_mesh(mesh, self.ctx.device.type) if self.ctx.distributed else None
 
+        self._unsharded = None
+
         def shard(module: nn.Module) -> nn.Module:
             module = module.to(self.ctx.device)
-            return tensor_plan.apply(module, self.built["tp"], plan) if mesh.tp > 1 else module
+            if mesh.tp > 1:
+                module = tensor_plan.apply(module, self.built["tp"], plan)
+            if mesh.fsdp > 1 or (mesh.copies > 1 and mesh.pp == 1):
+                # the EMA's copy, before fsdp shards the copies (its modules refuse deepcopy): average() shards it
+                self._unsharded = copy.deepcopy(module) if self.cfg.ema else None
+                self._shard_copies(module)
+            return module
 
-        self._unsharded = None
         if mesh.pp > 1:
             self.stage = self._pipeline(model, data, loss, shard)
             self.module = self.model = self.stage.module
             return self.module
-        module = shard(model)
-        # the EMA's copy, before fsdp shards the copies (its modules refuse deepcopy): average() shards it alike
-        self._unsharded = copy.deepcopy(module) if self.cfg.ema and mesh.copies > 1 else None
-        if mesh.copies > 1:
-            self._shard_copies(module)
-        self.module = self.model = module
-        return module
+        self.module = self.model = shard(model)
+        return self.module
 
     def compiled_units(self) -> list[nn.Module]:
         """A stage's module where the mesh has a pipeline; else each top-level block (its tensor-parallel layers'
@@ -174,14 +174,15 @@ class TensorParallel(Strategy):
         super().compile()
 
     def _pipeline(self, model: nn.Module, data: Splits, loss: Any, shard: Callable) -> Any:
-        from .stages import Pipeline, StagePlace, example_batch, layers_of
+        from .cuts import example_batch, layers_of
+        from .stages import Pipeline, StagePlace
 
         cfg, mesh = self.cfg, self.dims()
         micro = cfg.batch_size // mesh.copies // cfg.microbatches
         example = example_batch(cfg, data, micro)
         return Pipeline(layers_of(model, cfg.model, example), self.layout.cuts, StagePlace.of(mesh, self.ctx.rank),
                         self.ctx.device, cfg.microbatches, cfg.schedule, example, self._loss_of(loss), self.built,
-                        shard, autocast_dtype(cfg.precision), cfg.accumulate)
+                        shard, autocast_dtype(cfg.precision), cfg.accumulate, copies_reduced=mesh.fsdp > 1)
 
     def _shard_copies(self, module: nn.Module) -> None:
         """FSDP2 over the copies (HSDP where there are whole copies too): each block, then the root."""
@@ -246,7 +247,7 @@ class TensorParallel(Strategy):
     def reduce_gradients(self, timer: PhaseTimer) -> None:
         if self.dims().pp > 1:
             with timer.phase("compute"):  # --time-phases: tp's collectives count as compute, this one too
-                self.stage.average_gradients()  # over the dp copies of each stage (their own parts)
+                self.stage.reduce_gradients()  # over the dp copies of each stage (their own parts)
 
     def clip_grad_norm(self, max_norm: float) -> None:
         """torch's clip_grad_norm_ rule over the whole model's gradients, which here are DTensors (split by the
@@ -262,9 +263,10 @@ class TensorParallel(Strategy):
         from torch.distributed.tensor import DTensor, Replicate
 
         stage_workers = self.ctx.world_size // self.dims().pp
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        held = [p for p in self.module.parameters() if p.grad is not None]
+        grads = [p.grad for p in held]
         squares = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        for grad in grads:
+        for grad in (p.grad for p in held if self.dims().pp == 1 or not self.stage.counted_elsewhere(p)):
             if isinstance(grad, DTensor):
                 mesh = grad.device_mesh
                 holders = stage_workers // mesh.size() * math.prod(
