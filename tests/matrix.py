@@ -34,6 +34,8 @@ LAYOUTS: dict[str, tuple[dict, str]] = {
     "hybrid": ({"strategy": "hybrid", "stages": 2}, "`--strategy hybrid --stages 2` (pipelines x copies)"),
     "fsdp x tp": ({"strategy": "tp", "mesh": "fsdp=2,tp=2"}, "`--mesh fsdp=2,tp=2`"),
     "dp x tp x pp": ({"strategy": "tp", "mesh": "dp=2,tp=2,pp=2"}, "`--mesh dp=2,tp=2,pp=2`"),
+    "fsdp x pp": ({"strategy": "tp", "mesh": "fsdp=2,pp=2"}, "`--mesh fsdp=2,pp=2` (sharded copies of a pipeline's "
+                  "stages; a Hugging Face decoder's too: tests/test_decoder_pipeline.py)"),
 }
 # name: (the configuration's fields, the flag, what an equal cell compares the run with)
 FEATURES: dict[str, tuple[dict, str, str]] = {

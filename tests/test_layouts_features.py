@@ -30,6 +30,7 @@ LAYOUTS = {
     "hybrid": ("--strategy", "hybrid", "--stages", "2", "--devices", "4", "--oversubscribe"),
     "fsdp x tp": ("--mesh", "fsdp=2,tp=2", "--oversubscribe"),
     "dp x tp x pp": ("--mesh", "dp=2,tp=2,pp=2", "--oversubscribe"),
+    "fsdp x pp": ("--mesh", "fsdp=2,pp=2", "--oversubscribe"),
 }
 # feature: (its flags, the flags of the one-device run it is compared with)
 FEATURES = {
@@ -80,6 +81,7 @@ CELLS = [
     ("tower", "accumulation", FLOAT32), ("hsdp", "accumulation", FLOAT32), ("tp", "accumulation", FLOAT32),
     ("fsdp x tp", "accumulation", FLOAT32), ("pipeline", "accumulation", FLOAT32), ("hybrid", "accumulation", FLOAT32),
     ("dp x tp x pp", "accumulation", FLOAT32),
+    ("fsdp x pp", "EMA", FLOAT32), ("fsdp x pp", "clipping", FLOAT32), ("fsdp x pp", "accumulation", FLOAT32),
     ("tower", "async checkpoints", FLOAT32), ("hsdp", "async checkpoints", FLOAT32),
     ("tp", "async checkpoints", FLOAT32), ("pipeline", "async checkpoints", FLOAT32),
     ("hybrid", "async checkpoints", FLOAT32), ("fsdp x tp", "async checkpoints", FLOAT32),
@@ -103,6 +105,7 @@ CELLS = [
     ("tower", "accumulation", "3.0e-8"), ("hsdp", "accumulation", "3.0e-8"), ("tp", "accumulation", "3.0e-8"),
     ("fsdp x tp", "accumulation", "1.2e-7"), ("pipeline", "accumulation", "3.0e-8"),
     ("hybrid", "accumulation", "3.0e-8"), ("dp x tp x pp", "accumulation", "1.9e-8"),
+    ("fsdp x pp", "EMA", "3.0e-8"), ("fsdp x pp", "clipping", "1.2e-7"), ("fsdp x pp", "accumulation", "1.2e-7"),
     ("tower", "async checkpoints", "3.0e-8"), ("hsdp", "async checkpoints", "1.2e-7"),
     ("tp", "async checkpoints", "1.2e-7"), ("pipeline", "async checkpoints", "1.2e-7"),
     ("hybrid", "async checkpoints", "1.2e-7"), ("fsdp x tp", "async checkpoints", "1.2e-7"),
@@ -132,12 +135,13 @@ def _dropout(layout: str) -> tuple[str, ...]:
     return ("--dropout", "0") if "--dropout" in LAYOUTS[layout] else ()
 
 
-RESUMED = ["tower", "hsdp", "hybrid", "fsdp x tp"]
+RESUMED = ["tower", "hsdp", "hybrid", "fsdp x tp", "fsdp x pp"]
 
 
 @pytest.mark.parametrize("layout", RESUMED)
 @pytest.mark.matrix(("tower", "resume across layouts", "1.2e-7"), ("hsdp", "resume across layouts", "1.2e-7"),
-                    ("hybrid", "resume across layouts", "1.2e-7"), ("fsdp x tp", "resume across layouts", "1.2e-7"))
+                    ("hybrid", "resume across layouts", "1.2e-7"), ("fsdp x tp", "resume across layouts", "1.2e-7"),
+                    ("fsdp x pp", "resume across layouts", "3.0e-8"))
 def test_a_layout_stopped_midway_carries_on_on_one_device(base: tuple[str, ...], one_device: dict, tmp_path: Path,
                                                           layout: str) -> None:
     """Stopped after its step-3 checkpoint, carried on to step 6 on one device: the weights of one device's run

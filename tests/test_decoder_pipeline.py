@@ -1,0 +1,109 @@
+"""A Hugging Face decoder cut into a pipeline by its block list (parallel/strategies/decoder.py): its pieces
+compute the model's scores exactly, a stage keeps the whole model's names, a decoder that does more than its
+pieces is refused; and from the command line, transformers' LlamaForCausalLM and GPT2LMHeadModel as they are under
+pp=2, dp=2,pp=2 and fsdp=2,pp=2 equal one device."""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import max_abs_diff, train_here, weights
+from torch import nn
+
+from paratrain.checkpoint import files as checkpoint
+from paratrain.core.errors import UserError
+from paratrain.parallel.strategies.cuts import layers_of, stage_bounds, stage_module
+
+transformers = pytest.importorskip("transformers")
+
+FACTORIES = """
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def llama():
+    return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def gpt2():  # its embedding and head share one weight; dropout 0.1 (embeddings, attention, residuals)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=3, n_head=2,
+                                      bos_token_id=0, eos_token_id=0))
+"""
+
+
+def _decoders() -> dict[str, nn.Module]:
+    namespace: dict = {}
+    exec(FACTORIES, namespace)  # noqa: S102 (the test's own factories, as the command line's file holds them)
+    torch.manual_seed(3)
+    return {"llama": namespace["llama"](), "gpt2": namespace["gpt2"]()}
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_decoders_stages_compute_its_scores_under_its_own_names(name: str) -> None:
+    """Cut after each of two places, the stages in turn give the model's scores exactly, in training mode under
+    one seed too (GPT-2's dropout), and together hold each of the model's weights under its own name."""
+    model = _decoders()[name]
+    ids = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(5))
+    layers = layers_of(model, name, torch.zeros(2, 12, dtype=torch.long))
+    assert len(layers) == 5  # embeddings, 3 blocks, norm and head
+    for cuts in ([1, 3], [2, 4]):
+        for mode in ("eval", "train"):
+            whole = copy.deepcopy(model).train(mode == "train")
+            torch.manual_seed(0)
+            want = whole(ids).logits
+            stages = [stage_module(_pieces(model, name, mode), lo, hi) for lo, hi in stage_bounds(cuts, 5)]
+            torch.manual_seed(0)
+            x = ids
+            for stage in stages:
+                x = stage(x)
+            assert torch.equal(x, want), (cuts, mode)
+        names = [set(s.state_dict()) for s in stages]
+        assert set().union(*names) == set(model.state_dict()) and not names[0] & names[1]
+    if name == "gpt2":  # the shared weight: the first stage holds the embedding, the last the head
+        assert "transformer.wte.weight" in names[0] and "lm_head.weight" in names[2]
+
+
+def _pieces(model: nn.Module, name: str, mode: str) -> nn.Sequential:
+    """The pieces of a copy of `model` (a stage is made of the model itself: each worker cuts its own copy)."""
+    return layers_of(copy.deepcopy(model).train(mode == "train"), name, torch.zeros(2, 12, dtype=torch.long))
+
+
+def test_a_decoder_that_does_more_than_its_pieces_is_refused() -> None:
+    """A forward that scales the embeddings (as Gemma's does) is not the pieces in order: one line, not a
+    pipeline of another network."""
+    model = _decoders()["llama"]
+    own = model.forward
+    model.forward = lambda input_ids=None, **kw: own(inputs_embeds=model.model.embed_tokens(input_ids) * 2.0, **kw)
+    with pytest.raises(UserError, match="or a Hugging Face decoder laid out as LlamaForCausalLM"):
+        layers_of(model, "scaled", torch.zeros(2, 12, dtype=torch.long))
+
+
+MESHES = {"pp=2": ("--mesh", "pp=2"), "dp=2,pp=2": ("--mesh", "dp=2,pp=2", "--oversubscribe"),
+          "fsdp=2,pp=2": ("--mesh", "fsdp=2,pp=2", "--oversubscribe")}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_hugging_face_decoder_from_the_command_line_under_every_pipeline_equals_one_device(
+        tmp_path: Path, corpus: Path, name: str) -> None:
+    """20 AdamW steps with the weight average and clipping on: the validation loss within 1e-5 of one device's
+    and the weights within 1e-4 (measured: 1e-7 and 7e-6), GPT-2's shared embedding and head included (its
+    gradient summed over the first and last stage, counted once in the norm)."""
+    (tmp_path / "decoders.py").write_text(textwrap.dedent(FACTORIES))
+    flags = ("--model", f"{tmp_path / 'decoders.py'}:{name}", "--dataset", "text", "--data-dir", str(corpus),
+             "--context", "32", "--batch-size", "16", "--steps", "20", "--optimizer", "adamw", "--ema", "0.9",
+             "--clip-grad-norm", "2", "--no-tensorboard")
+    one = train_here(tmp_path / "one", *flags, "--devices", "1")
+    for mesh, layout in MESHES.items():
+        many = train_here(tmp_path / mesh, *flags, *layout)
+        sizes = {d: int(n) for d, n in (p.split("=") for p in mesh.split(","))}
+        assert many["mesh"] == {"pp": 1, "dp": 1, "fsdp": 1, "tp": 1} | sizes
+        assert abs(many["val_loss"] - one["val_loss"]) <= 1e-5, (mesh, many["val_loss"], one["val_loss"])
+        assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / mesh)) <= 1e-4, mesh
+        averages = [checkpoint.load(run)["ema_model"] for run in (tmp_path / "one", tmp_path / mesh)]
+        averages = [{k.removeprefix("module."): v for k, v in a.items() if k != "n_averaged"} for a in averages]
+        assert max_abs_diff(*averages) <= 1e-4, mesh
