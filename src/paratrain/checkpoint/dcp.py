@@ -297,3 +297,19 @@ def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model"),
             into.setdefault(top, {})[name] = torch.empty(item.size, dtype=item.properties.dtype)
     read(path, into, distributed=False)
     return into
+
+def renamed(state: dict[str, Any], aliases: dict[str, str], back: bool = False) -> dict[str, Any]:
+    """`state` with each key of an aliased weight under the whole model's name (`back`: under this worker's
+    again): the weight's own key, and a flat optimizer state's (`state.NAME.exp_avg`, `param_groups.NAME.lr`)."""
+    if not aliases:
+        return state
+    pairs = [(c, a) if back else (a, c) for a, c in aliases.items()]
+
+    def one(key: str) -> str:
+        for old, new in pairs:
+            for head in ("", "state.", "param_groups."):
+                if key == head + old or key.startswith(head + old + "."):
+                    return head + new + key[len(head + old):]
+        return key
+
+    return {one(k): v for k, v in state.items()}

@@ -224,25 +224,32 @@ class Strategy:
     # model; the optimizer state flattened to one key per parameter ("state.NAME.exp_avg", "param_groups.NAME.lr")
     # so that ranks holding different parameters (a pipeline's stages) write parts that never collide ----
 
+    def aliases(self) -> dict[str, str]:
+        """{this worker's name: the whole model's} of a weight it holds under another name than the model's first
+        (a pipeline's last stage's half of a shared embedding and head): read under the model's name."""
+        return {}
+
     def _read_sharded_weights(self, saved: dict) -> None:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
         from ...checkpoint import dcp
 
-        weights = get_model_state_dict(self.module)
-        dcp.read(saved["sharded"], {"model": weights}, self.ctx.distributed)
-        set_model_state_dict(self.module, weights)
+        into = {"model": dcp.renamed(get_model_state_dict(self.module), self.aliases())}
+        dcp.read(saved["sharded"], into, self.ctx.distributed)
+        set_model_state_dict(self.module, dcp.renamed(into["model"], self.aliases(), back=True))
 
     def _read_sharded_state(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         from ...checkpoint import dcp
 
-        options = dcp.state_dict_options(saved.get("flat_optimizer", True))
+        options, names = dcp.state_dict_options(saved.get("flat_optimizer", True)), self.aliases()
         into: dict[str, Any] = {"optimizer": get_optimizer_state_dict(self.module, optimizer, options=options)}
         if ema is not None and saved.get("ema_n_averaged") is not None:
             into["ema_model"] = ema.module.state_dict()
+        into = {k: dcp.renamed(v, names) for k, v in into.items()}
         dcp.read(saved["sharded"], into, self.ctx.distributed)
+        into = {k: dcp.renamed(v, names, back=True) for k, v in into.items()}
         set_optimizer_state_dict(self.module, optimizer, into["optimizer"], options=options)
         if "ema_model" in into:
             ema.module.load_state_dict(into["ema_model"])
@@ -380,3 +387,4 @@ class Strategy:
             dist.all_gather_object(every, held)
         return {"strategy": self.name, "world_size": self.ctx.world_size, "pipeline": None,
                 "mesh": self.dims().sizes, "weight_bytes_per_worker": every}
+

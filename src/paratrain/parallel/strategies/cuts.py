@@ -17,18 +17,23 @@ from torch.utils.flop_counter import FlopCounterMode
 from ...core.errors import UserError
 
 
-def layers_of(model: nn.Module, name: str, example: torch.Tensor) -> nn.Sequential:
+def layers_of(model: nn.Module, name: str, example: torch.Tensor, checked: bool = False) -> nn.Sequential:
     """The model as a sequence of layers: an nn.Sequential as it is; a Hugging Face decoder as its pieces
-    (decoder.py: embeddings, each block, norm and head); another module whose forward is its children applied in
-    order (checked on `example`: the same output, exactly) as an nn.Sequential of those children under their own
-    names. Each keeps the model's names for its weights (checkpoints load back into the model)."""
-    from .decoder import pieces_of
+    (decoder.py: embeddings, each block, norm and head; its stages are named as the model is); another module
+    whose forward is its children applied in order (checked on `example`: the same output, exactly) as an
+    nn.Sequential of those children under their own names (checkpoints load back into the model). `checked`: the
+    launching process has checked the decoder's pieces against it (a worker skips that)."""
+    from .decoder import anatomy, pieces_of
 
     if isinstance(model, nn.Sequential):
         return model
-    decoder = pieces_of(model, example)
+    decoder = pieces_of(model, example, checked)
     if decoder is not None:
         return decoder
+    if anatomy(model) is not None:
+        raise UserError(f"'{name}' is laid out as a Hugging Face decoder, but its embeddings, blocks, norm and head "
+                        "in order do not compute its scores (its forward does more: scales, masks or adds "
+                        "something between them), so a pipeline cannot cut it; use --strategy fsdp or ddp")
     children = OrderedDict(model.named_children())
     own = list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False))
     if children and not own and _same_output(model, nn.Sequential(children), example):

@@ -37,31 +37,36 @@ class Piece:
     base: str
     rotary: str | None = None
 
-    def run(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def run(self, model: nn.Module, x: torch.Tensor, shared: dict[str, Any]) -> torch.Tensor:
+        """The piece on `x`; `shared` holds what every block of one forward takes alike (made once a forward)."""
         parts = [model.get_submodule(p) for p in self.paths]
         if self.kind == "head":
             return parts[1](parts[0](x))
-        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
         if self.kind == "embed":
             h = parts[0](x)
             if len(parts) > 1:  # a learned position embedding, then the embeddings' dropout
-                h = parts[2](h + parts[1](positions))
+                h = parts[2](h + parts[1](torch.arange(x.shape[1], device=x.device).unsqueeze(0)))
             return h
-        return _block(model, self, parts[0], x, positions)
+        if not shared:
+            shared.update(_around_blocks(model, self, x))
+        out = parts[0](x, **shared)
+        return out[0] if isinstance(out, tuple) else out
 
 
-def _block(model: nn.Module, piece: Piece, block: nn.Module, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """One block as the model's forward calls it without a cache: the causal mask its attention implementation
-    takes (none for sdpa, which masks causally itself), and the rotary embeddings where the model has them."""
+def _around_blocks(model: nn.Module, piece: Piece, h: torch.Tensor) -> dict[str, Any]:
+    """What the model's forward hands each block without a cache, made once a forward as the model makes it:
+    the positions, the causal mask its attention implementation takes (none for sdpa, which masks causally
+    itself; the positions are not given to it: from them it would look for packed sequences, a read of the
+    device's memory every forward), and the rotary embeddings where the model has them."""
     from transformers.masking_utils import create_causal_mask
 
-    base = model.get_submodule(piece.base)
-    mask = create_causal_mask(config=base.config, inputs_embeds=h, attention_mask=None, cache=None,
-                              position_ids=positions)
-    extra = {"position_embeddings": model.get_submodule(piece.rotary)(h, position_ids=positions)} \
-        if piece.rotary else {}
-    out = block(h, attention_mask=mask, position_ids=positions, **extra)
-    return out[0] if isinstance(out, tuple) else out
+    positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+    mask = create_causal_mask(config=model.get_submodule(piece.base).config, inputs_embeds=h, attention_mask=None,
+                              cache=None)
+    shared = {"attention_mask": mask, "position_ids": positions}
+    if piece.rotary:
+        shared["position_embeddings"] = model.get_submodule(piece.rotary)(h, position_ids=positions)
+    return shared
 
 
 def anatomy(model: nn.Module) -> list[Piece] | None:
@@ -98,12 +103,13 @@ class PieceModule(nn.Module):
             "+".join(type(model.get_submodule(p)).__name__ for p in piece.paths)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.piece.run(self.whole, x)
+        return self.piece.run(self.whole, x, {})
 
 
 class Pieces(nn.Sequential):
-    """A decoder as the sequence of its pieces (what a pipeline cuts); `whole` is the model itself, of which
-    `stage` makes each stage's module."""
+    """A decoder as the sequence of its pieces (what a pipeline cuts: its own weights' names are the pieces',
+    `0.part0.weight`); `whole` is the model itself, of which `stage` makes each stage's module, named as the
+    model is."""
 
     def __init__(self, model: nn.Module, pieces: list[Piece]) -> None:
         super().__init__(*(PieceModule(model, p) for p in pieces))
@@ -141,24 +147,35 @@ def _stage_class(cls: type) -> type:
     weight average's, runs its own copy's pieces)."""
     if cls not in _STAGE_CLASSES:
         def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            shared: dict[str, Any] = {}
             for piece in self._paratrain_pieces:
-                x = piece.run(self, x)
+                x = piece.run(self, x, shared)
             return x
 
         _STAGE_CLASSES[cls] = type(f"{cls.__name__}Stage", (cls,), {"forward": forward})
     return _STAGE_CLASSES[cls]
 
 
-def pieces_of(model: nn.Module, example: torch.Tensor) -> Pieces | None:
+def pieces_of(model: nn.Module, example: torch.Tensor, checked: bool = False) -> Pieces | None:
     """`model` as its pieces, where it is laid out as a decoder and its pieces in order compute exactly what it
-    does on `example`'s shape of random token ids (None where not)."""
+    does on random token ids of `example`'s length (None where not). `checked`: the launching process has
+    compared them already (a worker does not copy the whole model again to do it)."""
     found = anatomy(model)
     if found is None or example.is_floating_point() or example.dim() != 2:
         return None
     pieces = Pieces(model, found)
+    if checked:
+        return pieces
     vocabulary = model.get_submodule(found[0].paths[0]).num_embeddings
-    ids = torch.randint(0, vocabulary, tuple(example.shape), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, vocabulary, (1, example.shape[1]), generator=torch.Generator().manual_seed(0))
     return pieces if _same(model, pieces, ids) else None
+
+
+def stage_blocks(module: nn.Module) -> list[nn.Module] | None:
+    """A decoder's stage's blocks (None for any other module): what fsdp shards one at a time, as the stage's
+    forward calls its pieces and not its top-level children (the rest is the root's)."""
+    pieces = getattr(module, "_paratrain_pieces", None)
+    return None if pieces is None else [module.get_submodule(p.paths[0]) for p in pieces if p.kind == "block"]
 
 
 def _same(model: nn.Module, pieces: Pieces, ids: torch.Tensor) -> bool:

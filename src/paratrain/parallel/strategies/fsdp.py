@@ -49,9 +49,11 @@ def blocks(model: nn.Module, names: str | None) -> list[nn.Module]:
                 raise UserError(f"--shard-modules names '{name}', which this network does not have; its "
                                 f"top-level modules are: {top}")
         return [found[n] for n in wanted]
-    pieces = getattr(model, "_paratrain_pieces", None)
-    if pieces is not None:
-        return [model.get_submodule(p.paths[0]) for p in pieces if p.kind == "block"]
+    from .decoder import stage_blocks
+
+    decoder = stage_blocks(model)
+    if decoder is not None:
+        return decoder
     return [child for child in model.children() if any(True for _ in child.parameters())]
 
 

@@ -1,5 +1,5 @@
 """Model parallelism: the layers cut into K stages, a worker each, micro-batches flowing through them.
-The machinery (where to cut, the stage, its schedule, evaluation through it) is in stages.py. No worker holds
+Where to cut is in cuts.py; the stage, its schedule and evaluation through it in stages.py. No worker holds
 the whole model: each evaluates and checkpoints its own stage."""
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ class PipelineStrategy(Strategy):
         micro = cfg.batch_size // place.replicas // cfg.microbatches
         cuts = self.layout.cuts  # resolved once before launch (prepare)
         example = example_batch(cfg, data, micro)
-        self.stage = Pipeline(layers_of(model, cfg.model, example), cuts, place, ctx.device, cfg.microbatches,
+        layers = layers_of(model, cfg.model, example, checked=True)  # (prepare checked them)
+        self.stage = Pipeline(layers, cuts, place, ctx.device, cfg.microbatches,
                               cfg.schedule, example, loss, autocast=autocast_dtype(cfg.precision),
                               accumulate=cfg.accumulate)
         self.module = self.model = self.stage.module
@@ -171,6 +172,9 @@ class PipelineStrategy(Strategy):
 
         if self.stage.place.replicas > 1:
             broadcast_buffers(module, group=self.stage.dp_group)
+
+    def aliases(self) -> dict[str, str]:
+        return self.stage.aliases
 
     def load(self, saved: dict) -> None:
         """This stage's layers: its part of a sharded checkpoint (base), or of a whole model's file (the stage
@@ -212,7 +216,7 @@ class PipelineStrategy(Strategy):
         from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
         parameters = [p for p in self.module.parameters() if p.grad is not None]
-        counted = [p.grad for p in parameters if not self.stage.counted_elsewhere(p)]
+        counted = [p.grad for p in self.stage.counted_here(parameters)]
         squares = get_total_norm(counted).to(self.ctx.device, torch.float32).square() \
             if counted else torch.zeros((), dtype=torch.float32, device=self.ctx.device)
         dist.all_reduce(squares, group=self.stage.pp_group)

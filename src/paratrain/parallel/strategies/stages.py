@@ -1,6 +1,6 @@
-"""The pipeline machinery that strategies/pipeline.py and hybrid.py use: where to cut the layers (pure
-functions), one process's stage and its schedule (torch.distributed.pipelining, GPipe or 1F1B) on a 2-D
-DeviceMesh (dp x pp), and evaluation through that schedule.
+"""The pipeline machinery that strategies/pipeline.py, hybrid.py and tp.py (a mesh with pp) use: one process's
+stage and its schedule (torch.distributed.pipelining, GPipe or 1F1B) on the run's DeviceMesh, the weights that
+stages share, and evaluation through that schedule (where the layers are cut: cuts.py).
 
 Every process builds the whole model from the same seed on the CPU (so every layout starts from one
 device's weights) and keeps only its stage's layers, which it moves to its device. No process holds the
@@ -33,7 +33,6 @@ from .cuts import stage_bounds, stage_module, theoretical_bubble, whole_model
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
 
 
-
 # ---- the optimizer state of one stage from a whole-model checkpoint file (a pure function) ----
 
 def slice_optimizer_state(full: dict, numbers: list[int]) -> dict:
@@ -63,16 +62,31 @@ def tied_weights(full: nn.Sequential, bounds: list[tuple[int, int]], stage: int)
     return [p if stage in stages else None for p, stages in shared]
 
 
-def ends_group(stages: int) -> Any:
-    """The process group of this worker's first and last stage (of its copy, its shard): every rank makes every
-    such group (a collective call), in the order of the mesh, where pp is outermost."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    inner, mine = world // stages, None
-    for rest in range(inner):
-        group = dist.new_group([rest, (stages - 1) * inner + rest])
-        if rank % inner == rest:
+def ends_group(built: DeviceMesh) -> Any:
+    """The process group of this worker's first and last stage (of its copy, its shard), from the mesh's ranks:
+    every rank makes every such group (a collective call), in one order."""
+    first, last = built.mesh[0].flatten().tolist(), built.mesh[-1].flatten().tolist()
+    mine = None
+    for pair in zip(first, last, strict=True):
+        group = dist.new_group(list(pair))
+        if dist.get_rank() in pair:
             mine = group
     return mine
+
+
+def _numbers(whole: list[tuple[str, nn.Parameter]], stage: nn.Module) -> list[int]:
+    """The numbers of the stage's parameters in the whole model's optimizer (a shared weight: its one number)."""
+    numbers = {id(p): i for i, (_, p) in enumerate(whole)}
+    return [numbers[id(p)] for p in stage.parameters()]
+
+
+def _aliases(whole: list[tuple[str, nn.Parameter]], stage: nn.Module, tied: list[nn.Parameter | None]) -> dict:
+    """{the stage's name: the whole model's} of a shared weight this stage holds under another name than the
+    model's first (the last stage's `lm_head.weight`, the model's `transformer.wte.weight`): a checkpoint of another
+    layout holds its state under the model's name only."""
+    first = {id(p): n for n, p in whole}
+    return {n: first[id(p)] for n, p in stage.named_parameters()
+            if any(p is q for q in tied if q is not None) and first[id(p)] != n}
 
 
 # ---- the processes ----
@@ -158,17 +172,19 @@ class Pipeline:
         with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before, \
                 cast_to("cpu", autocast):
             inp = nn.Sequential(*list(full)[:lo])(example)
-        numbers = {id(p): i for i, p in enumerate(whole_model(full).parameters())}
+        whole = list(whole_model(full).named_parameters())  # a shared weight once, under its first name
         tied = tied_weights(full, bounds, place.stage)
         # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
         module = stage_module(full, lo, hi)
-        self.param_numbers = [numbers[id(p)] for p in module.parameters()]  # in a whole model's optimizer
-        names = {id(p): n for n, p in module.named_parameters()}
-        self.tied = [names[id(p)] for p in tied if p is not None]  # by name: sharding makes new parameters
-        self.ends = ends_group(K) if tied else None
+        self.param_numbers = _numbers(whole, module)  # in a whole model's optimizer
+        self.aliases = _aliases(whole, module, tied)
+        self.ends = ends_group(built) if tied else None
+        tied_names = [n for n, p in module.named_parameters() if any(p is q for q in tied)]
         self.module = module.to(device)
         if shard is not None:
             self.module = shard(self.module)
+        held = dict(self.module.named_parameters())  # (sharding makes new parameters: found again by name)
+        self.tied = [held[n] for n in tied_names]
         self.stage = _TimedStage(self.module, place.stage, K, device, input_args=(inp.to(device),),
                                  group=self.pp_group)
         self.stage.chunk_share, self.stage.chunks = (place.replica, place.replicas), microbatches
@@ -212,19 +228,21 @@ class Pipeline:
         """The gradients of a weight that the first and the last stage share (GPT-2's embedding and head) added
         up between them, as one device's are; then, hybrid, each stage's averaged over the R copies of the
         pipeline (one flat all-reduce) unless fsdp reduced them already."""
-        for p in self._tied():
+        for p in self.tied:
+            if p.grad is None:  # a frozen weight: still summed, so that both ends take part
+                p.grad = torch.zeros_like(p)
             grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
             dist.all_reduce(grad, group=self.ends)
         if self.place.replicas > 1 and not self.copies_reduced:
             average_gradients(self.module.parameters(), self.place.replicas, self.dp_group)
 
-    def counted_elsewhere(self, p: torch.Tensor) -> bool:
-        """Whether another stage counts `p` in the whole model's gradient norm (a shared weight: the first)."""
-        return not self.is_first and any(p is q for q in self._tied())
-
-    def _tied(self) -> list[nn.Parameter]:
-        held = dict(self.module.named_parameters())
-        return [held[n] for n in self.tied]
+    def counted_here(self, parameters: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Those of `parameters` whose gradients this stage counts in the whole model's norm: a weight the first
+        and the last stage share, the first only."""
+        if self.is_first or not self.tied:
+            return parameters
+        shared = {id(p) for p in self.tied}
+        return [p for p in parameters if id(p) not in shared]
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: Any, loss: Any, flip: bool,
                  meter: Any = None) -> torch.Tensor:

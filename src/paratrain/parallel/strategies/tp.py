@@ -1,7 +1,7 @@
 """Tensor parallelism, alone (--strategy tp: tp = the workers) or on an N-D mesh (--mesh fsdp=2,tp=2,
 dp=2,tp=2,pp=2): each block's heads and hidden units split over the tp workers (DTensor's parallelize_module,
-by tensor_plan.py's plan), then the copies: FSDP2 over (dp, fsdp) where the model is whole on the pp dimension,
-the gradients averaged over dp where it is cut into stages (the pipeline of stages.py, each stage split by tp).
+by tensor_plan.py's plan), then the copies: FSDP2 over (dp, fsdp), of each stage where pp cuts the model into
+stages (stages.py; copies on dp alone: the pipeline averages their gradients, and adds a shared weight's).
 
 Every tp worker of a copy takes the same examples (batch_share is the copy's), computes the same loss and
 draws the same dropout masks; one of them (tp rank 0, on the last stage) reports the loss and the evaluation's
@@ -103,6 +103,10 @@ class TensorParallel(Strategy):
             tensor_plan.check_splits(model, plan, mesh.tp)
         if mesh.pp == 1:
             return cfg, layout
+        shared = len(list(model.named_parameters(remove_duplicate=False))) > len(list(model.parameters()))
+        if shared and mesh.tp > 1:  # the two ends would hold the weight split two ways (the head's, the embedding's)
+            raise UserError(f"--mesh {mesh.text()}: this model's embedding and head share one weight, which tp and pp "
+                            "together do not split alike yet; leave tp or pp out of the mesh")
         from .pipeline import PipelineStrategy
 
         return PipelineStrategy.staged(cfg, data, parts, model, layout)
@@ -180,7 +184,8 @@ class TensorParallel(Strategy):
         cfg, mesh = self.cfg, self.dims()
         micro = cfg.batch_size // mesh.copies // cfg.microbatches
         example = example_batch(cfg, data, micro)
-        return Pipeline(layers_of(model, cfg.model, example), self.layout.cuts, StagePlace.of(mesh, self.ctx.rank),
+        layers = layers_of(model, cfg.model, example, checked=True)  # (prepare checked them)
+        return Pipeline(layers, self.layout.cuts, StagePlace.of(mesh, self.ctx.rank),
                         self.ctx.device, cfg.microbatches, cfg.schedule, example, self._loss_of(loss), self.built,
                         shard, autocast_dtype(cfg.precision), cfg.accumulate, copies_reduced=mesh.fsdp > 1)
 
@@ -266,7 +271,7 @@ class TensorParallel(Strategy):
         held = [p for p in self.module.parameters() if p.grad is not None]
         grads = [p.grad for p in held]
         squares = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        for grad in (p.grad for p in held if self.dims().pp == 1 or not self.stage.counted_elsewhere(p)):
+        for grad in (p.grad for p in (held if self.dims().pp == 1 else self.stage.counted_here(held))):
             if isinstance(grad, DTensor):
                 mesh = grad.device_mesh
                 holders = stage_workers // mesh.size() * math.prod(
@@ -307,6 +312,9 @@ class TensorParallel(Strategy):
         """The weight average through `evaluate` (its scores split as the model's: its own loss)."""
         return self._evaluate_average_in_place(ema, pair, prep, batch_size, loss, flip, meter)
 
+    def aliases(self) -> dict[str, str]:
+        return self.stage.aliases if self.dims().pp > 1 else {}
+
     def load(self, saved: dict) -> None:
         if "sharded" in saved:
             super().load(saved)
@@ -338,9 +346,14 @@ class TensorParallel(Strategy):
         if len(full["param_groups"]) != 1:
             raise UserError("this checkpoint's optimizer has several parameter groups; --strategy tp cannot read "
                             "it: carry it on under its own strategy")
-        mine = dict(self.module.named_parameters())
-        state = {self.names[int(i)]: v for i, v in full["state"].items() if self.names[int(i)] in mine}
-        group = {**full["param_groups"][0], "params": [n for n in self.names if n in mine]}
+        # the whole model's parameter numbers of what this worker holds (a stage's by number: its half of a shared
+        # weight has the number of the model's first name)
+        mine = [n for n, _ in self.module.named_parameters()]
+        at = {n: i for i, n in enumerate(self.names)}
+        numbers = self.stage.param_numbers if self.dims().pp > 1 else [at[n] for n in mine]
+        named = dict(zip(numbers, mine, strict=True))
+        state = {named[int(i)]: v for i, v in full["state"].items() if int(i) in named}
+        group = {**full["param_groups"][0], "params": mine}
         set_optimizer_state_dict(self.module, optimizer, {"state": state, "param_groups": [group]},
                                  options=StateDictOptions(full_state_dict=True, strict=False))
         if ema is not None and "ema_model" in saved:  # the whole average's, "module."-named: what this worker holds
