@@ -457,24 +457,27 @@ def test_two_workers_equal_one_device_on_text(tmp_path: Path, corpus: Path, drop
         assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "off")) > 1e-3
 
 
-def _gpt2_on_text(devices: str, out: Path, corpus: Path) -> dict:
+def _gpt2_on_text(devices: str, out: Path, corpus: Path, strategy: str = "ddp") -> dict:
     raw = torch.tensor(list(corpus.read_bytes()[:60_000]), dtype=torch.long) % 64
     windows = raw[:(len(raw) - 1) // 17 * 17].view(-1, 17)
     data = {"train": (windows[:-40, :-1], windows[:-40, 1:]), "val": (windows[-40:-20, :-1], windows[-40:-20, 1:]),
             "test": (windows[-20:, :-1], windows[-20:, 1:])}
     return paratrain.fit(_tiny_gpt2, data, paratrain.TrainConfig(devices=devices, steps=20, batch_size=16,
                                                                  optimizer="adamw", out=str(out), quiet=True,
-                                                                 tensorboard=False))
+                                                                 tensorboard=False, strategy=strategy))
 
 
 @pytest.mark.integration
 def test_a_hugging_face_gpt2_on_two_workers_equals_one_device(tmp_path: Path, corpus: Path) -> None:
-    """transformers' GPT2LMHeadModel as it is (no wrapper, no loss given), its dropout 0.1 on."""
+    """transformers' GPT2LMHeadModel as it is (no wrapper, no loss given), its dropout 0.1 on, on 2 ddp workers
+    and 2 fsdp workers (its embedding and head share one weight: sharded in one group with the body)."""
     pytest.importorskip("transformers")
-    one, two = (_gpt2_on_text(d, tmp_path / d, corpus) for d in ("1", "2"))
-    assert two["world_size"] == 2
-    assert abs(one["val_loss"] - two["val_loss"]) <= 1e-5 and abs(one["test_loss"] - two["test_loss"]) <= 1e-5
-    assert max_abs_diff(weights(tmp_path / "1"), weights(tmp_path / "2")) <= 1e-4
+    one = _gpt2_on_text("1", tmp_path / "1", corpus)
+    for strategy in ("ddp", "fsdp"):
+        two = _gpt2_on_text("2", tmp_path / strategy, corpus, strategy)
+        assert two["world_size"] == 2 and two["strategy"] == strategy
+        assert abs(one["val_loss"] - two["val_loss"]) <= 1e-5 and abs(one["test_loss"] - two["test_loss"]) <= 1e-5
+        assert max_abs_diff(weights(tmp_path / "1"), weights(tmp_path / strategy)) <= 1e-4
 
 
 @pytest.mark.integration

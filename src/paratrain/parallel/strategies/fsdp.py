@@ -57,6 +57,18 @@ def blocks(model: nn.Module, names: str | None) -> list[nn.Module]:
     return [child for child in model.children() if any(True for _ in child.parameters())]
 
 
+def shard_units(model: nn.Module, names: str | None) -> list[nn.Module | list[nn.Module]]:
+    """The blocks as FSDP2 shards them, one group each: blocks that share a weight (GPT-2's embedding, in its
+    body, and its head) together in one group, as FSDP2 requires of a shared weight."""
+    units: list[list[nn.Module]] = []
+    for block in blocks(model, names):
+        mine = {id(p) for p in block.parameters()}
+        sharing = [u for u in units if any(id(p) in mine for m in u for p in m.parameters())]
+        merged = [m for u in sharing for m in u] + [block]
+        units = [u for u in units if u not in sharing] + [merged]
+    return [u[0] if len(u) == 1 else u for u in units]
+
+
 class FSDP(Strategy):
     name = "fsdp"
     lockstep = True  # every forward is a collective: every worker runs as many (evaluation.evaluate)
@@ -137,8 +149,8 @@ class FSDP(Strategy):
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if self.cfg.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy()
-        for block in blocks(module, self.cfg.shard_modules):
-            fully_shard(block, reshard_after_forward=self.cfg.reshard_after_forward, **options)
+        for unit in shard_units(module, self.cfg.shard_modules):
+            fully_shard(unit, reshard_after_forward=self.cfg.reshard_after_forward, **options)
         # the root's own weights are needed again at once by the backward: never freed after its forward
         fully_shard(module, reshard_after_forward=False, **options)
 

@@ -194,11 +194,11 @@ class TensorParallel(Strategy):
         from torch.distributed.fsdp import fully_shard
 
         from ..mesh import data_mesh
-        from .fsdp import blocks
+        from .fsdp import shard_units
 
         over = data_mesh(self.dims(), self.built)
-        for block in blocks(module, self.cfg.shard_modules):
-            fully_shard(block, mesh=over)
+        for unit in shard_units(module, self.cfg.shard_modules):
+            fully_shard(unit, mesh=over)
         fully_shard(module, mesh=over, reshard_after_forward=False)
 
     def _loss_of(self, loss: Any) -> Callable:
