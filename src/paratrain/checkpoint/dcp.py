@@ -298,6 +298,7 @@ def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model"),
     read(path, into, distributed=False)
     return into
 
+
 def renamed(state: dict[str, Any], aliases: dict[str, str], back: bool = False) -> dict[str, Any]:
     """`state` with each key of an aliased weight under the whole model's name (`back`: under this worker's
     again): the weight's own key, and a flat optimizer state's (`state.NAME.exp_avg`, `param_groups.NAME.lr`)."""

@@ -387,4 +387,3 @@ class Strategy:
             dist.all_gather_object(every, held)
         return {"strategy": self.name, "world_size": self.ctx.world_size, "pipeline": None,
                 "mesh": self.dims().sizes, "weight_bytes_per_worker": every}
-

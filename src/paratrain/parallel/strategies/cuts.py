@@ -6,7 +6,6 @@ example batch: the launching process resolves the cuts once, and the workers tak
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from typing import Any
 
@@ -23,7 +22,7 @@ def layers_of(model: nn.Module, name: str, example: torch.Tensor, checked: bool 
     whose forward is its children applied in order (checked on `example`: the same output, exactly) as an
     nn.Sequential of those children under their own names (checkpoints load back into the model). `checked`: the
     launching process has checked the decoder's pieces against it (a worker skips that)."""
-    from .decoder import anatomy, pieces_of
+    from .decoder import anatomy, pieces_of, same_output
 
     if isinstance(model, nn.Sequential):
         return model
@@ -34,10 +33,10 @@ def layers_of(model: nn.Module, name: str, example: torch.Tensor, checked: bool 
         raise UserError(f"'{name}' is laid out as a Hugging Face decoder, but its embeddings, blocks, norm and head "
                         "in order do not compute its scores (its forward does more: scales, masks or adds "
                         "something between them), so a pipeline cannot cut it; use --strategy fsdp or ddp")
-    children = OrderedDict(model.named_children())
     own = list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False))
-    if children and not own and _same_output(model, nn.Sequential(children), example):
-        return nn.Sequential(children)
+    x = torch.randn(example.shape, generator=torch.Generator().manual_seed(0))  # zeros would hide a scaling
+    if any(True for _ in model.children()) and not own and same_output(model, _children, x):
+        return _children(model)
     raise UserError(f"a pipeline (--strategy pipeline/hybrid, pp in --mesh) needs a model that is a sequence of "
                     f"layers (lenet5, convnet, cifar10-net, mlp, gpt, an nn.Sequential, a module whose forward "
                     f"applies its children in order, or a Hugging Face decoder laid out as LlamaForCausalLM or "
@@ -70,29 +69,8 @@ def example_batch(cfg: Any, data: Any, n: int) -> torch.Tensor:
     return torch.zeros(n, data.channels, side, side)
 
 
-def _same_output(model: nn.Module, layers: nn.Sequential, example: torch.Tensor) -> bool:
-    """Whether the children in order compute what the model does: on a seeded random batch of the example's
-    shape (zeros would hide a scaling of the input or a residual around it), in evaluation mode and, on
-    copies under the same random state, in training mode (dropout and other steps only training takes)."""
-    x = torch.randn(example.shape, generator=torch.Generator().manual_seed(0))
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()
-            if not torch.equal(model(x), layers(x)):
-                return False
-            whole = copy.deepcopy(model).train()  # copies: BatchNorm statistics of the real one stay untouched
-            cut = nn.Sequential(OrderedDict(whole.named_children()))
-            outputs = []
-            for net in (whole, cut):
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(0)
-                    outputs.append(net(x))
-            return bool(torch.equal(*outputs))
-    except Exception:  # noqa: BLE001 (a forward that needs more than the children: not a sequence)
-        return False
-    finally:
-        model.train(was_training)
+def _children(model: nn.Module) -> nn.Sequential:
+    return nn.Sequential(OrderedDict(model.named_children()))
 
 
 # ---- where to cut (pure functions, and the counted cost they balance) ----

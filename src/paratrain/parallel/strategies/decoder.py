@@ -16,6 +16,7 @@ share one weight (GPT-2's), the first and the last stage each hold it, and the p
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,7 +169,7 @@ def pieces_of(model: nn.Module, example: torch.Tensor, checked: bool = False) ->
         return pieces
     vocabulary = model.get_submodule(found[0].paths[0]).num_embeddings
     ids = torch.randint(0, vocabulary, (1, example.shape[1]), generator=torch.Generator().manual_seed(0))
-    return pieces if _same(model, pieces, ids) else None
+    return pieces if same_output(model, lambda m: Pieces(m, anatomy(m) or []), ids) else None
 
 
 def stage_blocks(module: nn.Module) -> list[nn.Module] | None:
@@ -178,23 +179,24 @@ def stage_blocks(module: nn.Module) -> list[nn.Module] | None:
     return None if pieces is None else [module.get_submodule(p.paths[0]) for p in pieces if p.kind == "block"]
 
 
-def _same(model: nn.Module, pieces: Pieces, ids: torch.Tensor) -> bool:
-    """Whether the pieces compute the model's scores, exactly: in evaluation mode, and in training mode on copies
-    under one random state (dropout)."""
+def same_output(model: nn.Module, cut: Callable[[nn.Module], nn.Module], x: torch.Tensor) -> bool:
+    """Whether `cut(model)`, the model's layers in order, computes exactly what the model does on `x` (its scores,
+    where it returns a mapping): in evaluation mode and, on copies under the same random state, in training mode
+    (dropout and other steps only training takes)."""
     was_training = model.training
     try:
         with torch.no_grad():
             model.eval()
-            if not torch.equal(_scores(model(ids)), pieces(ids)):
+            if not torch.equal(_scores(model(x)), cut(model)(x)):
                 return False
-            whole = copy.deepcopy(model).train()  # a copy: the model's own state stays untouched
+            whole = copy.deepcopy(model).train()  # copies: BatchNorm statistics of the real one stay untouched
             outputs = []
-            for net in (whole, Pieces(whole, anatomy(whole) or [])):
+            for net in (whole, cut(whole)):
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(0)
-                    outputs.append(_scores(net(ids)))
+                    outputs.append(_scores(net(x)))
             return bool(torch.equal(*outputs))
-    except Exception:  # noqa: BLE001 (a forward that needs more than its pieces: not a decoder we can cut)
+    except Exception:  # noqa: BLE001 (a forward that needs more than its layers in order: not a sequence)
         return False
     finally:
         model.train(was_training)

@@ -80,13 +80,12 @@ def _numbers(whole: list[tuple[str, nn.Parameter]], stage: nn.Module) -> list[in
     return [numbers[id(p)] for p in stage.parameters()]
 
 
-def _aliases(whole: list[tuple[str, nn.Parameter]], stage: nn.Module, tied: list[nn.Parameter | None]) -> dict:
-    """{the stage's name: the whole model's} of a shared weight this stage holds under another name than the
-    model's first (the last stage's `lm_head.weight`, the model's `transformer.wte.weight`): a checkpoint of another
-    layout holds its state under the model's name only."""
-    first = {id(p): n for n, p in whole}
-    return {n: first[id(p)] for n, p in stage.named_parameters()
-            if any(p is q for q in tied if q is not None) and first[id(p)] != n}
+def _aliases(whole: list[tuple[str, nn.Parameter]], stage: nn.Module, tied: list[str]) -> dict[str, str]:
+    """{the stage's name: the whole model's} of a shared weight this stage holds (named in `tied`) under another
+    name than the model's first (the last stage's `lm_head.weight`, the model's `transformer.wte.weight`): a
+    checkpoint of another layout holds its state under the model's name only."""
+    first, held = {id(p): n for n, p in whole}, dict(stage.named_parameters())
+    return {n: first[id(held[n])] for n in tied if first[id(held[n])] != n}
 
 
 # ---- the processes ----
@@ -177,9 +176,9 @@ class Pipeline:
         # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
         module = stage_module(full, lo, hi)
         self.param_numbers = _numbers(whole, module)  # in a whole model's optimizer
-        self.aliases = _aliases(whole, module, tied)
-        self.ends = ends_group(built) if tied else None
         tied_names = [n for n, p in module.named_parameters() if any(p is q for q in tied)]
+        self.aliases = _aliases(whole, module, tied_names)
+        self.ends = ends_group(built) if tied else None
         self.module = module.to(device)
         if shard is not None:
             self.module = shard(self.module)

@@ -290,7 +290,6 @@ class TensorParallel(Strategy):
                  flip: bool, meter: Any = None) -> tuple[float, float]:
         """Each copy evaluates its share (every tp worker of it alike: each forward is a collective), and one
         worker a copy counts it."""
-
         from ...optimization.evaluation import evaluate_share, totals
 
         if self.dims().pp > 1:
