@@ -135,3 +135,27 @@ def test_a_decoder_with_a_shared_weight_carries_on_across_pipelines(tmp_path: Pa
         averages = [checkpoint.load(run)["ema_model"] for run in (tmp_path / "whole", tmp_path / name)]
         averages = [{k.removeprefix("module."): v for k, v in a.items() if k != "n_averaged"} for a in averages]
         assert max_abs_diff(*averages) <= 1e-4, name
+
+
+def test_a_shared_weight_under_tp_and_pp_together_is_one_line(tmp_path: Path, corpus: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
+    """A Llama whose embedding and head share one weight, under --mesh tp=2,pp=2: refused before any worker
+    starts (the two ends would split the weight two ways), exit 2, one line, nothing written but the refusal."""
+    from conftest import main_code
+
+    (tmp_path / "tied.py").write_text(textwrap.dedent("""
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+
+        def llama():
+            return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                tie_word_embeddings=True))
+    """))
+    code = main_code(["train", "--model", f"{tmp_path / 'tied.py'}:llama", "--dataset", "text", "--data-dir",
+                      str(corpus), "--context", "16", "--steps", "1", "--mesh", "tp=2,pp=2", "--oversubscribe",
+                      "--quiet", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "this model's embedding and head share one weight, which tp and pp together do not split alike" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
