@@ -61,7 +61,8 @@ def main() -> int:
             m = pattern.match(line)
             if m and "ENOENT" not in line and m.group(2).startswith(str(run / "checkpoints")):
                 what = "listing" if m.group(2) == str(run / "checkpoints") else \
-                    "checkpoint read" if re.search(r"/step-\d+\.pt$|/last\.pt$", m.group(2)) else "save"
+                    "checkpoint read" if re.search(r"/step-\d+/meta\.pt$|/step-\d+\.pt$|/last\.pt$", m.group(2)) \
+                    else "save"
                 opened[m.group(1)][what] += 1
     first = min(counts, key=int)  # the launcher starts first, and logs first
     print("| process | detect() | run_length() | step_checkpoints() | checkpoint loads | opens of checkpoints/ "

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from paratrain.checkpoint import files as checkpoint
+
 HERE = Path(__file__).resolve().parent
 LAYOUTS = {"1 worker x 1 thread": ["--devices", "1", "--threads-per-worker", "1"],
            "the same again": ["--devices", "1", "--threads-per-worker", "1"],
@@ -45,7 +47,7 @@ def train(flags: list[str], out: Path) -> tuple[dict[str, torch.Tensor], dict]:
                            "--no-download", "--seed", "0", "--out", str(out)], capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(proc.stderr.strip()[-2000:])
-    state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)
+    state = checkpoint.load(out)  # the newest step folder, read whole
     return state["model"], json.loads((out / "summary.json").read_text())
 
 

@@ -124,8 +124,8 @@ def fingerprint(run: Path, work: Path) -> dict[str, str]:
 def optimizer_by_name(state: dict) -> dict:
     """The optimizer's per-parameter state as {parameter name: {key: value}}, whichever form the checkpoint holds
     (a whole-model file numbers the parameters; a sharded checkpoint names them), so that the two forms of one
-    run's state hash alike. A file's numbers are named by the model's keys where the model has no buffers (its
-    keys are then its parameters, in order); elsewhere they stay numbers."""
+    run's state hash alike. A file's numbers are named by the model's keys less BatchNorm's buffers (its parameters,
+    in order); where they do not count up to the parameters they stay numbers."""
     from paratrain.checkpoint import dcp as sharded
 
     if "sharded" in state:
@@ -139,7 +139,8 @@ def optimizer_by_name(state: dict) -> dict:
         return {}
     numbered = state["optimizer"]["state"]
     params = [i for group in state["optimizer"]["param_groups"] for i in group["params"]]
-    names = list(state["model"])
+    buffers = ("running_mean", "running_var", "num_batches_tracked")  # BatchNorm's: the buffers a model here has
+    names = [k for k in state["model"] if not k.endswith(buffers)]
     if len(names) != len(params):
         return numbered
     return {names[i]: numbered[i] for i in params if i in numbered}

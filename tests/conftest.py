@@ -155,8 +155,83 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def adam_moments(state: dict) -> dict[str, torch.Tensor]:
-    """A checkpoint's Adam moments, by parameter: what a resumed run must carry over exactly."""
-    return {f"{k}.{m}": v[m] for k, v in state["optimizer"]["state"].items() for m in ("exp_avg", "exp_avg_sq")}
+    """A checkpoint's Adam moments, by parameter: what a resumed run must carry over exactly. `state`: a whole-model
+    file's (by parameter number), or a step folder's read by `newest_state` (by name)."""
+    optimizer = state["optimizer"]
+    if "state" in optimizer and isinstance(optimizer["state"], dict):
+        return {f"{k}.{m}": v[m] for k, v in optimizer["state"].items() for m in ("exp_avg", "exp_avg_sq")}
+    return {k.removeprefix("state."): v for k, v in optimizer.items() if k.endswith((".exp_avg", ".exp_avg_sq"))}
+
+
+def newest_checkpoint(run: Path) -> Path:
+    """The newest step checkpoint of the run folder `run` (a step folder; an earlier release's file)."""
+    from paratrain.checkpoint.run_folder import step_checkpoints
+
+    return step_checkpoints(run / "checkpoints")[-1][1]
+
+
+def newest_state(run: Path) -> dict:
+    """The newest checkpoint of `run` read whole in this process: its meta.pt's values, and its weights, optimizer
+    state (flat: "state.NAME.exp_avg") and weight average."""
+    from paratrain.checkpoint import dcp
+    from paratrain.checkpoint import files as checkpoint
+
+    path = newest_checkpoint(run)
+    return {**checkpoint.load(path), **dcp.whole(path, parts=dcp.TENSORS)}
+
+
+def save_step(state: dict, folder: Path, step: int, keep: int = 2) -> Path:
+    """Write `state` (a whole checkpoint's values) as a run writes step `step` into its checkpoints `folder`."""
+    from paratrain.checkpoint import dcp
+    from paratrain.runtime.dist import DistContext
+
+    tensors = {k: state[k] for k in dcp.TENSORS if state.get(k) is not None}
+    meta = {k: v for k, v in state.items() if k not in dcp.TENSORS}
+    return dcp.save_step(DistContext(0, 1, torch.device("cpu"), None), tensors, lambda: meta, folder, step, keep)
+
+
+def edit_meta(run: Path, **changes: object) -> None:
+    """Change values of the newest checkpoint's meta.pt (its step, configuration) in place."""
+    from paratrain.checkpoint import dcp
+
+    path = newest_checkpoint(run) / dcp.META
+    meta = torch.load(path, weights_only=True)
+    torch.save({**meta, **changes}, path)
+
+
+def _earlier_release_save(self, optimizer, ema, extras, checkpoints, step: int, keep: int) -> None:  # noqa: ANN001
+    """Strategy.save as releases before the one checkpoint format had it for ddp and the tower: rank 0 wrote the
+    whole model, the optimizer's own state_dict (by parameter number) and the weight average to one file."""
+    if self.ctx.is_main:
+        state = {"model": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
+                 "optimizer": optimizer.state_dict(), **extras()}
+        if ema is not None:
+            state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
+        save_earlier_release_step(state, checkpoints.folder, step)
+
+
+@contextmanager
+def earlier_release() -> Iterator[None]:
+    """Within it, ddp runs in this process write their checkpoints as an earlier release did (one whole-model file
+    a step)."""
+    from unittest import mock
+
+    from paratrain.parallel.strategies.base import Strategy
+
+    with mock.patch.object(Strategy, "save", _earlier_release_save):
+        yield
+
+
+def save_earlier_release_step(state: dict, folder: Path, step: int) -> Path:
+    """A step checkpoint as releases before the one checkpoint format wrote it under ddp: one whole-model file
+    `step-N.pt` and `last.pt` a hard link to it."""
+    from paratrain.checkpoint import files as checkpoint
+
+    path = folder / f"step-{step:08d}.pt"
+    checkpoint.save(state, path)  # makes the folder
+    (folder / "last.pt").unlink(missing_ok=True)
+    os.link(path, folder / "last.pt")
+    return path
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

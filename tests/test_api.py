@@ -403,7 +403,7 @@ def test_a_python_run_stopped_by_a_signal_says_how_to_go_on_in_python(tmp_path: 
     message = str(e.value)
     assert e.value.code == 130 and "stopped by SIGINT at step 4" in message, message
     assert f"paratrain.fit(..., TrainConfig(resume='{run}'))" in message and "--" not in message, message
-    assert (run / "checkpoints" / "last.pt").is_file()
+    assert (run / "checkpoints" / "step-00000004" / "meta.pt").is_file()
 
 
 def test_a_wrong_factory_for_a_built_in_network_is_named(digits_run: Path) -> None:

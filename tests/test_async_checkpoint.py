@@ -28,24 +28,6 @@ from paratrain.runtime.dist import DistContext
 ONE = DistContext(0, 1, torch.device("cpu"), None)
 
 
-def _state(w: torch.Tensor, step: int) -> dict:
-    return {"model": {"w": w}, "optimizer": {"state": {0: {"exp_avg": w * 2}}, "param_groups": []}, "step": step,
-            "epoch": 0, "config": {"model": "x"}}
-
-
-def test_a_background_file_save_holds_the_state_when_it_was_asked_for(tmp_path: Path) -> None:
-    owner = RunCheckpoints(tmp_path, ONE, background=True)
-    w = torch.ones(1_000_000)
-    state = _state(w, 1)
-    owner.save_file(state, 1, keep=2)
-    w.add_(1)  # the training goes on, in place, while the file is written
-    state["optimizer"]["state"][0]["exp_avg"].add_(5)
-    owner.wait()
-    saved = checkpoint_files.load(tmp_path / "checkpoints" / "last.pt")
-    assert saved["step"] == 1 and bool((saved["model"]["w"] == 1).all())
-    assert bool((saved["optimizer"]["state"][0]["exp_avg"] == 2).all())
-
-
 def test_a_background_sharded_save_holds_the_state_when_it_was_asked_for(tmp_path: Path) -> None:
     owner = RunCheckpoints(tmp_path, ONE, background=True)
     w = torch.ones(1_000_000)
@@ -66,11 +48,11 @@ def test_a_failed_background_write_is_raised_at_the_next_wait(tmp_path: Path,
 
     owner = RunCheckpoints(tmp_path, ONE, background=True)
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left")))
-    owner.save_file(_state(torch.ones(3), 1), 1, keep=2)  # returns: the write fails in the background
-    with pytest.raises(WriteFailed, match=r"cannot write \S*step-00000001\.pt: No space left"):
+    owner.save_sharded(ONE, {"model": {"w": torch.ones(3)}}, lambda: {"step": 1}, 1, keep=2)  # the write fails later
+    with pytest.raises(WriteFailed, match=r"cannot write \S*step-00000001: No space left"):
         owner.wait()
     owner.wait()  # raised once
-    assert not list((tmp_path / "checkpoints").glob("step-*"))
+    assert not list((tmp_path / "checkpoints").iterdir())  # no hidden half folder left either
 
 
 def test_one_process_saving_in_the_background_ends_as_saving_in_the_loop(tmp_path: Path) -> None:
@@ -81,10 +63,10 @@ def test_one_process_saving_in_the_background_ends_as_saving_in_the_loop(tmp_pat
     assert max_abs_diff(weights(tmp_path / "sync"), weights(tmp_path / "async")) == 0.0
     for mode in runs:
         assert sorted(p.name for p in (tmp_path / mode / "checkpoints").iterdir()) == [
-            "last.pt", "step-00000015.pt", "step-00000020.pt"]
+            "step-00000015", "step-00000020"]
         assert runs[mode]["checkpoint_wait_s"] > 0
-    early = [checkpoint_files.load(tmp_path / mode / "checkpoints" / "step-00000015.pt") for mode in runs]
-    assert max_abs_diff(adam_moments(early[0]), adam_moments(early[1])) == 0.0
+    early = [dcp.whole(tmp_path / mode / "checkpoints" / "step-00000015", ("optimizer",))["optimizer"] for mode in runs]
+    assert early[0] and max_abs_diff(early[0], early[1]) == 0.0
 
 
 WRITER = """
@@ -92,29 +74,23 @@ import sys, torch
 from paratrain.checkpoint.manager import RunCheckpoints
 from paratrain.runtime.dist import DistContext
 owner = RunCheckpoints(sys.argv[1], DistContext(0, 1, torch.device("cpu"), None), background=True)
-sharded = sys.argv[2] == "sharded"
 w = torch.zeros(4_000_000)  # 16 MB: a save takes long enough to be hit mid-way
 step = 0
 while True:
     step += 1
     w.fill_(float(step))
-    if sharded:
-        owner.save_sharded(owner.ctx, {"model": {"w": w}, "optimizer": {}},
-                           lambda: {"step": step, "epoch": 0, "config": {"model": "x"}}, step, keep=2)
-    else:
-        owner.save_file({"model": {"w": w}, "optimizer": {}, "step": step, "epoch": 0, "config": {"model": "x"}},
-                        step, keep=2)
+    owner.save_sharded(owner.ctx, {"model": {"w": w}, "optimizer": {}},
+                       lambda: {"step": step, "epoch": 0, "config": {"model": "x"}}, step, keep=2)
     print(step, flush=True)  # asked for: it is written while the next is prepared
 """
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("form", ["file", "sharded"])
-def test_a_kill_during_background_saves_leaves_the_last_complete_checkpoint(tmp_path: Path, form: str) -> None:
+def test_a_kill_during_background_saves_leaves_the_last_complete_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(3)
     for round_ in range(5):
         run = tmp_path / f"run{round_}"  # each round's own saves, counted from step 1
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run), form], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() and proc.stdout.readline().strip()  # the first save is whole
         time.sleep(rng.uniform(0.0, 0.4))
         proc.send_signal(signal.SIGKILL)
@@ -127,7 +103,7 @@ def test_a_kill_during_background_saves_leaves_the_last_complete_checkpoint(tmp_
 @pytest.mark.integration
 @pytest.mark.matrix(("ddp", "async checkpoints", "0.0"), ("fsdp", "async checkpoints", "0.0"))
 def test_two_workers_saving_in_the_background_end_and_carry_on_as_saving_in_the_loop(tmp_path: Path) -> None:
-    """ddp (rank 0 writes one file) and fsdp (every rank its shards, DCP's async_save on a group of its own),
+    """ddp and fsdp (every rank its part, DCP's async_save on a group of its own),
     Adam, a checkpoint every 5 steps: the same weights, Adam moments and checkpoints as synchronous saves, and a
     run carried on from a background save's checkpoint ends where an unbroken run does."""
     flags = ("--model", "mlp", "--width", "256", "--depth", "2", "--dataset", "digits", "--optimizer", "adam",
@@ -137,19 +113,14 @@ def test_two_workers_saving_in_the_background_end_and_carry_on_as_saving_in_the_
         run = tmp_path / f"{strategy}-async"
         train_here(run, *flags, "--strategy", strategy, "--steps", "20", "--async-checkpoint")
         folder = run / "checkpoints"
-        assert sorted(p.name for p in folder.iterdir() if not p.name.startswith("last")) == (
-            ["step-00000015", "step-00000020"] if strategy == "fsdp" else ["step-00000015.pt", "step-00000020.pt"])
+        assert sorted(p.name for p in folder.iterdir()) == ["step-00000015", "step-00000020"]
         carried = train_here(run, *flags, "--strategy", strategy, "--steps", "30", "--async-checkpoint",
                              "--resume", str(run))
         assert carried["resumed_from_step"] == 20 and carried["checkpoint_wait_s"] > 0
         assert sync["checkpoint_wait_s"] > 0
         assert max_abs_diff(weights(tmp_path / f"{strategy}-sync"), weights(run)) == 0.0, strategy
-        if strategy == "ddp":
-            ends = [checkpoint_files.load(r / "checkpoints" / "last.pt") for r in (tmp_path / "ddp-sync", run)]
-            assert max_abs_diff(adam_moments(ends[0]), adam_moments(ends[1])) == 0.0
-        else:
-            ends = [dcp.whole(r / "checkpoints" / "step-00000030", ("optimizer",))["optimizer"]
-                    for r in (tmp_path / "fsdp-sync", run)]
-            assert max_abs_diff(ends[0], ends[1]) == 0.0
+        ends = [dcp.whole(r / "checkpoints" / "step-00000030", ("optimizer",))["optimizer"]
+                for r in (tmp_path / f"{strategy}-sync", run)]
+        assert max_abs_diff(adam_moments({"optimizer": ends[0]}), adam_moments({"optimizer": ends[1]})) == 0.0
         summary = json.loads((run / "summary.json").read_text())
         assert summary["steps"] == 30

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 import yaml
-from conftest import weights
+from conftest import newest_state, weights
 from torch import nn
 
 import paratrain
@@ -104,7 +104,7 @@ def test_one_workers_summary_equals_evaluate_and_the_ema_averages_a_batchnorm_ne
     again = paratrain.evaluate(tmp_path / "run", model=BNNet)
     assert again["ema"] and summary["test_accuracy"] == again["test_accuracy"]
     assert summary["test_loss"] == pytest.approx(again["test_loss"], rel=1e-6)
-    ema = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["ema_model"]
+    ema = newest_state(tmp_path / "run")["ema_model"]
     assert int(ema["1.num_batches_tracked"]) == 20 and ema["1.running_var"].ne(1).all()  # averaged, not initial
 
 
@@ -250,8 +250,7 @@ def test_resuming_a_sync_run_on_two_workers_is_exact(runs: dict, tmp_path: Path)
     fit(tmp_path / "run", "2", adam, steps=10, ema=0.9)
     paratrain.fit(BNNet, "digits", paratrain.TrainConfig(resume=str(tmp_path / "run"), steps=20), optimizer=adam)
     fit(tmp_path / "straight", "2", adam, ema=0.9)
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
-    straight = torch.load(tmp_path / "straight" / "checkpoints" / "last.pt", weights_only=True)
+    state, straight = newest_state(tmp_path / "run"), newest_state(tmp_path / "straight")
     assert state["step"] == 20
     assert gap(tmp_path / "run", tmp_path / "straight") == 0
     assert max((state["ema_model"][k].double() - v.double()).abs().max().item()

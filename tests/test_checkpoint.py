@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import save_earlier_release_step, save_step
 
 from paratrain.checkpoint import files as checkpoint
 from paratrain.core.errors import UserError, WriteFailed
@@ -19,14 +20,16 @@ from paratrain.parallel import strategies
 
 WRITER = """
 import sys, torch
-from paratrain.checkpoint import files as checkpoint
+from paratrain.checkpoint import dcp
+from paratrain.runtime.dist import DistContext
+one = DistContext(0, 1, torch.device("cpu"), None)
 folder = sys.argv[1]
 step = 0
 while True:
     step += 1
     big = torch.full((4_000_000,), float(step))  # 16 MB: a save takes long enough to be hit mid-way
-    state = {"model": {"w": big}, "optimizer": {}, "step": step, "epoch": 0, "config": {"model": "x"}}
-    checkpoint.save_step(state, folder, step, keep=2)
+    meta = {"optimizer": None, "step": step, "epoch": 0, "config": {"model": "x"}}
+    dcp.save_step(one, {"model": {"w": big}}, lambda: meta, folder, step, keep=2)
     print(step, flush=True)
 """
 
@@ -39,14 +42,14 @@ def _kill_during_saves(folder: Path, kills: int, seed: int) -> None:
         time.sleep(rng.uniform(0.0, 0.4))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        state = checkpoint.load(folder / "last.pt")
+        state = checkpoint.newest_loadable(folder)  # the newest step folder, read whole: never a broken one
         w = state["model"]["w"]
         assert w.shape == (4_000_000,) and bool((w == float(state["step"])).all())  # complete, one step
-        assert len(list(folder.glob("step-*.pt"))) <= 3  # kept 2, plus at most the one being replaced
+        assert 1 <= len(list(folder.glob("step-*"))) <= 3  # kept 2, plus at most the one being pruned
 
 
 @pytest.mark.integration
-def test_kill_during_saves_never_leaves_a_broken_last_pt(tmp_path: Path) -> None:
+def test_kill_during_saves_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
     _kill_during_saves(tmp_path / "checkpoints", kills=5, seed=0)
 
 
@@ -61,22 +64,6 @@ def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
     checkpoint.save(state, tmp_path / "a.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["a.pt"]
     assert torch.equal(checkpoint.load(tmp_path / "a.pt")["model"]["w"], torch.ones(3))
-
-
-def test_without_hard_links_last_pt_is_written_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A filesystem without hard links (some network and FUSE mounts): last.pt is a full copy of the step."""
-    import errno
-    import os
-
-    def no_links(*args: object) -> None:
-        raise OSError(errno.EPERM, "Operation not permitted")  # what vfat says
-
-    monkeypatch.setattr(os, "link", no_links)
-    state = {"model": {"w": torch.arange(3.0)}, "optimizer": {}, "step": 7, "epoch": 0, "config": {}}
-    checkpoint.save_step(state, tmp_path, 7, keep=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-00000007.pt"]
-    assert checkpoint.load(tmp_path / "last.pt")["step"] == 7
-    assert torch.equal(checkpoint.load(tmp_path / "last.pt")["model"]["w"], torch.arange(3.0))
 
 
 def test_save_makes_folders_writes_beside_the_file_and_cleans_up_a_failed_write(
@@ -103,19 +90,14 @@ def test_save_makes_folders_writes_beside_the_file_and_cleans_up_a_failed_write(
 
 def test_a_full_disk_under_torch_save_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch.save reports a failed write as "[enforce fail at inline_container.cc] unexpected pos": the OSError
-    it was raised over is what the user is told, and a failed link of last.pt is not tried again as a copy."""
+    it was raised over is what the user is told (an export's file); a step folder's failed write names the step
+    and leaves the steps before it as they were."""
     import errno
     import os
 
-    real_fsync, real_link = os.fsync, os.link
-    monkeypatch.setattr(os, "link", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")))
     state = {"model": {"w": torch.ones(2)}, "optimizer": {}, "step": 3, "epoch": 0, "config": {}}
-    with pytest.raises(WriteFailed, match=r"cannot write \S*last\.pt: No space left on device"):
-        checkpoint.save_step(state, tmp_path, 3, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.pt"]  # whole, and no copy begun
-    monkeypatch.setattr(os, "link", real_link)
-
-    real_fdopen = os.fdopen
+    save_step(state, tmp_path, 3)
+    real_fdopen, real_fsync = os.fdopen, os.fsync
 
     class Full:  # the checkpoint's file on a disk that fills up: torch.save's writes fail
         def __init__(self, f: object) -> None:
@@ -134,14 +116,15 @@ def test_a_full_disk_under_torch_save_is_named_as_such(tmp_path: Path, monkeypat
             self.f.close()
 
     monkeypatch.setattr(os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
-    with pytest.raises(WriteFailed, match="step-00000004.pt: No space left on device"):
-        checkpoint.save_step({**state, "step": 4}, tmp_path, 4, keep=2)
+    with pytest.raises(WriteFailed, match="model.pt: No space left on device"):
+        checkpoint.save(state, tmp_path / "model.pt")
     monkeypatch.setattr(os, "fdopen", real_fdopen)
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EDQUOT, "Disk quota exceeded")))
-    with pytest.raises(WriteFailed, match=r"step-00000005.pt: Disk quota exceeded \(EDQUOT\)"):
-        checkpoint.save_step({**state, "step": 5}, tmp_path, 5, keep=2)
+    with pytest.raises(WriteFailed, match=r"step-00000005: Disk quota exceeded \(EDQUOT\)"):
+        save_step({**state, "step": 5}, tmp_path, 5)
     monkeypatch.setattr(os, "fsync", real_fsync)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003"]  # no hidden half folder left
+    assert checkpoint.newest_loadable(tmp_path)["step"] == 3
 
 
 @pytest.mark.parametrize(("mine", "theirs", "expected_step", "expected_restarts"), [
@@ -205,39 +188,48 @@ def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pyte
         checkpoint.agree(one, None, "unreadable", 0)
 
 
+def _state(step: int) -> dict:
+    return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step, "epoch": 0,
+            "config": {"model": "x"}}
+
+
 def _save(folder: Path, step: int, keep: int = 2) -> None:
-    state = {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step, "epoch": 0,
-             "config": {"model": "x"}}
-    checkpoint.save_step(state, folder, step, keep=keep)
+    save_step(_state(step), folder, step, keep=keep)
 
 
 def _truncate(path: Path) -> None:
-    with open(path, "r+b") as f:  # in place: last.pt and its step file are one file (a hard link)
-        f.truncate(100)
+    """Cut a checkpoint short: a file (an earlier release's), or a step folder's tensors."""
+    for file in [path] if path.is_file() else path.glob("*.distcp"):
+        with open(file, "r+b") as f:  # in place: an earlier release's last.pt and its step file are one file
+            f.truncate(100)
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture) -> None:
     for step in (10, 20):
         _save(tmp_path / "checkpoints", step)
-    _truncate(tmp_path / "checkpoints" / "last.pt")  # and with it step-00000020.pt
+    _truncate(tmp_path / "checkpoints" / "step-00000020")
     assert checkpoint.load(tmp_path)["step"] == 10  # a run directory: the newest that loads
     line = capsys.readouterr().err
-    assert line.count("\n") == 1 and "skipped step-00000020.pt" in line and "using step-00000010.pt, step 10" in line
-    assert "unreadable" in line
+    assert line.count("\n") == 1 and "skipped step-00000020 " in line and "using step-00000010, step 10" in line
+    assert "incomplete" in line
     assert checkpoint.newest_loadable(tmp_path / "checkpoints")["step"] == 10
     assert checkpoint.newest_loadable(tmp_path / "none") is None
 
 
-def test_the_newest_step_file_wins_over_an_older_last_pt(tmp_path: Path) -> None:
-    """A kill between writing step-N.pt and linking last.pt to it: step N is complete (written atomically)."""
-    _save(tmp_path, 10)
-    _save(tmp_path, 20)
-    (tmp_path / "last.pt").unlink()
+def test_an_earlier_releases_files_are_read_newest_step_first_and_a_damaged_one_falls_back(tmp_path: Path) -> None:
+    """Before every layout wrote step folders, ddp wrote step-N.pt and linked last.pt to it: a kill between the
+    two left last.pt on the step before; the newest step file wins. Damaged, it falls back to the one before."""
     import os
 
+    for step in (10, 20):
+        save_earlier_release_step(_state(step), tmp_path, step)
+    (tmp_path / "last.pt").unlink()
     os.link(tmp_path / "step-00000010.pt", tmp_path / "last.pt")
     assert checkpoint.newest_loadable(tmp_path)["step"] == 20
+    assert checkpoint.load(tmp_path / "step-00000020.pt")["model"]["w"][0] == 20  # read whole, in this process
+    _truncate(tmp_path / "step-00000020.pt")
+    assert checkpoint.newest_loadable(tmp_path)["step"] == 10
 
 
 def test_when_no_checkpoint_loads_the_error_says_so_in_one_line(tmp_path: Path) -> None:
@@ -245,10 +237,10 @@ def test_when_no_checkpoint_loads_the_error_says_so_in_one_line(tmp_path: Path) 
 
     for step in (10, 20):
         _save(tmp_path / "checkpoints", step)
-    for path in (tmp_path / "checkpoints").glob("step-*.pt"):
+    for path in (tmp_path / "checkpoints").glob("step-*"):
         _truncate(path)
-    with pytest.raises(UserError, match=r"no checkpoint in .*checkpoints loads: checkpoint .*step-00000020.pt is "
-                                        r"unreadable.*\(and 1 other checkpoint\(s\) there\)"):
+    with pytest.raises(UserError, match=r"no checkpoint in .*checkpoints loads: checkpoint .*step-00000020 is "
+                                        r"incomplete.*\(and 1 other checkpoint\(s\) there\)"):
         checkpoint.load(tmp_path)
 
 
@@ -267,13 +259,13 @@ def test_a_run_whose_newest_checkpoint_is_damaged_is_evaluated_and_resumed_on_tw
 
     run = tmp_path / "run"
     train(run, "--devices", "2", "--steps", "20", "--checkpoint-every", "5", "--optimizer", "sgd", "--lr", "0.01")
-    _truncate(run / "checkpoints" / "last.pt")  # and step-00000020.pt with it
+    _truncate(run / "checkpoints" / "step-00000020")
     evaluated = run_cli("eval", str(run))
     assert evaluated.returncode == 0, evaluated.stderr
-    assert "skipped step-00000020.pt" in evaluated.stderr and "using step-00000015.pt" in evaluated.stderr
+    assert "skipped step-00000020 " in evaluated.stderr and "using step-00000015," in evaluated.stderr
     resumed = run_cli("train", "--quiet", "--resume", str(run), "--steps", "25")
     assert resumed.returncode == 0, resumed.stderr
-    assert "skipped step-00000020.pt" in resumed.stderr
+    assert "skipped step-00000020 " in resumed.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from_step"] == 15 and summary["steps"] == 25
 
@@ -307,7 +299,8 @@ def test_the_owner_refuses_a_whole_model_file_to_fsdp_and_a_trials_weights_to_re
     (tmp_path / "checkpoints" / "step-00000004.pt").write_bytes(b"")
     (tmp_path / "checkpoints" / WEIGHTS_ONLY).write_text("weights")
     owner = manager.RunCheckpoints(tmp_path)
-    with pytest.raises(UserError, match="holds one whole model, which --strategy hsdp does not read"):
+    with pytest.raises(UserError, match="holds one whole-model file of an earlier release, which --strategy hsdp "
+                                        "does not read"):
         owner.check_form("hsdp", strategies.get("hsdp").reads_whole_files)
     owner.check_form("pipeline", strategies.get("pipeline").reads_whole_files)
     assert "kept only its weights" in owner.why_not_resumable()
@@ -315,16 +308,17 @@ def test_the_owner_refuses_a_whole_model_file_to_fsdp_and_a_trials_weights_to_re
 
 def test_the_owner_saves_a_step_prunes_the_old_and_lists_anew(tmp_path: Path) -> None:
     from paratrain.checkpoint import manager
+    from paratrain.runtime.dist import DistContext
 
     owner = manager.RunCheckpoints(tmp_path)
     assert owner.found().newest_step is None
+    one = DistContext(0, 1, torch.device("cpu"), None)
     for step in (1, 2, 3):
-        owner.save_file({"model": {"w": torch.ones(1) * step}, "optimizer": {}, "step": step, "epoch": 0,
-                         "config": {}}, step, keep=2)
-    assert owner.found().newest_step == 3 and not owner.found().sharded
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00000002.pt",
-                                                                                  "step-00000003.pt"]
-    assert owner.newest_loadable()["model"]["w"].item() == 3
+        owner.save_sharded(one, {"model": {"w": torch.ones(1) * step}},
+                           lambda s=step: {"optimizer": None, "step": s, "epoch": 0, "config": {}}, step, keep=2)
+        assert owner.found().newest_step == step and owner.found().sharded  # listed anew after each save
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
+    assert checkpoint.load(tmp_path)["model"]["w"].item() == 3
 
 
 @pytest.mark.parametrize("stop", ["end", "early-stopping"])
@@ -336,13 +330,13 @@ def test_each_step_is_saved_once(tmp_path: Path, stop: str, monkeypatch: pytest.
     from paratrain.checkpoint import manager
 
     saved: list[int] = []
-    write = manager.RunCheckpoints.save_file
+    write = manager.RunCheckpoints.save_sharded
 
-    def counted(self, state, step, keep):  # noqa: ANN001, ANN202
+    def counted(self, ctx, tensors, meta, step, keep):  # noqa: ANN001, ANN202
         saved.append(step)
-        write(self, state, step, keep)
+        write(self, ctx, tensors, meta, step, keep)
 
-    monkeypatch.setattr(manager.RunCheckpoints, "save_file", counted)
+    monkeypatch.setattr(manager.RunCheckpoints, "save_sharded", counted)
     args = ["--steps", "12"] if stop == "end" else ["--epochs", "20", "--early-stopping", "1", "--lr", "1"]
     run = tmp_path / "run"
     assert main_code(["train", "--quiet", "--devices", "1", "--batch-size", "512", "--checkpoint-every", "1",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import main_code, run_cli
+from conftest import main_code, run_cli, save_step
 
 from paratrain.cli import main
 from paratrain.data import folder
@@ -153,15 +153,14 @@ def test_checkpoint_of_another_model(capsys: pytest.CaptureFixture, tmp_path: Pa
 
 def test_resume_with_another_model(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     from paratrain import config
-    from paratrain.checkpoint import files as checkpoint
     from paratrain.models import build_model
 
     run = tmp_path / "run"
     cfg = config.TrainConfig(model="lenet5", out=str(run))
     run.mkdir()
     config.save_yaml(cfg, run / "config.yaml")
-    checkpoint.save({"model": build_model("lenet5", 1, 32, 10).state_dict(), "optimizer": {}, "step": 1,
-                     "epoch": 0, "config": cfg.to_dict()}, run / "checkpoints" / "last.pt")
+    save_step({"model": build_model("lenet5", 1, 32, 10).state_dict(), "optimizer": {}, "step": 1,
+               "epoch": 0, "config": cfg.to_dict()}, run / "checkpoints", 1)
     _one_line_error(capsys, _main(["train", "--resume", str(run), "--model", "mlp"]),
                     "is of model 'lenet5', not 'mlp'")
 

@@ -5,13 +5,14 @@ pp=2, dp=2,pp=2 and fsdp=2,pp=2 equal one device."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import max_abs_diff, train_here, weights
+from conftest import earlier_release, max_abs_diff, train_here, weights
 from torch import nn
 
 from paratrain.checkpoint import files as checkpoint
@@ -115,8 +116,9 @@ def test_a_hugging_face_decoder_from_the_command_line_under_every_pipeline_equal
 def test_a_decoder_with_a_shared_weight_carries_on_across_pipelines(tmp_path: Path, corpus: Path) -> None:
     """GPT-2 (its embedding and head one weight; AdamW with --ema) stopped at step 10 and carried on to 20 under
     another layout: pp=2's sharded checkpoint under fsdp=2,pp=2 and on one device, fsdp=2's under pp=2 (the last
-    stage reads the head's state under the embedding's name, the one fsdp wrote), one device's whole-model file
-    under fsdp=2,pp=2 (the last stage takes the head's optimizer state by the embedding's number). Each ends
+    stage reads the head's state under the embedding's name, the one fsdp wrote), an earlier release's
+    whole-model file of one device under fsdp=2,pp=2 (the last stage takes the head's optimizer state by the
+    embedding's number). Each ends
     within 1e-4 of one device's run never stopped, the average too."""
     (tmp_path / "decoders.py").write_text(textwrap.dedent(FACTORIES))
     flags = ("--model", f"{tmp_path / 'decoders.py'}:gpt2", "--dataset", "text", "--data-dir", str(corpus),
@@ -128,7 +130,8 @@ def test_a_decoder_with_a_shared_weight_carries_on_across_pipelines(tmp_path: Pa
                "fsdp": (("--strategy", "fsdp", "--devices", "2"), ("--mesh", "pp=2")),
                "one": (("--devices", "1"), ("--mesh", "fsdp=2,pp=2", "--oversubscribe"))}
     for name, (before, after) in carried.items():
-        train_here(tmp_path / name, *flags, *before, "--steps", "10")
+        with earlier_release() if name == "one" else contextlib.nullcontext():
+            train_here(tmp_path / name, *flags, *before, "--steps", "10")
         summary = train_here(tmp_path / name, "--resume", str(tmp_path / name), "--steps", "20", *after)
         assert summary["resumed_from_step"] == 10 and summary["steps"] == 20, name
         assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / name)) <= 1e-4, name

@@ -58,7 +58,7 @@ def test_sigterm_stops_saves_and_resumes(tmp_path: Path) -> None:
     assert "stopped by SIGTERM at step" in stderr and "--resume" in stderr and "Traceback" not in stderr
     time.sleep(0.5)
     assert [p for p in workers if alive(p)] == []
-    state = checkpoint.load(run / "checkpoints" / "last.pt")
+    state = checkpoint.load(run)
     assert state["step"] >= 10  # the work up to the stop was saved
     proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--quiet", "--resume", str(run), "--epochs",
                            str(state["epoch"] + 2)], capture_output=True, text=True, timeout=300)
@@ -73,7 +73,7 @@ def test_sigint_in_one_process_saves_and_exits_130(tmp_path: Path) -> None:
     launcher.send_signal(signal.SIGINT)
     code, stderr = _finish(launcher, timeout=10)
     assert code == 130 and "stopped by SIGINT" in stderr, stderr
-    assert checkpoint.load(run / "checkpoints" / "last.pt")["step"] >= 10
+    assert checkpoint.load(run)["step"] >= 10
 
 
 def test_stopped_worker_ends_the_run_within_the_timeout(tmp_path: Path) -> None:

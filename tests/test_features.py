@@ -334,7 +334,7 @@ def test_resume_restores_schedule_ema_augmentation_and_dropout(tmp_path: Path) -
 def test_keep_checkpoints(tmp_path: Path) -> None:
     _fit(tmp_path, "keep", steps=20, checkpoint_every=5, keep_checkpoints=2)
     files = sorted(p.name for p in (tmp_path / "keep" / "checkpoints").iterdir())
-    assert files == ["last.pt", "step-00000015.pt", "step-00000020.pt"]
+    assert files == ["step-00000015", "step-00000020"]
     assert checkpoint.load(tmp_path / "keep")["step"] == 20
 
 
@@ -545,9 +545,9 @@ def test_a_checkpoint_at_an_epochs_end_is_validated_on_resume(tmp_path: Path) ->
     per_epoch = len(data.train[1]) // 256  # whole global batches (config.length.steps_per_epoch)
     part = _fit(tmp_path, "part", steps=per_epoch, **common)  # one epoch, saved at its last step
     assert part["epochs_validated"] == 1
-    state = checkpoint.load(tmp_path / "part")
-    state["validated"], state["early_stopping"] = 0, (math.inf, 0)  # as written before the epoch's validation
-    checkpoint.save_step(state, tmp_path / "part" / "checkpoints", state["step"], 2)
+    from conftest import edit_meta
+
+    edit_meta(tmp_path / "part", validated=0, early_stopping=(math.inf, 0))  # as written before its validation
     cfg = _cfg(out=str(tmp_path / "part"), resume=str(tmp_path / "part"), epochs=30, quiet=True, tensorboard=False,
                **common)
     resumed = fit(cfg, data)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import main_code, max_abs_diff, weights
+from conftest import earlier_release, main_code, max_abs_diff, save_earlier_release_step, weights
 from torch import nn
 
 from paratrain.checkpoint import dcp as sharded
@@ -77,16 +77,17 @@ def test_a_sharded_checkpoint_whose_pickles_carry_code_is_refused(tmp_path: Path
     assert "ran the checkpoint's code" not in capsys.readouterr().out
 
 
-def test_one_step_is_kept_in_one_form_when_a_run_changes_strategy(tmp_path: Path) -> None:
-    """A finished fsdp run carried on by ddp saves its step again as a file, and the folder goes; an fsdp run
-    after a ddp one leaves no last.pt naming an older step."""
+def test_a_run_of_an_earlier_release_carried_on_leaves_no_last_pt_naming_an_older_step(tmp_path: Path) -> None:
+    """An earlier release's ddp wrote step-N.pt files and last.pt; carried on, the run writes step folders: the
+    same step's file goes, and last.pt with it, so no name points at an older step than the newest."""
     model, optimizer = _trained()
-    _save(model, optimizer, tmp_path, 30)
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 30, "epoch": 0, "config": {}}
-    checkpoint.save_step(state, tmp_path, 30, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step-00000030.pt"]
+    save_earlier_release_step(state, tmp_path, 20)
+    save_earlier_release_step(state, tmp_path, 30)
+    _save(model, optimizer, tmp_path, 30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000020.pt", "step-00000030"]
     _save(model, optimizer, tmp_path, 40)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000030.pt", "step-00000040"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000030", "step-00000040"]
     assert checkpoint.newest_loadable(tmp_path)["step"] == 40
 
 
@@ -226,12 +227,9 @@ def test_one_fsdp_worker_resumes_exactly_and_exports_one_plain_state_dict(tmp_pa
     assert main_code(["train", "--resume", str(run), "--steps", "14", "--strategy", "ddp", "--quiet"]) == 0
     assert main_code(["train", *ARGS, "--steps", "14", "--out", str(tmp_path / "fourteen")]) == 0
     assert max_abs_diff(checkpoint.load(run)["model"], checkpoint.load(tmp_path / "fourteen")["model"]) < 1e-6
-    # ddp's whole-model file is not fsdp's to read: one line, and the run's record left as it was
-    record = (run / "config.yaml").read_text()
-    assert main_code(["train", "--resume", str(run), "--steps", "16", "--strategy", "fsdp", "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "holds one whole model, which --strategy fsdp does not read" in err, err
-    assert (run / "config.yaml").read_text() == record
+    # and on again under fsdp: every layout writes the same step folders, which every layout reads
+    assert main_code(["train", "--resume", str(run), "--steps", "16", "--strategy", "fsdp", "--quiet"]) == 0
+    assert json.loads((run / "summary.json").read_text())["resumed_from_step"] == 14
 
 
 def test_an_hsdp_run_carries_on_under_fsdp_without_its_shard_size(tmp_path: Path,
@@ -242,11 +240,15 @@ def test_an_hsdp_run_carries_on_under_fsdp_without_its_shard_size(tmp_path: Path
     assert main_code(["train", "--resume", str(run), "--strategy", "fsdp", "--steps", "8", "--quiet"]) == 0
     text = (run / "config.yaml").read_text()  # fsdp reads no shard size: its config.yaml has none
     assert "strategy: fsdp" in text and "shard_size" not in text
-    whole = tmp_path / "whole"
-    assert main_code(["train", *ARGS[:2], "--devices", "1", "--steps", "5", "--out", str(whole)]) == 0
+    whole = tmp_path / "whole"  # an earlier release's ddp run: its whole-model file is not fsdp's to read
+    with earlier_release():
+        assert main_code(["train", *ARGS[:2], "--devices", "1", "--steps", "5", "--out", str(whole)]) == 0
+    record = (whole / "config.yaml").read_text()
     capsys.readouterr()
     assert main_code(["train", "--resume", str(whole), "--strategy", "fsdp", "--steps", "8", "--quiet"]) == 2
-    assert "holds one whole model, which --strategy fsdp does not read" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds one whole-model file of an earlier release, which --strategy fsdp does not read" in err, err
+    assert (whole / "config.yaml").read_text() == record  # the run's record left as it was
 
 
 def test_summary_counts_the_model_state_each_worker_holds(tmp_path: Path) -> None:

@@ -210,15 +210,14 @@ def test_files_of_the_run_replace_links_instead_of_following_them(tmp_path: Path
 
 def test_eval_reads_data_where_the_command_line_says_not_the_checkpoint(tmp_path: Path,
                                                                         monkeypatch) -> None:  # noqa: ANN001
-    import torch
 
     paratrain.fit(None, "digits", paratrain.TrainConfig(steps=2, out=str(tmp_path / "run"), quiet=True,
                                                         tensorboard=False, devices="1"))
-    path = tmp_path / "run" / "checkpoints" / "last.pt"
-    state = torch.load(path, weights_only=True)
+    from conftest import edit_meta, newest_state
+
     target = tmp_path / "chosen-by-the-checkpoint"
-    state["config"].update(dataset="mnist", data_dir=str(target), download=True)
-    torch.save(state, path)
+    saved = newest_state(tmp_path / "run")["config"]
+    edit_meta(tmp_path / "run", config={**saved, "dataset": "mnist", "data_dir": str(target), "download": True})
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match="not found in data/mnist"):
         paratrain.evaluate(tmp_path / "run", download=False)

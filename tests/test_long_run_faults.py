@@ -107,7 +107,7 @@ def test_a_full_disk_ends_the_run_in_one_line_keeps_the_last_checkpoint_and_is_n
     run = small_disk / "run"
     args = (*TRAIN, "--steps", "400", "--checkpoint-every", "100", "--log-every", "400")
     launcher = _launch(run, *args, "--max-restarts", "2")
-    _wait_for(lambda: (run / "checkpoints" / "step-00000100.pt").exists(), launcher, "the checkpoint of step 100")
+    _wait_for(lambda: (run / "checkpoints" / "step-00000100").exists(), launcher, "the checkpoint of step 100")
     os.killpg(launcher.pid, signal.SIGSTOP)  # the whole run holds still while the disk fills: no race
     filler = _fill(small_disk)
     os.killpg(launcher.pid, signal.SIGCONT)
@@ -115,11 +115,11 @@ def test_a_full_disk_ends_the_run_in_one_line_keeps_the_last_checkpoint_and_is_n
     output = _end(launcher, processes)
     assert launcher.returncode == 1, output[-3000:]
     assert _error_lines(output) == [
-        f"paratrain: error: cannot write {run}/checkpoints/step-00000200.pt: No space left on device (ENOSPC); the "
-        f"last good checkpoint is step-00000100.pt (step 100) in {run}/checkpoints; free space and continue with "
+        f"paratrain: error: cannot write {run}/checkpoints/step-00000200: No space left on device (ENOSPC); the "
+        f"last good checkpoint is step-00000100 (step 100) in {run}/checkpoints; free space and continue with "
         f"--resume {run}"], output[-3000:]
     assert "restarting" not in output and "Traceback" not in output, output[-3000:]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.pt", "step-00000100.pt"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000100"]
     assert checkpoint.load(run)["step"] == 100
     filler.unlink()
     summary = train_here(run, *args, "--resume", str(run))

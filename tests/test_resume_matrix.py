@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import training_workers
+from conftest import earlier_release, training_workers
 
 from paratrain import config
 from paratrain.checkpoint import dcp as sharded
@@ -198,11 +198,10 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory, digits: Any) -> dict
 def test_resume_from_a_checkpoint_is_exact(tmp_path: Path, digits: Any, uninterrupted: dict, workers: int,
                                            opt: str) -> None:
     """Stopped at step 30 (an epoch and a bit), resumed to 60: weights, optimizer state and EMA as if never
-    stopped. The checkpoint is a copy of the uninterrupted run's own step-30 file."""
+    stopped. The checkpoint is a copy of the uninterrupted run's own step-30 folder."""
     whole = uninterrupted[workers, opt]
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    shutil.copy(whole / "checkpoints" / "step-00000030.pt", run / "checkpoints" / "last.pt")
+    shutil.copytree(whole / "checkpoints" / "step-00000030", run / "checkpoints" / "step-00000030")
     resume = _state(run)
     saved = {k: v.clone() for k, v in _tensors(resume).items()}
     summary = _run(_cfg(run, opt), workers, digits, resume)
@@ -244,14 +243,31 @@ def test_resume_on_another_count(tmp_path: Path, digits: Any, uninterrupted: dic
     """Saved by `before` workers at step 30, resumed by `after`: the same global batch and data order, so
     it ends within float noise of the run it continues."""
     run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    shutil.copy(uninterrupted[before, opt] / "checkpoints" / "step-00000030.pt", run / "checkpoints" / "last.pt")
+    shutil.copytree(uninterrupted[before, opt] / "checkpoints" / "step-00000030", run / "checkpoints" / "step-00000030")
     summary = _run(_cfg(run, opt), after, digits, _state(run))
     assert summary["resumed_from_step"] == 30 and summary["world_size"] == after
     gaps = [_gap(_state(run), _state(uninterrupted[n, opt])) for n in (before, after)]
     print(f"{before} -> {after} workers, {opt}: max difference {gaps[0]:.3g} from {before} worker(s) "
           f"uninterrupted, {gaps[1]:.3g} from {after}")
     assert min(gaps) < NOISE
+
+
+def test_an_earlier_releases_whole_model_file_resumes_on_two_workers(tmp_path: Path, digits: Any,
+                                                                    uninterrupted: dict) -> None:
+    """Before every layout wrote step folders, one device and ddp wrote one whole-model file a step (the optimizer's
+    state by parameter number): such a run carries on, on 2 workers with Adam and EMA, within float noise of the
+    runs never stopped (as a step folder does on another count: test_resume_on_another_count)."""
+    old = tmp_path / "old"
+    with earlier_release():
+        _run(_cfg(old, "adam-ema"), 1, digits)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(old / "checkpoints" / "step-00000030.pt", run / "checkpoints" / "step-00000030.pt")
+    assert "sharded" not in _state(run)  # read as the file it is
+    summary = _run(_cfg(run, "adam-ema"), 2, digits, _state(run))
+    assert summary["resumed_from_step"] == 30 and summary["world_size"] == 2
+    assert (run / "checkpoints" / "step-00000060").is_dir()  # and written on as a step folder
+    assert min(_gap(_state(run), _state(uninterrupted[n, "adam-ema"])) for n in (1, 2)) < NOISE
 
 
 def test_killed_worker_restarts_to_the_same_weights(tmp_path: Path, digits: Any, uninterrupted: dict,
@@ -287,12 +303,13 @@ def test_pipeline_resume_is_exact(tmp_path: Path, digits: Any, strategy: str, wo
     summary = _run(_cfg(run, "sgd-momentum", **kw), workers, digits, _state(run))
     assert summary["resumed_from_step"] == 10 and summary["strategy"] == strategy
     assert _gap(_state(run), _state(whole)) <= EXACT
-    if strategy == "pipeline":  # and from one device's whole-model file: each stage takes its layers' slice
+    if strategy == "pipeline":  # and from an earlier release's whole-model file: each stage takes its layers' slice
         one = tmp_path / "one"  # in the stages' memory layout (channels-last's kernels round otherwise: 6.7e-5)
-        _run(_cfg(one, "sgd-momentum", steps=20, memory_format="contiguous"), 1, digits)
+        with earlier_release():
+            _run(_cfg(one, "sgd-momentum", steps=20, memory_format="contiguous"), 1, digits)
         run = tmp_path / "from-one"
         (run / "checkpoints").mkdir(parents=True)
-        shutil.copy(one / "checkpoints" / "step-00000010.pt", run / "checkpoints" / "last.pt")
+        shutil.copy(one / "checkpoints" / "step-00000010.pt", run / "checkpoints" / "step-00000010.pt")
         summary = _run(_cfg(run, "sgd-momentum", **kw), workers, digits, _state(run))
         assert summary["resumed_from_step"] == 10
         assert _gap(_state(run), _state(whole)) <= 2e-6  # another layout's first 10 steps: measured 1.5e-8

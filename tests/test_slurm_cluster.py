@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from conftest import adam_moments, logged_step, max_abs_diff, train_here, weights
+from conftest import adam_moments, logged_step, max_abs_diff, newest_state, train_here, weights
 from slurm_cluster import Cluster, one_node_cluster, two_node_cluster
 
 pytestmark = pytest.mark.integration
@@ -97,7 +96,7 @@ def test_a_preempted_job_is_requeued_and_ends_with_the_uninterrupted_weights(clu
     log = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "PENDING" and info["Restarts"] == "1", (info, log[-3000:])
     assert f"job {job} requeued (requeue 1 of at most 3)" in log, log[-3000:]
-    saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+    saved = newest_state(run)["step"]
     assert 25 <= saved < 600
     cluster.start_again(job)
     info = cluster.wait(job, {"COMPLETED", "FAILED", "CANCELLED"})
@@ -107,7 +106,7 @@ def test_a_preempted_job_is_requeued_and_ends_with_the_uninterrupted_weights(clu
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["launcher"], summary["requeues"], summary["resumed_from_step"], summary["steps"]) == \
         ("slurm", 1, saved, 600)
-    a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (run, whole))
+    a, b = (newest_state(d) for d in (run, whole))
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
     assert max_abs_diff(a["ema_model"], b["ema_model"]) <= 1e-6
     assert max_abs_diff(adam_moments(a), adam_moments(b)) <= 1e-6

@@ -18,8 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import adam_moments, descendants, logged_step, max_abs_diff, train_here, training_workers, weights
+from conftest import (
+    adam_moments,
+    descendants,
+    logged_step,
+    max_abs_diff,
+    newest_state,
+    train_here,
+    training_workers,
+    weights,
+)
 
 from paratrain.runtime.env import PORT_BASE, PORT_SPAN
 
@@ -132,7 +140,7 @@ def test_the_warning_signal_checkpoints_requeues_once_and_the_next_start_carries
     assert [code for code, _, _ in first] == [128 + signal.SIGUSR1] * 2, first[0][2][-3000:]
     assert calls.read_text() == f"requeue {job}\n"  # once, by rank 0
     assert f"job {job} requeued (requeue 1 of at most 3)" in first[0][2], first[0][2][-2000:]
-    saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+    saved = newest_state(run)["step"]
     assert 25 <= saved < 600
 
     again = _wait(_srun(run, LONG, job, bin_dir, restarts=1))  # Slurm starts the job again: the same command
@@ -140,7 +148,7 @@ def test_the_warning_signal_checkpoints_requeues_once_and_the_next_start_carries
     assert f"carrying on from the checkpoint of step {saved}" in again[0][2]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from_step"] == saved and summary["steps"] == 600 and summary["requeues"] == 1
-    a, b = (torch.load(d / "checkpoints" / "last.pt", weights_only=True) for d in (run, tmp_path / "whole"))
+    a, b = (newest_state(d) for d in (run, tmp_path / "whole"))
     assert max_abs_diff(a["model"], b["model"]) <= 1e-6
     assert max_abs_diff(a["ema_model"], b["ema_model"]) <= 1e-6
     assert max_abs_diff(adam_moments(a), adam_moments(b)) <= 1e-6
@@ -173,7 +181,7 @@ def test_a_one_task_job_of_two_workers_is_requeued_by_its_launcher_and_carries_o
     assert code == 128 + signal.SIGUSR1 and "Traceback" not in stderr, stderr[-3000:]
     assert calls.read_text() == f"requeue {job}\n"  # once, by rank 0
     assert f"job {job} requeued (requeue 1 of at most 3)" in stderr, stderr[-2000:]
-    saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["step"]
+    saved = newest_state(run)["step"]
     assert 25 <= saved < 600
 
     [(code, _, stderr)] = _wait(_srun(run, args, job, bin_dir, restarts=1, ntasks=1))

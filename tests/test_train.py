@@ -7,9 +7,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
-from conftest import main_code, max_abs_diff, run_cli, train_here, weights
+from conftest import main_code, max_abs_diff, newest_state, run_cli, train_here, weights
 
 SUMMARY_KEYS = {"model", "dataset", "strategy", "world_size", "global_batch_size", "steps", "epochs",
                 "train_time_s", "examples_per_sec", "test_accuracy", "test_loss", "val_accuracy", "seed",
@@ -36,7 +35,7 @@ def test_main_command_trains_digits_to_95_percent(tmp_path: Path) -> None:
     assert len(epochs) == summary["epochs"]
     assert {"epoch", "val_accuracy", "val_loss", "epoch_time_s"} <= epochs[-1].keys()
 
-    ckpt = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    ckpt = newest_state(run)
     assert {"model", "optimizer", "step", "epoch", "config"} <= ckpt.keys()
     assert ckpt["step"] == summary["steps"] and ckpt["config"]["model"] == "lenet5"
     assert yaml.safe_load((run / "config.yaml").read_text())["batch_size"] == summary["global_batch_size"]

@@ -1,11 +1,11 @@
 """--async-checkpoint: a checkpoint written while training goes on.
 
 The loop waits only for the copy of the state it saves (on the CPU: a copy in memory; on a GPU: out of device
-memory); the writing (torch.save of a whole-model file, or DCP's save of a sharded folder) runs in a thread of
-this worker. One save at a time: the next waits for the one before to finish, and the run waits for the last
-before it reports itself done. A kill during a background save leaves the folder as a kill during a synchronous
-one does: the file or step folder is made visible by one rename once whole, so the run carries on from the last
-complete checkpoint. A failed background write (a full disk) is raised in the loop at the next wait.
+memory); the writing (DCP's save of a step folder) runs in a thread of this worker. One save at a time: the next
+waits for the one before to finish, and the run waits for the last before it reports itself done. A kill during a
+background save leaves the folder as a kill during a synchronous one does: the step folder is made visible by one
+rename once whole, so the run carries on from the last complete checkpoint. A failed background write (a full
+disk) is raised in the loop at the next wait.
 """
 
 from __future__ import annotations

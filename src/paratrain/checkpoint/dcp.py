@@ -70,28 +70,42 @@ def save_step(ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, An
         background.wait()  # the save before is whole before this one clears the folder's leftovers
     final, building = _prepare(ctx, Path(folder), step)
     if background is not None:
-        with writing(final), _quiet():
+        with _cleared_on_failure(ctx, building), writing(final), _quiet():
             future = dcp.async_save(tensors, checkpoint_id=building, process_group=background.group,
                                     no_dist=not ctx.distributed)  # returns once the tensors are copied
         extras = staged(meta()) if ctx.is_main else None  # this step's, not the state's when the write ends
 
         def write() -> None:
-            with writing(final):  # a failed write (a full disk) names the checkpoint, as a synchronous one does
-                written = _saved(future.result)
-            if ctx.is_main:  # the coordinator's save ends after every rank's shards are written
-                if _missing(building, written):
-                    raise _not_shared(building)
-                _publish_and_prune(building, final, extras, step, keep)
+            with _cleared_on_failure(ctx, building):
+                with writing(final):  # a failed write (a full disk) names the checkpoint, as a synchronous one does
+                    written = _saved(future.result)
+                if ctx.is_main:  # the coordinator's save ends after every rank's shards are written
+                    if _missing(building, written):
+                        raise _not_shared(building)
+                    _publish_and_prune(building, final, extras, step, keep)
 
         background.start(write)
         return final
-    with writing(final), _quiet():
-        written = _saved(lambda: dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed))
-    _check_shared(ctx, building, written)
-    if ctx.is_main:
-        _publish_and_prune(building, final, meta(), step, keep)
+    with _cleared_on_failure(ctx, building):
+        with writing(final), _quiet():
+            written = _saved(lambda: dcp.save(tensors, checkpoint_id=building, no_dist=not ctx.distributed))
+        _check_shared(ctx, building, written)
+        if ctx.is_main:
+            _publish_and_prune(building, final, meta(), step, keep)
     ctx.barrier()  # no rank goes on (or leaves on a signal) before the checkpoint is whole
     return final
+
+
+@contextlib.contextmanager
+def _cleared_on_failure(ctx: Any, building: Path) -> Iterator[None]:
+    """A save that fails (a full disk, shards that never reached a shared folder) leaves no half folder: rank 0
+    removes the hidden one it was written in (DCP raises on every rank once each has written what it could)."""
+    try:
+        yield
+    except BaseException:
+        if ctx.is_main:
+            shutil.rmtree(building, ignore_errors=True)
+        raise
 
 
 def _prepare(ctx: Any, folder: Path, step: int) -> tuple[Path, Path]:
@@ -101,7 +115,8 @@ def _prepare(ctx: Any, folder: Path, step: int) -> tuple[Path, Path]:
         with writing(final):
             for stale in folder.glob(".step-*"):  # a save or a pruning that a kill cut off
                 shutil.rmtree(stale, ignore_errors=True)
-            building.mkdir(parents=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            building.mkdir(mode=0o700)  # its files are written with the umask's mode: the folder keeps them private
     ctx.barrier()  # the folder exists before any rank writes into it
     return final, building
 
@@ -121,8 +136,8 @@ def _publish_and_prune(building: Path, final: Path, meta: dict[str, Any], step: 
     folder = final.parent
     with writing(final):
         _publish(building, final, {**meta, "format": FORMAT, "torch": str(torch.__version__)})
-        # a run that wrote whole-model files before (carried on under another strategy): the same step's file
-        # and last.pt would name another checkpoint than the newest
+        # a run of an earlier release, which wrote whole-model files (carried on): the same step's file and
+        # last.pt would name another checkpoint than the newest
         for other in (folder / f"step-{step:08d}.pt", folder / "last.pt"):
             other.unlink(missing_ok=True)
         for _, old in step_checkpoints(folder)[:-keep]:
@@ -130,9 +145,11 @@ def _publish_and_prune(building: Path, final: Path, meta: dict[str, Any], step: 
 
 
 def _cause(e: BaseException) -> BaseException:
-    """The first rank's own exception inside DCP's CheckpointException (DCP keeps it as .exc)."""
+    """The first rank's own exception inside DCP's CheckpointException: DCP keeps it as .exc of its record where
+    distributed, and as the first of an (exception, traceback) pair in one process."""
     failures = getattr(e, "failures", None) or {}
     first = next(iter(failures.values()), e)
+    first = first[0] if isinstance(first, tuple) else first
     return getattr(first, "exc", first)
 
 
@@ -155,8 +172,8 @@ def _missing(building: Path, written: Any) -> int:
 
 def _not_shared(building: Path) -> UserError:
     return UserError(f"the shards of a sharded checkpoint did not all reach {building.parent}: the nodes do not "
-                     "share it; pass an --out on a file system every node mounts (fsdp, hsdp and the pipelines "
-                     "write each rank's part there)")
+                     "share it; pass an --out on a file system every node mounts (the sharded layouts, fsdp, "
+                     "hsdp, tp and the pipelines, write each rank's part there)")
 
 
 def _publish(building: Path, final: Path, meta: dict[str, Any]) -> None:
@@ -275,26 +292,46 @@ def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
         try:
             dcp.load(into, checkpoint_id=Path(path), planner=_weights_only_planner(), no_dist=not distributed)
         except (Exception, CheckpointException) as e:  # a BaseException: a rank's failure, wrapped
-            cause = next(iter(e.failures.values()), e) if isinstance(e, CheckpointException) else e
-            cause = getattr(cause, "exc", cause)  # DCP's record of a rank's exception holds it as .exc
+            cause = _cause(e)
             first = " ".join(f"{type(cause).__name__}: {cause}".split())[:200]
             raise UserError(f"checkpoint {path} could not be read into this run's shards ({first}); it is "
                             "damaged, or of another network") from None
 
 
+def misfit(path: str | Path, part: str, shapes: dict[str, Any]) -> str | None:
+    """The first of `shapes` ({name: this run's whole shape}) that the checkpoint's `part` ("model") lacks or holds
+    in another shape, in words; None where every one fits (read from the metadata alone, before any tensor)."""
+    held = {k.partition(".")[2]: tuple(getattr(item, "size", ())) for k, item in
+            _metadata(Path(path)).state_dict_metadata.items() if k.startswith(f"{part}.")}
+    return first_misfit(held, shapes)
+
+
+def first_misfit(held: dict[str, Any], shapes: dict[str, Any]) -> str | None:
+    """The first of `shapes` ({name: shape}) that `held` ({name: shape}) lacks or has in another shape, in words."""
+    for name, shape in shapes.items():
+        if name not in held:
+            return f"{name} is not in the checkpoint"
+        if tuple(held[name]) != tuple(shape):
+            return f"{name} is {list(held[name])} there and {list(shape)} here"
+    return None
+
+
 def whole(path: str | Path, parts: tuple[str, ...] = ("model", "ema_model"),
-          metadata: Any = None) -> dict[str, dict[str, torch.Tensor]]:
+          metadata: Any = None, values: bool = False) -> dict[str, dict[str, Any]]:
     """The checkpoint's whole tensors of `parts` on the CPU, in one process (no group): {"model": {name:
     tensor}, and "ema_model" where it has one}, for evaluation, export and load_model. The optimizer's are
-    named by their place in its state dict ("state.NAME.exp_avg")."""
+    named by their place in its state dict ("state.NAME.exp_avg"); `values`: its other values too (a parameter
+    group's "param_groups.NAME.lr"), all a worker needs to carry on from it."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = metadata or _metadata(Path(path))  # `metadata`: where the caller has read it already
-    into: dict[str, dict[str, torch.Tensor]] = {}
+    into: dict[str, dict[str, Any]] = {}
     for key, item in metadata.state_dict_metadata.items():
         top, _, name = key.partition(".")
         if top in parts and isinstance(item, TensorStorageMetadata):
             into.setdefault(top, {})[name] = torch.empty(item.size, dtype=item.properties.dtype)
+        elif top in parts and values:
+            into.setdefault(top, {})[name] = None  # read in place of the placeholder
     read(path, into, distributed=False)
     return into
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import pickle
 import sys
@@ -21,9 +20,6 @@ from .run_folder import step_checkpoints, weights_only
 
 REQUIRED = ("model", "optimizer", "step", "epoch", "config")
 WEIGHTS_KEPT = "weights"  # a checkpoint's "kept": only its weights were kept (search/keep.py), it cannot carry a run on
-# a link that fails for these would fail as a copy too; any other cause (EPERM on vfat, ENOSYS or EOPNOTSUPP on
-# FUSE and network mounts) means the file system has no hard links: last.pt is then written as a copy
-WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.ENOENT)
 
 
 def save(state: dict[str, Any], path: str | Path) -> None:
@@ -50,37 +46,13 @@ def save(state: dict[str, Any], path: str | Path) -> None:
             os.close(dir_fd)
 
 
-def save_step(state: dict[str, Any], folder: str | Path, step: int, keep: int) -> Path:
-    """Save `step-NNNNNNNN.pt`, point `last.pt` at it atomically, and keep only the `keep` newest step
-    files (last.pt is a hard link, so it survives the pruning of its step file)."""
-    folder = Path(folder)
-    step_path = folder / f"step-{step:08d}.pt"
-    save(state, step_path)
-    last = folder / "last.pt"
-    tmp = folder / ".last.pt.link"
-    with writing(last):
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(step_path, tmp)
-            os.replace(tmp, last)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            if e.errno in WRITE_FAILURES:  # a full or read-only disk: reported, not tried again as a copy
-                raise
-            save(state, last)  # a filesystem without hard links: write it again
-    dcp.remove(folder / f"step-{step:08d}")  # the same step's sharded folder, where the run changed strategy
-    for _, old in step_checkpoints(folder)[:-keep]:
-        dcp.remove(old)  # a file, or a sharded folder of the steps before the run changed strategy
-    return step_path
-
-
 def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | None:
     """The checkpoint of the highest step in `folder` (a run's checkpoints/) that loads; None where it holds
     none. One line on stderr names the newer ones that did not load, and why; a UserError when none loads.
 
-    last.pt is a hard link to the newest step file, so damage to one is damage to both: the step files
-    kept beside it (--keep-checkpoints, 2 by default) are what a damaged newest checkpoint falls back on. Sharded
-    step folders (checkpoint/dcp.py: fsdp's, hsdp's, a pipeline's) have no last.pt: the newest complete one is taken."""
+    The step checkpoints kept (--keep-checkpoints, 2 by default) are what a damaged newest one falls back on: step
+    folders (checkpoint/dcp.py, every layout's), and an earlier release's step files, whose last.pt is a hard link
+    to the newest step file (so damage to one is damage to both)."""
     folder = Path(folder)
     skipped: list[tuple[Path, str]] = []
     for path in _newest_first(folder):
@@ -132,7 +104,8 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is missing); "
                         "use another one")
     if not path.is_file() and not is_sharded:
-        raise UserError(f"checkpoint {path} does not exist; pass a run directory or a .pt file that exists")
+        raise UserError(f"checkpoint {path} does not exist; pass a run directory, a step checkpoint "
+                        "or a .pt file that exists")
     try:
         with open(path / dcp.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
             state = _load_open(f, path)
@@ -174,9 +147,11 @@ def agree(ctx: Any, local: dict[str, Any] | None, error: str | None,
     """The group's one checkpoint to carry on from: the newest any worker found, and the most restarts any of
     them counts (collective: every worker calls it, also one with an `error`).
 
-    Each worker offers the step of the checkpoint it read from its own disk. Rank 0 writes the checkpoints,
-    on its node only, and after a torchrun restart rank 0 may be on another node; so a worker that found an
-    older one, or none, receives the newest from a worker that holds it, point to point. A worker that found
+    Each worker offers the step of the checkpoint it read from its own disk. Where every worker holds the whole
+    model (ddp), rank 0 writes the checkpoints alone, on its node only, and after a torchrun restart rank 0 may be
+    on another node; so a worker that found an older one, or none, receives the newest from a worker that holds
+    it, point to point, its tensors whole. (The sharded layouts' workers each write their part, into a folder that
+    every node mounts: dcp.py.) A worker that found
     the same step keeps what it read: on one machine (one disk) nothing is sent. torchrun counts restarts
     per node (a node whose workers were healthy restarts them without counting), so the restart count is the
     group's largest. A worker's `error` (an unreadable checkpoint, one of another model) stops every worker
@@ -199,8 +174,12 @@ def agree(ctx: Any, local: dict[str, Any] | None, error: str | None,
     holder = min(r for r in range(ctx.world_size) if offers[r][0] == newest)
     lacking = [r for r in range(ctx.world_size) if offers[r][0] != newest]
     if ctx.rank == holder:
+        sent = local
+        if lacking and "sharded" in local and "model" not in local:  # a step folder that only rank 0 wrote
+            # (every worker holds the whole model: ddp, Strategy.replicated), on its node's disk: sent whole
+            sent = {**local, **dcp.whole(local["sharded"], dcp.TENSORS, values=True)}
         for rank in lacking:
-            dist.send_object_list([local], dst=rank)
+            dist.send_object_list([sent], dst=rank)
     elif ctx.rank in lacking:
         box: list[Any] = [None]
         dist.recv_object_list(box, src=holder)
@@ -218,20 +197,24 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        saved = state["config"] if isinstance(state.get("config"), dict) else {}
-        detail = " ".join(str(e).split())[:200]
-        if saved.get("model") == "custom":
-            ran = (state.get("parts") or {}).get("model")
-            raise UserError(f"checkpoint {path} holds weights that do not fit the network your factory builds "
-                            f"({detail[:120]}); pass the factory the run was trained with"
-                            + (f", {ran}" if ran else "")) from None
-        changed = [k for k in MODEL_OPTIONS if options is not None and k in saved and options.get(k) != saved[k]]
-        if changed:
-            raise UserError(f"checkpoint {path} holds a {saved.get('model')} built with "
-                            + ", ".join(f"{k} {saved[k]}" for k in changed) + "; resume it without changing "
-                            + ", ".join(f"--{k}" for k in changed)) from None
-        raise UserError(f"checkpoint {path} holds weights of another shape than this {saved.get('model', '?')} "
-                        f"({detail})") from None
+        raise not_fitting(state, path, options, " ".join(str(e).split())[:200]) from None
+
+
+def not_fitting(state: dict[str, Any], path: str | Path, options: dict[str, Any] | None, detail: str) -> UserError:
+    """Why the checkpoint `state`'s weights do not fit the network of the run now (`detail`: the first misfit), in
+    the words of what to do: pass the factory it was trained with, or leave the model options it was built with."""
+    saved = state["config"] if isinstance(state.get("config"), dict) else {}
+    if saved.get("model") == "custom":
+        ran = (state.get("parts") or {}).get("model")
+        return UserError(f"checkpoint {path} holds weights that do not fit the network your factory builds "
+                         f"({detail[:120]}); pass the factory the run was trained with" + (f", {ran}" if ran else ""))
+    changed = [k for k in MODEL_OPTIONS if options is not None and k in saved and options.get(k) != saved[k]]
+    if changed:
+        return UserError(f"checkpoint {path} holds a {saved.get('model')} built with "
+                         + ", ".join(f"{k} {saved[k]}" for k in changed) + "; resume it without changing "
+                         + ", ".join(f"--{k}" for k in changed))
+    return UserError(f"checkpoint {path} holds weights of another shape than this {saved.get('model', '?')} "
+                     f"({detail})")
 
 
 def check_resumable(state: dict[str, Any], run: str | Path) -> None:

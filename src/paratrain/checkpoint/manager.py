@@ -1,13 +1,13 @@
 """The one owner of a run's checkpoints (as torchtitan's CheckpointManager owns its step-N folders).
 
-    RunCheckpoints(run_dir)   lists checkpoints/ once, on first asked: the steps there, the newest, its form
-                              (one whole-model file, or a sharded step folder), whether it kept only its weights
+    RunCheckpoints(run_dir)   lists checkpoints/ once, on first asked: the steps there, the newest, its form (a
+                              step folder, or an earlier release's whole-model file), whether it kept only weights
       .found()                that listing as a `Found`, small and frozen: what the launcher carries in the plan
       .check_form(strategy, reads_whole_files)   the newest checkpoint's form is one the strategy reads
       .newest_loadable()      in a worker: the newest checkpoint that loads (its tensors read by the strategy
                               where it is sharded)
-      .save_file(...)         a step's checkpoint written as one whole-model file, the older ones pruned
-      .save_sharded(...)      or as a sharded step folder (every rank its part)
+      .save_sharded(...)      a step's checkpoint written as a step folder (every rank its part; checkpoint/dcp.py,
+                              the one format of every layout), the older ones pruned
       .wait()                 where the saves are written in the background (--async-checkpoint,
                               `background`): until the last has been written
 
@@ -26,7 +26,7 @@ from ..core.errors import UserError
 from ..core.run_paths import RunPaths
 from . import dcp
 from . import files as checkpoint_files
-from .background import Background, staged
+from .background import Background
 from .run_folder import WEIGHTS_ONLY, step_checkpoints, weights_only
 
 
@@ -35,7 +35,7 @@ class Found:
     """What a run folder's checkpoints/ held when it was listed, by name (no checkpoint opened)."""
 
     newest_step: int | None = None  # None: no checkpoint
-    sharded: bool = False  # the newest is a sharded step folder (not one whole-model file)
+    sharded: bool = False  # the newest is a step folder (not an earlier release's whole-model file)
     weights_only: bool = False  # a search trial's kept weights: it cannot carry a run on
 
 
@@ -62,13 +62,14 @@ class RunCheckpoints:
         return weights_only(self.run_dir) if self.found().weights_only else None
 
     def check_form(self, strategy: str, reads_whole_files: bool) -> None:
-        """The newest checkpoint's form is one `strategy` reads: every strategy reads a sharded folder (fsdp's,
-        hsdp's, a pipeline's); a whole-model file only where it `reads_whole_files` (not fsdp and hsdp). Refused
-        before config.yaml would say another strategy."""
+        """The newest checkpoint's form is one `strategy` reads: every strategy reads a step folder (what every
+        layout writes); an earlier release's whole-model file only where it `reads_whole_files` (not fsdp and
+        hsdp). Refused before config.yaml would say another strategy."""
         found = self.found()
         if found.newest_step is not None and not found.sharded and not reads_whole_files:
-            raise UserError(f"the checkpoint in {self.run_dir} holds one whole model, which --strategy {strategy} "
-                            "does not read (it reads sharded checkpoints); carry it on with ddp, tower or pipeline "
+            raise UserError(f"the checkpoint in {self.run_dir} holds one whole-model file of an earlier "
+                            f"release, which --strategy {strategy} does not read (it reads step folders); carry it "
+                            "on with ddp, tower or pipeline "
                             f"(without --strategy: the one that wrote it), or start a new run under --strategy "
                             f"{strategy}")
 
@@ -76,17 +77,6 @@ class RunCheckpoints:
         """The newest checkpoint that loads (None: none there); a sharded one's tensors are left for the strategy
         to read, each rank its own part."""
         return checkpoint_files.newest_loadable(self.folder, whole=False)
-
-    def save_file(self, state: dict[str, Any], step: int, keep: int) -> None:
-        """Write step `step`'s checkpoint as one whole-model file (rank 0) and keep the newest `keep`. In the
-        background: `state`'s tensors are copied first, and the caller goes on."""
-        self._found = None  # listed again if asked
-        if self.background is None:
-            checkpoint_files.save_step(state, self.folder, step, keep)
-            return
-        self.background.wait()  # the save before written first: one copy of the state at a time
-        state = staged(state)
-        self.background.start(lambda: checkpoint_files.save_step(state, self.folder, step, keep))
 
     def save_sharded(self, ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], step: int,
                      keep: int) -> None:

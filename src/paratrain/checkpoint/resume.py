@@ -23,19 +23,21 @@ from . import files as checkpoint
 from .manager import RunCheckpoints
 
 
-def resume_point(ctx: DistContext, cfg: TrainConfig, total_steps: int,
+def resume_point(ctx: DistContext, cfg: TrainConfig, checkpoints: RunCheckpoints, total_steps: int,
                  restarts: int) -> tuple[dict[str, Any] | None, int]:
     """The checkpoint this worker carries on from (None: a fresh start), and the group's restart count
-    (collective where the group has several workers; every worker calls it). `total_steps`: the plan's length."""
-    found, problem = read(cfg, total_steps)
+    (collective where the group has several workers; every worker calls it). `checkpoints`: the worker's owner of
+    the run's checkpoints; `total_steps`: the plan's length."""
+    found, problem = read(cfg, checkpoints, total_steps)
     return checkpoint.agree(ctx, found, problem, restarts)
 
 
-def read(cfg: TrainConfig, total_steps: int) -> tuple[dict[str, Any] | None, str | None]:
-    """This worker's newest loadable checkpoint of the run in cfg.out, or why it cannot carry the run on."""
+def read(cfg: TrainConfig, checkpoints: RunCheckpoints, total_steps: int) -> tuple[dict[str, Any] | None, str | None]:
+    """This worker's newest loadable checkpoint of the run in cfg.out (`checkpoints`), or why it cannot carry the
+    run on."""
     try:
-        # a sharded checkpoint's tensors are read by the strategy, each rank its own shards (Strategy.load)
-        state = RunCheckpoints(cfg.out).newest_loadable()
+        # a step folder's tensors are read by the strategy, each rank its own part (Strategy.load)
+        state = checkpoints.newest_loadable()
     except UserError as e:
         return None, str(e)
     if state is None:

@@ -27,8 +27,8 @@ def weights_only(run: str | Path) -> str | None:
 
 
 def step_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """The step checkpoints in a run's checkpoints folder (`step-NNNNNNNN.pt` files, or the folders of a sharded
-    strategy's), by step, oldest first."""
+    """The step checkpoints in a run's checkpoints folder (`step-NNNNNNNN/` folders, every layout's; an earlier
+    release's `step-NNNNNNNN.pt` files), by step, oldest first."""
     if not folder.is_dir():
         return []
     found = [(int(p.name[5:].removesuffix(".pt")), p) for p in folder.glob("step-*")

@@ -9,8 +9,9 @@ from .. import config as C
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="test accuracy and loss of a checkpoint")
-    p.add_argument("run_dir", metavar="RUN", nargs="?", help="a run directory or a .pt file (or --checkpoint)")
-    p.add_argument("--checkpoint", help="a .pt file or a run directory")
+    p.add_argument("run_dir", metavar="RUN", nargs="?",
+                   help="a run directory, one of its step checkpoints, or a .pt file (or --checkpoint)")
+    p.add_argument("--checkpoint", help="a run directory, one of its step checkpoints, or a .pt file")
     p.add_argument("--dataset", choices=C.DATASETS[:-1], help="default: the checkpoint's dataset")
     p.add_argument("--data-dir", help="the dataset's folder (default: ./data/<dataset>; never the checkpoint's)")
     p.add_argument("--no-download", dest="download", action="store_false", default=None,

@@ -196,8 +196,8 @@ class TrainConfig:
     overwrite: bool = _f(False, "clear a run already in --out (its config, checkpoints, logs) and start anew",
                          flag="--overwrite")
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0: only at the end)")
-    keep_checkpoints: int = _f(2, "how many step checkpoints to keep (files, or fsdp's folders; last.pt is the "
-                               "newest file); a damaged newest one leaves the one before to carry on from")
+    keep_checkpoints: int = _f(2, "how many step checkpoints to keep (step folders); a damaged newest one "
+                               "leaves the one before to carry on from")
     async_checkpoint: bool = _f(False, "write each checkpoint in the background while training goes on (the "
                                 "loop waits for a copy of the state, and for the save before, not for the disk)",
                                 flag="--async-checkpoint")

@@ -69,4 +69,4 @@ def weights_only(folder: Path) -> None:
     (folder / WEIGHTS_ONLY).write_text("last.pt holds this trial's weights only: --resume refuses it "
                                        "(paratrain search --keep-trial-checkpoints)\n")
     for _, path in steps:
-        dcp.remove(path)  # a file, or a sharded strategy's step folder
+        dcp.remove(path)  # a step folder (or an earlier release's file)

@@ -60,7 +60,7 @@ from .stragglers import Stragglers, held_back
 class Trainer:
     """One worker's training run: build it (from the checkpoint `saved` it carries on from), `run()` it once."""
 
-    def __init__(self, ctx: DistContext, plan: RunPlan, saved: dict[str, Any] | None = None,
+    def __init__(self, ctx: DistContext, plan: RunPlan, saved: dict[str, Any] | None, checkpoints: RunCheckpoints,
                  stop: StopRequest | None = None, devices: list[str] | None = None, restarts: int = 0,
                  on_step: Callable[[int], None] | None = None) -> None:
         cfg, data = plan.cfg, plan.data
@@ -83,8 +83,7 @@ class Trainer:
         self.memory_at_start = memory_held(ctx.device)  # what the steps add is measured from here
         self.prep = make_batch_transforms(cfg, self.data, ctx.device, self.strategy.channels_last)
         self.run_dir = Path(cfg.out)
-        # the one owner of the run's checkpoints/ (collective where they are written in the background)
-        self.checkpoints = RunCheckpoints(self.run_dir, ctx, cfg.async_checkpoint)
+        self.checkpoints = checkpoints
         self.log = RunLog(self.run_dir, ctx.is_main, cfg, self.length.total_steps, self.state.step,
                           self.state.validated, {"launcher": plan.env.launcher_name, "devices": str(ctx.world_size)},
                           strategies.unread_options(cfg))

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.resume import resume_point
 from ..parallel import requeue
 from ..parallel.runplan import RunPlan
@@ -33,7 +34,10 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
                     plan.env.init_method)
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": entered, "joined": time.time()})
     try:
-        state, restarts = resume_point(ctx, cfg, plan.length.total_steps, restarts)
+        # the one owner of the run's checkpoints/ in this worker, which reads and writes them (collective where
+        # they are written in the background)
+        checkpoints = RunCheckpoints(cfg.out, ctx, cfg.async_checkpoint)
+        state, restarts = resume_point(ctx, cfg, checkpoints, plan.length.total_steps, restarts)
         if state is not None:
             if ctx.is_main and plan.env.in_group and not cfg.resume:  # a launcher's start found the run going on
                 print(f"paratrain: carrying on from the checkpoint of step {state['step']} found in {cfg.out}",
@@ -42,7 +46,7 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
         requeue_signal = plan.requeue_signal  # Slurm's warning before the job's end (None elsewhere)
         with StopRequest(requeue_signal).installed() as stop:
             try:
-                return Trainer(ctx, plan, state, stop=stop, devices=devices, restarts=restarts,
+                return Trainer(ctx, plan, state, checkpoints, stop=stop, devices=devices, restarts=restarts,
                                on_step=on_step).run()
             except Stopped as e:
                 if requeue_signal is None or e.signum != requeue_signal:

@@ -10,9 +10,9 @@ checkpoint's weights into it and `restore` its optimizer state (a strategy owns 
 
 The hooks leave room for a strategy whose workers do not hold the whole model: `build` returns whatever
 module this worker updates (a pipeline stage; sharded tensors under FSDP2), `average` makes the weight
-average (--ema) of it, `save` decides who writes what (rank 0 writes one whole-model file here; fsdp and the
-pipelines have every rank write its own part through torch.distributed.checkpoint, `_save_sharded`),
-`load`/`restore` read either form back (every strategy reads a sharded checkpoint: what it holds of it), and
+average (--ema) of it, `save` is one for every layout (every rank writes its own part
+through torch.distributed.checkpoint, a step folder), `load`/`restore` read what this worker holds of one back
+(and of an earlier release's whole-model file), and
 `evaluate`/`clip_grad_norm` run or reduce across workers where needed (a pipeline evaluates through its
 schedule; no strategy gathers the whole model, but for the weight histograms: `whole_parameters`).
 A pipeline's stage averages its own layers (--ema) and evaluates the average through the schedule.
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...core.errors import UserError
+from ...features.precision import autocast, autocast_dtype
 
 if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.checked calls `check` without it
     import torch
@@ -43,24 +44,6 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
     from ...runtime.env import Environment
     from ..layout import Layout
     from ..mesh import Mesh
-
-# --precision -> autocast dtype (float8: the linear layers' products in float8, the rest autocast to bf16)
-AUTOCAST = {"32": None, "bf16": "bfloat16", "16-mixed": "float16", "float8": "bfloat16"}
-
-
-def autocast_dtype(precision: str) -> Any:
-    """The torch dtype --precision autocasts to; None for 32."""
-    import torch
-
-    return getattr(torch, AUTOCAST[precision]) if AUTOCAST[precision] else None
-
-
-def autocast(device_type: str, dtype: Any) -> contextlib.AbstractContextManager:
-    """Autocast to `dtype` (autocast_dtype's) on `device_type`; nothing where it is None."""
-    import torch
-
-    return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
 
 # The options only some layouts take (those in their `options`), as a user meets them when another layout is given
 FOREIGN = {"shard_modules": ("--shard-modules", "--strategy fsdp or hsdp"),
@@ -84,7 +67,11 @@ class Strategy:
     one_process: ClassVar[bool] = False  # one process drives every device (no workers forked)
     auto_devices: ClassVar[bool] = False  # --devices auto on CPUs measures 1 worker against N (autodevices.py)
     channels_last: ClassVar[bool] = False  # --memory-format channels_last (auto: for convolutional networks)
-    reads_whole_files: ClassVar[bool] = True  # carries on from a whole-model checkpoint file
+    reads_whole_files: ClassVar[bool] = True  # carries on from an earlier release's whole-model checkpoint file
+    # every worker holds the same whole model (ddp's replicas; the tower's one process): rank 0 writes each step
+    # folder alone, on its node's disk (as before one format, when it wrote one file), and each worker reads it
+    # whole, without the others (one that lacks it, on another node, is sent it: checkpoint/files.py's agree)
+    replicated: ClassVar[bool] = True
     # a worker's own part of a step can be timed apart from its wait for the others (gradients_ready_at): the
     # waits at the step's all-reduce are measured on the CPU (training/stragglers.py)
     waits_measurable: ClassVar[bool] = False
@@ -185,8 +172,8 @@ class Strategy:
         return self.module
 
     def load(self, saved: dict) -> None:
-        """Load a checkpoint's weights into what this worker trains (after `build`): one whole-model file, or
-        a sharded checkpoint's folder (fsdp's or a pipeline's), of which this worker reads what it holds."""
+        """Load a checkpoint's weights into what this worker trains (after `build`): a step folder, of which this
+        worker reads what it holds, or an earlier release's whole-model file."""
         from ...checkpoint import files as checkpoint
 
         if "sharded" in saved:
@@ -212,7 +199,7 @@ class Strategy:
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         """Load a checkpoint's optimizer state into this worker's optimizer, and its weight average into
-        `ema` (a whole-model file's, or this worker's part of a sharded checkpoint's)."""
+        `ema` (this worker's part of a step folder's, or an earlier release's whole-model file's)."""
         if "sharded" in saved:
             self._read_sharded_state(optimizer, ema, saved)
             return
@@ -233,10 +220,27 @@ class Strategy:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
         from ...checkpoint import dcp
+        from ...checkpoint import files as checkpoint
 
         into = {"model": dcp.renamed(get_model_state_dict(self.module), self.aliases())}
-        dcp.read(saved["sharded"], into, self.ctx.distributed)
+        sent = "model" in saved  # another worker sent the tensors whole: this worker's disk lacks the folder
+        shapes = {k: v.shape for k, v in into["model"].items()}
+        held = {k: v.shape for k, v in saved["model"].items()} if sent else None
+        if detail := (dcp.first_misfit(held, shapes) if sent else dcp.misfit(saved["sharded"], "model", shapes)):
+            raise checkpoint.not_fitting(saved, self.cfg.resume, self.cfg.to_dict(), detail)
+        self._read_step_folder(saved, into)
         set_model_state_dict(self.module, dcp.renamed(into["model"], self.aliases(), back=True))
+
+    def _read_step_folder(self, saved: dict, into: dict[str, Any]) -> None:
+        """Fill `into` ({part: {name: tensor or value}}) with the step folder's: from this worker's disk (each worker
+        alone where it holds the whole model: `replicated`), or from what another worker sent (files.agree)."""
+        from ...checkpoint import dcp
+
+        if "model" in saved:
+            for part, entries in into.items():
+                into[part] = {k: saved[part][k] for k in entries}
+        else:
+            dcp.read(saved["sharded"], into, self.ctx.distributed and not self.replicated)
 
     def _read_sharded_state(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
@@ -248,25 +252,11 @@ class Strategy:
         if ema is not None and saved.get("ema_n_averaged") is not None:
             into["ema_model"] = ema.module.state_dict()
         into = {k: dcp.renamed(v, names) for k, v in into.items()}
-        dcp.read(saved["sharded"], into, self.ctx.distributed)
+        self._read_step_folder(saved, into)
         into = {k: dcp.renamed(v, names, back=True) for k, v in into.items()}
         set_optimizer_state_dict(self.module, optimizer, into["optimizer"], options=options)
         if "ema_model" in into:
             ema.module.load_state_dict(into["ema_model"])
-
-    def _save_sharded(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
-                      extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
-        """Every rank writes its part of the weights, optimizer state and EMA (checkpoint/dcp.py; replicas'
-        parts once); rank 0 adds `extras()`. No rank gathers the whole model."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        from ...checkpoint import dcp
-
-        weights, optimizer_state = get_state_dict(self.module, optimizer, options=dcp.state_dict_options())
-        tensors = {"model": weights, "optimizer": optimizer_state}
-        if ema is not None:
-            tensors["ema_model"] = ema.module.state_dict()
-        checkpoints.save_sharded(self.ctx, tensors, extras, step, keep)
 
     def compiled_units(self) -> list[nn.Module]:
         """What --compile compiles, each on its own: here the whole model (wrapped by nothing that runs inside its
@@ -360,15 +350,24 @@ class Strategy:
 
     def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
              extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
-        """Write a checkpoint: rank 0 writes the whole model, optimizer state and weight average with
-        `extras()` (scheduler, step, config; built on the writing rank only) to one file; a strategy whose
-        workers hold parts of the model writes a sharded checkpoint instead (`_save_sharded`)."""
-        if self.ctx.is_main:
-            state = {"model": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
-                     "optimizer": optimizer.state_dict(), **extras()}
-            if ema is not None:
-                state["ema_model"] = {k: v.detach().cpu() for k, v in ema.module.state_dict().items()}
-            checkpoints.save_file(state, step, keep)
+        """Write a checkpoint, in the one format of every layout (checkpoint/dcp.py's step folder): every rank
+        writes its part of the weights, optimizer state and weight average, and rank 0 adds `extras()` (scheduler,
+        step, config; built on rank 0 only). No rank gathers the whole model; where every worker holds it whole
+        (`replicated`), rank 0 writes it alone."""
+        import dataclasses
+
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from ...checkpoint import dcp
+
+        if self.replicated and not self.ctx.is_main:
+            return
+        weights, optimizer_state = get_state_dict(self.module, optimizer, options=dcp.state_dict_options())
+        tensors = {"model": weights, "optimizer": optimizer_state}
+        if ema is not None:
+            tensors["ema_model"] = ema.module.state_dict()
+        alone = dataclasses.replace(self.ctx, rank=0, world_size=1, backend=None)  # rank 0 as a group of its own
+        checkpoints.save_sharded(alone if self.replicated else self.ctx, tensors, extras, step, keep)
 
     def dims(self) -> Mesh:
         """The run's mesh, as the plan carries it (parallel/layout.py)."""

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.optim.swa_utils import AveragedModel
 
-    from ...checkpoint.manager import RunCheckpoints
     from ...components.parts import Parts
     from ...config import TrainConfig
     from ...data import Splits
@@ -71,6 +70,7 @@ def shard_units(model: nn.Module, names: str | None) -> list[nn.Module | list[nn
 
 class FSDP(Strategy):
     name = "fsdp"
+    replicated = False  # each worker holds its part: every rank writes and reads its own
     lockstep = True  # every forward is a collective: every worker runs as many (evaluation.evaluate)
     allreduce_timed = False  # the reduce-scatter runs inside the backward (--time-phases: compute)
     options = ("shard_modules", "reshard_after_forward", "cpu_offload")
@@ -177,15 +177,12 @@ class FSDP(Strategy):
 
     def load(self, saved: dict) -> None:
         if "sharded" not in saved:
-            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole model (written "
-                            f"by --strategy {saved['config'].get('strategy', 'ddp')}), which --strategy "
-                            f"{self.cfg.strategy} does not read; carry it on with ddp, tower or pipeline, or start a "
-                            f"new run under --strategy {self.cfg.strategy}")
+            written = saved["config"].get("strategy", "ddp")
+            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole-model file (an "
+                            f"earlier release's --strategy {written}), which --strategy {self.cfg.strategy} does not "
+                            "read; carry it on with ddp, tower or pipeline, or start a new run under --strategy "
+                            f"{self.cfg.strategy}")
         super().load(saved)
-
-    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
-             extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
-        self._save_sharded(optimizer, ema, extras, checkpoints, step, keep)
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "strategy": self.name}

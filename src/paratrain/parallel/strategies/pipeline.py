@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
 from ...core.tracebacks import failed
-from .base import Strategy, autocast_dtype
+from ...features.precision import autocast_dtype
+from .base import Strategy
 
 if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.checked calls `check` without it)
     import torch
     from torch import nn
     from torch.optim.swa_utils import AveragedModel
 
-    from ...checkpoint.manager import RunCheckpoints
     from ...components.parts import Parts
     from ...config import TrainConfig
     from ...data import Splits
@@ -55,6 +55,7 @@ def check_microbatches(cfg: TrainConfig, copies: int) -> None:
 
 class PipelineStrategy(Strategy):
     name = "pipeline"
+    replicated = False  # each worker holds its part: every rank writes and reads its own
     pipelined = True  # (one copy of the pipeline: the batch split cannot fail)
 
     @classmethod
@@ -234,12 +235,6 @@ class PipelineStrategy(Strategy):
         from ...optimization.evaluation import totals
 
         return totals(self.stage.evaluate(pair, prep, loss, flip, meter), self.ctx)
-
-    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
-             extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
-        """Each stage writes its own layers and their optimizer state (one copy's, under hybrid): a sharded
-        checkpoint, which every strategy reads."""
-        self._save_sharded(optimizer, ema, extras, checkpoints, step, keep)
 
     def summary(self) -> dict[str, Any]:
         cfg, cuts = self.cfg, ",".join(map(str, self.layout.cuts))

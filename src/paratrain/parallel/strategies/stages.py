@@ -25,9 +25,9 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from ...core.errors import UserError
 from ...data.batches import eval_range
 from ...features.dropout import GlobalBatchDropout
+from ...features.precision import autocast as cast_to
 from ...runtime.dist import average_gradients
 from ..mesh import Mesh, device_mesh
-from .base import autocast as cast_to
 from .cuts import stage_bounds, stage_module, theoretical_bubble, whole_model
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)

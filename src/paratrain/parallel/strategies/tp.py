@@ -19,8 +19,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
+from ...features.precision import autocast_dtype
 from ..mesh import Mesh, for_run, parse
-from .base import Strategy, autocast_dtype
+from .base import Strategy
 from .pipeline import check_microbatches, refuse_in_pipeline
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.optim.swa_utils import AveragedModel
 
-    from ...checkpoint.manager import RunCheckpoints
     from ...components.parts import Parts
     from ...config import TrainConfig
     from ...data import Splits
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 class TensorParallel(Strategy):
     name = "tp"
+    replicated = False  # each worker holds its part: every rank writes and reads its own
     unit = "copies"
     lockstep = True  # every forward is a collective
     allreduce_timed = False  # the collectives run inside the forward and backward (--time-phases: compute)
@@ -333,8 +334,8 @@ class TensorParallel(Strategy):
         if "sharded" in saved:
             super().restore(optimizer, ema, saved)  # the weight average's part too, split as the weights
             return
-        # one whole model's file (ddp's, one device's): its state by parameter number, named here as the whole
-        # model names them, of which this worker loads what it holds (split by set_optimizer_state_dict)
+        # an earlier release's whole-model file (ddp's, one device's): its state by parameter number, named here
+        # as the whole model names them, of which this worker loads what it holds (split by set_optimizer_state_dict)
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
@@ -360,10 +361,6 @@ class TensorParallel(Strategy):
             average = {k.removeprefix("module."): v for k, v in saved["ema_model"].items()}
             set_model_state_dict(ema.module, {k: v for k, v in average.items() if k in held},
                                  options=StateDictOptions(full_state_dict=True, strict=False))
-
-    def save(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None,
-             extras: Callable[[], dict[str, Any]], checkpoints: RunCheckpoints, step: int, keep: int) -> None:
-        self._save_sharded(optimizer, ema, extras, checkpoints, step, keep)
 
     def summary(self) -> dict[str, Any]:
         pipeline = None
