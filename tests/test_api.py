@@ -270,6 +270,15 @@ def test_the_wrong_factory_or_dataset_is_named_as_such(tmp_path: Path, capsys) -
                                             "run was trained with") as e:
             call()
         assert "--model" not in str(e.value)
+    # a network whose weights are some of the checkpoint's, alike in name and shape: refused too, not half loaded
+    wide = tmp_path / "wide"
+    paratrain.fit(Wider, "digits", paratrain.TrainConfig(steps=2, out=str(wide), **QUICK))
+
+    def trunk() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(28 * 28, 32))
+
+    with pytest.raises(UserError, match=r"\(3.weight is in the checkpoint and not in this network\); pass the factory"):
+        paratrain.fit(trunk, None, paratrain.TrainConfig(resume=str(wide), steps=3, **QUICK))
 
     def broken() -> torch.nn.Module:
         raise ValueError("no such layer")

@@ -172,6 +172,70 @@ def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
         assert chosen["from"] == "rank 0" and sent == [("rank 0", 1)] and received == []
 
 
+def test_a_step_folder_is_sent_whole_to_a_rank_whose_disk_lacks_it(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Under ddp rank 0 writes each step folder alone, on its node's disk; a rank on another node carries on from
+    what the holder sends: the folder's meta.pt values with its tensors whole, the optimizer's values too."""
+    import torch.distributed as dist
+
+    from paratrain.runtime.dist import DistContext
+
+    model = torch.nn.Linear(2, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from paratrain.checkpoint import dcp
+
+    weights, state = get_state_dict(model, optimizer, options=dcp.state_dict_options())
+    save_step({"model": weights, "optimizer": state, "step": 7, "epoch": 0, "config": {"model": "x"}}, tmp_path, 7)
+    local = checkpoint.newest_loadable(tmp_path, whole=False)  # as a worker reads it: its tensors left on disk
+    assert "model" not in local
+    sent: list = []
+    monkeypatch.setattr(dist, "all_gather_object", lambda offers, offer: offers.__setitem__(slice(None),
+                                                                                          [offer, (-1, 0, None)]))
+    monkeypatch.setattr(dist, "send_object_list", lambda box, dst: sent.append((box[0], dst)))
+    chosen, _ = checkpoint.agree(DistContext(0, 2, torch.device("cpu"), "gloo"), local, None, 0)
+    assert chosen is local  # the holder reads its own disk
+    (whole, to), = sent
+    assert to == 1 and whole["step"] == 7 and whole["sharded"] == local["sharded"]
+    assert torch.equal(whole["model"]["weight"], model.weight.detach())
+    assert torch.equal(whole["optimizer"]["state.weight.exp_avg"], optimizer.state[model.weight]["exp_avg"])
+    assert whole["optimizer"]["param_groups.weight.lr"] == optimizer.param_groups[0]["lr"]
+
+
+def test_a_ddp_worker_carries_on_from_a_step_folder_sent_whole(tmp_path: Path) -> None:
+    """What a rank whose disk lacks the folder was sent (agree): its weights and optimizer state loaded as from
+    the folder, without reading it."""
+    import shutil
+
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from paratrain.checkpoint import dcp
+    from paratrain.config import TrainConfig
+    from paratrain.parallel.strategies.ddp import DDP
+    from paratrain.runtime.dist import DistContext
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    weights, state = get_state_dict(model, optimizer, options=dcp.state_dict_options())
+    save_step({"model": weights, "optimizer": state, "step": 7, "epoch": 0, "config": {"model": "x"}}, tmp_path, 7)
+    local = checkpoint.newest_loadable(tmp_path, whole=False)
+    sent = {**local, **dcp.whole(local["sharded"], dcp.TENSORS, values=True)}
+    shutil.rmtree(local["sharded"])  # not on this worker's disk
+    strategy = DDP(DistContext(0, 1, torch.device("cpu"), None), TrainConfig())
+    strategy.module = torch.nn.Linear(2, 3)
+    fresh = torch.optim.AdamW(strategy.module.parameters(), lr=0.5)
+    strategy.load(sent)
+    strategy.restore(fresh, None, sent)
+    assert torch.equal(strategy.module.weight, model.weight) and fresh.param_groups[0]["lr"] == 0.01
+    assert torch.equal(fresh.state[strategy.module.weight]["exp_avg"], optimizer.state[model.weight]["exp_avg"])
+
+
 def test_a_workers_problem_with_its_checkpoint_stops_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
@@ -230,6 +294,12 @@ def test_an_earlier_releases_files_are_read_newest_step_first_and_a_damaged_one_
     assert checkpoint.load(tmp_path / "step-00000020.pt")["model"]["w"][0] == 20  # read whole, in this process
     _truncate(tmp_path / "step-00000020.pt")
     assert checkpoint.newest_loadable(tmp_path)["step"] == 10
+    # on a file system without hard links last.pt was a copy: read where no step file is left
+    for path in tmp_path.glob("step-*.pt"):
+        path.unlink()
+    (tmp_path / "last.pt").unlink()
+    checkpoint.save(_state(30), tmp_path / "last.pt")
+    assert checkpoint.newest_loadable(tmp_path)["step"] == 30
 
 
 def test_when_no_checkpoint_loads_the_error_says_so_in_one_line(tmp_path: Path) -> None:

@@ -116,7 +116,8 @@ def test_hybrid_two_copies_of_two_stages_equal_one_device(tmp_path: Path, mnist_
 
 @pytest.mark.integration
 @pytest.mark.matrix(("ddp", "resume across layouts", "1.5e-8"))
-def test_a_pipeline_checkpoint_evaluates_in_one_process_and_carries_on_under_ddp(tmp_path: Path) -> None:
+def test_a_pipeline_checkpoint_evaluates_in_one_process_and_carries_on_under_ddp(
+        tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
     """Saved by a 2-stage pipeline (each stage its own layers), evaluated whole in one process with the figures
     the pipeline's own evaluation (through its schedule) gave, resumed by DDP: the same as never switching (SGD
     with momentum, so the optimizer state must come through whole too: without the momentum these 16 steps end
@@ -132,8 +133,11 @@ def test_a_pipeline_checkpoint_evaluates_in_one_process_and_carries_on_under_ddp
     assert proc.returncode == 0, proc.stderr
     assert f"test_accuracy {pipe['test_accuracy']:.4f}  test_loss {pipe['test_loss']:.4f}" in proc.stdout
 
+    # one worker, without a layout that takes one: refused, and told which does (every layout reads the folder)
+    assert _main(["train", "--resume", str(tmp_path / "pipe"), "--steps", "16", "--devices", "1"]) == 2
+    assert "or carry the run on under another layout: --strategy ddp --devices 1" in capfd.readouterr().err
     train_here(tmp_path / "pipe", "--resume", str(tmp_path / "pipe"), "--steps", "16", "--strategy", "ddp",
-          "--devices", "1")
+               "--devices", "1")
     train_here(tmp_path / "whole", *args[2:], "--steps", "16", "--devices", "1")
     assert max_abs_diff(weights(tmp_path / "pipe"), weights(tmp_path / "whole")) < 2e-6  # measured 1.5e-8
 
@@ -145,11 +149,18 @@ def _main(argv: list[str]) -> int:
         return int(e.code)
 
 
-def test_print_split(capsys: pytest.CaptureFixture) -> None:
+def test_print_split(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     assert _main(["train", "--strategy", "pipeline", "--stages", "2", "--split", "7", "--print-split"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["stage", "layers", "parameters"]
     assert lines[1].split()[:3] == ["0", "0-6", "2,572"] and lines[2].split()[:2] == ["1", "7-11"]
+    # the pipeline of a mesh with pp: the same table (under a tp-run mesh too)
+    assert _main(["train", "--mesh", "dp=2,pp=2", "--split", "7", "--print-split"]) == 0
+    assert capsys.readouterr().out.splitlines() == lines
+    (tmp_path / "a.txt").write_text("a small text to cut a gpt of, " * 40)
+    assert _main(["train", "--model", "gpt", "--dataset", "text", "--data-dir", str(tmp_path / "a.txt"), "--heads",
+                  "2", "--mesh", "tp=2,pp=2", "--print-split"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split()[:3] == ["stage", "layers", "parameters"]
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -62,8 +62,12 @@ def test_a_mesh_decides_the_strategy_and_the_workers() -> None:
     assert (cfg.strategy, cfg.devices, cfg.mesh) == ("tp", "4", "fsdp=2,tp=2")
     assert M.resolved(TrainConfig(mesh="dp=2,fsdp=2")).shard_size == 2
     assert M.resolved(TrainConfig(mesh="pp=2")).stages == 2
-    with pytest.raises(UserError, match="is 4 workers .the product of its sizes., not --devices 2"):
+    with pytest.raises(UserError, match="is 4 workers .the product of its sizes., not --devices 2") as e:
         M.resolved(TrainConfig(mesh="fsdp=2,tp=2", devices="2"))
+    assert "another layout" not in str(e.value)  # a new run: its mesh or its devices are wrong
+    # a run carried on, on fewer workers than its mesh: any layout reads its checkpoints
+    with pytest.raises(UserError, match="or carry the run on under another layout: --strategy ddp --devices 1$"):
+        M.resolved(TrainConfig(mesh="fsdp=2,tp=2", devices="1", resume="RUN", out="RUN"))
     with pytest.raises(UserError, match="runs as --strategy tp, not fsdp; leave --strategy out"):
         M.resolved(TrainConfig(mesh="tp=2", strategy="fsdp"))
     with pytest.raises(UserError, match="tp=3 does not divide the model's 4 attention heads"):

@@ -298,16 +298,20 @@ def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
                             "damaged, or of another network") from None
 
 
-def misfit(path: str | Path, part: str, shapes: dict[str, Any]) -> str | None:
+def misfit(path: str | Path, part: str, shapes: dict[str, Any], whole: bool = False) -> str | None:
     """The first of `shapes` ({name: this run's whole shape}) that the checkpoint's `part` ("model") lacks or holds
     in another shape, in words; None where every one fits (read from the metadata alone, before any tensor)."""
     held = {k.partition(".")[2]: tuple(getattr(item, "size", ())) for k, item in
             _metadata(Path(path)).state_dict_metadata.items() if k.startswith(f"{part}.")}
-    return first_misfit(held, shapes)
+    return first_misfit(held, shapes, whole)
 
 
-def first_misfit(held: dict[str, Any], shapes: dict[str, Any]) -> str | None:
-    """The first of `shapes` ({name: shape}) that `held` ({name: shape}) lacks or has in another shape, in words."""
+def first_misfit(held: dict[str, Any], shapes: dict[str, Any], whole: bool = False) -> str | None:
+    """The first of `shapes` ({name: shape}) that `held` ({name: shape}) lacks or has in another shape, in words;
+    `whole` (this worker holds the whole model): also the first that `held` has beyond them (another network's)."""
+    extra = [name for name in held if name not in shapes] if whole else []
+    if extra:
+        return f"{extra[0]} is in the checkpoint and not in this network"
     for name, shape in shapes.items():
         if name not in held:
             return f"{name} is not in the checkpoint"

@@ -74,10 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from ..components.inputs import load_for
 
     if args.print_split:
-        strategy = strategies.get(cfg.strategy)
-        if not strategy.pipelined:
-            raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K")
-        print(strategy.cut(cfg, load_for(cfg))[1])
+        print(strategies.split_table(cfg, load_for(cfg)))
         return 0
     if "custom" in (cfg.model, cfg.dataset, cfg.optimizer):  # a resumed run of the user's own parts or tensors
         raise UserError(f"{cfg.resume or 'this run'} trains a network, optimizer or tensors of your own: carry it on "

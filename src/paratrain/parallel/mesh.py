@@ -111,6 +111,14 @@ def strategy_for(mesh: Mesh) -> dict[str, Any]:
     return {"strategy": "ddp"}
 
 
+def elsewhere(cfg: Any, workers: Any) -> str:
+    """Where a resumed run's layout cannot take the `workers` asked for: how to carry it on under another layout
+    on them (every layout reads every other's checkpoints); nothing for a new run."""
+    if not cfg.resume:
+        return ""
+    return f"; or carry the run on under another layout: --strategy ddp --devices {workers}"
+
+
 def resolved(cfg: Any) -> Any:
     """`cfg` with its --mesh turned into the strategy that runs it and --devices its product (one line if
     --devices names another count, or --strategy another strategy)."""
@@ -119,7 +127,8 @@ def resolved(cfg: Any) -> Any:
     mesh = parse(cfg.mesh)
     if cfg.devices not in ("auto", str(mesh.workers)):
         raise UserError(f"--mesh {cfg.mesh} is {mesh.workers} workers (the product of its sizes), not --devices "
-                        f"{cfg.devices}; leave --devices out, or give a --mesh of {cfg.devices} workers")
+                        f"{cfg.devices}; leave --devices out, or give a --mesh of {cfg.devices} workers"
+                        + elsewhere(cfg, cfg.devices))
     wanted = strategy_for(mesh)
     if cfg.strategy not in ("ddp", wanted["strategy"]):  # ddp: the default, not a choice
         raise UserError(f"--mesh {cfg.mesh} runs as --strategy {wanted['strategy']}, not {cfg.strategy}; leave "

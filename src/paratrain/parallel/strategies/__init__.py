@@ -15,6 +15,7 @@ from ...config import STRATEGIES
 
 if TYPE_CHECKING:
     from ...config import TrainConfig
+    from ...data import Splits
     from .base import Strategy
 
 REGISTRY = {
@@ -39,6 +40,20 @@ def checked(cfg: TrainConfig) -> TrainConfig:
     strategy.check_foreign(cfg)
     strategy.check(cfg)
     return cfg
+
+
+def split_table(cfg: TrainConfig, data: Splits) -> str:
+    """--print-split: the table of a pipeline's stages (each one's layers, parameters and share of the cost), for a
+    layout that cuts the model into stages (--strategy pipeline or hybrid, a --mesh with pp)."""
+    from ...core.errors import UserError
+    from ..mesh import parse
+    from .pipeline import PipelineStrategy
+
+    stages = parse(cfg.mesh).pp if cfg.mesh else (cfg.stages or 1) if get(cfg.strategy).pipelined else 1
+    if stages < 2:
+        raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K, or a --mesh "
+                        "with pp=K")
+    return PipelineStrategy.cut(cfg.replace(stages=stages), data)[1]
 
 
 def carried_to(cfg: TrainConfig, name: str) -> TrainConfig:

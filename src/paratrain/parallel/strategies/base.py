@@ -226,7 +226,9 @@ class Strategy:
         sent = "model" in saved  # another worker sent the tensors whole: this worker's disk lacks the folder
         shapes = {k: v.shape for k, v in into["model"].items()}
         held = {k: v.shape for k, v in saved["model"].items()} if sent else None
-        if detail := (dcp.first_misfit(held, shapes) if sent else dcp.misfit(saved["sharded"], "model", shapes)):
+        whole = self.replicated and not self.aliases()  # this worker holds every weight, by the model's names
+        if detail := (dcp.first_misfit(held, shapes, whole) if sent
+                      else dcp.misfit(saved["sharded"], "model", shapes, whole)):
             raise checkpoint.not_fitting(saved, self.cfg.resume, self.cfg.to_dict(), detail)
         self._read_step_folder(saved, into)
         set_model_state_dict(self.module, dcp.renamed(into["model"], self.aliases(), back=True))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ...core.errors import UserError
 from ...core.tracebacks import failed
 from ...features.precision import autocast_dtype
+from ..mesh import elsewhere
 from .base import Strategy
 
 if TYPE_CHECKING:  # torch is imported where a worker needs it (strategies.checked calls `check` without it)
@@ -77,7 +78,8 @@ class PipelineStrategy(Strategy):
     def copies(cls, cfg: TrainConfig, workers: int) -> int:
         if workers != cfg.stages:
             raise UserError(f"--strategy pipeline runs one worker per stage: --stages {cfg.stages} needs --devices "
-                            f"{cfg.stages}, not {workers}; for more workers use --strategy hybrid")
+                            f"{cfg.stages}, not {workers}; for more workers use --strategy hybrid"
+                            + elsewhere(cfg, workers))
         return 1
 
     @classmethod
