@@ -302,8 +302,11 @@ def test_the_wrong_factory_or_dataset_is_named_as_such(tmp_path: Path, capsys) -
     # changed model options on resume name the option
     mlp = tmp_path / "mlp"
     paratrain.fit(None, "digits", paratrain.TrainConfig(model="mlp", width=16, steps=2, out=str(mlp), **QUICK))
+    record = (mlp / "config.yaml").read_text()
     assert _main(["train", "--resume", str(mlp), "--width", "32", "--steps", "4"]) == 2
     assert "holds a mlp built with width 16; resume it without changing --width" in capsys.readouterr().err
+    assert (mlp / "config.yaml").read_text() == record  # refused before the record is rewritten: it carries on
+    assert _main(["train", "--resume", str(mlp), "--steps", "4", "--quiet"]) == 0
 
 
 SCRIPT = '''

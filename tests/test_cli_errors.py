@@ -118,6 +118,9 @@ def test_unreadable_checkpoint(capsys: pytest.CaptureFixture, tmp_path: Path) ->
 
 def test_missing_checkpoint(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     _one_line_error(capsys, _main(["eval", "--checkpoint", str(tmp_path / "none.pt")]), "does not exist")
+    (tmp_path / "notarun").mkdir()  # a folder, but no run's: said so, not a file it never had
+    _one_line_error(capsys, _main(["eval", str(tmp_path / "notarun")]), "notarun holds no checkpoint (no step "
+                    "checkpoint in")
 
 
 def test_checkpoint_that_is_not_paratrains(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

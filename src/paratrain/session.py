@@ -27,7 +27,7 @@ import yaml
 
 from . import config as C
 from .checkpoint.manager import Found, RunCheckpoints
-from .checkpoint.resume import dataset_mismatch, model_mismatch
+from .checkpoint.resume import dataset_mismatch, model_mismatch, shape_mismatch
 from .checkpoint.run_folder import check_fresh, clear_run, held, kept_after_failure
 from .components.parts import Parts
 from .config.length import check_not_past
@@ -171,12 +171,13 @@ def _say_result(cfg: C.TrainConfig, summary: dict[str, Any]) -> None:
 
 
 def _check_resumed(cfg: C.TrainConfig, checkpoints: RunCheckpoints) -> None:
-    """The run carried on must be of this model and dataset: config.yaml says (the workers check the
-    checkpoint they read the same way, resume.check)."""
+    """The run carried on must be of this model, dataset and model options: config.yaml says (the workers check
+    the checkpoint they read the same way, resume.check and Strategy.load)."""
     if why := checkpoints.why_not_resumable():  # a search trial's weights: before any data is read or record written
         raise UserError(why)
     saved = C.load_yaml(RunPaths(cfg.resume).config)
-    for why in (model_mismatch(saved.get("model"), cfg), dataset_mismatch(saved.get("dataset"), cfg)):
+    for why in (model_mismatch(saved.get("model"), cfg), dataset_mismatch(saved.get("dataset"), cfg),
+                shape_mismatch(saved, cfg)):  # before config.yaml is rewritten with the options asked for
         if why:
             raise UserError(why)
 

@@ -98,7 +98,8 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
         state = newest_loadable(RunPaths(path).checkpoints, whole)
         if state is not None:
             return state
-        path = RunPaths(path).checkpoints / "last.pt"
+        raise UserError(f"{path} holds no checkpoint (no step checkpoint in {RunPaths(path).checkpoints}); pass a "
+                        "run directory that has one, a step checkpoint or a .pt file")
     is_sharded = dcp.is_sharded(path)
     if path.is_dir() and not is_sharded:
         raise UserError(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is missing); "
@@ -200,6 +201,17 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | Path
         raise not_fitting(state, path, options, " ".join(str(e).split())[:200]) from None
 
 
+def options_changed(saved: dict[str, Any], options: dict[str, Any], path: str | Path) -> str | None:
+    """Why the run whose configuration was `saved` cannot be carried on with the model options `options` (those
+    that shape a registry model changed: its weights would not fit); None where none changed."""
+    changed = [k for k in MODEL_OPTIONS if k in saved and options.get(k) != saved[k]]
+    if not changed:
+        return None
+    built = ", ".join(f"{k} {saved[k]}" for k in changed)
+    return (f"checkpoint {path} holds a {saved.get('model')} built with {built}; resume it without changing "
+            + ", ".join(f"--{k}" for k in changed))
+
+
 def not_fitting(state: dict[str, Any], path: str | Path, options: dict[str, Any] | None, detail: str) -> UserError:
     """Why the checkpoint `state`'s weights do not fit the network of the run now (`detail`: the first misfit), in
     the words of what to do: pass the factory it was trained with, or leave the model options it was built with."""
@@ -208,11 +220,8 @@ def not_fitting(state: dict[str, Any], path: str | Path, options: dict[str, Any]
         ran = (state.get("parts") or {}).get("model")
         return UserError(f"checkpoint {path} holds weights that do not fit the network your factory builds "
                          f"({detail[:120]}); pass the factory the run was trained with" + (f", {ran}" if ran else ""))
-    changed = [k for k in MODEL_OPTIONS if options is not None and k in saved and options.get(k) != saved[k]]
-    if changed:
-        return UserError(f"checkpoint {path} holds a {saved.get('model')} built with "
-                         + ", ".join(f"{k} {saved[k]}" for k in changed) + "; resume it without changing "
-                         + ", ".join(f"--{k}" for k in changed))
+    if options is not None and (why := options_changed(saved, options, path)):
+        return UserError(why)
     return UserError(f"checkpoint {path} holds weights of another shape than this {saved.get('model', '?')} "
                      f"({detail})")
 

@@ -77,6 +77,14 @@ def model_mismatch(saved: str | None, cfg: TrainConfig) -> str | None:
     return f"{why}; resume {how}"
 
 
+def shape_mismatch(saved: dict[str, Any], cfg: TrainConfig) -> str | None:
+    """Why a run whose configuration was `saved` cannot be carried on with the model options `cfg` changed (the
+    options that shape a registry model: its weights would not fit), in the words the workers' load uses."""
+    if saved.get("model") != cfg.model or cfg.model == "custom":
+        return None
+    return checkpoint.options_changed(saved, cfg.to_dict(), cfg.resume)
+
+
 def dataset_mismatch(saved: str | None, cfg: TrainConfig) -> str | None:
     if saved in (cfg.dataset, None):
         return None
