@@ -171,8 +171,8 @@ def newest_checkpoint(run: Path) -> Path:
 
 
 def newest_state(run: Path) -> dict:
-    """The newest checkpoint of `run` read whole in this process: its meta.pt's values, and its weights, optimizer
-    state (flat: "state.NAME.exp_avg") and weight average."""
+    """The newest checkpoint of `run`, a step folder, read whole in this process: its meta.pt's values, and its
+    weights, optimizer state (flat: "state.NAME.exp_avg") and weight average."""
     from paratrain.checkpoint import dcp
     from paratrain.checkpoint import files as checkpoint
 

@@ -172,6 +172,22 @@ def test_the_group_carries_on_from_the_newest_checkpoint_any_worker_has(
         assert chosen["from"] == "rank 0" and sent == [("rank 0", 1)] and received == []
 
 
+def _saved_at_step_7(folder: Path) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A layer after one AdamW step (lr 0.01), saved as a run saves step 7 into `folder`; the layer and optimizer."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from paratrain.checkpoint import dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    weights, state = get_state_dict(model, optimizer, options=dcp.state_dict_options())
+    save_step({"model": weights, "optimizer": state, "step": 7, "epoch": 0, "config": {"model": "x"}}, folder, 7)
+    return model, optimizer
+
+
 def test_a_step_folder_is_sent_whole_to_a_rank_whose_disk_lacks_it(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
     """Under ddp rank 0 writes each step folder alone, on its node's disk; a rank on another node carries on from
@@ -180,16 +196,7 @@ def test_a_step_folder_is_sent_whole_to_a_rank_whose_disk_lacks_it(monkeypatch: 
 
     from paratrain.runtime.dist import DistContext
 
-    model = torch.nn.Linear(2, 3)
-    optimizer = torch.optim.AdamW(model.parameters())
-    model(torch.ones(1, 2)).sum().backward()
-    optimizer.step()
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    from paratrain.checkpoint import dcp
-
-    weights, state = get_state_dict(model, optimizer, options=dcp.state_dict_options())
-    save_step({"model": weights, "optimizer": state, "step": 7, "epoch": 0, "config": {"model": "x"}}, tmp_path, 7)
+    model, optimizer = _saved_at_step_7(tmp_path)
     local = checkpoint.newest_loadable(tmp_path, whole=False)  # as a worker reads it: its tensors left on disk
     assert "model" not in local
     sent: list = []
@@ -210,20 +217,12 @@ def test_a_ddp_worker_carries_on_from_a_step_folder_sent_whole(tmp_path: Path) -
     the folder, without reading it."""
     import shutil
 
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     from paratrain.checkpoint import dcp
     from paratrain.config import TrainConfig
     from paratrain.parallel.strategies.ddp import DDP
     from paratrain.runtime.dist import DistContext
 
-    torch.manual_seed(0)
-    model = torch.nn.Linear(2, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    model(torch.ones(1, 2)).sum().backward()
-    optimizer.step()
-    weights, state = get_state_dict(model, optimizer, options=dcp.state_dict_options())
-    save_step({"model": weights, "optimizer": state, "step": 7, "epoch": 0, "config": {"model": "x"}}, tmp_path, 7)
+    model, optimizer = _saved_at_step_7(tmp_path)
     local = checkpoint.newest_loadable(tmp_path, whole=False)
     sent = {**local, **dcp.whole(local["sharded"], dcp.TENSORS, values=True)}
     shutil.rmtree(local["sharded"])  # not on this worker's disk

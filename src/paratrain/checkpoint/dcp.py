@@ -298,15 +298,13 @@ def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
                             "damaged, or of another network") from None
 
 
-def misfit(path: str | Path, part: str, shapes: dict[str, Any], whole: bool = False) -> str | None:
-    """The first of `shapes` ({name: this run's whole shape}) that the checkpoint's `part` ("model") lacks or holds
-    in another shape, in words; None where every one fits (read from the metadata alone, before any tensor)."""
-    held = {k.partition(".")[2]: tuple(getattr(item, "size", ())) for k, item in
+def shapes_of(path: str | Path, part: str) -> dict[str, tuple[int, ...]]:
+    """{name: whole shape} of the checkpoint's `part` ("model"), from its metadata alone (no tensor read)."""
+    return {k.partition(".")[2]: tuple(getattr(item, "size", ())) for k, item in
             _metadata(Path(path)).state_dict_metadata.items() if k.startswith(f"{part}.")}
-    return first_misfit(held, shapes, whole)
 
 
-def first_misfit(held: dict[str, Any], shapes: dict[str, Any], whole: bool = False) -> str | None:
+def misfit(held: dict[str, Any], shapes: dict[str, Any], whole: bool = False) -> str | None:
     """The first of `shapes` ({name: shape}) that `held` ({name: shape}) lacks or has in another shape, in words;
     `whole` (this worker holds the whole model): also the first that `held` has beyond them (another network's)."""
     extra = [name for name in held if name not in shapes] if whole else []

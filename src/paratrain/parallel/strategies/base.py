@@ -223,12 +223,11 @@ class Strategy:
         from ...checkpoint import files as checkpoint
 
         into = {"model": dcp.renamed(get_model_state_dict(self.module), self.aliases())}
-        sent = "model" in saved  # another worker sent the tensors whole: this worker's disk lacks the folder
         shapes = {k: v.shape for k, v in into["model"].items()}
-        held = {k: v.shape for k, v in saved["model"].items()} if sent else None
+        held = ({k: v.shape for k, v in saved["model"].items()} if "model" in saved  # sent whole (files.agree)
+                else dcp.shapes_of(saved["sharded"], "model"))
         whole = self.replicated and not self.aliases()  # this worker holds every weight, by the model's names
-        if detail := (dcp.first_misfit(held, shapes, whole) if sent
-                      else dcp.misfit(saved["sharded"], "model", shapes, whole)):
+        if detail := dcp.misfit(held, shapes, whole):
             raise checkpoint.not_fitting(saved, self.cfg.resume, self.cfg.to_dict(), detail)
         self._read_step_folder(saved, into)
         set_model_state_dict(self.module, dcp.renamed(into["model"], self.aliases(), back=True))
@@ -368,8 +367,9 @@ class Strategy:
         tensors = {"model": weights, "optimizer": optimizer_state}
         if ema is not None:
             tensors["ema_model"] = ema.module.state_dict()
-        alone = dataclasses.replace(self.ctx, rank=0, world_size=1, backend=None)  # rank 0 as a group of its own
-        checkpoints.save_sharded(alone if self.replicated else self.ctx, tensors, extras, step, keep)
+        # replicated: rank 0 as a group of its own
+        writers = dataclasses.replace(self.ctx, rank=0, world_size=1, backend=None) if self.replicated else self.ctx
+        checkpoints.save_sharded(writers, tensors, extras, step, keep)
 
     def dims(self) -> Mesh:
         """The run's mesh, as the plan carries it (parallel/layout.py)."""
