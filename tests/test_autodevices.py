@@ -13,7 +13,7 @@ import pytest
 from paratrain import config as C
 from paratrain.data import load_dataset
 from paratrain.measure import autodevices
-from paratrain.parallel import runplan
+from paratrain.parallel import runplan, strategies
 from paratrain.runtime.devices import Hardware
 from paratrain.runtime.env import LOCAL, Environment
 
@@ -25,7 +25,7 @@ DIGITS = load_dataset("digits")
 
 def plan_of(tmp_path: Path, **changes: object) -> runplan.RunPlan:
     cfg = C.validate(C.TrainConfig(dataset="digits", out=str(tmp_path / "run"), **changes))
-    return runplan.make(cfg, lambda: DIGITS, hardware=autodevices.cpu_workers(1))
+    return runplan.make(strategies.checked(cfg), lambda: DIGITS, hardware=autodevices.cpu_workers(1))
 
 
 @pytest.fixture

@@ -127,6 +127,9 @@ def test_checkpoint_that_is_not_paratrains(capsys: pytest.CaptureFixture, tmp_pa
     path = tmp_path / "other.pt"
     torch.save({"state_dict": {"w": torch.zeros(2)}}, path)
     _one_line_error(capsys, _main(["eval", "--checkpoint", str(path)]), "not a paratrain checkpoint")
+    torch.save({"w": torch.zeros(2)}, path)  # weights alone, as `paratrain export` writes them: where they came from
+    _one_line_error(capsys, _main(["eval", str(path)]), "holds weights alone (a state dict, as paratrain export "
+                    "writes it), without the run's options and data: pass the run directory it came from")
 
 
 class _Evil:
@@ -391,3 +394,17 @@ def test_eval_with_a_factory_for_a_built_in_network_says_to_drop_the_flag(digits
     assert code == 2 and len(err) == 1, err
     assert "holds a lenet5 (a built-in network, built from its checkpoint): drop --model" in err[0], err
     assert "model=" not in err[0], err
+
+
+def test_the_help_and_the_commands_that_train_nothing_start_without_torch() -> None:
+    """--help, `paratrain recipes` and `submit --dry-run` answer in a moment: the command line is built, and those
+    commands run, without importing torch (3 s of a start here, and most of the default tier's docs blocks)."""
+    import subprocess
+    import sys
+
+    check = ("import sys\nfrom paratrain.cli import build_parser, main\nbuild_parser()\n"
+             "main(['recipes'])\nmain(['submit', '--dry-run', '--cpus-per-task', '2', 'train', '--epochs', '1'])\n"
+             "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "mnist-fast" in done.stdout and "#SBATCH" in done.stdout

@@ -16,7 +16,7 @@ from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
 from paratrain.data.transforms import Augment, BatchPipeline
 from paratrain.optimization.optim import ema_decay, lr_factor, make_ema, make_optimizer, make_scheduler
-from paratrain.parallel import runplan
+from paratrain.parallel import runplan, strategies
 from paratrain.runtime import dist
 from paratrain.runtime.devices import Hardware
 from paratrain.training.worker import work
@@ -29,7 +29,7 @@ def _cfg(**kw: object) -> config.TrainConfig:
 def fit(cfg: config.TrainConfig, data: object, parts: object = None) -> dict | None:
     """One worker in this process, planned as every run is (runplan.make); it carries on from the newest
     checkpoint in cfg.out, as every worker does."""
-    plan = runplan.make(cfg, lambda: data, parts, hardware=Hardware("cpu", 1, 1, "gloo"))
+    plan = runplan.make(strategies.checked(cfg), lambda: data, parts, hardware=Hardware("cpu", 1, 1, "gloo"))
     return work(0, 1, 0, None, plan, None)
 
 
@@ -365,7 +365,7 @@ def test_a_nan_stop_names_the_step_it_happened_at(tmp_path: Path) -> None:
 
     cfg = _cfg(out=str(tmp_path / "nan"), quiet=True, tensorboard=False, steps=20, checkpoint_every=1)
     data = load_dataset("digits")
-    plan = runplan.make(cfg, lambda: data, Parts(loss=loss), hardware=Hardware("cpu", 1, 1, "gloo"))
+    plan = runplan.make(strategies.checked(cfg), lambda: data, Parts(loss=loss), hardware=Hardware("cpu", 1, 1, "gloo"))
     calls.clear()  # the plan tried the loss once
     with pytest.raises(UserError, match="the loss became nan at step 7; stopped before updating") as e:
         work(0, 1, 0, None, plan, None)
@@ -570,7 +570,7 @@ def test_a_run_that_its_pruner_stops_ends_after_that_epochs_validation(tmp_path:
     cfg = _cfg(out=str(tmp_path / "p"), epochs=5, batch_size=256, quiet=True, tensorboard=False)
     data = load_dataset("digits")
     stop = StopAt(2)
-    plan = runplan.make(cfg, lambda: data, hardware=Hardware("cpu", 1, 1, "gloo"), report=stop)
+    plan = runplan.make(strategies.checked(cfg), lambda: data, hardware=Hardware("cpu", 1, 1, "gloo"), report=stop)
     summary = work(0, 1, 0, None, plan, None)
     assert summary["pruned"] and summary["epochs_validated"] == 2
     assert summary["steps"] == 2 * (len(data.train[1]) // 256)

@@ -12,7 +12,7 @@ from conftest import FakeGPUs
 from paratrain import config
 from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
-from paratrain.parallel import runplan
+from paratrain.parallel import runplan, strategies
 from paratrain.runtime import devices
 
 
@@ -38,7 +38,7 @@ def test_cpus_get_gloo_and_more_gpus_than_exist_is_one_line(fake_gpus: FakeGPUs)
 
 def _plan(**kw: object) -> runplan.RunPlan:
     cfg = config.validate(config.TrainConfig(model="mlp", dataset="digits", steps=2, **kw))
-    return runplan.make(cfg, lambda: load_dataset("digits"))
+    return runplan.make(strategies.checked(cfg), lambda: load_dataset("digits"))
 
 
 @pytest.mark.parametrize(("param_device", "process_device"), [("cpu", "cpu"), ("cuda:0", "cuda:0")])

@@ -27,7 +27,7 @@ from paratrain import config
 from paratrain.checkpoint import dcp as sharded
 from paratrain.checkpoint import files as checkpoint
 from paratrain.data import load_dataset
-from paratrain.parallel import launch, runplan
+from paratrain.parallel import launch, runplan, strategies
 from paratrain.runtime.devices import Hardware
 from paratrain.runtime.interrupt import Stopped
 from paratrain.training.worker import work
@@ -61,6 +61,7 @@ def _run(cfg: config.TrainConfig, workers: int, data: Any, resume: dict | None =
     if resume is not None:
         cfg = cfg.replace(resume=cfg.out)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    cfg = strategies.checked(cfg)
     return launch.run(runplan.make(cfg, lambda: data, hardware=Hardware("cpu", workers, 1, "gloo")), work)
 
 
@@ -325,6 +326,7 @@ def test_a_pruned_run_on_two_workers_stops_every_worker_at_one_step(tmp_path: Pa
     """Rank 0 alone hears the pruner; the other worker stops at the same step (else the run would hang in a
     collective or the summary would miss)."""
     cfg = _cfg(tmp_path / "p", "sgd-momentum", steps=None, epochs=5, checkpoint_every=0)
+    cfg = strategies.checked(cfg)
     summary = launch.run(runplan.make(cfg, lambda: digits, hardware=Hardware("cpu", 2, 1, "gloo"), report=_StopAtTwo()),
                          work)
     per_epoch = len(digits.train[1]) // cfg.batch_size

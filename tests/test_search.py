@@ -679,11 +679,12 @@ def test_a_tower_trial_drives_the_gpus_of_its_pool_process(monkeypatch: pytest.M
     on cuda:2 and cuda:3, with the threads of its share of the cores."""
     from paratrain import config
     from paratrain.data import load_dataset
-    from paratrain.parallel import runplan
+    from paratrain.parallel import runplan, strategies
     from paratrain.runtime.devices import Hardware
 
     cfg = config.validate(config.TrainConfig(strategy="tower", out=str(tmp_path), devices="2", steps=1))
     data = load_dataset("digits")
+    cfg = strategies.checked(cfg)
     plan = runplan.make(cfg, lambda: data, hardware=Hardware("gpu", 2, 1, "nccl"), devices=("cuda:2", "cuda:3"))
     assert plan.devices == ("cuda:2",) and plan.layout.replicas == ("cuda:2", "cuda:3")
     assert plan.hardware.workers == 1 and plan.hardware.threads_per_worker == 2

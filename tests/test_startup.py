@@ -69,6 +69,7 @@ def test_the_forkserver_starts_only_once_the_plan_knows_workers_will_be_forked(
     def plan(workers: int, **more: object) -> list[str]:
         events.clear()
         cfg = config.validate(config.TrainConfig(model="mlp", dataset="digits", steps=2, out="unused", **more))
+        cfg = strategies.checked(cfg)
         runplan.make(cfg, lambda: events.append("data") or digits, hardware=Hardware("cpu", workers, 1, "gloo"))
         return list(events)
 
@@ -89,6 +90,7 @@ def test_the_forkserver_starts_only_once_the_plan_knows_workers_will_be_forked(
         monkeypatch.setenv(name, value)
     events.clear()
     cfg = config.validate(config.TrainConfig(model="mlp", dataset="digits", steps=2, out="unused"))
+    cfg = strategies.checked(cfg)
     runplan.make(cfg, lambda: events.append("data") or digits, env=detect())  # torchrun started this worker
     assert events == ["data"]
 

@@ -46,9 +46,10 @@ def save(state: dict[str, Any], path: str | Path) -> None:
             os.close(dir_fd)
 
 
-def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | None:
+def newest_loadable(folder: str | Path, whole: bool = True, say: bool = True) -> dict[str, Any] | None:
     """The checkpoint of the highest step in `folder` (a run's checkpoints/) that loads; None where it holds
-    none. One line on stderr names the newer ones that did not load, and why; a UserError when none loads.
+    none. One line on stderr names the newer ones that did not load, and why (where `say`: one worker of a group
+    says it); a UserError when none loads.
 
     The step checkpoints kept (--keep-checkpoints, 2 by default) are what a damaged newest one falls back on: step
     folders (checkpoint/dcp.py, every layout's), and an earlier release's step files, whose last.pt is a hard link
@@ -61,9 +62,11 @@ def newest_loadable(folder: str | Path, whole: bool = True) -> dict[str, Any] | 
         except UserError as e:
             skipped.append((path, str(e)))
             continue
-        if skipped:
+        if skipped and say:
             names = ", ".join(p.name for p, _ in skipped)
-            print(f"paratrain: skipped {names} in {folder} ({skipped[0][1]}); using {path.name}, step "
+            # the reason, less its advice to the user ("use another one"): this line says which one is used
+            why = skipped[0][1].removesuffix("; use another one").removesuffix(": use another one")
+            print(f"paratrain: skipped {names} in {folder} ({why}); using {path.name}, step "
                   f"{state['step']}", file=sys.stderr, flush=True)
         return state
     if skipped:
@@ -113,6 +116,10 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
     except OSError as e:  # removed while being read (a pruning, a search tidying its trials)
         raise UserError(f"checkpoint {path} is unreadable ({e.strerror or e}); use another one") from None
     needed = [k for k in REQUIRED if not (is_sharded and k in dcp.TENSORS)]
+    if isinstance(state, dict) and state and all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path} holds weights alone (a state dict, as paratrain export writes it), without the "
+                        "run's options and data: pass the run directory it came from, or load the weights into "
+                        "your network in Python (net.load_state_dict(torch.load(...)))")
     if not isinstance(state, dict) or any(k not in state for k in needed):
         raise UserError(f"checkpoint {path} is not a paratrain checkpoint (it lacks "
                         f"{', '.join(k for k in needed if not isinstance(state, dict) or k not in state)})")

@@ -68,10 +68,10 @@ class RunPlan:
 def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,
          hardware: Hardware | None = None, devices: tuple[str, ...] | None = None,
          report: Callable[[int, dict[str, float]], bool] | None = None, env: Environment = LOCAL) -> RunPlan:
-    """Plan the run, checking what can be checked before any process starts (UserError otherwise).
+    """Plan the run, checking what can be checked before any process starts (UserError otherwise). `cfg`: checked
+    (strategies.checked, which its caller ran once: the command line, paratrain.fit, a search's trial).
     `hardware`/`devices`: processes and devices chosen by the caller (a search trial's share of the pool)
     instead of from cfg; `report`: see RunPlan.report; `env`: the process environment (env.detect)."""
-    cfg = strategies.checked(cfg)
     strategy = strategies.get(cfg.strategy)
     cfg = strategy.defaults(cfg)
     if hardware is None:

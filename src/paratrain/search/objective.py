@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import UserError
-from ..optimization.metrics import BUILT_IN, names
 
 
 @dataclass(frozen=True)
@@ -52,6 +51,8 @@ def choose(name: str | None, metric: str | None, classification: bool, sequence:
         return ACCURACY
     if name == "loss":
         return Objective("loss", False)
+    from ..optimization.metrics import BUILT_IN, names  # (torch: not when the command line is only built)
+
     if name == "perplexity":
         if not sequence:
             raise UserError("--objective perplexity needs token-id targets (a language model's); choose loss")

@@ -223,12 +223,14 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
     the launch), so `paratrain train --resume TRIAL` carries it on: in this process on one device, or
     data-parallel on devices_per_trial workers. Pool process `index` owns GPUs index*D .. index*D+D-1."""
     from .. import session
+    from ..parallel.strategies import checked
     from ..runtime.devices import Hardware
     from ..runtime.env import LOCAL
 
     hardware = Hardware(accelerator, devices_per_trial, threads, "nccl" if accelerator == "gpu" else "gloo")
     devices = trial_devices(hardware, index)
-    cfg = cfg.replace(accelerator=accelerator, devices=str(devices_per_trial))
+    # the trial's point checked as a whole, once (the search checked each value of its space alone)
+    cfg = checked(cfg.replace(accelerator=accelerator, devices=str(devices_per_trial)))
     return session.run(cfg, lambda: data, hardware=hardware, devices=devices, report=report, env=LOCAL,
                        last_line=False)
 

@@ -16,6 +16,7 @@ from ...checkpoint import files as checkpoint
 from ...core.errors import UserError
 from ...data import load_dataset
 from ...parallel import launch, runplan
+from ...parallel.strategies import checked
 from ...training.worker import work
 
 STEPS = 10
@@ -43,7 +44,7 @@ def _train(folder: Path, accelerator: str, task: str, strategy: str, devices: in
                                              accelerator=accelerator, devices=str(devices),
                                              threads_per_worker=threads, out=str(folder)))
     folder.mkdir(parents=True, exist_ok=True)
-    launch.run(runplan.make(cfg, lambda: data), work)
+    launch.run(runplan.make(checked(cfg), lambda: data), work)
     return checkpoint.load(folder)["model"]  # the newest checkpoint, a file or a sharded folder
 
 
