@@ -19,7 +19,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist's processes (pyproject's addopts: -n auto, one a core)
+    # each computes beside the others: OpenMP's waiting threads sleep rather than spin (set before torch starts
+    # OpenMP), as the processes of a run's workers do; spinning ones of two processes on 2 cores ran 3-7x slower
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -35,6 +41,9 @@ def _own_devices_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         patch.setenv("PARATRAIN_DEVICES_CACHE", str(tmp_path_factory.mktemp("devices") / "devices.json"))
         # decoded image folders and Datasets go to the user's cache folder: the session's own
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        # the `mlflow server`s the tests start (test_trackers.py, the docs' pages) without MLflow's job runner:
+        # its 8 huey processes, each importing mlflow, took a third of a core each beside the run under test
+        patch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
         yield
 
 
@@ -460,3 +469,18 @@ def wait_for(condition, timeout: float, what: str) -> None:  # noqa: ANN001
     while not condition():
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup` (.ci/run's integration tier), a test that uses a fixture set up once for its
+    module (a trained run, a started cluster) goes to the worker that runs the module's other such tests, so
+    the fixture is set up once; every other test goes to whichever worker is free (a file to each worker let
+    test_docs.py's pages, a fifth of the tier, wait on one)."""
+    for item in items:
+        infos = getattr(item, "_fixtureinfo", None)
+        if infos is None:
+            continue
+        shared = [name for name, defs in infos.name2fixturedefs.items()
+                  if not name.startswith("_") and defs and defs[-1].scope in ("module", "package")]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

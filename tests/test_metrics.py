@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torchmetrics
 
 import paratrain
 from paratrain import config as C
@@ -20,6 +19,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 import multilabel  # noqa: E402
 import regression  # noqa: E402
 import sequences  # noqa: E402
+
+# torchmetrics is imported by the tests that use it, not here: it imports scipy, torchvision's models and
+# transformers (6 s), which collecting the tests cost every test process; the tests of this file share one process
+pytestmark = pytest.mark.xdist_group("torchmetrics")
 
 QUICK = {"quiet": True, "tensorboard": False, "threads_per_worker": 1}
 
@@ -44,14 +47,17 @@ def test_a_metric_that_is_not_one_is_one_line(metric: str, message: str) -> None
 
 
 @pytest.mark.parametrize(("metrics", "message"), [
-    ([torchmetrics.MeanAbsoluteError()], r"metrics= takes a dict of names to metrics"),
-    ({"loss": torchmetrics.MeanAbsoluteError()}, r"'loss' cannot name a metric"),
-    ({"my metric": torchmetrics.MeanAbsoluteError()}, r"'my metric' cannot name a metric"),
-    ({"m": 3}, r"metrics\['m'\] must be a torchmetrics object, a function"),
+    (lambda tm: [tm.MeanAbsoluteError()], r"metrics= takes a dict of names to metrics"),
+    (lambda tm: {"loss": tm.MeanAbsoluteError()}, r"'loss' cannot name a metric"),
+    (lambda tm: {"my metric": tm.MeanAbsoluteError()}, r"'my metric' cannot name a metric"),
+    (lambda tm: {"m": 3}, r"metrics\['m'\] must be a torchmetrics object, a function"),
 ])
 def test_metrics_that_fit_cannot_take_are_one_line(tmp_path: Path, metrics: object, message: str) -> None:
+    import torchmetrics
+
     with pytest.raises(UserError, match=message):
-        _fit(regression.build, regression.make_data(n=200), tmp_path / "run", metrics=metrics, devices="1", steps=1)
+        _fit(regression.build, regression.make_data(n=200), tmp_path / "run", metrics=metrics(torchmetrics),
+             devices="1", steps=1)
 
 
 def test_a_class_metric_on_a_regression_is_refused_before_training(tmp_path: Path) -> None:
@@ -62,6 +68,8 @@ def test_a_class_metric_on_a_regression_is_refused_before_training(tmp_path: Pat
 
 
 def test_a_metric_of_more_than_one_number_says_to_reduce_it(tmp_path: Path) -> None:
+    import torchmetrics
+
     per_class = {"f1": torchmetrics.F1Score(task="multiclass", num_classes=3, average="none")}
     with pytest.raises(UserError, match=r"metric f1 computed a Tensor of shape \(3,\), not one number; give it a "
                                         "reduction"):
@@ -72,6 +80,8 @@ def test_a_metric_of_more_than_one_number_says_to_reduce_it(tmp_path: Path) -> N
 def test_the_metrics_of_a_run_are_those_of_its_network_on_the_split(tmp_path: Path) -> None:
     """Built-in names, a torchmetrics object and a function, in the summary, metrics.jsonl and the epoch line:
     each equals the value computed here over the whole test set with the network the run saved."""
+    import torchmetrics
+
     data = regression.make_data(n=1000)
     summary = _fit(regression.build, data, tmp_path / "run", {"own_mae": torchmetrics.MeanAbsoluteError(),
                                                               "bias": mean_error},
@@ -92,6 +102,8 @@ def test_the_metrics_of_a_run_are_those_of_its_network_on_the_split(tmp_path: Pa
 
 
 def test_the_epoch_line_and_a_class_metric(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import torchmetrics
+
     data = sequences.make_data(n=600)
     summary = paratrain.fit(sequences.build, data, paratrain.TrainConfig(
         out=str(tmp_path / "run"), devices="1", steps=20, batch_size=30, metric="f1,recall", tensorboard=False))
@@ -109,6 +121,7 @@ def test_a_multi_label_task_with_a_loss_and_a_metric_of_ones_own(tmp_path: Path)
     """examples/multilabel.py: rows of 0/1 targets, BCE on the logits, torchmetrics' multi-label F1; the
     built-in f1 scores the labels too."""
     import torch.nn.functional as F
+    import torchmetrics
     from torchmetrics.wrappers import LambdaInputTransformer
 
     f1 = {"own_f1": LambdaInputTransformer(torchmetrics.F1Score(task="multilabel", num_labels=multilabel.LABELS,
@@ -154,6 +167,8 @@ def test_torchmetrics_on_two_workers_equal_one_device_over_the_same_examples(tmp
     """Unequal shares of the validation and test sets (301 and 299 examples), unpadded: a regression's mean
     absolute error (torchmetrics' and a function) and R^2 under ddp and a pipeline of the registry's mlp. (F1's
     states are counts, summed exactly; its independence of the batching: the default tier.)"""
+    import torchmetrics
+
     data = regression.make_data(n=3000)
     data = {"train": data["train"], "val": (data["val"][0][:301], data["val"][1][:301]),
             "test": (data["test"][0][:299], data["test"][1][:299])}

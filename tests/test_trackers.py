@@ -287,6 +287,7 @@ def test_logger_names_and_a_password_in_the_uri_are_one_line_errors(tmp_path: Pa
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.integration  # `paratrain log` processes, each importing mlflow (3 s)
 def test_csv_and_a_file_store_from_paratrain_log(digits_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(digits_run, run)
@@ -313,6 +314,7 @@ def test_csv_and_a_file_store_from_paratrain_log(digits_run: Path, tmp_path: Pat
         == ["other"]
 
 
+@pytest.mark.integration  # `paratrain log` processes, each importing mlflow (3 s)
 def test_paratrain_log_to_a_server_that_is_down_fails_in_one_line_and_loses_nothing(digits_run: Path,
                                                                                    tmp_path: Path) -> None:
     run = tmp_path / "run"
