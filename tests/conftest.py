@@ -475,7 +475,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under `--dist loadgroup` (.ci/run's integration tier), a test that uses a fixture set up once for its
     module (a trained run, a started cluster) goes to the worker that runs the module's other such tests, so
     the fixture is set up once; every other test goes to whichever worker is free (a file to each worker let
-    test_docs.py's pages, a fifth of the tier, wait on one)."""
+    test_docs.py's pages, a fifth of the tier, wait on one). A module that names a `HEAVY_IMPORT` (a library of
+    seconds to import) has its fast tests in one process too (pyproject's -n auto), which alone imports it."""
     for item in items:
         infos = getattr(item, "_fixtureinfo", None)
         if infos is None:
@@ -484,3 +485,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                   if not name.startswith("_") and defs and defs[-1].scope in ("module", "package")]
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        elif getattr(item.module, "HEAVY_IMPORT", None) and item.get_closest_marker("integration") is None:
+            # a library of seconds to import (mlflow, transformers), imported by one test process, not by each
+            item.add_marker(pytest.mark.xdist_group(item.module.HEAVY_IMPORT))

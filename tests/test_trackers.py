@@ -4,6 +4,7 @@ W&B in its offline mode, read back from its own run file."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -15,13 +16,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import crashing_model, free_port, main_code, run_cli, wait_for
 
 from paratrain.tracking import trackers
 
-mlflow = pytest.importorskip("mlflow", reason="the mlflow package is not installed (pip install 'paratrain[mlflow]')")
+if importlib.util.find_spec("mlflow") is None:  # imported where a test reads a store, not by collecting (2.8 s)
+    pytest.skip("the mlflow package is not installed (pip install 'paratrain[mlflow]')", allow_module_level=True)
+HEAVY_IMPORT = "mlflow"  # the fast tests of this file share one test process, which imports it (conftest.py)
 
 
 class Server:
@@ -52,7 +56,9 @@ class Server:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
-    def client(self) -> mlflow.MlflowClient:
+    def client(self) -> Any:  # an mlflow.MlflowClient
+        import mlflow
+
         return mlflow.MlflowClient(self.uri)
 
     def runs(self, experiment: str) -> list:
@@ -289,6 +295,8 @@ def test_logger_names_and_a_password_in_the_uri_are_one_line_errors(tmp_path: Pa
 
 @pytest.mark.integration  # `paratrain log` processes, each importing mlflow (3 s)
 def test_csv_and_a_file_store_from_paratrain_log(digits_run: Path, tmp_path: Path) -> None:
+    import mlflow
+
     run = tmp_path / "run"
     shutil.copytree(digits_run, run)
     store = f"sqlite:///{tmp_path / 'store.db'}"
