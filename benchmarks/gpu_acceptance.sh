@@ -29,7 +29,7 @@ run() {  # the command, its output into the report, its exit status remembered
 }
 echo "# GPU acceptance, $(date -u +%Y-%m-%dT%H:%MZ), $(hostname), $GPUS GPU(s)" >"$REPORT"
 section "GPU tests"
-run $PY -m pytest -q -m gpu tests -p no:cacheprovider
+run $PY -m pytest -q -m gpu tests -p no:cacheprovider -n 0  # one at a time: they share the GPUs
 section "paratrain doctor"
 run $PY -m paratrain doctor --out "$OUT/doctor"
 CONFIGS="cpu:1t,gpu:1"

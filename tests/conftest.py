@@ -6,6 +6,7 @@ import faulthandler
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist's processes (pyproject's addopts: -n auto, one a core)
     # each computes beside the others: OpenMP's waiting threads sleep rather than spin (set before torch starts
-    # OpenMP), as the processes of a run's workers do; spinning ones of two processes on 2 cores ran 3-7x slower
+    # OpenMP), as the processes of a run's workers do; spinning, some tests of two processes on 2 cores ran 3-12x slower
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
@@ -471,20 +472,29 @@ def wait_for(condition, timeout: float, what: str) -> None:  # noqa: ANN001
         time.sleep(0.2)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """-n auto (pyproject's addopts) is for the fast tests: a selection of those that start processes, bound wall
+    times, read the real datasets or share GPUs (`-m integration`, `slow`, `gpu`) runs in this process, one test at
+    a time, unless -n is given (.ci/run gives -n 2 to the integration tests that may run beside another). None:
+    xdist's own count, a process a core."""
+    chosen = re.sub(r"\bnot\s+\w+", "", config.getoption("markexpr") or "")
+    return 0 if re.search(r"\b(integration|slow|gpu)\b", chosen) else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `--dist loadgroup` (.ci/run's integration tier), a test that uses a fixture set up once for its
-    module (a trained run, a started cluster) goes to the worker that runs the module's other such tests, so
-    the fixture is set up once; every other test goes to whichever worker is free (a file to each worker let
-    test_docs.py's pages, a fifth of the tier, wait on one). A module that names a `HEAVY_IMPORT` (a library of
-    seconds to import) has its fast tests in one process too (pyproject's -n auto), which alone imports it."""
+    """Under `--dist loadgroup` (pyproject's addopts: the fast tests), the tests that use a fixture set up once for
+    their module (a trained run) go to one test process, so the fixture is set up once there; every other test
+    goes to whichever process is free. A module that names a `HEAVY_IMPORT` (a library of seconds to import) has
+    its fast tests in one process too, which alone imports it. (.ci/run's integration tier gives each process a
+    file, --dist loadfile, which these marks leave as it is: by test it took 53 minutes, against 47 by file.)"""
     for item in items:
-        infos = getattr(item, "_fixtureinfo", None)
-        if infos is None:
+        infos, module = getattr(item, "_fixtureinfo", None), getattr(item, "module", None)
+        if infos is None or module is None:  # (a doctest)
             continue
         shared = [name for name, defs in infos.name2fixturedefs.items()
                   if not name.startswith("_") and defs and defs[-1].scope in ("module", "package")]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-        elif getattr(item.module, "HEAVY_IMPORT", None) and item.get_closest_marker("integration") is None:
+        if shared:  # by module: its fixtures may build on each other (two_nodes.py's run on its network namespaces)
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
+        elif getattr(module, "HEAVY_IMPORT", None) and item.get_closest_marker("integration") is None:
             # a library of seconds to import (mlflow, transformers), imported by one test process, not by each
-            item.add_marker(pytest.mark.xdist_group(item.module.HEAVY_IMPORT))
+            item.add_marker(pytest.mark.xdist_group(module.HEAVY_IMPORT))

@@ -1,9 +1,9 @@
 """The plan of a run: everything decided before a worker starts, built the same way by every caller (the
 command line and `paratrain.fit` through `api.train`, a search trial, a test) and handed to `launch.run`.
 
-    make(cfg, load_data)  the strategy's checks and defaults, the processes and their devices, the batch
-                          split, the data, the checks of a user's own network, the strategy's layout (a
-                          pipeline's cuts, a tower's replica devices)
+    make(cfg, load_data)  of a checked configuration (strategies.checked, by the caller): the strategy's
+                          defaults, the processes and their devices, the batch split, the data, the checks of a
+                          user's own network, the strategy's layout (a pipeline's cuts, a tower's replica devices)
 
 The checkpoint a run carries on from is not in the plan: every worker finds it in the run folder (resume.py),
 which a fresh run has cleared.
