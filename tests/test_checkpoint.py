@@ -392,6 +392,27 @@ def test_the_owner_saves_a_step_prunes_the_old_and_lists_anew(tmp_path: Path) ->
     assert checkpoint.load(tmp_path)["model"]["w"].item() == 3
 
 
+def test_a_step_saved_again_replaces_the_folder_left_there_whole(tmp_path: Path) -> None:
+    """A run carried on from step 2, past a damaged step-3 folder (a new user's trial): its step 3 is written
+    anew, shards and record, not the record alone over the damaged shards."""
+    from paratrain.checkpoint import manager
+    from paratrain.runtime.dist import DistContext
+
+    owner = manager.RunCheckpoints(tmp_path)
+    one = DistContext(0, 1, torch.device("cpu"), None)
+    for step, value in ((2, 2.0), (3, 3.0)):
+        owner.save_sharded(one, {"model": {"w": torch.full((4,), value)}},
+                           lambda s=step: {"optimizer": None, "step": s, "epoch": 0, "config": {}}, step, keep=2)
+    shard = next((tmp_path / "checkpoints" / "step-00000003").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:10])  # damaged: the run carries on from step 2
+    assert checkpoint.load(tmp_path)["step"] == 2
+    owner.save_sharded(one, {"model": {"w": torch.full((4,), 30.0)}},
+                       lambda: {"optimizer": None, "step": 3, "epoch": 0, "config": {}}, 3, keep=2)
+    state = checkpoint.load(tmp_path / "checkpoints" / "step-00000003")
+    assert state["step"] == 3 and state["model"]["w"].tolist() == [30.0] * 4
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000002", "step-00000003"]
+
+
 @pytest.mark.parametrize("stop", ["end", "early-stopping"])
 def test_each_step_is_saved_once(tmp_path: Path, stop: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """--checkpoint-every 1: every step is written, each once, to the run's end or the step it stopped early at

@@ -157,5 +157,5 @@ def test_a_logged_run_has_plain_lines_and_a_resume_says_so(tmp_path: Path) -> No
     assert "leaked semaphore" not in proc.stderr
     proc = run_cli("train", "--resume", str(run), "--steps", "6", "--devices", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines()[0] == f"paratrain: resuming {run} from its checkpoint of step 4"
+    assert proc.stdout.splitlines()[0] == f"paratrain: resuming {run}, whose newest checkpoint is of step 4"
     assert "leaked semaphore" not in proc.stderr

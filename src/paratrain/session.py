@@ -198,7 +198,8 @@ def _announce(plan: runplan.RunPlan, done: int | None) -> None:
         print(f"paratrain: the run in {cfg.out} has done all its {done} steps: it is evaluated "
               "again; pass --steps N (steps=N) with more steps to train it further", flush=True)
     elif done is not None and cfg.resume:
-        print(f"paratrain: resuming {cfg.out} from its checkpoint of step {done}", flush=True)
+        # listed, not opened: where that one proves damaged, a worker says which one it carries on from instead
+        print(f"paratrain: resuming {cfg.out}, whose newest checkpoint is of step {done}", flush=True)
     if cfg.warmup_steps >= length.total_steps:  # a recipe's warm-up kept over fewer --epochs, say
         print(f"paratrain: note: --warmup-steps {cfg.warmup_steps} is as long as the run's "
               f"{length.total_steps} steps, so the learning rate never reaches --lr {cfg.lr:g}; lower "

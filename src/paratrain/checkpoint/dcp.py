@@ -178,16 +178,15 @@ def _not_shared(building: Path) -> UserError:
 
 def _publish(building: Path, final: Path, meta: dict[str, Any]) -> None:
     """Add rank 0's meta.pt, make every file durable, then show the folder under its step's name at once.
-    The same step saved again (a finished run's last save, after its step's own) holds the same tensors:
-    only its meta.pt is replaced, by a rename, so the step is never absent."""
+    A folder of the same step already there is a run's earlier pass over it (a resume from an older step, the
+    newer one damaged or left behind): it is replaced whole, renamed out of sight first (replacing its meta.pt
+    alone kept its damaged shards under the new record)."""
     _write_durably(building / META, meta)
     for path in building.iterdir():
         _fsync(path)
     if final.exists():
-        os.replace(building / META, final / META)
-        shutil.rmtree(building, ignore_errors=True)
-    else:
-        os.replace(building, final)
+        remove(final)
+    os.replace(building, final)
     _fsync(final.parent)
 
 
