@@ -22,6 +22,7 @@ import sequences  # noqa: E402
 
 # torchmetrics is imported by the tests that use it, not here: it imports scipy, torchvision's models and
 # transformers (6 s), which collecting the tests cost every test process; the fast tests of this file share one
+# test process (conftest.py)
 HEAVY_IMPORT = "torchmetrics"
 
 QUICK = {"quiet": True, "tensorboard": False, "threads_per_worker": 1}

@@ -50,8 +50,8 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
         last_line: bool = True, words: Callable[[str], str] = str) -> dict[str, Any] | None:
     """Open the run's folder, plan the run, write its record, launch the workers; rank 0's summary (None on
     other ranks of a launcher's group). `cfg`: checked (parallel.strategies.checked, by the caller, once).
-    `hardware`, `devices`, `report`: as runplan.make takes them (a search
-    trial's share of the pool and its pruner); `env`: the caller's environment (detected here where not given);
+    `hardware`, `devices`, `report`: as runplan.make takes them (a search trial's share of the pool and its
+    pruner); `env`: the caller's environment (detected here where not given);
     `last_line`: print the result line (a search prints its own); `words`: a note in the caller's words
     (paratrain.fit's: fields, not flags)."""
     env = env or detect()

@@ -77,8 +77,7 @@ class RunCheckpoints:
         """The newest checkpoint that loads (None: none there); a sharded one's tensors are left for the strategy
         to read, each rank its own part."""
         # a damaged newest checkpoint is skipped by every worker, and said by one
-        said_here = self.ctx is None or self.ctx.rank == 0
-        return checkpoint_files.newest_loadable(self.folder, whole=False, say=said_here)
+        return checkpoint_files.newest_loadable(self.folder, whole=False, say=self.ctx is None or self.ctx.is_main)
 
     def save_sharded(self, ctx: Any, tensors: dict[str, Any], meta: Callable[[], dict[str, Any]], step: int,
                      keep: int) -> None:
