@@ -339,6 +339,10 @@ def test_a_run_whose_newest_checkpoint_is_damaged_is_evaluated_and_resumed_on_tw
     assert "use another one" not in said and "using step-00000015, step 15" in said, said
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from_step"] == 15 and summary["steps"] == 25
+    # step 20, passed again, was written anew whole (not its record over the damaged shards): it loads
+    from paratrain.checkpoint import files as checkpoint
+
+    assert checkpoint.load(run / "checkpoints" / "step-00000020")["step"] == 20
 
 
 # ---- the one owner of a run's checkpoints (checkpoint/manager.py) ----
