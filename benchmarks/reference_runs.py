@@ -8,12 +8,15 @@ the work folder's path taken out). Run it before the change and after, on the sa
 
 The runs (a few seconds each on 2 cores): ddp on 1 and 2 workers (SGD momentum, EMA), a resume of a
 2-worker run, tower, pipeline, hybrid, an imported network (examples/residual_cnn.py), BatchNorm sync,
-an image folder (examples/make_shapes.py), a grid search on 2 pool processes, and a torchrun run.
+an image folder (examples/make_shapes.py), a grid search on 2 pool processes, a torchrun run; and each
+layout's clipping with AdamW and EMA: ddp, fsdp and hsdp of the mlp, and the gpt (dropout on, its tied
+embedding and head) under pp=2, dp=2,pp=2, fsdp=2,pp=2 and dp=2,tp=2, on tests/data's fixed corpus.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -28,6 +31,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ("--quiet", "--no-tensorboard", "--seed", "3")
 SGD = ("--optimizer", "sgd", "--lr", "0.02", "--momentum", "0.9")
+# every layout's clipping and weight average, with an optimizer that keeps state
+CLIPPED = ("--optimizer", "adamw", "--lr", "0.003", "--clip-grad-norm", "0.05", "--ema", "0.9")
 
 
 def cli(*args: str, torchrun: bool = False) -> None:
@@ -42,11 +47,15 @@ def train(run: Path, *args: str, torchrun: bool = False) -> None:
     cli("train", "--out", str(run), *COMMON, *args, torchrun=torchrun)
 
 
-def cases(work: Path) -> dict[str, list[Path]]:
-    """Run every reference case in `work`; each name maps to the run folders it left."""
+def cases(work: Path, only: list[str] | None = None) -> dict[str, list[Path]]:
+    """Run every reference case in `work` (those named in `only`); each name maps to the run folders it left."""
     shapes = work / "shapes"
     subprocess.run([sys.executable, str(REPO / "examples" / "make_shapes.py"), str(shapes)], check=True,
                    capture_output=True)
+    corpus = work / "corpus.txt"
+    corpus.write_bytes(gzip.decompress((REPO / "tests" / "data" / "corpus.txt.gz").read_bytes()))
+    gpt = ("--model", "gpt", "--dataset", "text", "--data-dir", str(corpus), "--width", "32", "--heads", "2",
+           "--depth", "2", "--context", "16", "--batch-size", "8", "--dropout", "0.1", "--steps", "8", *CLIPPED)
     space = work / "space.yaml"
     space.write_text("fixed: {model: mlp, optimizer: sgd, momentum: 0.9}\n"
                      "params:\n  lr: [0.01, 0.03]\n  width: [32, 64]\n")
@@ -68,11 +77,23 @@ def cases(work: Path) -> dict[str, list[Path]]:
         "imagefolder": lambda r: train(r, "--dataset", "imagefolder", "--data-dir", str(shapes), "--devices", "2",
                                        "--steps", "12", "--batch-size", "16", *SGD),
         "torchrun": lambda r: train(r, "--steps", "20", *SGD, "--ema", "0.9", torchrun=True),
+        "ddp-clip": lambda r: train(r, "--devices", "2", "--steps", "12", *CLIPPED),
+        "fsdp-clip": lambda r: train(r, "--strategy", "fsdp", "--devices", "2", "--steps", "12", *CLIPPED),
+        "hsdp-clip": lambda r: train(r, "--strategy", "hsdp", "--shard-size", "2", "--devices", "4",
+                                     "--oversubscribe", "--steps", "8", *CLIPPED),
+        "gpt-pp": lambda r: train(r, *gpt, "--mesh", "pp=2"),
+        "gpt-dp-pp": lambda r: train(r, *gpt, "--mesh", "dp=2,pp=2", "--oversubscribe"),
+        "gpt-fsdp-pp": lambda r: train(r, *gpt, "--mesh", "fsdp=2,pp=2", "--oversubscribe"),
+        "gpt-dp-tp": lambda r: train(r, *gpt, "--mesh", "dp=2,tp=2", "--oversubscribe"),
         "search": lambda r: cli("search", "--space", str(space), "--sampler", "grid", "--parallel", "2",
                                 "--steps", "6", "--out", str(r)),
     }
+    if unknown := set(only or ()) - set(runs):
+        raise SystemExit(f"--only: no run named {', '.join(sorted(unknown))}; the runs are {', '.join(runs)}")
     left: dict[str, list[Path]] = {}
     for name, run in runs.items():
+        if only and name not in only:
+            continue
         started = time.perf_counter()
         run(work / name)
         trials = sorted((work / name / "trials").glob("*")) if name == "search" else [work / name]
@@ -146,9 +167,9 @@ def optimizer_by_name(state: dict) -> dict:
     return {names[i]: numbered[i] for i in params if i in numbered}
 
 
-def record(work: Path) -> dict[str, dict[str, str]]:
+def record(work: Path, only: list[str] | None = None) -> dict[str, dict[str, str]]:
     found = {}
-    for name, runs in cases(work).items():
+    for name, runs in cases(work, only).items():
         for run in runs:
             key = name if name != "search" else f"search/{_trial_key(run)}"
             found[key] = fingerprint(run, work)
@@ -173,6 +194,8 @@ def main() -> int:
     p.add_argument("--save", help="write the hashes to this JSON file")
     p.add_argument("--compare", help="compare with the hashes in this JSON file")
     p.add_argument("--keep", help="run in this folder and keep it (default: a temporary folder)")
+    p.add_argument("--only", help="these runs alone, comma-separated (e.g. gpt-pp,fsdp-clip); --compare then "
+                                  "compares those")
     args = p.parse_args()
     import paratrain
 
@@ -181,7 +204,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="paratrain-ref-") as tmp:
         work = Path(args.keep or tmp).resolve()
         work.mkdir(parents=True, exist_ok=True)
-        found = record(work)
+        found = record(work, args.only.split(",") if args.only else None)
     if args.save:
         Path(args.save).write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
     if not args.compare:
@@ -190,7 +213,8 @@ def main() -> int:
     before = json.loads(Path(args.compare).read_text())
     differ = 0
     print(f"{'run':<34}{'what':<12}{'before':<18}{'after':<18}")
-    for key in sorted(set(before) | set(found)):
+    keys = set(found) if args.only else set(before) | set(found)
+    for key in sorted(keys):
         old, new = before.get(key, {}), found.get(key, {})
         for what in sorted(set(old) | set(new)):
             same = old.get(what) == new.get(what)

@@ -85,7 +85,7 @@ def refusal(layout: str, feature: str) -> str | None:
     from paratrain import config
     from paratrain.core.errors import UserError
     from paratrain.parallel.strategies import checked
-    from paratrain.parallel.strategies.pipeline import PipelineStrategy
+    from paratrain.parallel.strategies.pp import prepare_checks
     from paratrain.parallel.strategies.tensor_plan import plan_of
     from paratrain.parallel.strategies.tower import TowerStrategy
 
@@ -97,7 +97,7 @@ def refusal(layout: str, feature: str) -> str | None:
             if layout == "tower":
                 TowerStrategy.check_network(net)
             if "pp" in layout or layout in ("pipeline", "hybrid"):
-                PipelineStrategy.prepare_checks(cfg, None, net)
+                prepare_checks(cfg, net)
             if "tp" in layout:
                 plan_of(net, None)
     except UserError as e:

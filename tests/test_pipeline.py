@@ -14,7 +14,7 @@ from paratrain.core.errors import UserError
 from paratrain.models import build_model
 from paratrain.parallel.mesh import Mesh
 from paratrain.parallel.strategies.cuts import balanced_cuts, layer_costs, parse_split, stage_bounds, theoretical_bubble
-from paratrain.parallel.strategies.stages import StagePlace, slice_optimizer_state
+from paratrain.parallel.strategies.stages import StagePlace
 
 
 def test_balanced_cuts_minimise_the_costliest_stage() -> None:
@@ -41,19 +41,6 @@ def test_layer_costs_count_lenet5() -> None:
     # conv1: 6 x 28 x 28 outputs, 25 multiply-adds each = 2 x 117,600 FLOPs, plus its 4,704 outputs
     assert costs[0] == 2 * 6 * 28 * 28 * 25 + 6 * 28 * 28
     assert costs[1] == 6 * 28 * 28  # ReLU: one op per element
-
-
-def test_optimizer_state_slices_for_a_stage() -> None:
-    """A stage's part of a whole-model file's optimizer state: its parameters' entries, renumbered from 0."""
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    opt = torch.optim.Adam(model.parameters())
-    model(torch.ones(2, 3)).sum().backward()
-    opt.step()
-    full = opt.state_dict()
-    second = slice_optimizer_state(full, [2, 3])
-    assert list(second["state"]) == [0, 1] and second["param_groups"][0]["params"] == [0, 1]
-    assert second["param_groups"][0]["lr"] == full["param_groups"][0]["lr"]
-    assert all(torch.equal(second["state"][i]["exp_avg"], full["state"][i + 2]["exp_avg"]) for i in range(2))
 
 
 def test_layout_and_bubble_formula() -> None:

@@ -15,7 +15,7 @@ from paratrain import config as C
 from paratrain.components.parts import Parts
 from paratrain.core.errors import UserError
 from paratrain.data import load_dataset
-from paratrain.parallel.strategies import get
+from paratrain.parallel.strategies.pp import cut
 
 DIGITS = load_dataset("digits")
 QUICK = {"quiet": True, "tensorboard": False}
@@ -38,14 +38,14 @@ class Boom(nn.Module):
 
 def test_the_pipeline_cuts_a_resnet_that_ends_in_batchnorm_on_a_1x1_map() -> None:
     cfg = C.TrainConfig(dataset="digits", strategy="pipeline", stages=2, batchnorm="local", model="custom")
-    cfg, table = get("pipeline").cut(cfg, DIGITS, Parts(model=resnet_layers))
+    cfg, table = cut(cfg, DIGITS, Parts(model=resnet_layers))
     assert len(cfg.split.split(",")) == 1 and "Conv2d, BatchNorm2d" in table
 
 
 def test_a_network_that_fails_while_its_cost_is_counted_is_one_line_naming_its_line() -> None:
     cfg = C.TrainConfig(dataset="digits", strategy="pipeline", stages=2, batchnorm="local", model="custom")
     with pytest.raises(UserError) as e:
-        get("pipeline").cut(cfg, DIGITS, Parts(model=lambda: nn.Sequential(nn.Flatten(), Boom())))
+        cut(cfg, DIGITS, Parts(model=lambda: nn.Sequential(nn.Flatten(), Boom())))
     message = str(e.value)
     assert "\n" not in message and "ValueError: shapes do not match" in message
     assert "test_real_network.py" in message and "in forward" in message

@@ -22,7 +22,7 @@ REGISTRY = {
     "ddp": "paratrain.parallel.strategies.ddp:DDP",
     "tower": "paratrain.parallel.strategies.tower:TowerStrategy",
     "pipeline": "paratrain.parallel.strategies.pipeline:PipelineStrategy",
-    "hybrid": "paratrain.parallel.strategies.hybrid:Hybrid",
+    "hybrid": "paratrain.parallel.strategies.pipeline:Hybrid",
     "fsdp": "paratrain.parallel.strategies.fsdp:FSDP",
     "hsdp": "paratrain.parallel.strategies.fsdp:HSDP",
     "tp": "paratrain.parallel.strategies.tp:TensorParallel",
@@ -47,13 +47,13 @@ def split_table(cfg: TrainConfig, data: Splits) -> str:
     layout that cuts the model into stages (--strategy pipeline or hybrid, a --mesh with pp)."""
     from ...core.errors import UserError
     from ..mesh import parse
-    from .pipeline import PipelineStrategy
+    from .pp import cut
 
     stages = parse(cfg.mesh).pp if cfg.mesh else (cfg.stages or 1) if get(cfg.strategy).pipelined else 1
     if stages < 2:
         raise UserError("--print-split shows a pipeline's stages; add --strategy pipeline --stages K, or a --mesh "
                         "with pp=K")
-    return PipelineStrategy.cut(cfg.replace(stages=stages), data)[1]
+    return cut(cfg.replace(stages=stages), data)[1]
 
 
 def carried_to(cfg: TrainConfig, name: str) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""The pipeline machinery that strategies/pipeline.py, hybrid.py and tp.py (a mesh with pp) use: one process's
+"""The pipeline machinery of a mesh with pp > 1 (composed.py runs it): one process's
 stage and its schedule (torch.distributed.pipelining, GPipe or 1F1B) on the run's DeviceMesh, the weights that
 stages share, and evaluation through that schedule (where the layers are cut: cuts.py).
 
@@ -31,18 +31,6 @@ from ..mesh import Mesh, device_mesh
 from .cuts import stage_bounds, stage_module, theoretical_bubble, whole_model
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
-
-
-# ---- the optimizer state of one stage from a whole-model checkpoint file (a pure function) ----
-
-def slice_optimizer_state(full: dict, numbers: list[int]) -> dict:
-    """The part of a whole-model optimizer state dict that belongs to the parameters of those numbers (in the
-    whole model's order), numbered as the stage's optimizer numbers them."""
-    if len(full["param_groups"]) != 1:
-        raise UserError("this checkpoint's optimizer has several parameter groups; a pipeline cannot split it")
-    at = {n: i for i, n in enumerate(numbers)}
-    state = {at[int(i)]: v for i, v in full["state"].items() if int(i) in at}
-    return {"state": state, "param_groups": [{**full["param_groups"][0], "params": list(range(len(numbers)))}]}
 
 
 # ---- the weights that stages share ----
@@ -291,9 +279,6 @@ class Pipeline:
                 return self.schedule.eval(target=y)
             self.schedule.eval()
             return None
-
-    def load_optimizer(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        optimizer.load_state_dict(slice_optimizer_state(full, self.param_numbers))
 
     def bubble(self) -> dict[str, Any]:
         """Measured idle fraction of every stage (of this copy) beside the theory, (K-1)/(M+K-1) (collective)."""
