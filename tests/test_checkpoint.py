@@ -219,7 +219,7 @@ def test_a_ddp_worker_carries_on_from_a_step_folder_sent_whole(tmp_path: Path) -
 
     from paratrain.checkpoint import dcp
     from paratrain.config import TrainConfig
-    from paratrain.parallel.strategies.ddp import DDP
+    from paratrain.parallel.strategies.names import DDP
     from paratrain.runtime.dist import DistContext
 
     model, optimizer = _saved_at_step_7(tmp_path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,26 +30,32 @@ def test_the_tower_refuses_compile_in_one_line_and_the_other_strategies_take_it(
 
 def test_fsdp_compiles_each_sharded_block_in_place_and_keeps_the_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forward of each unit is compiled in place (an attribute of the unit: its hooks, where fsdp gathers a
-    block's weights, run around it); the module and its parameters' names are as they were."""
-    from paratrain.parallel.strategies.base import Strategy
-    from paratrain.parallel.strategies.fsdp import FSDP
+    block's weights, run around it); the module and its parameters' names are as they were. Whole copies (ddp)
+    and one worker compile the whole model."""
+    from paratrain.parallel import strategies
+    from paratrain.parallel.layout import Layout
+    from paratrain.parallel.mesh import Mesh
 
     compiled = []
     monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or fn)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     names = [n for n, _ in model.named_parameters()]
-    strategy = FSDP.__new__(FSDP)
-    strategy.module, strategy.cfg = model, config.TrainConfig(strategy="fsdp")
-    strategy.ctx = type("Ctx", (), {"distributed": True})()
-    assert strategy.compiled_units() == [model[0], model[2]]  # the blocks with weights, not the root
-    strategy.compile()
+
+    def strategy(name: str, mesh: Mesh) -> Any:
+        ctx = type("Ctx", (), {"distributed": mesh.workers > 1})()
+        made = strategies.get(name)(ctx, config.TrainConfig(strategy=name), Layout(name, mesh))
+        made.module = model
+        return made
+
+    sharded = strategy("fsdp", Mesh(fsdp=2))
+    assert sharded.compiled_units() == [model[0], model[2]]  # the blocks with weights, not the root
+    sharded.compile()
     assert [fn.__self__ for fn in compiled] == [model[0], model[2]]
     assert "forward" in vars(model[0]) and "forward" not in vars(model)
     assert [n for n, _ in model.named_parameters()] == names and list(model.state_dict()) == [
         "0.weight", "0.bias", "2.weight", "2.bias"]
-    plain = Strategy.__new__(Strategy)
-    plain.module = model
-    assert plain.compiled_units() == [model]  # ddp: the whole model, before DDP wraps it
+    assert strategy("ddp", Mesh(dp=2)).compiled_units() == [model]  # before DDP wraps it
+    assert strategy("fsdp", Mesh()).compiled_units() == [model]  # one worker: the plain model
 
 
 LAYOUTS = {"fsdp": ("--strategy", "fsdp"), "tp": ("--strategy", "tp"),

@@ -19,13 +19,13 @@ if TYPE_CHECKING:
     from .base import Strategy
 
 REGISTRY = {
-    "ddp": "paratrain.parallel.strategies.ddp:DDP",
+    "ddp": "paratrain.parallel.strategies.names:DDP",
     "tower": "paratrain.parallel.strategies.tower:TowerStrategy",
-    "pipeline": "paratrain.parallel.strategies.pipeline:PipelineStrategy",
-    "hybrid": "paratrain.parallel.strategies.pipeline:Hybrid",
-    "fsdp": "paratrain.parallel.strategies.fsdp:FSDP",
-    "hsdp": "paratrain.parallel.strategies.fsdp:HSDP",
-    "tp": "paratrain.parallel.strategies.tp:TensorParallel",
+    "pipeline": "paratrain.parallel.strategies.names:PipelineStrategy",
+    "hybrid": "paratrain.parallel.strategies.names:Hybrid",
+    "fsdp": "paratrain.parallel.strategies.names:FSDP",
+    "hsdp": "paratrain.parallel.strategies.names:HSDP",
+    "tp": "paratrain.parallel.strategies.names:TensorParallel",
 }
 
 

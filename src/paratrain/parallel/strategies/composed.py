@@ -55,6 +55,8 @@ class Composed(Strategy):
         from . import tensor_plan
 
         mesh = layout.mesh
+        if mesh.tp == mesh.pp == 1:  # no layer split, no cut: nothing to check on the model
+            return cfg, layout
         # built as the workers build it (on the CPU, not the meta device: a network of yours may load weights),
         # and a pipeline's cuts count its layers' costs on an example
         model = make_model(cfg, data, parts)
@@ -71,7 +73,6 @@ class Composed(Strategy):
         return pp.staged(cfg, data, parts, model, layout)
 
     # ---- in each worker ----
-
 
     @property
     def batch_share(self) -> tuple[int, int]:
@@ -97,16 +98,19 @@ class Composed(Strategy):
         if mesh.pp > 1:  # a stage hands on whole tensors: the last one's scores gathered for the schedule's loss
             plan = {k: "colwise_rep" if v == "colwise_shard_output" else v for k, v in plan.items()}
         self.split_scores = tensor_plan.splits_output(plan)
-        self.built = device_mesh(mesh, self.ctx.device.type) if self.ctx.distributed else None
+        # (whole copies are DDP's, over the default group: no mesh to build)
+        self.built = device_mesh(mesh, self.ctx.device.type) if self.ctx.distributed and not self.replicated \
+            else None
         self._note_batchnorm(model)
-
-        self._unsharded = None
+        self._unsharded, self.synced_bn, self._last_bucket = None, False, None
 
         def shard(module: nn.Module) -> nn.Module:
-            module = module.to(self.ctx.device)
+            if mesh.tp > 1 or not self.sharded:  # fully_shard moves each shard itself: a GPU never holds the whole
+                module = module.to(self.ctx.device)
             if mesh.tp > 1:
                 module = tensor_plan.apply(module, self.built["tp"], plan)
-            if mesh.fsdp > 1 or (mesh.copies > 1 and mesh.pp == 1):
+            module = self._synchronised(module)
+            if self.sharded:
                 # the EMA's copy, before fsdp shards the copies (its modules refuse deepcopy): average() shards it
                 self._unsharded = copy.deepcopy(module) if self.cfg.ema else None
                 self._shard_copies(module)
@@ -118,6 +122,30 @@ class Composed(Strategy):
             return self.module
         self.module = self.model = shard(model)
         return self.module
+
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP2 shards the copies: over fsdp, and over dp where no pipeline averages the copies itself
+        and the copies are not whole (`replicated`: DDP's, wrap)."""
+        mesh = self.dims()
+        return mesh.fsdp > 1 or (mesh.copies > 1 and mesh.pp == 1 and not self.replicated)
+
+    @property
+    def _cast_by_fsdp(self) -> bool:
+        """Whether FSDP2's policy casts the gathered weights (--precision bf16 on fsdp and hsdp alone); with tp or
+        pp, the forward runs under autocast with fp32 weights, as one device's does."""
+        mesh = self.dims()
+        return self.sharded and mesh.tp == mesh.pp == 1 and self.cfg.precision in ("bf16", "float8")
+
+    def _synchronised(self, module: nn.Module) -> nn.Module:
+        """--batchnorm sync over the copies of a model that no pipeline cuts (each BatchNorm layer normalising over
+        the global batch, as one device would)."""
+        from ...features.batchnorm import has_batchnorm, synchronise
+
+        if self.ctx.distributed and self.dims().pp == 1 and self.cfg.batchnorm == "sync" and has_batchnorm(module):
+            self.synced_bn = True
+            return synchronise(module, self.ctx.device)
+        return module
 
     def _note_batchnorm(self, model: nn.Module) -> None:
         """A pipeline with --batchnorm local normalises each micro-batch: said once, where the model has BatchNorm
@@ -131,11 +159,14 @@ class Composed(Strategy):
                   "BatchNorm layers over one micro-batch, so the run does not equal one device", flush=True)
 
     def compiled_units(self) -> list[nn.Module]:
-        """A stage's module where the mesh has a pipeline; else each top-level block (its tensor-parallel layers'
-        redistributions traced with it, its fsdp hooks over the copies outside)."""
+        """A stage's module where the mesh has a pipeline; else, where the model is split or sharded, each block
+        (its tensor-parallel layers' redistributions traced with it, its fsdp hooks, which gather and free its
+        weights, outside, as torchtitan compiles); one worker's plain model whole."""
         from .fsdp import blocks
 
-        return [self.module] if self.dims().pp > 1 else blocks(self.module, self.cfg.shard_modules)
+        if self.dims().pp > 1 or not (self.sharded or self.dims().tp > 1):
+            return [self.module]
+        return blocks(self.module, self.cfg.shard_modules)
 
     def compile(self) -> None:
         """As every strategy compiles; where a compiled unit holds collectives (tensor parallelism's; fsdp's inside a
@@ -165,16 +196,23 @@ class Composed(Strategy):
                         shard, autocast_dtype(cfg.precision), cfg.accumulate, copies_reduced=mesh.fsdp > 1)
 
     def _shard_copies(self, module: nn.Module) -> None:
-        """FSDP2 over the copies (HSDP where there are whole copies too): each block, then the root."""
-        from torch.distributed.fsdp import fully_shard
+        """FSDP2 over the copies (HSDP where there are whole copies too): each block (--shard-modules, or the
+        model's), then the root; a shard held in CPU memory under --cpu-offload."""
+        import torch
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         from ..mesh import data_mesh
         from .fsdp import shard_units
 
-        over = data_mesh(self.dims(), self.built)
-        for unit in shard_units(module, self.cfg.shard_modules):
-            fully_shard(unit, mesh=over)
-        fully_shard(module, mesh=over, reshard_after_forward=False)
+        cfg, options = self.cfg, {"mesh": data_mesh(self.dims(), self.built)}
+        if self._cast_by_fsdp:  # weights gathered in bf16, gradients reduced in fp32
+            options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if cfg.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy()
+        for unit in shard_units(module, cfg.shard_modules):
+            fully_shard(unit, reshard_after_forward=cfg.reshard_after_forward, **options)
+        # the root's own weights are needed again at once by the backward: never freed after its forward
+        fully_shard(module, reshard_after_forward=False, **options)
 
     def _loss_of(self, loss: Any) -> Callable:
         """The loss on split scores computed on the shards (loss_parallel), on whole ones as it is."""
@@ -194,13 +232,15 @@ class Composed(Strategy):
         if self.dims().pp > 1:
             loss, logits = self.stage.step(x, y)
         else:
-            if self.dims().copies > 1:  # --accumulate: gradients reduce-scattered only in the last micro-batch
+            if self.sharded:  # --accumulate: gradients reduce-scattered only in the last micro-batch
                 self.module.set_requires_gradient_sync(sync)
-            with self._autocast():
-                logits = self.model(x)
-            with self._parallel_loss():
-                loss = self.loss(logits.float(), y)
-                backward(loss)
+            # DDP all-reduces in the backward; no_sync leaves the gradients to accumulate locally
+            with self.model.no_sync() if self.wrapped and not sync else contextlib.nullcontext():
+                with self._autocast():
+                    logits = self.model(x)
+                with self._parallel_loss():
+                    loss = self.loss(logits.float(), y)
+                    backward(loss)
         if loss is None:  # a pipeline's stage before the last
             return None, None
         # the step's figures read a loss and, for class scores, their argmax: a sequence's split scores stay
@@ -209,6 +249,29 @@ class Composed(Strategy):
 
         loss, logits = _whole(loss), _whole(logits) if logits.dim() == 2 else local(logits)
         return (loss, logits) if self.reports else (None, None)
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether DDP runs the whole copies (wrap)."""
+        return self.replicated and self.ctx.distributed
+
+    def wrap(self) -> None:
+        """Whole copies on several workers: DDP (it broadcasts rank 0's weights, then averages every gradient);
+        the bare model on one worker, where an all-reduce would only cost time."""
+        if self.wrapped:
+            from .dp import wrap
+
+            self.model, self._last_bucket = wrap(self.module, self.ctx, self.synced_bn)
+
+    def gradients_ready_at(self) -> float | None:
+        last = self._last_bucket  # DDP's hook, where it runs on the CPU
+        if last is None:
+            return None
+        ready, last.ready = last.ready, None
+        return ready
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self._cast_by_fsdp else super()._autocast()
 
     def _parallel_loss(self) -> contextlib.AbstractContextManager:
         from torch.distributed.tensor.parallel import loss_parallel
@@ -231,64 +294,18 @@ class Composed(Strategy):
         if self.dims().pp > 1:
             with timer.phase("allreduce" if self.allreduce_timed else "compute"):
                 self.stage.reduce_gradients()
+        elif self.wrapped:
+            timer.allreduce_gradients(self.module)  # --time-phases: the all-reduce DDP was told to skip
 
     def clip_grad_norm(self, max_norm: float) -> None:
-        mesh = self.dims()
-        if mesh.pp > 1 and mesh.tp == mesh.fsdp == 1:
-            self._clip_over_stages(max_norm)
-        else:
-            self._clip_held(max_norm)
+        from .clipping import clip_grad_norm
 
-    def _clip_over_stages(self, max_norm: float) -> None:
-        """The norm over every stage's gradients (each stage's squared norm summed over its copy's stages), each
-        scaled by torch's clip_grad_norm_ rule with it (every copy's gradients are averaged already)."""
-        import torch
-        import torch.distributed as dist
-        from torch.nn.utils import clip_grads_with_norm_, get_total_norm
-
-        parameters = [p for p in self.module.parameters() if p.grad is not None]
-        counted = [p.grad for p in self.stage.counted_here(parameters)]
-        squares = get_total_norm(counted).to(self.ctx.device, torch.float32).square() \
-            if counted else torch.zeros((), dtype=torch.float32, device=self.ctx.device)
-        dist.all_reduce(squares, group=self.stage.pp_group)
-        clip_grads_with_norm_(parameters, max_norm, squares.sqrt())
-
-    def _clip_held(self, max_norm: float) -> None:
-        """torch's clip_grad_norm_ rule over the whole model's gradients, which here are DTensors (split by the
-        plan, sharded over the copies, on several meshes) and plain tensors (the layers the plan leaves whole)
-        that no one norm takes together. Each worker sums the squares of what it holds, each divided by the
-        workers that hold the same elements (a copy's other stages hold none of them); one all-reduce of those
-        sums gives every worker the same total, so every worker scales alike. (A DTensor's own norm, made whole
-        over a 2-D mesh, is two all-reduces whose order may differ between ranks.)"""
-        import math
-
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor, Replicate
-
-        stage_workers = self.ctx.world_size // self.dims().pp
-        held = [p for p in self.module.parameters() if p.grad is not None]
-        grads = [p.grad for p in held]
-        squares = torch.zeros((), dtype=torch.float64, device=self.ctx.device)
-        for grad in (p.grad for p in (held if self.dims().pp == 1 else self.stage.counted_here(held))):
-            if isinstance(grad, DTensor):
-                mesh = grad.device_mesh
-                holders = stage_workers // mesh.size() * math.prod(
-                    mesh.size(i) for i, p in enumerate(grad.placements) if isinstance(p, Replicate))
-                grad = grad.to_local()
-            else:
-                holders = stage_workers
-            squares += grad.double().square().sum() / holders
-        if self.ctx.distributed:
-            dist.all_reduce(squares)
-        scale = min(max_norm / (math.sqrt(float(squares)) + 1e-6), 1.0)
-        for grad in grads:
-            grad.mul_(scale)
+        clip_grad_norm(self.module, max_norm, self.dims(), self.ctx, getattr(self, "stage", None))
 
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
                  flip: bool, meter: Any = None) -> tuple[float, float]:
-        """Each copy evaluates its share (every tp worker of it alike: each forward is a collective), and one
-        worker a copy counts it."""
+        """Each copy evaluates its share (every tp worker of it alike; in lockstep where each forward is a
+        collective), and one worker a copy counts it."""
         from ...optimization.evaluation import evaluate_share, totals
 
         if self.dims().pp > 1:
@@ -296,7 +313,8 @@ class Composed(Strategy):
         else:
             which, of = self.batch_share
             view = dataclasses.replace(self.ctx, rank=which, world_size=of)
-            sums = evaluate_share(_Gathered(self.module), pair, prep, view, batch_size, loss, flip, meter)
+            sums = evaluate_share(_Gathered(self.module), pair, prep, view, batch_size, loss, flip, meter,
+                                  lockstep=self.lockstep)
         return totals(sums if self.reports else sums.zero_(), self.ctx)
 
     def average(self, decay: float) -> AveragedModel:
@@ -307,58 +325,39 @@ class Composed(Strategy):
 
     def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
                          batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
-        """The weight average through `evaluate` (its scores split as the model's: its own loss)."""
+        """The weight average through `evaluate` where a pipeline or tensor parallelism runs it (through the
+        schedule; its scores split as the model's); else the average, sharded as the model is, evaluates itself."""
+        if self.dims().pp == self.dims().tp == 1:
+            return super().evaluate_average(ema, pair, prep, batch_size, loss, flip, meter)
         return self._evaluate_average_in_place(ema, pair, prep, batch_size, loss, flip, meter)
 
     def aliases(self) -> dict[str, str]:
         return self.stage.aliases if self.dims().pp > 1 else {}
 
     def load(self, saved: dict) -> None:
-        if "sharded" in saved:
+        if "sharded" in saved or self.replicated:  # (a whole copy: the whole file, checked to fit)
             super().load(saved)
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        if not self.reads_whole_files:
+            written = saved["config"].get("strategy", "ddp")
+            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole-model file (an "
+                            f"earlier release's --strategy {written}), which --strategy {self.cfg.strategy} does not "
+                            "read; carry it on with ddp, tower or pipeline, or start a new run under --strategy "
+                            f"{self.cfg.strategy}")
+        from .whole_files import load_part
 
-        names = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
-        mine = {k: v for k, v in saved["model"].items() if k in names}  # a stage's part of the whole model
-        missing = [n for n in self.module.state_dict() if n not in mine]
-        if missing:
-            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} has no {missing[0]} (and "
-                            f"{len(missing) - 1} more of this worker's tensors): it is another model's; start a "
-                            "new run, or resume with the options of the run that wrote it")
-        set_model_state_dict(self.module, mine, options=StateDictOptions(full_state_dict=True, strict=False))
+        load_part(self.module, saved, self.cfg.resume or self.cfg.out)
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
-        if "sharded" in saved:
+        if "sharded" in saved or self.replicated:  # (a whole copy takes a whole file's state as it is)
             super().restore(optimizer, ema, saved)  # the weight average's part too, split as the weights
             return
-        # an earlier release's whole-model file (ddp's, one device's): its state by parameter number, named here
-        # as the whole model names them, of which this worker loads what it holds (split by set_optimizer_state_dict)
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        # an earlier release's whole-model file (ddp's, one device's): of which this worker loads what it holds
+        from .whole_files import restore_part
 
-        full = saved["optimizer"]
-        if len(full["param_groups"]) != 1:
-            raise UserError(f"this checkpoint's optimizer has several parameter groups; --strategy {self.cfg.strategy} "
-                            "cannot read it: carry it on under its own strategy")
-        # the whole model's parameter numbers of what this worker holds (a stage's by number: its half of a shared
-        # weight has the number of the model's first name)
-        mine = [n for n, _ in self.module.named_parameters()]
         at = {n: i for i, n in enumerate(self.names)}
-        numbers = self.stage.param_numbers if self.dims().pp > 1 else [at[n] for n in mine]
-        named = dict(zip(numbers, mine, strict=True))
-        state = {named[int(i)]: v for i, v in full["state"].items() if int(i) in named}
-        group = {**full["param_groups"][0], "params": mine}
-        set_optimizer_state_dict(self.module, optimizer, {"state": state, "param_groups": [group]},
-                                 options=StateDictOptions(full_state_dict=True, strict=False))
-        if ema is not None and "ema_model" in saved:  # the whole average's, "module."-named: what this worker holds
-            held = dict(ema.module.state_dict())
-            average = {k.removeprefix("module."): v for k, v in saved["ema_model"].items()}
-            set_model_state_dict(ema.module, {k: v for k, v in average.items() if k in held},
-                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        numbers = self.stage.param_numbers if self.dims().pp > 1 else [at[n] for n, _ in self.module.named_parameters()]
+        restore_part(self.module, optimizer, ema, saved, numbers, self.cfg.strategy)
 
     def summary(self) -> dict[str, Any]:
         pipeline = None
