@@ -70,9 +70,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 def check_sampler(sampler: str, strategy: str | None, samplers: tuple[str, ...]) -> None:
     """--sampler picks how trials are chosen; --strategy is each trial's parallelism (it once meant the
     sampler here)."""
-    from ..parallel.strategies import REGISTRY
-
-    NAMES = tuple(REGISTRY)  # noqa: N806
+    from ..config import STRATEGIES as NAMES  # noqa: N811
     if strategy is not None and strategy not in NAMES:
         if strategy in samplers:
             raise UserError(f"the search's sampler is --sampler {strategy}; --strategy is each trial's parallelism "

@@ -1,32 +1,22 @@
-"""How a model is spread over the workers: one module per strategy, each a subclass of base.Strategy.
-Which examples each worker takes of a global batch lives in data/batches.py.
+"""How a model is spread over the workers: the layouts by name (--strategy), each a class of base.Strategy.
+Every mesh's workers run through one composition (composed.py); the names of meshes and their rules before
+launch are in names.py, the tower (one process driving several devices) in tower.py. Which examples each worker
+takes of a global batch lives in data/batches.py.
 
-The registry names each strategy's class by import path, so choosing `ddp` never imports the pipeline
-machinery; config/fields.py lists the names (STRATEGIES) without knowing the strategies. What a layout allows
-or needs is declared on its class (base.Strategy's capabilities), and asked by the code outside parallel/.
+No module here imports torch at import time (the launching process checks a run without it: the pipeline
+machinery and the rest are imported where a worker needs them); config/fields.py lists the names
+(STRATEGIES) without knowing the strategies. What a layout allows or needs is declared on its class
+(base.Strategy's capabilities), and asked by the code outside parallel/.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
-
-from ...config import STRATEGIES
 
 if TYPE_CHECKING:
     from ...config import TrainConfig
     from ...data import Splits
     from .base import Strategy
-
-REGISTRY = {
-    "ddp": "paratrain.parallel.strategies.names:DDP",
-    "tower": "paratrain.parallel.strategies.tower:TowerStrategy",
-    "pipeline": "paratrain.parallel.strategies.names:PipelineStrategy",
-    "hybrid": "paratrain.parallel.strategies.names:Hybrid",
-    "fsdp": "paratrain.parallel.strategies.names:FSDP",
-    "hsdp": "paratrain.parallel.strategies.names:HSDP",
-    "tp": "paratrain.parallel.strategies.names:TensorParallel",
-}
 
 
 def checked(cfg: TrainConfig) -> TrainConfig:
@@ -96,11 +86,10 @@ def _layout_options_unread(cfg: TrainConfig) -> list[str]:
 
 
 def get(name: str) -> type[Strategy]:
-    """The strategy class registered as `name`."""
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The layout class named `name`."""
+    from .names import LAYOUTS
+
+    return LAYOUTS[name]
 
 
-assert tuple(REGISTRY) == STRATEGIES, "config.STRATEGIES names the strategies registered here, in order"
-
-__all__ = ["REGISTRY", "carried_to", "checked", "get", "unread_options"]
+__all__ = ["carried_to", "checked", "get", "unread_options"]

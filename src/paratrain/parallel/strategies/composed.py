@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.errors import UserError
 from ...features.precision import autocast_dtype
-from . import pp
 from .base import Strategy
+from .pp import staged
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +52,7 @@ class Composed(Strategy):
         """The plan and the sizes checked before any process starts; a pipeline's cuts resolved."""
         from ...components.build import make_model
         from ..mesh import check_model
-        from . import tensor_plan
+        from .tensor_plan import check_splits, plan_of, shape
 
         mesh = layout.mesh
         if mesh.tp == mesh.pp == 1:  # no layer split, no cut: nothing to check on the model
@@ -61,16 +61,16 @@ class Composed(Strategy):
         # and a pipeline's cuts count its layers' costs on an example
         model = make_model(cfg, data, parts)
         if mesh.tp > 1:  # (a mesh of fsdp and pp alone splits no layer: it needs no plan)
-            plan = tensor_plan.plan_of(model, cfg.tp_plan)
-            check_model(mesh, tensor_plan.shape(model))  # the heads first: the size a user chose
-            tensor_plan.check_splits(model, plan, mesh.tp)
+            plan = plan_of(model, cfg.tp_plan)
+            check_model(mesh, shape(model))  # the heads first: the size a user chose
+            check_splits(model, plan, mesh.tp)
         if mesh.pp == 1:
             return cfg, layout
         shared = len(list(model.named_parameters(remove_duplicate=False))) > len(list(model.parameters()))
         if shared and mesh.tp > 1:  # the two ends would hold the weight split two ways (the head's, the embedding's)
             raise UserError(f"--mesh {mesh.text()}: this model's embedding and head share one weight, which tp and pp "
                             "together do not split alike yet; leave tp or pp out of the mesh")
-        return pp.staged(cfg, data, parts, model, layout)
+        return staged(cfg, data, parts, model, layout)
 
     # ---- in each worker ----
 
@@ -90,14 +90,14 @@ class Composed(Strategy):
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
         from ..mesh import device_mesh
-        from . import tensor_plan
+        from .tensor_plan import apply, plan_of, splits_output
 
         self.loss, mesh = loss, self.dims()
         self.names = [n for n, _ in model.named_parameters()]  # a whole-model optimizer state's order (restore)
-        plan = tensor_plan.plan_of(model, self.cfg.tp_plan) if mesh.tp > 1 else {}
+        plan = plan_of(model, self.cfg.tp_plan) if mesh.tp > 1 else {}
         if mesh.pp > 1:  # a stage hands on whole tensors: the last one's scores gathered for the schedule's loss
             plan = {k: "colwise_rep" if v == "colwise_shard_output" else v for k, v in plan.items()}
-        self.split_scores = tensor_plan.splits_output(plan)
+        self.split_scores = splits_output(plan)
         # (whole copies are DDP's, over the default group: no mesh to build)
         self.built = device_mesh(mesh, self.ctx.device.type) if self.ctx.distributed and not self.replicated \
             else None
@@ -108,7 +108,7 @@ class Composed(Strategy):
             if mesh.tp > 1 or not self.sharded:  # fully_shard moves each shard itself: a GPU never holds the whole
                 module = module.to(self.ctx.device)
             if mesh.tp > 1:
-                module = tensor_plan.apply(module, self.built["tp"], plan)
+                module = apply(module, self.built["tp"], plan)
             module = self._synchronised(module)
             if self.sharded:
                 # the EMA's copy, before fsdp shards the copies (its modules refuse deepcopy): average() shards it

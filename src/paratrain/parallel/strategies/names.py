@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...config import STRATEGIES
 from ...core.errors import UserError
 from ..mesh import Mesh, elsewhere, for_run, parse
 from .composed import Composed
 from .pp import check_microbatches, refuse_in_pipeline
+from .tower import TowerStrategy
 
 if TYPE_CHECKING:
     from ...components.parts import Parts
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from ...runtime.devices import Hardware
     from ...runtime.env import Environment
     from ..layout import Layout
+    from .base import Strategy
 
 
 class DDP(Composed):
@@ -198,3 +201,10 @@ class TensorParallel(Composed):
     @classmethod
     def mesh_of(cls, cfg: TrainConfig, workers: int, env: Environment) -> Mesh:
         return for_run(cfg, workers)
+
+
+# Every layout by its name, in config.STRATEGIES's order (the flag's choices, which config lists without knowing
+# the layouts): a new one is a class above and its name there.
+LAYOUTS: dict[str, type[Strategy]] = {c.name: c for c in (DDP, TowerStrategy, PipelineStrategy, Hybrid, FSDP, HSDP,
+                                                          TensorParallel)}
+assert tuple(LAYOUTS) == STRATEGIES, "config.STRATEGIES names the layouts of names.LAYOUTS, in order"
