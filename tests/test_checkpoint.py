@@ -212,6 +212,32 @@ def test_a_step_folder_is_sent_whole_to_a_rank_whose_disk_lacks_it(monkeypatch: 
     assert whole["optimizer"]["param_groups.weight.lr"] == optimizer.param_groups[0]["lr"]
 
 
+def test_a_workers_part_of_an_earlier_releases_whole_model_file_is_read_by_name_or_refused_in_one_line() -> None:
+    """A worker that holds a part of the model (here tensor parallelism's one worker, through the composition's
+    path for parts) takes its weights out of an earlier release's whole-model file by name; a file of a model
+    built with another width is refused in one line that names the option, as a whole copy's is."""
+    from torch import nn
+
+    from paratrain.config import TrainConfig
+    from paratrain.parallel.layout import Layout
+    from paratrain.parallel.mesh import Mesh
+    from paratrain.runtime.dist import DistContext
+
+    def net(width: int) -> nn.Module:
+        torch.manual_seed(width)
+        return nn.Sequential(nn.Linear(2, width), nn.ReLU(), nn.Linear(width, 3))
+
+    strategy = strategies.get("tp")(DistContext(0, 1, torch.device("cpu"), None),
+                                    TrainConfig(strategy="tp", width=8, resume="old-run"), Layout("tp", Mesh()))
+    strategy.module = net(8)
+    with pytest.raises(UserError, match=r"checkpoint old-run holds a mlp built with width 4; resume it without "
+                                        r"changing --width"):
+        strategy.load({"model": net(4).state_dict(), "config": {"model": "mlp", "width": 4}})
+    strategy.module = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))  # other initial weights
+    strategy.load({"model": net(8).state_dict(), "config": {"model": "mlp", "width": 8}})
+    assert all(torch.equal(v, net(8).state_dict()[k]) for k, v in strategy.module.state_dict().items())
+
+
 def test_a_ddp_worker_carries_on_from_a_step_folder_sent_whole(tmp_path: Path) -> None:
     """What a rank whose disk lacks the folder was sent (agree): its weights and optimizer state loaded as from
     the folder, without reading it."""

@@ -3,10 +3,10 @@ Every mesh's workers run through one composition (composed.py); the names of mes
 launch are in names.py, the tower (one process driving several devices) in tower.py. Which examples each worker
 takes of a global batch lives in data/batches.py.
 
-No module here imports torch at import time (the launching process checks a run without it: the pipeline
-machinery and the rest are imported where a worker needs them); config/fields.py lists the names
-(STRATEGIES) without knowing the strategies. What a layout allows or needs is declared on its class
-(base.Strategy's capabilities), and asked by the code outside parallel/.
+The names, the composition and the pipeline's checks (names.py, composed.py, pp.py, tower.py) import no torch
+at import time (the launching process checks a run without it); the rest is imported where a worker needs it.
+config/fields.py lists the names (STRATEGIES) without knowing the strategies. What a layout allows or needs is
+declared on its class (base.Strategy's capabilities), and asked by the code outside parallel/.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ through torch.distributed.checkpoint, a step folder), `load`/`restore` read what
 `evaluate`/`clip_grad_norm` run or reduce across workers where needed (a pipeline evaluates through its
 schedule; no strategy gathers the whole model, but for the weight histograms: `whole_parameters`).
 A pipeline's stage averages its own layers (--ema) and evaluates the average through the schedule.
-Adding a strategy: a module with a subclass, and one line in strategies/__init__.py.
+Every mesh's workers run through one subclass (composed.py), the tower through its own (tower.py); a new name for a
+mesh is a class in names.py (its rules before launch) and its name in config.STRATEGIES.
 """
 
 from __future__ import annotations

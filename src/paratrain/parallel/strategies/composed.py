@@ -2,14 +2,16 @@
 stages where pp > 1 (stages.py, at the cut points resolved before launch: pp.py), each block's heads and hidden
 units split over the tp workers (DTensor's parallelize_module, by tensor_plan.py's plan), then the copies
 sharded: FSDP2 over (dp, fsdp) of each stage (copies on dp alone under a pipeline: the pipeline averages their
-gradients, and adds a shared weight's). Each step is a function of its dimension and does nothing where that
-dimension is 1. The names tp, pipeline and hybrid (tp.py, pipeline.py) are meshes run by this class.
+gradients, and adds a shared weight's), or, whole copies, DDP's (dp.py, once their state is restored). Each
+step is a function of its dimension and does nothing where that dimension is 1. Every name --strategy takes but
+the tower's is a mesh run by this class (names.py).
 
 Every tp worker of a copy takes the same examples (batch_share is the copy's), computes the same loss and
 draws the same dropout masks; one of them (tp rank 0, on the last stage) reports the loss and the evaluation's
 sums, so that the figures are summed over copies as data parallelism sums them. Where the head's scores stay
 split (the gpt's), the loss is computed on the shards (torch's loss_parallel): no worker gathers the vocabulary.
-Checkpoints are sharded (torch.distributed.checkpoint): any mesh, and one device, reads any other's.
+Checkpoints are step folders (torch.distributed.checkpoint), each worker writing its part (rank 0 alone for whole
+copies): any mesh, and one device, reads any other's.
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ class Composed(Strategy):
         self._unsharded, self.synced_bn, self._last_bucket = None, False, None
 
         def shard(module: nn.Module) -> nn.Module:
-            if mesh.tp > 1 or not self.sharded:  # fully_shard moves each shard itself: a GPU never holds the whole
+            # fully_shard moves each shard to the device itself: where no layer is split, the whole model stays on
+            # the CPU (a stage is on the device already: stages.Pipeline)
+            if mesh.tp > 1 or not self.sharded:
                 module = module.to(self.ctx.device)
             if mesh.tp > 1:
                 module = apply(module, self.built["tp"], plan)
@@ -138,11 +142,12 @@ class Composed(Strategy):
         return self.sharded and mesh.tp == mesh.pp == 1 and self.cfg.precision in ("bf16", "float8")
 
     def _synchronised(self, module: nn.Module) -> nn.Module:
-        """--batchnorm sync over the copies of a model that no pipeline cuts (each BatchNorm layer normalising over
-        the global batch, as one device would)."""
+        """--batchnorm sync over the copies of a model that no pipeline cuts and no tp splits (each BatchNorm layer
+        normalising over the global batch, as one device would; a tp worker would count its copy's examples again)."""
         from ...features.batchnorm import has_batchnorm, synchronise
 
-        if self.ctx.distributed and self.dims().pp == 1 and self.cfg.batchnorm == "sync" and has_batchnorm(module):
+        mesh = self.dims()
+        if self.ctx.distributed and mesh.pp == mesh.tp == 1 and self.cfg.batchnorm == "sync" and has_batchnorm(module):
             self.synced_bn = True
             return synchronise(module, self.ctx.device)
         return module
@@ -346,7 +351,7 @@ class Composed(Strategy):
                             f"{self.cfg.strategy}")
         from .whole_files import load_part
 
-        load_part(self.module, saved, self.cfg.resume or self.cfg.out)
+        load_part(self.module, saved, self.cfg.resume or self.cfg.out, self.cfg.to_dict())
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:
         if "sharded" in saved or self.replicated:  # (a whole copy takes a whole file's state as it is)

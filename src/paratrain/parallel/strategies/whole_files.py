@@ -23,17 +23,19 @@ if TYPE_CHECKING:
 WHOLE = StateDictOptions(full_state_dict=True, strict=False)
 
 
-def load_part(module: nn.Module, saved: dict, where: str) -> None:
-    """The weights of `module` (this worker's part) from the file's whole model; one line where the file lacks
-    one of them (another model's)."""
-    names = dict(module.named_parameters()) | dict(module.named_buffers())
-    mine = {k: v for k, v in saved["model"].items() if k in names}  # a stage's part of the whole model
-    missing = [n for n in module.state_dict() if n not in mine]
-    if missing:
-        raise UserError(f"the checkpoint in {where} has no {missing[0]} (and {len(missing) - 1} more of this "
-                        "worker's tensors): it is another model's; start a new run, or resume with the options of "
-                        "the run that wrote it")
-    set_model_state_dict(module, mine, options=WHOLE)
+def load_part(module: nn.Module, saved: dict, where: str, options: dict[str, Any]) -> None:
+    """The weights of `module` (this worker's part) from the file's whole model; one line where they do not fit
+    (files.not_fitting: the model options changed since, or another network's), as for a whole copy."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from ...checkpoint import dcp
+    from ...checkpoint import files as checkpoint
+
+    shapes = {k: v.shape for k, v in get_model_state_dict(module).items()}  # a DTensor's: the whole tensor's
+    held = {k: v.shape for k, v in saved["model"].items()}
+    if detail := dcp.misfit(held, shapes):
+        raise checkpoint.not_fitting(saved, where, options, detail)
+    set_model_state_dict(module, {k: saved["model"][k] for k in shapes}, options=WHOLE)
 
 
 def restore_part(module: nn.Module, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict,
