@@ -335,8 +335,10 @@ def test_when_no_checkpoint_loads_the_error_says_so_in_one_line(tmp_path: Path) 
     for path in (tmp_path / "checkpoints").glob("step-*"):
         _truncate(path)
     with pytest.raises(UserError, match=r"no checkpoint in .*checkpoints loads: checkpoint .*step-00000020 is "
-                                        r"incomplete.*\(and 1 other checkpoint\(s\) there\)"):
+                                        r"incomplete.*\(and 1 other checkpoint\(s\) there\); start a new run, or "
+                                        r"restore its checkpoints from a copy$") as refused:
         checkpoint.load(tmp_path)
+    assert "use another one" not in str(refused.value)  # none is left to use
 
 
 def test_two_step_checkpoints_are_kept_by_default() -> None:

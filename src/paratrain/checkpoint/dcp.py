@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..core.errors import UserError
+from ..core.errors import Unreadable, UserError
 from ..core.outputs import writing
 from .background import Background, staged
 from .run_folder import step_checkpoints
@@ -226,8 +226,8 @@ def _metadata(path: Path) -> Any:
     try:
         return dcp.FileSystemReader(str(path)).read_metadata()
     except Exception as e:  # noqa: BLE001 (a truncated or foreign .metadata fails in many ways)
-        raise UserError(f"checkpoint {path} is unreadable (its .metadata: {type(e).__name__}: "
-                        f"{' '.join(str(e).split())[:120]}); use another one") from None
+        raise Unreadable(f"checkpoint {path} is unreadable (its .metadata: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:120]})") from None
 
 
 def check_complete(path: Path) -> Any:
@@ -243,7 +243,7 @@ def check_complete(path: Path) -> Any:
         except OSError:
             size = -1
         if size < end:
-            raise UserError(f"checkpoint {path} is incomplete ({name} is missing or cut short); use another one")
+            raise Unreadable(f"checkpoint {path} is incomplete ({name} is missing or cut short)")
     return metadata
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..core.errors import UserError
+from ..core.errors import Unreadable, UserError
 from ..core.outputs import writing
 from ..core.run_paths import RunPaths
 from . import dcp
@@ -59,19 +59,18 @@ def newest_loadable(folder: str | Path, whole: bool = True, say: bool = True) ->
     for path in _newest_first(folder):
         try:
             state = load(path, whole)
-        except UserError as e:
-            skipped.append((path, str(e)))
+        except UserError as e:  # (the reason alone, where the error says it apart from its advice)
+            skipped.append((path, e.reason if isinstance(e, Unreadable) else str(e)))
             continue
         if skipped and say:
             names = ", ".join(p.name for p, _ in skipped)
-            # the reason, less its advice to the user ("use another one"): this line says which one is used
-            why = skipped[0][1].removesuffix("; use another one").removesuffix(": use another one")
-            print(f"paratrain: skipped {names} in {folder} ({why}); using {path.name}, step "
+            print(f"paratrain: skipped {names} in {folder} ({skipped[0][1]}); using {path.name}, step "
                   f"{state['step']}", file=sys.stderr, flush=True)
         return state
     if skipped:
         more = f" (and {len(skipped) - 1} other checkpoint(s) there)" if len(skipped) > 1 else ""
-        raise UserError(f"no checkpoint in {folder} loads: {skipped[0][1]}{more}")
+        raise UserError(f"no checkpoint in {folder} loads: {skipped[0][1]}{more}; start a new run, or restore "
+                        "its checkpoints from a copy")
     return None
 
 
@@ -105,8 +104,8 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
                         "run directory that has one, a step checkpoint or a .pt file")
     is_sharded = dcp.is_sharded(path)
     if path.is_dir() and not is_sharded:
-        raise UserError(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is missing); "
-                        "use another one")
+        raise Unreadable(f"checkpoint {path} is not a whole sharded checkpoint (its .metadata or meta.pt is "
+                         "missing)")
     if not path.is_file() and not is_sharded:
         raise UserError(f"checkpoint {path} does not exist; pass a run directory, a step checkpoint "
                         "or a .pt file that exists")
@@ -114,7 +113,7 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
         with open(path / dcp.META if is_sharded else path, "rb") as f:  # opened once: checked and loaded alike
             state = _load_open(f, path)
     except OSError as e:  # removed while being read (a pruning, a search tidying its trials)
-        raise UserError(f"checkpoint {path} is unreadable ({e.strerror or e}); use another one") from None
+        raise Unreadable(f"checkpoint {path} is unreadable ({e.strerror or e})") from None
     needed = [k for k in REQUIRED if not (is_sharded and k in dcp.TENSORS)]
     if isinstance(state, dict) and state and all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path} holds weights alone (a state dict, as paratrain export writes it), without the "
@@ -135,8 +134,8 @@ def load(path: str | Path, whole: bool = True) -> dict[str, Any]:
 
 def _load_open(f: Any, path: Path) -> Any:
     if not zipfile.is_zipfile(f):  # torch.save writes a zip archive; anything else is damaged or foreign
-        raise UserError(f"checkpoint {path} is unreadable: it is not a torch checkpoint (damaged, or another "
-                        "kind of file); use another one")
+        raise Unreadable(f"checkpoint {path} is unreadable: it is not a torch checkpoint (damaged, or another "
+                         "kind of file)")
     f.seek(0)
     try:
         return torch.load(f, map_location="cpu", weights_only=True)
@@ -146,8 +145,8 @@ def _load_open(f: Any, path: Path) -> Any:
                         "only load checkpoints you trust, written by paratrain") from None
     except Exception as e:  # torch.load on a damaged file fails in many ways; all mean "unreadable"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"checkpoint {path} is unreadable ({first[:160]}); it is truncated or not a "
-                        "torch checkpoint: use another one") from None
+        raise Unreadable(f"checkpoint {path} is unreadable ({first[:160]}); it is truncated or not a "
+                         "torch checkpoint") from None
 
 
 def agree(ctx: Any, local: dict[str, Any] | None, error: str | None,

@@ -11,6 +11,16 @@ class UserError(Exception):
         self.code = code
 
 
+class Unreadable(UserError):
+    """A checkpoint that cannot be read (cut short, damaged, another kind of file): `reason` says why, apart from
+    the advice to use another one, so that a caller that falls back on another one by itself (or finds none left)
+    says the reason alone, with its own words of what happens or what to do."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}; use another one")
+        self.reason = reason
+
+
 class NeedsFactory(UserError):
     """A checkpoint of a network of the user's was asked for without the factory that builds it: each caller
     says how to give it in its own terms (model=make_net in Python, --model FILE.py:FACTORY on the command line)."""
