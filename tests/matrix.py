@@ -39,8 +39,8 @@ LAYOUTS: dict[str, tuple[dict, str]] = {
 }
 # name: (the configuration's fields, the flag, what an equal cell compares the run with)
 FEATURES: dict[str, tuple[dict, str, str]] = {
-    "compile": ({"compile": True}, "`--compile`", "the same layout uncompiled (fsdp, tp, pipeline) or one device "
-                "uncompiled (the others)"),
+    "compile": ({"compile": True}, "`--compile`", "the same layout uncompiled (fsdp) or one device uncompiled "
+                "(the others)"),
     "activation checkpointing": ({"activation_checkpointing": "full"}, "`--activation-checkpointing full`",
                                  "one device without it"),
     "bf16": ({"precision": "bf16"}, "`--precision bf16`", "one device in bf16"),
