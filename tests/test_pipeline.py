@@ -247,6 +247,10 @@ def test_a_pipelines_weight_average_carries_on_bit_for_bit(tmp_path: Path, corpu
     assert max_abs_diff(weights(tmp_path / "pipeline"), weights(tmp_path / "cut")) == 0.0
     averages = [checkpoint.load(tmp_path / run)["ema_model"] for run in ("pipeline", "cut")]
     assert max_abs_diff(*averages) == 0.0
+    # carried on again at its last step, it trains nothing and evaluates: no bubble measured, and no NaN written
+    again = train_here(tmp_path / "cut", "--resume", str(tmp_path / "cut"), "--steps", "20")
+    assert again["pipeline"]["bubble"]["measured_mean"] is None
+    json.loads((tmp_path / "cut" / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
 
 
 @pytest.mark.integration

@@ -145,7 +145,7 @@ def write_report(report: dict, out: Path, title: str = "paratrain bench", rates:
         phases, pipe = r.get("step_phases_s"), r.get("pipeline")
         split = " / ".join("-" if phases[p] is None else f"{1000 * phases[p]:.1f}" for p in PHASES) \
             if phases else "-"
-        if pipe:  # a pipeline's step: the stages' measured idle time instead
+        if pipe and pipe["bubble"]["measured_mean"] is not None:  # a pipeline's step: the stages' idle time instead
             split = (f"bubble {pipe['bubble']['measured_mean']:.0%} measured, "
                      f"{pipe['bubble']['theoretical']:.0%} in theory")
         speed = f"{r['speedup']:.2f}x" if r.get("speedup") is not None else "-"

@@ -8,7 +8,7 @@ several devices, is a layout of its own (tower.py).
     fsdp      fsdp=N          sharded copies, FSDP2 (fsdp.py)
     hsdp      dp=R,fsdp=S     sharded within groups of --shard-size, whole across them
     pipeline  pp=K            a worker a stage (pp.py, stages.py)
-    hybrid    dp=R,pp=K       copies of a pipeline
+    hybrid    pp=K,dp=R       copies of a pipeline
     tp        tp=N, --mesh    tensor parallelism (tensor_plan.py), and any mesh the others do not name
 """
 

@@ -282,8 +282,10 @@ class Pipeline:
 
     def bubble(self) -> dict[str, Any]:
         """Measured idle fraction of every stage (of this copy) beside the theory, (K-1)/(M+K-1) (collective)."""
-        mine = 1.0 - self.stage.busy_s / self.wall_s if self.wall_s else float("nan")
+        # None where no step ran (a finished run evaluated again): summary.json holds no NaN
+        mine = 1.0 - self.stage.busy_s / self.wall_s if self.wall_s else None
         idle: list[Any] = [None] * self.place.stages
         dist.all_gather_object(idle, mine, group=self.pp_group)
-        return {"measured_idle_fraction": idle, "measured_mean": sum(idle) / len(idle),
+        mean = None if None in idle else sum(idle) / len(idle)
+        return {"measured_idle_fraction": idle, "measured_mean": mean,
                 "theoretical": theoretical_bubble(self.place.stages, self.microbatches)}
