@@ -347,6 +347,23 @@ def test_two_step_checkpoints_are_kept_by_default() -> None:
     assert TrainConfig().keep_checkpoints == 2
 
 
+def test_a_resume_refused_before_its_first_step_leaves_the_runs_record_as_it_was(
+        tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """Every checkpoint of a run damaged: carrying it on under other options is refused in one line (exit 2), and
+    its config.yaml still holds the options it ran with, not the refused ones (a new user's trial found them
+    written: a later --resume would have carried the run on under options that never ran)."""
+    from conftest import main_code, train_here
+
+    run = tmp_path / "run"
+    train_here(run, "--devices", "1", "--steps", "6", "--checkpoint-every", "3", "--seed", "5")
+    before = (run / "config.yaml").read_text()
+    for folder in (run / "checkpoints").glob("step-*"):
+        _truncate(folder)
+    assert main_code(["train", "--quiet", "--resume", str(run), "--steps", "12", "--keep-checkpoints", "5"]) == 2
+    assert "no checkpoint in" in capfd.readouterr().err
+    assert (run / "config.yaml").read_text() == before
+
+
 @pytest.mark.integration
 def test_a_run_whose_newest_checkpoint_is_damaged_is_evaluated_and_resumed_on_two_workers_from_the_one_before(
         tmp_path: Path) -> None:

@@ -8,6 +8,7 @@
                 checkpoint/manager.py), then parallel/runplan.make: processes, devices, batch split, data, the
                 run's length, the user's code tried once; --devices auto's choice
       _open     config.yaml and parts.yaml (rank 0), after every check: bad input leaves the old run as it was
+                (and where the workers refuse to carry a run on before it saves a step, its record is put back)
       launch    parallel/launch.run(plan, training.worker.work): every worker carries on from the one checkpoint
                 it finds (checkpoint/resume.py); a stop on Slurm's requeue signal requeues the job
       _finish   the summary's last figures, and summary.json written (once)
@@ -62,9 +63,14 @@ def run(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None
     with held(out) if env.is_main else contextlib.nullcontext():  # rank 0 writes it (other nodes may not see it)
         plan, choice = _plan(cfg, _timed(load_data, marks), parts, env, fresh,
                              hardware=hardware, devices=devices, report=report)
+        kept = _record_as_it_was(plan, fresh)
         _open(plan, fresh, requeued)
         marks["launched"] = time.time()
-        summary = launch.run(dataclasses.replace(plan, clock=marks), work)
+        try:
+            summary = launch.run(dataclasses.replace(plan, clock=marks), work)
+        except UserError:
+            _put_back(kept, plan)
+            raise
         if summary is not None and not env.in_group:  # this launcher finishes the summary, and writes it
             _finish(plan, summary, choice, words)
     if summary is not None and last_line:  # also with --quiet, from the command line and from Python alike
@@ -181,6 +187,27 @@ def _check_resumed(cfg: C.TrainConfig, checkpoints: RunCheckpoints) -> None:
                 shape_mismatch(saved, cfg)):  # before config.yaml is rewritten with the options asked for
         if why:
             raise UserError(why)
+
+
+def _record_as_it_was(plan: runplan.RunPlan, fresh: bool) -> dict[Path, str | None]:
+    """The record of a run carried on (config.yaml, parts.yaml), as it was before this start rewrites it: put back
+    where the workers refuse to carry the run on before it saved a step (no checkpoint of it loads)."""
+    if fresh or not plan.env.is_main:
+        return {}
+    paths = RunPaths(plan.cfg.out)
+    return {path: path.read_text() if path.is_file() else None for path in (paths.config, paths.parts)}
+
+
+def _put_back(kept: dict[Path, str | None], plan: runplan.RunPlan) -> None:
+    """The record as it was, where the run refused saved no newer step than it had: the options it was asked to
+    carry on with never ran (bad input leaves the old run as it was)."""
+    if not kept or RunCheckpoints(plan.cfg.out).found().newest_step != plan.checkpoints.newest_step:
+        return
+    for path, text in kept.items():
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            write_atomic(path, text)
 
 
 def _write_record(cfg: C.TrainConfig, parts: Parts | None, out: Path) -> None:
