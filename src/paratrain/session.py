@@ -192,7 +192,7 @@ def _check_resumed(cfg: C.TrainConfig, checkpoints: RunCheckpoints) -> None:
 def _record_as_it_was(plan: runplan.RunPlan, fresh: bool) -> dict[Path, str | None]:
     """The record of a run carried on (config.yaml, parts.yaml), as it was before this start rewrites it: put back
     where the workers refuse to carry the run on before it saved a step (no checkpoint of it loads)."""
-    if fresh or not plan.env.is_main:
+    if fresh or not plan.cfg.resume or not plan.env.is_main:  # (a group's start of a new run has no record yet)
         return {}
     paths = RunPaths(plan.cfg.out)
     return {path: path.read_text() if path.is_file() else None for path in (paths.config, paths.parts)}
