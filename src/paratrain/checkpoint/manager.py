@@ -30,6 +30,15 @@ from .background import Background
 from .run_folder import WEIGHTS_ONLY, step_checkpoints, weights_only
 
 
+def whole_file_not_read(run_dir: str | Path, strategy: str) -> UserError:
+    """Why a run's earlier-release whole-model file is not carried on under `strategy` (one that does not
+    `reads_whole_files`): before launch (check_form), or in a worker that fell back to such a file."""
+    return UserError(f"the checkpoint in {run_dir} holds one whole-model file of an earlier release, which "
+                     f"--strategy {strategy} does not read (it reads step folders); carry it on with ddp, tower or "
+                     f"pipeline (without --strategy: the one that wrote it), or start a new run under --strategy "
+                     f"{strategy}")
+
+
 @dataclass(frozen=True)
 class Found:
     """What a run folder's checkpoints/ held when it was listed, by name (no checkpoint opened)."""
@@ -67,11 +76,7 @@ class RunCheckpoints:
         hsdp). Refused before config.yaml would say another strategy."""
         found = self.found()
         if found.newest_step is not None and not found.sharded and not reads_whole_files:
-            raise UserError(f"the checkpoint in {self.run_dir} holds one whole-model file of an earlier "
-                            f"release, which --strategy {strategy} does not read (it reads step folders); carry it "
-                            "on with ddp, tower or pipeline "
-                            f"(without --strategy: the one that wrote it), or start a new run under --strategy "
-                            f"{strategy}")
+            raise whole_file_not_read(self.run_dir, strategy)
 
     def newest_loadable(self) -> dict[str, Any] | None:
         """The newest checkpoint that loads (None: none there); a sharded one's tensors are left for the strategy

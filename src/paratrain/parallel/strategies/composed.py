@@ -343,12 +343,10 @@ class Composed(Strategy):
         if "sharded" in saved or self.replicated:  # (a whole copy: the whole file, checked to fit)
             super().load(saved)
             return
-        if not self.reads_whole_files:
-            written = saved["config"].get("strategy", "ddp")
-            raise UserError(f"the checkpoint in {self.cfg.resume or self.cfg.out} holds one whole-model file (an "
-                            f"earlier release's --strategy {written}), which --strategy {self.cfg.strategy} does not "
-                            "read; carry it on with ddp, tower or pipeline, or start a new run under --strategy "
-                            f"{self.cfg.strategy}")
+        if not self.reads_whole_files:  # (a worker that fell back to one, past a damaged step folder)
+            from ...checkpoint.manager import whole_file_not_read
+
+            raise whole_file_not_read(self.cfg.resume or self.cfg.out, self.cfg.strategy)
         from .whole_files import load_part
 
         load_part(self.module, saved, self.cfg.resume or self.cfg.out, self.cfg.to_dict())
