@@ -68,6 +68,48 @@ def test_a_start_refused_by_a_run_that_made_the_folder_at_once_leaves_that_run_i
         other.__exit__(None, None, None)
 
 
+def test_a_start_that_made_the_folder_to_check_it_leaves_it_to_the_run_that_took_it_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two starts at once into a missing folder: one made it to check that it can write there (and puts it back
+    as it found it), the other took it for its run in between. The check leaves the folder that run holds: it
+    removed it, and then made and locked a new one, so both trained into one folder (seen once in CI)."""
+    from paratrain.core import outputs
+
+    run, real_mkstemp, other = tmp_path / "a" / "run", outputs.tempfile.mkstemp, rundir.held(tmp_path / "a" / "run")
+
+    def probed_once_the_other_holds_it(**kwargs: object) -> tuple[int, str]:
+        other.__enter__()
+        return real_mkstemp(**kwargs)
+
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", probed_once_the_other_holds_it)
+    try:
+        outputs.check_writable(run)
+        monkeypatch.undo()
+        assert run.is_dir()
+        with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):
+            pass
+    finally:
+        other.__exit__(None, None, None)
+    outputs.check_writable(tmp_path / "b" / "c")  # held by none: put back as it was
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_start_whose_folder_is_removed_as_it_locks_it_locks_the_folder_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, real_flock = tmp_path / "run", rundir.fcntl.flock
+
+    def removed_first(fd: int, how: int) -> None:
+        monkeypatch.setattr(rundir.fcntl, "flock", real_flock)
+        run.rmdir()  # another start puts back the folder it made to check it
+        real_flock(fd, how)
+
+    monkeypatch.setattr(rundir.fcntl, "flock", removed_first)
+    with rundir.held(run):
+        assert run.is_dir()
+        with pytest.raises(UserError, match="is in use by another run"), rundir.held(run):  # the one held
+            pass
+
+
 def test_a_new_folder_is_removed_again_when_the_start_fails(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
     assert main_code(["train", "--out", str(out), "--quiet", "--devices", "1", "--batch-size", "100000"]) == 2

@@ -87,26 +87,9 @@ def held(path: Path) -> Iterator[None]:
     before any file of the run is read or written and let go when the run ends (the kernel lets go when this
     process ends, however it ends). A second command on the same folder is refused in one line that names
     the process holding it, and touches nothing. The folder is made if missing, and removed again (with the
-    parents made for it) if this start fails and leaves it empty (not when refused: see below)."""
+    parents made for it) if this start fails and leaves it empty (not when refused: see _locked)."""
     made = [p for p in [path, *path.parents] if not p.exists()]
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as e:
-        raise UserError(f"--out {path} cannot be created or opened ({e.strerror or e}); pass a folder you can "
-                        "write to") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if isinstance(e, BlockingIOError):
-            # Nothing is removed: the folder this start found missing may be the new one of the run that holds
-            # it (both started at once), still empty, and removing it would leave that run's lock on a deleted
-            # folder.
-            raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, or "
-                            "pass another --out", code=2) from None
-        _remove_empty(made)
-        raise
+    fd = _locked(path, made)
     try:
         yield
     except BaseException:
@@ -114,6 +97,46 @@ def held(path: Path) -> Iterator[None]:
         raise
     finally:
         os.close(fd)
+
+
+def _locked(path: Path, made: list[Path]) -> int:
+    """The folder `path` made if missing, opened and locked: its descriptor. Another start may remove the folder
+    between this one's making, opening and locking it (a start that made it too and puts it back, holding it
+    while it does: core/outputs.remove_made): then this start's lock would be on a deleted folder that the next
+    start cannot see, so the folder is made and locked again until the lock is on the folder at `path`."""
+    for _ in range(100):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # removed between the two: made again
+        except OSError as e:
+            raise UserError(f"--out {path} cannot be created or opened ({e.strerror or e}); pass a folder you can "
+                            "write to") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if isinstance(e, BlockingIOError):
+                # Nothing is removed: the folder this start found missing may be the new one of the run that
+                # holds it (both started at once), still empty, and removing it would leave that run's lock on a
+                # deleted folder.
+                raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, "
+                                "or pass another --out", code=2) from None
+            _remove_empty(made)
+            raise
+        if _same_folder(fd, path):
+            return fd
+        os.close(fd)  # locked once it was removed: made and locked again
+    raise UserError(f"--out {path} was removed again and again as this run started; pass another --out")
+
+
+def _same_folder(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _remove_empty(made: list[Path]) -> None:

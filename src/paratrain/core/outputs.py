@@ -4,6 +4,7 @@ line and nothing else), and files written whole or not at all, a failed write na
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import tempfile
@@ -37,12 +38,28 @@ def check_writable(path: str | Path, flag: str = "--out") -> Path:
         raise UserError(f"{flag} {path} cannot be created or written ({e.strerror or e}); pass a folder "
                         "you can write to") from None
     finally:
-        for folder in missing:  # deepest first
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+        remove_made(missing)
     return path
+
+
+def remove_made(folders: list[Path]) -> None:
+    """Remove `folders`, which this process made (deepest first), where each is empty and no run holds it. A run
+    started at the same moment into the same folder may have found it made and locked it as its own
+    (checkpoint/run_folder.held): removing it then would leave that run's lock on a deleted folder, and a
+    second run could take the folder made again. So each is locked while it is removed (the run that comes to
+    it then makes it again), and one that a run holds is left with its parents."""
+    for folder in folders:
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue  # gone already
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            folder.rmdir()
+        except OSError:  # held by a run, or not empty: it stays, and so do the folders it is in
+            return
+        finally:
+            os.close(fd)
 
 
 def check_owned(path: Path, flag: str = "--out") -> None:
