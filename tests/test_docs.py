@@ -2,7 +2,7 @@
 from the code.
 
 How a block is tested is said by an HTML comment on the line right before its opening fence:
-- none: the default tier (it must be fast: no training);
+- none: the default tier (it must be fast: no training); on a page with integration blocks, it runs with them;
 - `<!-- test: integration -->`: it trains or starts processes (the integration tier);
   `<!-- test: integration, add: --steps 5 -->`: the same, with those arguments added to each `paratrain train`
   line (a command that shows realistic settings, cut short here: --steps overrides --epochs);
@@ -223,7 +223,9 @@ def test_commands_that_need_a_cluster_parse_and_their_test_exists(block: Block) 
 # ---- running them, by tier ----
 
 
-@pytest.mark.parametrize("page", _pages_with("default"), ids=_id)
+# A page with blocks of the integration tier runs its fast blocks there, before them (run_page): here only the
+# pages that have none, so that CI runs each block once.
+@pytest.mark.parametrize("page", sorted(set(_pages_with("default")) - set(_pages_with("integration")), key=str), ids=_id)
 def test_default_tier_blocks_run(page: Path, tmp_path: Path) -> None:
     run_page(page, "default", tmp_path)
 
