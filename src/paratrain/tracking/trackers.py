@@ -138,6 +138,7 @@ class MlflowTracker(Tracker):
         self.client = MlflowClient(tracking_uri=uri)  # None: $MLFLOW_TRACKING_URI, else MLflow's default here
         self.uri = self.client.tracking_uri
         self.run_id = ""
+        self.logged: dict[str, int] = {}  # a run taken up again: each figure's last step the server holds
         self.sender = BatchSender(self._post, self.EVERY_S, self.BATCH, size=len, name="paratrain-mlflow")
 
     def open(self, ident: Identity, kept: dict[str, Any]) -> dict[str, Any]:
@@ -146,6 +147,7 @@ class MlflowTracker(Tracker):
         if kept.get("run_id"):  # a resumed or requeued run: the same MLflow run, running again
             self.run_id = kept["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")
+            self.logged = self._logged_steps()
             return self._kept()
         found = self.client.get_experiment_by_name(ident.experiment)
         experiment = found.experiment_id if found else self.client.create_experiment(ident.experiment)
@@ -164,8 +166,19 @@ class MlflowTracker(Tracker):
             uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
         return {"run_id": self.run_id, **({"uri": uri} if masked(uri) == uri else {})}
 
+    def _logged_steps(self) -> dict[str, int]:
+        """Each figure's last step in the run taken up again. A request the server took as it stopped, its answer
+        lost, was counted unsent: `paratrain log` (or the run carried on) would send its records twice."""
+        names = self.client.get_run(self.run_id).data.metrics
+        return {name: max(m.step for m in self.client.get_metric_history(self.run_id, name)) for name in names}
+
+    def _new(self, step: int, values: dict[str, float]) -> list[Any]:
+        """The figures of `values` the run does not hold at `step` yet, as metrics."""
+        return _metrics(step, {k: v for k, v in values.items() if step > self.logged.get(k, -1)})
+
     def log(self, step: int, values: dict[str, float]) -> None:
-        self.sender.put(_metrics(step, values))
+        if metrics := self._new(step, values):
+            self.sender.put(metrics)
 
     def _post(self, records: list[list[Any]]) -> None:
         """A request with the records the sender's thread gathered (whole records, BATCH metrics at most)."""
@@ -181,8 +194,8 @@ class MlflowTracker(Tracker):
             self.client.log_artifact(self.run_id, str(path))
         if summary is not None:
             self.client.log_dict(self.run_id, summary, "summary.json")
-        if final:  # at the last step, as metrics (W&B keeps them as the run's summary)
-            self._post([_metrics((summary or {}).get("steps") or 0, final)])
+        if final and (metrics := self._new((summary or {}).get("steps") or 0, final)):  # (W&B: the run's summary)
+            self._post([metrics])
         self.client.set_terminated(self.run_id, state)
 
     def where(self) -> str:
