@@ -225,7 +225,10 @@ def test_commands_that_need_a_cluster_parse_and_their_test_exists(block: Block) 
 
 # A page with blocks of the integration tier runs its fast blocks there, before them (run_page): here only the
 # pages that have none, so that CI runs each block once.
-@pytest.mark.parametrize("page", sorted(set(_pages_with("default")) - set(_pages_with("integration")), key=str), ids=_id)
+FAST_ONLY = sorted(set(_pages_with("default")) - set(_pages_with("integration")), key=str)
+
+
+@pytest.mark.parametrize("page", FAST_ONLY, ids=_id)
 def test_default_tier_blocks_run(page: Path, tmp_path: Path) -> None:
     run_page(page, "default", tmp_path)
 
