@@ -407,22 +407,24 @@ def test_mlflow_records_reach_the_server_in_batches_off_the_training_loop(tmp_pa
 def test_a_run_taken_up_again_is_sent_only_the_figures_its_store_lacks(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A request that the server took as it stopped, its answer lost, counts as unsent: `paratrain log` (or the
-    run carried on) sent its records again, and the run held 10 steps twice (seen in CI). Taken up again, a run
-    is sent each figure from the step after the last its store holds."""
+    run carried on) sent its records again, and the run held 10 steps twice (seen in CI). Taken up again after
+    a failure, a run is sent each figure from the step after the last its store holds; the end's figures are
+    sent whatever the store holds at their step (a window's rate there is not the run's)."""
     monkeypatch.chdir(tmp_path)
     store = f"sqlite:///{tmp_path / 'store.db'}"
     first = trackers.MlflowTracker(store)
     kept = first.open(trackers.Identity("again", "run", {}), {})
     for step in range(1, 6):
         first.log(step, {"loss": 1.0 / step})
-    first.log(5, {"val_loss": 0.5})
+    first.log(5, {"val_loss": 0.5, "examples_per_sec": 10.0})
     first.sender.close()  # every request answered; then the count of what it took is lost (the stop)
     again = trackers.MlflowTracker(store)
-    again.open(trackers.Identity("again", "run", {}), kept)
+    again.open(trackers.Identity("again", "run", {}), {**kept, "behind": True})
     for step in range(3, 9):
         again.log(step, {"loss": 1.0 / step, "val_loss": 0.4})
-    again.finish([], {"steps": 8}, "FINISHED", {"test_loss": 0.3})
-    history = {name: [m.step for m in again.client.get_metric_history(kept["run_id"], name)]
-               for name in ("loss", "val_loss", "test_loss")}
-    assert {name: sorted(steps) for name, steps in history.items()} == {
-        "loss": list(range(1, 9)), "val_loss": [5, 6, 7, 8], "test_loss": [8]}
+    again.finish([], {"steps": 5}, "FINISHED", {"test_loss": 0.3, "examples_per_sec": 20.0})
+    history = {name: [(m.step, m.value) for m in again.client.get_metric_history(kept["run_id"], name)]
+               for name in ("loss", "val_loss", "test_loss", "examples_per_sec")}
+    assert {name: sorted(step for step, _ in steps) for name, steps in history.items()} == {
+        "loss": list(range(1, 9)), "val_loss": [5, 6, 7, 8], "test_loss": [5], "examples_per_sec": [5, 5]}
+    assert again.client.get_run(kept["run_id"]).data.metrics["examples_per_sec"] == 20.0  # the run's, at the end

@@ -30,8 +30,14 @@ def check_writable(path: str | Path, flag: str = "--out") -> Path:
         check_owned(path, flag)
     missing = [p for p in [path, *path.parents] if not p.exists()]
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".paratrain-write-check-")
+        for tries in range(100):  # another start's check may remove the folder it made too, between these two
+            path.mkdir(parents=True, exist_ok=True)
+            try:
+                fd, probe = tempfile.mkstemp(dir=path, prefix=".paratrain-write-check-")
+                break
+            except FileNotFoundError:
+                if tries == 99:
+                    raise
         os.close(fd)
         os.unlink(probe)
     except OSError as e:

@@ -146,8 +146,9 @@ class MlflowTracker(Tracker):
 
         if kept.get("run_id"):  # a resumed or requeued run: the same MLflow run, running again
             self.run_id = kept["run_id"]
+            if kept.get("behind"):  # it failed: its records from where it stopped are sent again
+                self.logged = self._logged_steps()
             self.client.update_run(self.run_id, status="RUNNING")
-            self.logged = self._logged_steps()
             return self._kept()
         found = self.client.get_experiment_by_name(ident.experiment)
         experiment = found.experiment_id if found else self.client.create_experiment(ident.experiment)
@@ -167,10 +168,10 @@ class MlflowTracker(Tracker):
         return {"run_id": self.run_id, **({"uri": uri} if masked(uri) == uri else {})}
 
     def _logged_steps(self) -> dict[str, int]:
-        """Each figure's last step in the run taken up again. A request the server took as it stopped, its answer
-        lost, was counted unsent: `paratrain log` (or the run carried on) would send its records twice."""
-        names = self.client.get_run(self.run_id).data.metrics
-        return {name: max(m.step for m in self.client.get_metric_history(self.run_id, name)) for name in names}
+        """Each figure's last step in a run that failed, taken up again: a request the server took as it stopped,
+        its answer lost, was counted unsent, and `paratrain log` (or the run carried on) sent its records twice.
+        One request: a run's latest metrics are the ones of its highest steps."""
+        return {m.key: m.step for m in self.client.get_run(self.run_id).data.to_proto().metrics}
 
     def _new(self, step: int, values: dict[str, float]) -> list[Any]:
         """The figures of `values` the run does not hold at `step` yet, as metrics."""
@@ -194,8 +195,8 @@ class MlflowTracker(Tracker):
             self.client.log_artifact(self.run_id, str(path))
         if summary is not None:
             self.client.log_dict(self.run_id, summary, "summary.json")
-        if final and (metrics := self._new((summary or {}).get("steps") or 0, final)):  # (W&B: the run's summary)
-            self._post([metrics])
+        if final:  # at the last step, as metrics (W&B keeps them as the run's summary)
+            self._post([_metrics((summary or {}).get("steps") or 0, final)])
         self.client.set_terminated(self.run_id, state)
 
     def where(self) -> str:
@@ -271,7 +272,9 @@ class Trackers:
         for name in names:  # named()'s: no tensorboard
             tracker = self._guard(name, lambda n=name: _make(n, run_dir, uri))
             known = {k: v for k, v in self.kept.get(name, {}).items() if k != "sent"}
-            opened = None if tracker is None else self._guard(name, lambda t=tracker, k=known: t.open(ident, k))
+            # it failed before: its records are sent again from where it stopped (MlflowTracker.open)
+            told = {**known, "behind": True} if known and "sent" in self.kept[name] else known
+            opened = None if tracker is None else self._guard(name, lambda t=tracker, k=told: t.open(ident, k))
             if opened is None:  # a kept run not reached: `paratrain log` sends it what this start adds
                 self.kept[name] = {**known, "sent": min(self.kept[name].get("sent", have), have)} if known else {}
                 continue
