@@ -110,6 +110,21 @@ def test_a_start_whose_folder_is_removed_as_it_locks_it_locks_the_folder_made_ag
             pass
 
 
+def test_a_folder_held_for_an_instant_by_another_commands_check_is_not_taken_for_a_run(tmp_path: Path) -> None:
+    """Another command's check of --out locks the folder for an instant as it removes it (outputs.remove_made):
+    a start in that instant waits for it rather than be refused as if a run held the folder."""
+    import fcntl
+    import threading
+
+    run = tmp_path / "run"
+    run.mkdir()
+    fd = os.open(run, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    threading.Timer(0.05, os.close, (fd,)).start()  # let go of it 50 ms on
+    with rundir.held(run):
+        assert run.is_dir()
+
+
 def test_a_new_folder_is_removed_again_when_the_start_fails(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
     assert main_code(["train", "--out", str(out), "--quiet", "--devices", "1", "--batch-size", "100000"]) == 2

@@ -114,7 +114,7 @@ def _locked(path: Path, made: list[Path]) -> int:
             raise UserError(f"--out {path} cannot be created or opened ({e.strerror or e}); pass a folder you can "
                             "write to") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_soon(fd)
         except OSError as e:
             os.close(fd)
             if isinstance(e, BlockingIOError):
@@ -129,6 +129,23 @@ def _locked(path: Path, made: list[Path]) -> int:
             return fd
         os.close(fd)  # locked once it was removed: made and locked again
     raise UserError(f"--out {path} was removed again and again as this run started; pass another --out")
+
+
+def _lock_soon(fd: int, wait_s: float = 0.3) -> None:
+    """Lock `fd`, waiting up to `wait_s` for a holder that lets go at once: another command's check of --out
+    holds the folder for an instant while it removes it (core/outputs.remove_made), and must not be taken
+    for a run. A run holds it for its whole life: BlockingIOError then."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _same_folder(fd: int, path: Path) -> bool:
