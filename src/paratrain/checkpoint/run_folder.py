@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from ..core.errors import UserError
+from ..core.outputs import remove_made
 from ..core.run_paths import RunPaths
 
 # What a run writes into its folder; --overwrite removes these and nothing else.
@@ -93,10 +95,10 @@ def held(path: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        _remove_empty(made)
+        os.close(fd)  # let go first: a folder is removed only while no other start holds it (remove_made)
+        remove_made(made)
         raise
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def _locked(path: Path, made: list[Path]) -> int:
@@ -123,7 +125,7 @@ def _locked(path: Path, made: list[Path]) -> int:
                 # deleted folder.
                 raise UserError(f"--out {path} is in use by another run ({holder(path)}); wait for it to end, "
                                 "or pass another --out", code=2) from None
-            _remove_empty(made)
+            remove_made(made)
             raise
         if _same_folder(fd, path):
             return fd
@@ -135,8 +137,6 @@ def _lock_soon(fd: int, wait_s: float = 0.3) -> None:
     """Lock `fd`, waiting up to `wait_s` for a holder that lets go at once: another command's check of --out
     holds the folder for an instant while it removes it (core/outputs.remove_made), and must not be taken
     for a run. A run holds it for its whole life: BlockingIOError then."""
-    import time
-
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -154,12 +154,6 @@ def _same_folder(fd: int, path: Path) -> bool:
     except FileNotFoundError:
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
-def _remove_empty(made: list[Path]) -> None:
-    for folder in made:  # deepest first; only those this start made, and only while empty
-        with contextlib.suppress(OSError):
-            folder.rmdir()
 
 
 def holder(path: Path) -> str:

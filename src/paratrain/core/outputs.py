@@ -49,8 +49,9 @@ def check_writable(path: str | Path, flag: str = "--out") -> Path:
 
 
 def remove_made(folders: list[Path]) -> None:
-    """Remove `folders`, which this process made (deepest first), where each is empty and no run holds it. A run
-    started at the same moment into the same folder may have found it made and locked it as its own
+    """Remove `folders`, which this process made (deepest first: a check of --out, a start that failed), where
+    each is empty and no run holds it. A run started at the same moment into the same folder may have found it
+    made and locked it as its own
     (checkpoint/run_folder.held): removing it then would leave that run's lock on a deleted folder, and a
     second run could take the folder made again. So each is locked while it is removed (the run that comes to
     it then makes it again), and one that a run holds is left with its parents."""
