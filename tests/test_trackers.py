@@ -418,8 +418,9 @@ def test_a_run_taken_up_again_is_sent_only_the_figures_its_store_lacks(tmp_path:
         first.log(step, {"loss": 1.0 / step})
     first.log(5, {"val_loss": 0.5, "examples_per_sec": 10.0})
     first.sender.close()  # every request answered; then the count of what it took is lost (the stop)
-    again = trackers.MlflowTracker(store)
-    again.open(trackers.Identity("again", "run", {}), {**kept, "behind": True})
+    (tmp_path / "trackers.json").write_text(json.dumps({"mlflow": {**kept, "sent": 2}}))  # it failed at step 3
+    [again] = trackers.Trackers(tmp_path, ["mlflow"], trackers.Identity("again", "run", {}), print, uri=store,
+                                have=5).live
     for step in range(3, 9):
         again.log(step, {"loss": 1.0 / step, "val_loss": 0.4})
     again.finish([], {"steps": 5}, "FINISHED", {"test_loss": 0.3, "examples_per_sec": 20.0})
