@@ -135,6 +135,29 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def test_the_forkserver_leaves_once_its_exit_handlers_ran_and_a_child_of_it_does_not() -> None:
+    """The forkserver holds the launcher's standard streams until it exits, so a caller reading the command's
+    output waited for it to tear torch down (1.5 s). It leaves by os._exit after its exit handlers, without
+    finalization (the object below is never collected); a process forked from it that runs its exit handlers
+    goes on."""
+    code = ("import atexit, os, sys\n"
+            "import paratrain.runtime._in_forkserver\n"
+            "class Late:\n"
+            "    def __del__(self): print('finalized', flush=True)\n"
+            "kept = Late()\n"
+            "atexit.register(print, 'exit handlers ran', flush=True)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    atexit._run_exitfuncs()\n"
+            "    print('the child went on', flush=True)\n"
+            "    os._exit(3)\n"
+            "assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 3\n"
+            "raise SystemExit\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["exit handlers ran", "the child went on", "exit handlers ran"]
+
+
 @pytest.mark.integration
 def test_a_launcher_killed_outright_takes_its_forkserver_and_workers_with_it(tmp_path: Path) -> None:
     launcher = _start(tmp_path / "run")
