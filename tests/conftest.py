@@ -122,10 +122,36 @@ def main_code(argv: list[str]) -> int:
         return int(e.code)
 
 
-def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`python -m paratrain ARGS` in a fresh process, as a user would run it."""
-    return subprocess.run([sys.executable, "-m", "paratrain", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+WARM_CLIENT = Path(__file__).with_name("warm_client.py")
+_warm_server: list[subprocess.Popen] = []
+
+
+def warm_socket() -> str:
+    """The socket of this test process's warm `paratrain` (tests/warm_server.py), started on first use: a command
+    forked from it starts without importing torch again (3.3 s of CPU a command). It ends with this process."""
+    path = Path(tempfile.gettempdir()) / f"paratrain-warm-{os.getpid()}.sock"
+    if not _warm_server or _warm_server[0].poll() is not None:
+        path.unlink(missing_ok=True)
+        _warm_server[:] = [subprocess.Popen([sys.executable, str(WARM_CLIENT.with_name("warm_server.py")), str(path)],
+                                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})]
+    return str(path)
+
+
+def paratrain_command(*args: str) -> list[str]:
+    """The command line of `paratrain ARGS` through this process's warm server (see run_cli)."""
+    return [sys.executable, str(WARM_CLIENT), *args]
+
+
+def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """`python -m paratrain ARGS` as a user would run it: a process of its own, with its arguments, folder,
+    environment, streams and exit code; forked from a warm server that has imported torch (tests/warm_server.py),
+    or with `fresh`, a new interpreter (what a test of the start itself needs)."""
+    command = [sys.executable, "-m", "paratrain", *args] if fresh else paratrain_command(*args)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if not fresh:
+        env["PARATRAIN_WARM"] = warm_socket()
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 def train(run_dir: Path, *args: str, timeout: float = 300) -> dict:

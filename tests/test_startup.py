@@ -97,7 +97,8 @@ def test_the_forkserver_starts_only_once_the_plan_knows_workers_will_be_forked(
 
 @pytest.mark.integration
 def test_the_main_job_on_two_workers_reports_every_phase_and_ends_without_a_warning(tmp_path: Path) -> None:
-    proc = run_cli("train", "--steps", "20", "--devices", "2", "--out", str(tmp_path / "run"), "--time-phases")
+    proc = run_cli("train", "--steps", "20", "--devices", "2", "--out", str(tmp_path / "run"), "--time-phases",
+                   fresh=True)  # a command's whole start, its imports too
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "leaked" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr  # nothing at exit
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

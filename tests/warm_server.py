@@ -1,0 +1,115 @@
+"""A warm `paratrain` for the tests: a process that has imported torch and the command line once, and forks
+one child per command (tests/warm_client.py sends it). Each `paratrain` command of a test started afresh
+spent ~3.3 s of CPU importing torch before it did anything (4 CPU-s of 9 in a 20-step run); the tests start
+some 190 of them. A child is as a fresh `python -m paratrain` would be: the client's arguments, folder,
+environment and standard streams, its own process group, Python's random numbers drawn anew, and
+`python -m paratrain` run by runpy; paratrain's own forkserver does the same for its workers
+(runtime/prefork.py). Nothing here has run a torch operation before a fork (OpenMP's threads do not survive
+one), and it stays one thread.
+
+Protocol (a SOCK_SEQPACKET socket): the client sends its JSON request with its fds 0, 1 and 2; the server
+answers the child's pid, then its exit code as os.waitstatus_to_exitcode gives it. A client that goes away
+(killed by a test's timeout) takes its child's process group with it. The server ends with its parent.
+
+Run as `python tests/warm_server.py SOCKET`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+
+def _child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become the client's `python -m paratrain ARGV`, and never return."""
+    import random
+    import runpy
+
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for number, fd in enumerate(fds):
+            os.dup2(fd, number)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        random.seed()
+        sys.argv = ["paratrain", *request["argv"]]
+        runpy.run_module("paratrain", run_name="__main__", alter_sys=True)  # its entry() leaves by os._exit
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(path: str) -> None:
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)  # clients queue while torch imports
+    import torch  # noqa: F401  (what every command imports, and the optimizer's step)
+    import torch._dynamo  # noqa: F401
+
+    import paratrain.cli  # noqa: F401
+    import paratrain.parallel.launch  # noqa: F401
+    import paratrain.session  # noqa: F401
+    import paratrain.training.worker  # noqa: F401
+
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}
+    while os.getppid() == parent:
+        for key, _ in selector.select(timeout=0.05):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                pid = os.fork()
+                if pid == 0:
+                    for other in (listener, conn, *children.values()):
+                        other.close()
+                    _child(json.loads(message), fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.send(struct.pack("i", pid))
+                children[pid] = conn
+                selector.register(conn, selectors.EVENT_READ, pid)
+            else:  # the client went away before its command ended
+                selector.unregister(key.fileobj)
+                children.pop(key.data).close()
+                try:
+                    os.killpg(key.data, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                selector.unregister(conn)
+                try:
+                    conn.send(struct.pack("i", os.waitstatus_to_exitcode(status)))
+                except OSError:
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
