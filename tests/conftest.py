@@ -28,6 +28,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist's processes (pyproject
 
 import torch  # noqa: E402
 
+ENVIRON_AT_START = dict(os.environ)  # this test process's, before any test changed it (warm_socket's server)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 MNIST_DIR = SHARED_DATA / "mnist"
@@ -132,8 +134,12 @@ def warm_socket() -> str:
     path = Path(tempfile.gettempdir()) / f"paratrain-warm-{os.getpid()}.sock"
     if not _warm_server or _warm_server[0].poll() is not None:
         path.unlink(missing_ok=True)
-        _warm_server[:] = [subprocess.Popen([sys.executable, str(WARM_CLIENT.with_name("warm_server.py")), str(path)],
-                                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})]
+        log = path.with_suffix(".log")
+        with open(log, "wb") as stderr:  # what its imports say, which each command then says (and its own failure)
+            _warm_server[:] = [subprocess.Popen(
+                [sys.executable, str(WARM_CLIENT.with_name("warm_server.py")), str(path), str(log)],
+                stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+                env={**ENVIRON_AT_START, "PYTHONUNBUFFERED": "1"})]  # not the environment of the test that asked first
     return str(path)
 
 

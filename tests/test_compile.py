@@ -76,7 +76,7 @@ def test_the_gpt_compiled_under_fsdp_equals_it_uncompiled_and_says_nothing(tmp_p
     for mode in ("eager", "compiled"):
         out = tmp_path / mode
         done = run_cli(*flags, "--strategy", "fsdp", *(["--compile"] if mode == "compiled" else []), "--out", str(out),
-                       timeout=600)
+                       timeout=600, fresh=mode == "compiled")  # says nothing: from its first import on
         assert done.returncode == 0, done.stderr[-3000:]
         if mode == "compiled":
             assert done.stderr.strip() == "", done.stderr[-3000:]

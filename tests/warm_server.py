@@ -11,11 +11,15 @@ Protocol (a SOCK_SEQPACKET socket): the client sends its JSON request with its f
 answers the child's pid, then its exit code as os.waitstatus_to_exitcode gives it. A client that goes away
 (killed by a test's timeout) takes its child's process group with it. The server ends with its parent.
 
-Run as `python tests/warm_server.py SOCKET`.
+Run as `python tests/warm_server.py SOCKET LOG`, its standard error to LOG. What its imports wrote there (a
+warning) each child writes to its own standard error first. Left as they were: a signal sent to the client is
+passed on to the command's launcher alone (a fresh command's process group would take one sent to the group:
+tests of that start fresh processes), and Python's hash seed is the server's for each command.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -23,10 +27,12 @@ import signal
 import socket
 import struct
 import sys
+from pathlib import Path
 
 
-def _child(request: dict, fds: list[int]) -> None:
-    """In the forked child: become the client's `python -m paratrain ARGV`, and never return."""
+def _child(message: bytes, fds: list[int], said: bytes) -> None:
+    """In the forked child: become the client's `python -m paratrain ARGV`, and never return. `said`: what the
+    server's imports wrote to its standard error (a warning), which a fresh command would have written."""
     import random
     import runpy
 
@@ -37,15 +43,23 @@ def _child(request: dict, fds: list[int]) -> None:
         for number, fd in enumerate(fds):
             os.dup2(fd, number)
             os.close(fd)
+        if said:
+            os.write(2, said)
+        request = json.loads(message)
         os.chdir(request["cwd"])
+        sys.path[0] = request["cwd"]  # as `python -m` puts it first
         os.environ.clear()
         os.environ.update(request["env"])
-        random.seed()
+        random.seed()  # drawn anew, as a fresh interpreter's are
+        if "numpy.random" in sys.modules:
+            sys.modules["numpy.random"].seed()
         sys.argv = ["paratrain", *request["argv"]]
         runpy.run_module("paratrain", run_name="__main__", alter_sys=True)  # its entry() leaves by os._exit
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
     except BaseException:
         import traceback
 
@@ -56,7 +70,17 @@ def _child(request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
-def serve(path: str) -> None:
+def _end(pid: int, selector: selectors.BaseSelector, children: dict[int, socket.socket]) -> None:
+    """A command whose client went away: killed, with every process of its group (its forkserver, workers)."""
+    conn = children.pop(pid)
+    selector.unregister(conn)
+    conn.close()
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGKILL)
+
+
+def serve(path: str, log: str = "") -> None:
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -69,6 +93,8 @@ def serve(path: str) -> None:
     import paratrain.session  # noqa: F401
     import paratrain.training.worker  # noqa: F401
 
+    sys.stderr.flush()
+    said = Path(log).read_bytes() if log else b""  # its standard error is this file (conftest.warm_socket)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}
@@ -81,19 +107,19 @@ def serve(path: str) -> None:
                 if pid == 0:
                     for other in (listener, conn, *children.values()):
                         other.close()
-                    _child(json.loads(message), fds)
+                    _child(message, fds, said)
+                with contextlib.suppress(OSError):  # the child may have made its group already
+                    os.setpgid(pid, pid)  # its own group before anything may have to kill it
                 for fd in fds:
                     os.close(fd)
-                conn.send(struct.pack("i", pid))
                 children[pid] = conn
                 selector.register(conn, selectors.EVENT_READ, pid)
-            else:  # the client went away before its command ended
-                selector.unregister(key.fileobj)
-                children.pop(key.data).close()
                 try:
-                    os.killpg(key.data, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                    conn.send(struct.pack("i", pid))
+                except OSError:  # the client went away meanwhile (a test's timeout): so does its command
+                    _end(pid, selector, children)
+            else:  # the client went away before its command ended
+                _end(key.data, selector, children)
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -112,4 +138,4 @@ def serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(*sys.argv[1:3])

@@ -16,6 +16,7 @@ forkserver's alone all the same.
 import atexit
 import os
 import signal
+import sys
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 _FORKSERVER = os.getpid()
@@ -23,7 +24,12 @@ _FORKSERVER = os.getpid()
 
 def _leave() -> None:
     if os.getpid() == _FORKSERVER:
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(0)
 
 
-atexit.register(_leave)  # registered first, so run last of the exit handlers (they run in reverse)
+# exit handlers run in reverse: those of the modules preloaded after this one (torch's) run before it;
+# multiprocessing's own (registered before, with nothing to do in a process that has no children of its
+# own) does not
+atexit.register(_leave)
