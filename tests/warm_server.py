@@ -85,14 +85,15 @@ def serve(path: str, log: str = "") -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)  # clients queue while torch imports
-    import torch  # noqa: F401  (what every command imports, and the optimizer's step)
-    import torch._dynamo  # noqa: F401
+    import importlib
 
-    import paratrain.cli  # noqa: F401
-    import paratrain.parallel.launch  # noqa: F401
-    import paratrain.session  # noqa: F401
-    import paratrain.training.worker  # noqa: F401
+    from paratrain.runtime import prefork
 
+    # what paratrain's forkserver preloads (torch, the optimizer step's torch._dynamo, the worker), less the
+    # module that makes a forkserver of the process it is in; and the command line the launcher runs
+    for name in [*prefork.PRELOAD, "paratrain.cli", "paratrain.session"]:
+        if name != "paratrain.runtime._in_forkserver":
+            importlib.import_module(name)
     sys.stderr.flush()
     said = Path(log).read_bytes() if log else b""  # its standard error is this file (conftest.warm_socket)
     selector = selectors.DefaultSelector()

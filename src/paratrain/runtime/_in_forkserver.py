@@ -6,11 +6,10 @@ it saves. Ignoring it, the forkserver lets the workers take the signal as spawne
 the step and stop. Each forked worker takes SIGTERM back first thing (prefork.detach). The forkserver
 ignores SIGINT by itself, and ends when the launcher does.
 
-It ends by os._exit once its exit handlers have run: tearing down the torch it imported took 1.5 s, and it
-holds the launcher's standard streams all that time, so `paratrain ... | tail` or a subprocess reading the
-command's output waited for it. It has nothing to flush: it only imported and forked. Its workers inherit
-the handler but never run it (multiprocessing ends them with os._exit); the pid check keeps it the
-forkserver's alone all the same.
+It ends by os._exit once its exit handlers have run (its streams flushed first): tearing down the torch it
+imported took 1.5 s, and it holds the launcher's standard streams all that time, so `paratrain ... | tail` or
+a subprocess reading the command's output waited for it. Its workers inherit the handler but never run it
+(multiprocessing ends them with os._exit); the pid check keeps it the forkserver's alone all the same.
 """
 
 import atexit
