@@ -28,6 +28,33 @@ def test_the_tower_refuses_compile_in_one_line_and_the_other_strategies_take_it(
         checked(config.validate(config.TrainConfig(compile=True, **values)))
 
 
+def test_dropout_of_the_global_batch_compiles_into_one_graph_with_one_devices_masks() -> None:
+    """The gpt with dropout 0.1 (5 dropout calls a forward), compiled within the masks of worker 1 of 2: one graph
+    for three micro-batches of three seeds (its generator made in the traced code broke the graph at every call
+    and its seed was a guard: 13 graphs), no graph break, and the outputs those of the same masks uncompiled,
+    bit for bit."""
+    from torch._dynamo.utils import counters
+
+    from paratrain.features.dropout import GlobalBatchDropout, mixed_seed
+    from paratrain.models.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(256, 16, width=32, depth=2, heads=2, dropout=0.1).train()
+    graphs: list = []
+    compiled = torch.compile(model, backend=lambda graph, inputs: graphs.append(graph) or graph.forward)
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    counters.clear()
+    for step in range(3):
+        seed = mixed_seed(7, step, 0)
+        with GlobalBatchDropout(torch.device("cpu"), (1, 2), 4, seed, 1) as eager:
+            want = model(ids)
+        with GlobalBatchDropout(torch.device("cpu"), (1, 2), 4, seed, 1) as traced:
+            got = compiled(ids)
+        assert torch.equal(got, want) and traced.placed == eager.placed == 5, step
+    assert len(graphs) == 1 and not counters["graph_break"], (len(graphs), dict(counters["graph_break"]))
+
+
 def test_fsdp_compiles_each_sharded_block_in_place_and_keeps_the_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forward of each unit is compiled in place (an attribute of the unit: its hooks, where fsdp gathers a
     block's weights, run around it); the module and its parameters' names are as they were. Whole copies (ddp)

@@ -271,6 +271,19 @@ def test_two_workers_draw_the_masks_one_device_draws() -> None:
     assert pipelined.unplaced == 3 and pipelined.placed == 0
 
 
+def test_a_worker_keeps_its_rows_of_the_mask_for_the_backward_not_the_global_batchs() -> None:
+    """Worker 1 of 4 draws the mask of all 4 x 8 rows and keeps its 8 for the backward: what autograd saves is
+    no larger than its own input (a view of the whole mask kept the whole, 4x, alive until the backward)."""
+    saved: list[torch.Tensor] = []
+    x = torch.randn(8, 16, 32, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), \
+            GlobalBatchDropout(torch.device("cpu"), (1, 4), 8, seed=5, rank=1) as mode:
+        F.dropout(x, 0.1, True).sum().backward()
+    assert mode.placed == 1 and saved
+    assert max(t.untyped_storage().nbytes() for t in saved) <= x.untyped_storage().nbytes(), \
+        [t.untyped_storage().nbytes() for t in saved]
+
+
 # ---- from the command line and from Python, on one device ----
 
 def test_train_generate_and_the_summary_of_a_language_model(tmp_path: Path, corpus: Path,

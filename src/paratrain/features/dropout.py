@@ -20,6 +20,10 @@ TorchFunctionMode, around the forward and backward of a micro-batch. A call whos
 worker's rows (a tower's replicas, a network that puts the batch elsewhere) cannot be placed in the global
 batch: its mask is drawn for its own shape, from a generator with the copy in its seed, which matches one device
 in distribution only.
+
+Under --compile the placed mask is one operator of the graph (`global_batch_mask`, a custom op): its generator is
+made and drawn inside it, from the micro-batch's seed as a tensor. Made in the traced code, the generator broke
+the graph at every dropout call, and the seed, a Python number, was a guard that failed every step.
 """
 
 from __future__ import annotations
@@ -59,6 +63,23 @@ def mixed_seed(*parts: int) -> int:
     return value
 
 
+@torch.library.custom_op("paratrain::global_batch_mask", mutates_args=())
+def global_batch_mask(seed: torch.Tensor, call: int, rows: int, of: int, which: int, per_row: list[int],
+                      p_keep: float, device: torch.device) -> torch.Tensor:
+    """Rows [which * rows, (which + 1) * rows) of the 0/1 float32 mask of a global micro-batch of rows * of
+    rows (each of shape `per_row`), drawn from (seed, call) alone. `seed`: a 0-d int64 tensor on the CPU, so that
+    a compiled graph takes it as an input rather than a constant to guard."""
+    drawn = torch.Generator(device).manual_seed(mixed_seed(int(seed.item()), call))
+    whole = torch.empty((rows * of, *per_row), dtype=torch.float32, device=device).bernoulli_(p_keep, generator=drawn)
+    return whole[which * rows:(which + 1) * rows].clone()
+
+
+@global_batch_mask.register_fake
+def _(seed: torch.Tensor, call: int, rows: int, of: int, which: int, per_row: list[int], p_keep: float,
+      device: torch.device) -> torch.Tensor:
+    return torch.empty((rows, *per_row), dtype=torch.float32, device=device)
+
+
 class GlobalBatchDropout(TorchFunctionMode):
     """Within it, dropout draws the global micro-batch's masks and applies this worker's rows of them.
     `share`: (which, of how many) equal shares of the global micro-batch is this worker's, of `rows` examples;
@@ -71,6 +92,7 @@ class GlobalBatchDropout(TorchFunctionMode):
         super().__init__()
         (self.which, self.of), self.rows = share, rows
         self.device, self.seed, self.rank = device, seed, rank
+        self.seed_tensor = torch.tensor(seed, dtype=torch.int64)  # the placed masks' (global_batch_mask)
         self.call = 0  # the next call's place in the forward: its mask's seed
         self.own: dict[torch.device, torch.Generator] = {}  # by device: a tower's replicas are on several
         self.placed = self.unplaced = 0  # calls drawn as one device would, and the others (for the tests)
@@ -137,11 +159,10 @@ class GlobalBatchDropout(TorchFunctionMode):
                 seed = mixed_seed(self.seed, UNPLACED, self.rank)
                 self.own[like.device] = torch.Generator(like.device).manual_seed(seed)
             return make(shape).bernoulli_(p_keep, generator=self.own[like.device])
-        per_row = (shape[0] // self.rows, *shape[1:])
-        drawn = torch.Generator(like.device).manual_seed(mixed_seed(self.seed, self.call))
-        whole = make((self.rows * self.of, *per_row)).bernoulli_(p_keep, generator=drawn)
+        per_row = [shape[0] // self.rows, *shape[1:]]
         self.placed += 1
-        return whole[self.which * self.rows:(self.which + 1) * self.rows].reshape(shape)
+        return global_batch_mask(self.seed_tensor, self.call, self.rows, self.of, self.which, per_row, p_keep,
+                                 like.device).reshape(shape)
 
     def _attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
                    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
