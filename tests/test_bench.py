@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import max_abs_diff, run_cli, train_here, weights
+from conftest import main_code, max_abs_diff, run_cli, train_here, weights
 
 from paratrain.core.errors import UserError
 from paratrain.measure.bench import add_speedups, default_configs, parse_configs
@@ -35,8 +35,31 @@ def test_bad_configs(spec: str) -> None:
 
 def test_default_configs() -> None:
     assert [c.name for c in default_configs(2, 0)] == ["cpu:1t", "cpu:2t", "ddp-cpu:1", "ddp-cpu:2", "tower-cpu:2"]
-    names = [c.name for c in default_configs(4, 2)]
-    assert names[-3:] == ["gpu:1", "gpu:2", "tower-gpu:2"] and "ddp-cpu:4" in names
+    assert [c.name for c in default_configs(4, 2)] == ["cpu:1t", "cpu:4t", "gpu:1", "gpu:2", "tower-gpu:2"]
+    assert [c.name for c in default_configs(96, 0)] == ["cpu:1t", "cpu:96t", *(f"ddp-cpu:{n}" for n in
+                                                        (1, 2, 4, 8, 16, 32, 64, 96)), "tower-cpu:96"]
+
+
+def test_bench_without_configs_on_a_gpu_node_plans_a_dozen_rows_and_every_gpu_count(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`paratrain bench` with no --configs on 128 cores and 8 GPUs (faked): the rows it would run are at most
+    12, two of them the CPU's, and one for each GPU count."""
+    import torch
+
+    from paratrain.measure import bench
+    from paratrain.runtime import devices
+
+    monkeypatch.setattr(devices, "usable_cores", lambda: 128)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    planned: list[str] = []
+
+    def measured(configs: list, *args: object, **kwargs: object) -> dict:
+        planned.extend(c.name for c in configs)
+        raise SystemExit(0)  # what would run is known: nothing runs, nothing is reported
+    monkeypatch.setattr(bench, "run_bench", measured)
+    assert main_code(["bench", "--dataset", "digits", "--steps", "1", "--out", str(tmp_path / "b")]) == 0
+    assert len(planned) <= 12 and [n for n in planned if "cpu" in n] == ["cpu:1t", "cpu:128t"], planned
+    assert {f"gpu:{n}" for n in range(1, 9)} <= set(planned) and "tower-gpu:8" in planned, planned
 
 
 def test_speedups() -> None:

@@ -22,7 +22,8 @@ DEFAULT_DATASET = "mnist"
 
 def add(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure the same training in every device configuration, with plots")
-    p.add_argument("--configs", help="e.g. cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2 (default: all here)")
+    p.add_argument("--configs", help="e.g. cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2 (default: a first look "
+                   "at this machine, a dozen rows at most)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=int, default=None, help="epochs per run (default: 2)")
     length.add_argument("--steps", type=int, help="steps per run instead")

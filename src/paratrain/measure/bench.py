@@ -109,10 +109,14 @@ def _pipeline_config(token: str, kind: str, accel: str, k: int, x: int) -> Bench
 
 
 def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
-    """Every meaningful configuration: the CPU with 1 thread and all cores, N gloo workers for N up to
-    the cores, each GPU count with DDP, and the tower strategy beside DDP."""
+    """The configurations of a first bench, a dozen rows at most on a node of 8 GPUs: the CPU with 1 thread and
+    with all cores; where there is no GPU, gloo workers at each power of two up to the cores (and the cores);
+    each GPU count with DDP; the tower beside DDP. A row a core count put ~100 CPU rows, each repeated, before
+    the first GPU row of a 128-core GPU node."""
     names = ["cpu:1t"] + ([f"cpu:{cores}t"] if cores > 1 else [])
-    names += [f"ddp-cpu:{n}" for n in range(1, cores + 1)]
+    if not gpus:
+        counts = sorted({2 ** k for k in range(cores.bit_length()) if 2 ** k <= cores} | {cores})
+        names += [f"ddp-cpu:{n}" for n in counts]
     names += [f"gpu:{n}" for n in range(1, gpus + 1)]
     names += [f"tower-gpu:{gpus}"] if gpus > 1 else ([f"tower-cpu:{cores}"] if cores > 1 else [])
     return parse_configs(",".join(names))
