@@ -36,6 +36,7 @@ def test_bad_configs(spec: str) -> None:
 def test_default_configs() -> None:
     assert [c.name for c in default_configs(2, 0)] == ["cpu:1t", "cpu:2t", "ddp-cpu:1", "ddp-cpu:2", "tower-cpu:2"]
     assert [c.name for c in default_configs(4, 2)] == ["cpu:1t", "cpu:4t", "gpu:1", "gpu:2", "tower-gpu:2"]
+    assert [c.name for c in default_configs(128, 1)] == ["cpu:1t", "cpu:128t", "gpu:1"]  # no tower of 128 CPUs
     assert [c.name for c in default_configs(96, 0)] == ["cpu:1t", "cpu:96t", *(f"ddp-cpu:{n}" for n in
                                                         (1, 2, 4, 8, 16, 32, 64, 96)), "tower-cpu:96"]
 

@@ -92,7 +92,7 @@ class GlobalBatchDropout(TorchFunctionMode):
         super().__init__()
         (self.which, self.of), self.rows = share, rows
         self.device, self.seed, self.rank = device, seed, rank
-        self.seed_tensor = torch.tensor(seed, dtype=torch.int64)  # the placed masks' (global_batch_mask)
+        self.seed_tensor = torch.tensor(seed, dtype=torch.int64, device="cpu")  # the placed masks' (global_batch_mask)
         self.call = 0  # the next call's place in the forward: its mask's seed
         self.own: dict[torch.device, torch.Generator] = {}  # by device: a tower's replicas are on several
         self.placed = self.unplaced = 0  # calls drawn as one device would, and the others (for the tests)

@@ -1,4 +1,5 @@
-"""`paratrain bench`: the same training in every configuration the machine offers, measured side by side.
+"""`paratrain bench`: the same training in several configurations (--configs, or a first look at the machine),
+measured side by side.
 
 Each configuration runs as `paratrain train` in a fresh process (never two at once), `--repeats` times,
 plus one short run with --time-phases for the step-time breakdown. A configuration that fails is
@@ -118,7 +119,7 @@ def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
         counts = sorted({2 ** k for k in range(cores.bit_length()) if 2 ** k <= cores} | {cores})
         names += [f"ddp-cpu:{n}" for n in counts]
     names += [f"gpu:{n}" for n in range(1, gpus + 1)]
-    names += [f"tower-gpu:{gpus}"] if gpus > 1 else ([f"tower-cpu:{cores}"] if cores > 1 else [])
+    names += [f"tower-gpu:{gpus}"] if gpus > 1 else ([f"tower-cpu:{cores}"] if cores > 1 and not gpus else [])
     return parse_configs(",".join(names))
 
 
