@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import max_abs_diff, run_cli, train, weights
+from conftest import max_abs_diff, run_cli, train, train_here, weights
 
 pytestmark = pytest.mark.gpu  # sees the GPUs (conftest hides them from every other test)
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
@@ -63,6 +63,17 @@ def test_mixed_precision_on_gpu(tmp_path: Path, precision: str) -> None:
     summary = train(tmp_path / precision, "--accelerator", "gpu", "--devices", "1", "--precision", precision,
                     "--steps", "100")
     assert summary["precision"] == precision and summary["test_accuracy"] >= 0.8
+
+
+@needs_gpu
+def test_each_run_in_one_process_reports_its_own_gpu_peak(tmp_path: Path) -> None:
+    """Two runs in this process, a wide network's then a narrow one's: the second's peak is its own, not the
+    process's (torch's peak counter was never reset: a search's trials and repeated fits reported the largest)."""
+    wide = train_here(tmp_path / "wide", "--accelerator", "gpu", "--devices", "1", "--model", "mlp", "--width", "8192",
+                      "--steps", "2")
+    narrow = train_here(tmp_path / "narrow", "--accelerator", "gpu", "--devices", "1", "--model", "mlp", "--width",
+                        "16", "--steps", "2")
+    assert narrow["peak_memory_bytes"][0] * 10 < wide["peak_memory_bytes"][0], (narrow, wide)
 
 
 @needs_2_gpus

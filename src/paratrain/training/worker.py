@@ -33,6 +33,10 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
     ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout,
                     plan.env.init_method)
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": entered, "joined": time.time()})
+    if ctx.device.type == "cuda":  # the summary's peak is this run's: not an earlier fit's or trial's in the process
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     try:
         # the one owner of the run's checkpoints/ in this worker, which reads and writes them (collective where
         # they are written in the background)
