@@ -507,7 +507,7 @@ def wait_for(condition, timeout: float, what: str) -> None:  # noqa: ANN001
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """-n auto (pyproject's addopts) is for the fast tests: a selection of those that start processes, bound wall
     times, read the real datasets or share GPUs (`-m integration`, `slow`, `gpu`) runs in this process, one test at
-    a time, unless -n is given (.ci/run gives -n 3 to the integration tests that may run beside another). None:
+    a time, unless -n is given (.ci/run gives -n 3 to the integration and slow tests that may run beside another). None:
     xdist's own count, a process a core."""
     chosen = re.sub(r"\bnot\s+\w+", "", config.getoption("markexpr") or "")
     return 0 if re.search(r"\b(integration|slow|gpu)\b", chosen) else None

@@ -62,6 +62,7 @@ def test_plan_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its co-location slowdown is a ratio of measured times: nothing beside it
 def test_plan_checks_itself_against_measured_gloo_workers(tmp_path: Path) -> None:
     """A real bench of 1 thread and 2 gloo workers, then the plan: it measures this host (link, co-location)
     and puts its prediction for the 2 workers beside the measurement. How close they come is a timing, so

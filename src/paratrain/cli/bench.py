@@ -1,4 +1,4 @@
-"""`paratrain bench`: the same training in every device configuration, with plots (measure/bench.py runs it)."""
+"""`paratrain bench`: the same training in several device configurations, with plots (measure/bench.py runs it)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ DEFAULT_DATASET = "mnist"
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure the same training in every device configuration, with plots")
+    p = sub.add_parser("bench", help="measure the same training in several device configurations, with plots")
     p.add_argument("--configs", help="e.g. cpu:1t,cpu:2t,ddp-cpu:2,gpu:1,gpu:2,tower-gpu:2 (default: a first look "
-                   "at this machine, a dozen rows at most)")
+                   "at this machine: 11 rows on a node of 8 GPUs)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=int, default=None, help="epochs per run (default: 2)")
     length.add_argument("--steps", type=int, help="steps per run instead")
