@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 import yaml
 from conftest import main_code, max_abs_diff, newest_state, run_cli, train_here, weights
+from torch.overrides import TorchFunctionMode
+
+import paratrain
 
 SUMMARY_KEYS = {"model", "dataset", "strategy", "world_size", "global_batch_size", "steps", "epochs",
                 "train_time_s", "examples_per_sec", "test_accuracy", "test_loss", "val_accuracy", "seed",
@@ -159,3 +165,54 @@ def test_a_logged_run_has_plain_lines_and_a_resume_says_so(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[0] == f"paratrain: resuming {run}, whose newest checkpoint is of step 4"
     assert "leaked semaphore" not in proc.stderr
+
+
+# ---- what a step asks of the device ----
+
+class _Reads(TorchFunctionMode):
+    """The reads of a tensor's value (each one a wait for the device where the tensor is on one) that paratrain's
+    own code makes, by the step they were made in."""
+
+    READS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__,
+             torch.Tensor.__bool__, torch.Tensor.cpu)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step, self.made = 0, []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in self.READS:
+            frame = sys._getframe(1)  # the caller: of the method itself, or of torch's Python wrapper of it
+            if frame.f_code.co_filename == torch._tensor.__file__:  # __float__, __bool__, __int__
+                frame = frame.f_back
+            if PACKAGE in frame.f_code.co_filename:  # not torch's own (an optimizer's step count, say)
+                self.made.append((self.step, f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {func.__name__}"))
+        return func(*args, **(kwargs or {}))
+
+
+PACKAGE = str(Path(paratrain.__file__).parent)
+
+
+@pytest.mark.parametrize("workload", ["lenet5-digits", "gpt-text"])
+def test_a_step_that_logs_nothing_reads_the_device_once(workload: str, tmp_path: Path, corpus: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reads of a value in paratrain's own code during each step of a run that logs nothing (every step but
+    the last, which logs): one, the agreement's (every worker learns whether any loss is finite, and whether to
+    stop). The text's windows were read through indices kept on the device, brought back twice a step."""
+    from paratrain.training.trainer import Trainer
+
+    reads = _Reads()
+
+    def counting(original: Any) -> Any:
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            reads.step = self.state.step + 1
+            with reads:
+                return original(self, *args, **kwargs)
+        return counted
+    for name in ("_forward_backward", "_agree", "_update", "_after_update"):
+        monkeypatch.setattr(Trainer, name, counting(getattr(Trainer, name)))
+    flags = ("--dataset", "text", "--data-dir", str(corpus), "--model", "gpt", "--width", "32", "--depth", "1",
+             "--heads", "2", "--context", "32", "--batch-size", "8") if workload == "gpt-text" else ()
+    train_here(tmp_path / "run", *flags, "--devices", "1", "--steps", "5", "--log-every", "1000", "--no-tensorboard")
+    per_step = {step: [where for s, where in reads.made if s == step] for step in range(1, 5)}
+    assert all(len(made) == 1 for made in per_step.values()), per_step

@@ -26,6 +26,13 @@ def epoch_order(train_targets: Any, seed: int, epoch: int) -> torch.Tensor:
     return epoch_permutation(len(train_targets), seed, epoch)
 
 
+def order_device(train: tuple[Any, Any], device: torch.device) -> torch.device:
+    """Where an epoch's order lives: on the host where the inputs and targets are both read from a file on demand
+    (a text's windows: their indices are read on the host, and kept on the device each micro-batch would bring
+    them back, a wait for the device twice a step); else on the device with the data, which it indexes."""
+    return torch.device("cpu") if all(getattr(part, "read_on_demand", False) for part in train) else device
+
+
 def global_batch(perm: torch.Tensor, step: int, batch_size: int) -> torch.Tensor:
     """Indices of global batch `step` (0-based within the epoch)."""
     return perm[step * batch_size: (step + 1) * batch_size]

@@ -17,10 +17,17 @@ import numpy as np
 import torch
 
 
+def host_indices(idx: torch.Tensor) -> np.ndarray:
+    """Indices as a NumPy array, read back from the device only where they are on one (a host tensor's are
+    taken as they are)."""
+    return idx.numpy() if idx.device.type == "cpu" else idx.cpu().numpy()
+
+
 class MappedImages:
     """Rows `rows` (all, if None) of an N x C x H x W uint8 `.npy` file, read on demand."""
 
     REPLACED = " (the cache was rebuilt: were its images changed?)"  # why the file changed under the run
+    read_on_demand = True  # its rows are read from the file as they are asked for (batches.order_device)
 
     def __init__(self, path: str, rows: np.ndarray | None = None, device: torch.device | str = "cpu",
                  stamp: tuple[int, int, int] | None = None) -> None:
@@ -52,7 +59,7 @@ class MappedImages:
     def __getitem__(self, idx: Any) -> torch.Tensor:
         """These rows (a tensor or array of indices, or a slice), as a uint8 tensor on this source's device."""
         if isinstance(idx, torch.Tensor):
-            idx = idx.cpu().numpy()
+            idx = host_indices(idx)
         if isinstance(idx, int | np.integer):
             return self[[int(idx)]][0]
         if self.rows is not None:

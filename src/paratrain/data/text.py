@@ -26,7 +26,7 @@ import torch
 from ..core.errors import UserError
 from .decode import private_name, put_in_place
 from .folder import locked, user_cache
-from .source import MappedImages
+from .source import MappedImages, host_indices
 from .splits import Splits
 from .tokenizers import Tokenizer, tokenizer_for
 
@@ -71,7 +71,7 @@ class TokenWindows(MappedImages):
     def starts(self, idx: Any) -> np.ndarray:
         """The first token of each of the items `idx` (indices, or a slice)."""
         if isinstance(idx, torch.Tensor):
-            idx = idx.cpu().numpy()
+            idx = host_indices(idx)
         if isinstance(idx, slice):  # the training split's: every start whose targets stay in it
             idx = np.arange(*idx.indices(self.hi - self.lo - self.context if self.by_start else len(self)))
         idx = np.asarray(idx, dtype=np.int64)

@@ -29,7 +29,7 @@ from ..components.parts import Parts
 from ..config.length import step_seed
 from ..core.errors import UserError, WriteFailed
 from ..data import Splits
-from ..data.batches import epoch_order, global_batch, worker_part
+from ..data.batches import epoch_order, global_batch, order_device, worker_part
 from ..features import float8, recompute
 from ..features.dropout import has_dropout, masks
 from ..optimization.evaluation import SUMS, step_sums
@@ -165,7 +165,7 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> float:
         """The epoch's steps (from a resumed step on); its training time."""
         state, length, ctx = self.state, self.length, self.ctx
-        perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(ctx.device)
+        perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(order_device(self.data.train, ctx.device))
         ctx.synchronize()
         t_epoch = time.perf_counter()
         for i in range(state.step - epoch * length.per_epoch,
