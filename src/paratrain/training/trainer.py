@@ -234,7 +234,8 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         time_up = ctx.is_main and cfg.max_time is not None and time.perf_counter() - self.t_start > cfg.max_time
         asked = self.stop_request is not None and self.stop_request.signum != 0
-        flag = [torch.tensor(float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
+        # filled on the device from a number (torch.tensor(f, device=...) copies from the host, a wait on a GPU)
+        flag = [torch.full((), float(f), device=ctx.device, dtype=torch.float64) for f in (time_up, asked)]
         summed = self.stragglers.all_reduce(torch.stack([step_loss / cfg.accumulate, *flag]))
         mean_loss, time_flag, signal_flag = (summed / self.to_means).tolist()
         if not math.isfinite(mean_loss):
