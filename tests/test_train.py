@@ -216,3 +216,19 @@ def test_a_step_that_logs_nothing_reads_the_device_once(workload: str, tmp_path:
     train_here(tmp_path / "run", *flags, "--devices", "1", "--steps", "5", "--log-every", "1000", "--no-tensorboard")
     per_step = {step: [where for s, where in reads.made if s == step] for step in range(1, 5)}
     assert all(len(made) == 1 for made in per_step.values()), per_step
+
+
+def test_an_epochs_order_lives_on_the_host_where_inputs_and_targets_are_read_from_a_file(tmp_path: Path) -> None:
+    """A text's windows (inputs and targets read from its token file) take their indices on the host: on a GPU,
+    an order kept there came back to the host twice a step. Where either half is a tensor on the device, the
+    order indexes it there. (The CPU test of the reads above cannot see where the order lives: this can.)"""
+    import numpy as np
+
+    from paratrain.data.batches import order_device
+    from paratrain.data.source import MappedImages
+
+    np.save(tmp_path / "x.npy", np.zeros((4, 1, 2, 2), dtype=np.uint8))
+    mapped, gpu = MappedImages(str(tmp_path / "x.npy")), torch.device("cuda", 0)
+    assert order_device((mapped, mapped), gpu) == torch.device("cpu")
+    assert order_device((mapped, torch.zeros(4)), gpu) == gpu
+    assert order_device((torch.zeros(4, 2), torch.zeros(4)), gpu) == gpu

@@ -116,7 +116,7 @@ def default_configs(cores: int, gpus: int) -> list[BenchConfig]:
     the first GPU row of a 128-core GPU node."""
     names = ["cpu:1t"] + ([f"cpu:{cores}t"] if cores > 1 else [])
     if not gpus:
-        counts = sorted({2 ** k for k in range(cores.bit_length()) if 2 ** k <= cores} | {cores})
+        counts = sorted({2 ** k for k in range(cores.bit_length())} | {cores})
         names += [f"ddp-cpu:{n}" for n in counts]
     names += [f"gpu:{n}" for n in range(1, gpus + 1)]
     names += [f"tower-gpu:{gpus}"] if gpus > 1 else ([f"tower-cpu:{cores}"] if cores > 1 and not gpus else [])

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.resume import resume_point
 from ..parallel import requeue
@@ -34,8 +36,6 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
                     plan.env.init_method)
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": entered, "joined": time.time()})
     if ctx.device.type == "cuda":  # the summary's peak is this run's: not an earlier fit's or trial's in the process
-        import torch
-
         torch.cuda.reset_peak_memory_stats(ctx.device)
     try:
         # the one owner of the run's checkpoints/ in this worker, which reads and writes them (collective where
