@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,6 +51,57 @@ def test_layout_and_bubble_formula() -> None:
     tp = [StagePlace.of(Mesh(pp=2, dp=2, tp=2), r) for r in range(8)]  # tp innermost: neighbours share a stage and copy
     assert [(p.stage, p.replica) for p in tp] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
     assert theoretical_bubble(2, 1) == pytest.approx(0.5) and theoretical_bubble(4, 8) == pytest.approx(3 / 11)
+
+
+class _Queue:
+    """A GPU's stream as CUDA events see it: an event recorded at `at` seconds of device time is done once the
+    device has got there (`reached`); a synchronize on one it has not reached is a wait, which is counted."""
+
+    def __init__(self) -> None:
+        self.at, self.reached, self.waits = 0.0, 0.0, 0
+
+    def event(self, enable_timing: bool = False) -> Any:
+        queue = self
+
+        class Event:
+            def record(self) -> None:
+                self.time = queue.at
+
+            def query(self) -> bool:
+                return self.time <= queue.reached
+
+            def synchronize(self) -> None:
+                if not self.query():
+                    queue.waits += 1
+                    queue.reached = self.time
+
+            def elapsed_time(self, end: Any) -> float:
+                assert end.query(), "elapsed_time of an event the device has not reached (CUDA raises)"
+                return (end.time - self.time) * 1000.0
+        return Event()
+
+
+def test_a_pipelines_device_time_is_read_without_waiting_for_the_device_in_a_step() -> None:
+    """The busy and step times of a pipeline's bubble on a GPU: CUDA events (a torch.cuda.synchronize around each
+    chunk serialized the schedule it measured). Intervals are read as the device passes them, never waited for in
+    a step; the run's end reads the rest, waiting there once."""
+    from paratrain.runtime.device_time import DeviceTime
+
+    queue = _Queue()
+    timer = DeviceTime(torch.device("cuda", 0), event=queue.event)
+    for chunk in range(4):  # the host queues 4 chunks of 0.25 s; the device runs one behind
+        begun = timer.start()
+        queue.at += 0.25
+        timer.stop(begun)
+        queue.reached = chunk * 0.25
+    # the device has passed the first two: read, and nothing waited for
+    assert queue.waits == 0 and len(timer.pending) == 2 and timer.done_s == pytest.approx(0.5)
+    assert timer.seconds() == pytest.approx(1.0) and queue.waits == 1 and not timer.pending
+    on_cpu = DeviceTime(torch.device("cpu"))  # the host's clock: the work is done when the call returns
+    begun = on_cpu.start()
+    sum(range(10_000))
+    on_cpu.stop(begun)
+    assert 0 < on_cpu.seconds() < 1
 
 
 # 10 SGD steps of LeNet-5 (no dropout) on MNIST, the same seed and global batch everywhere. Evaluated with

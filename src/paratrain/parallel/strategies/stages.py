@@ -10,7 +10,6 @@ writing its own layers under the whole model's names (strategies/base.py, checkp
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from ...core.errors import UserError
 from ...data.batches import eval_range
 from ...features.dropout import GlobalBatchDropout
 from ...features.precision import autocast as cast_to
+from ...runtime.device_time import DeviceTime
 from ...runtime.dist import average_gradients
 from ..mesh import Mesh, device_mesh
 from .cuts import stage_bounds, stage_module, theoretical_bubble, whole_model
@@ -95,22 +95,21 @@ class StagePlace:
 
 
 class _TimedStage(PipelineStage):
-    """A PipelineStage that adds up the time it spends computing, to measure the bubble (idle time), and places
-    the dropout masks of each chunk it runs forward at the chunk's rows of the global batch (features/dropout.py)."""
+    """A PipelineStage that adds up the device time it spends computing, to measure the bubble (idle time), and
+    places the dropout masks of each chunk it runs forward at the chunk's rows of the global batch
+    (features/dropout.py)."""
 
-    busy_s = 0.0
+    busy: DeviceTime | None = None  # where its chunks' time adds up (None: not timed, as in evaluation)
     chunk_share = (0, 1)  # (this copy, of how many copies), each cut into `chunks`
     chunks = 1
     first_call = 0  # the dropout calls of the stages before this one, in one forward
 
     def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
+        if self.busy is None:
+            return fn(*args, **kwargs)
+        begun = self.busy.start()
         out = fn(*args, **kwargs)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.busy_s += time.perf_counter() - start
+        self.busy.stop(begun)
         return out
 
     def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
@@ -176,19 +175,20 @@ class Pipeline:
                                  group=self.pp_group)
         self.stage.chunk_share, self.stage.chunks = (place.replica, place.replicas), microbatches
         self.stage.first_call = before.call
+        # the bubble's figures, in device time read without waiting in a step (runtime/device_time.py)
+        self.stage.busy, self.steps_time = DeviceTime(device), DeviceTime(device)
         # --accumulate K: each batch's loss is divided by K (the schedule divides its gradients by the
         # micro-batches, scale_grads), and step() adds each batch's gradients to those of the batches before
         self.accumulate = accumulate
         self.schedule = SCHEDULE_CLASSES[schedule](self.stage, microbatches,
                                                    loss_fn=lambda out, target: loss(out, target) / accumulate)
         self.is_first, self.is_last = place.stage == 0, place.stage == K - 1
-        self.wall_s = 0.0
 
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> tuple[torch.Tensor | None, Any]:
         """Forward and backward of one batch through the pipeline; gradients accumulate in the stage,
         scaled so that they equal those of the update's mean loss (the batch's, under --accumulate 1). The last
         stage returns the batch's mean loss and the logits; the others return (None, None)."""
-        start = time.perf_counter()
+        begun = self.steps_time.start()
         losses: list[torch.Tensor] = []
         # the gradients of the batches accumulated before this one, put aside: the schedule divides the whole
         # .grad by its micro-batches after the batch, which must not divide theirs again
@@ -206,7 +206,7 @@ class Pipeline:
         for p, grad in zip(parameters, before, strict=True):
             if grad is not None:
                 p.grad = grad if p.grad is None else grad.add_(p.grad)
-        self.wall_s += time.perf_counter() - start
+        self.steps_time.stop(begun)
         if not self.is_last:
             return None, None
         return torch.stack(losses).mean() * self.accumulate, logits
@@ -246,7 +246,8 @@ class Pipeline:
         # as many batches on every copy (fsdp's forwards are collectives over the copies): the most any has
         batches = -(-len(eval_range(len(y_all), 0, self.place.replicas)) // size)
         sums = torch.zeros(SUMS, dtype=torch.float64, device=self.device)
-        busy, was_training = self.stage.busy_s, self.module.training
+        busy, was_training = self.stage.busy, self.module.training
+        self.stage.busy = None
         self.module.eval()
         try:
             with torch.no_grad():
@@ -265,7 +266,7 @@ class Pipeline:
                             meter.update(logits[:n], y[:n])
         finally:
             self.module.train(was_training)
-            self.stage.busy_s = busy
+            self.stage.busy = busy
         return sums
 
     def _forward(self, x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
@@ -283,7 +284,8 @@ class Pipeline:
     def bubble(self) -> dict[str, Any]:
         """Measured idle fraction of every stage (of this copy) beside the theory, (K-1)/(M+K-1) (collective)."""
         # None where no step ran (a finished run evaluated again): summary.json holds no NaN
-        mine = 1.0 - self.stage.busy_s / self.wall_s if self.wall_s else None
+        steps_s = self.steps_time.seconds()
+        mine = 1.0 - self.stage.busy.seconds() / steps_s if steps_s else None
         idle: list[Any] = [None] * self.place.stages
         dist.all_gather_object(idle, mine, group=self.pp_group)
         mean = None if None in idle else sum(idle) / len(idle)
