@@ -170,24 +170,29 @@ def test_a_logged_run_has_plain_lines_and_a_resume_says_so(tmp_path: Path) -> No
 # ---- what a step asks of the device ----
 
 class _Reads(TorchFunctionMode):
-    """The reads of a tensor's value (each one a wait for the device where the tensor is on one) that paratrain's
-    own code makes, by the step they were made in."""
+    """The reads of a tensor's value (each one a wait for the device where the tensor is on one), and the numbers
+    made on the host for a device (torch.tensor(v, device=...): a copy, which on a GPU waits for the work queued
+    before it), that paratrain's own code makes, by the step (or "evaluation") they were made in."""
 
     READS = (torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__float__, torch.Tensor.__int__,
              torch.Tensor.__bool__, torch.Tensor.cpu)
 
     def __init__(self) -> None:
         super().__init__()
-        self.step, self.made = 0, []
+        self.step: int | str = 0
+        self.made: list[tuple[int | str, str]] = []
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if func in self.READS:
+        kwargs = kwargs or {}
+        copied = func is torch.tensor and kwargs.get("device") is not None
+        if func in self.READS or copied:
             frame = sys._getframe(1)  # the caller: of the method itself, or of torch's Python wrapper of it
             if frame.f_code.co_filename == torch._tensor.__file__:  # __float__, __bool__, __int__
                 frame = frame.f_back
             if PACKAGE in frame.f_code.co_filename:  # not torch's own (an optimizer's step count, say)
-                self.made.append((self.step, f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {func.__name__}"))
-        return func(*args, **(kwargs or {}))
+                what = "copy" if copied else func.__name__
+                self.made.append((self.step, f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} {what}"))
+        return func(*args, **kwargs)
 
 
 PACKAGE = str(Path(paratrain.__file__).parent)
@@ -198,24 +203,30 @@ def test_a_step_that_logs_nothing_reads_the_device_once(workload: str, tmp_path:
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The reads of a value in paratrain's own code during each step of a run that logs nothing (every step but
     the last, which logs): one, the agreement's (every worker learns whether any loss is finite, and whether to
-    stop). The text's windows were read through indices kept on the device, brought back twice a step."""
+    stop), and no number copied from the host. The text's windows were read through indices kept on the device,
+    brought back twice a step. An evaluation's sums stay on the device until its end (which reads them once,
+    outside its batches): each batch copied its example count from the host."""
+    from paratrain.optimization import evaluation
     from paratrain.training.trainer import Trainer
 
-    reads = _Reads()
+    reads, ran = _Reads(), []
 
-    def counting(original: Any) -> Any:
-        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-            reads.step = self.state.step + 1
+    def counting(original: Any, step: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            reads.step = step(args)
+            ran.append(reads.step)
             with reads:
-                return original(self, *args, **kwargs)
+                return original(*args, **kwargs)
         return counted
     for name in ("_forward_backward", "_agree", "_update", "_after_update"):
-        monkeypatch.setattr(Trainer, name, counting(getattr(Trainer, name)))
+        monkeypatch.setattr(Trainer, name, counting(getattr(Trainer, name), lambda args: args[0].state.step + 1))
+    monkeypatch.setattr(evaluation, "evaluate_share", counting(evaluation.evaluate_share, lambda _: "evaluation"))
     flags = ("--dataset", "text", "--data-dir", str(corpus), "--model", "gpt", "--width", "32", "--depth", "1",
              "--heads", "2", "--context", "32", "--batch-size", "8") if workload == "gpt-text" else ()
     train_here(tmp_path / "run", *flags, "--devices", "1", "--steps", "5", "--log-every", "1000", "--no-tensorboard")
     per_step = {step: [where for s, where in reads.made if s == step] for step in range(1, 5)}
-    assert all(len(made) == 1 for made in per_step.values()), per_step
+    assert all(len(made) == 1 and "copy" not in made[0] for made in per_step.values()), per_step
+    assert "evaluation" in ran and [where for s, where in reads.made if s == "evaluation"] == []
 
 
 def test_an_epochs_order_lives_on_the_host_where_inputs_and_targets_are_read_from_a_file(tmp_path: Path) -> None:

@@ -48,6 +48,8 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
         logits = model(x)
         if flip:
             logits = (logits + model(x.flip(3))) / 2
+        if logits.dtype in (torch.bfloat16, torch.float16):  # a run's autocast's: its scores counted in float32
+            logits = logits.float()
         if stop == start:  # lock-step's empty batch: its forward ran, it adds nothing
             continue
         sums += batch_sums(logits, y_all[start:stop], loss)
@@ -79,16 +81,22 @@ def batch_sums(logits: torch.Tensor, y: torch.Tensor, loss: Any = None) -> torch
 def step_sums(loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, counts: Any = None) -> torch.Tensor:
     """A batch's figures in batch_sums' slots, from its mean loss: a mean over what `counts(y)` counts (the
     built-in cross-entropy's tokens: losses.counted), else over the examples."""
-    weight = counts(y) if counts is not None else torch.tensor(float(len(y)), dtype=torch.float64, device=y.device)
+    weight = counts(y) if counts is not None else _number(len(y), y.device)
     return _slots(loss.double() * weight, logits, y, weight)
 
 
 def _slots(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """(loss sum, correct, count, classified count, weight) of a batch whose loss sum is known."""
-    n = torch.tensor(float(len(y)), dtype=torch.float64, device=logits.device)
+    n = _number(len(y), logits.device)
     if not classified(logits, y):  # a regression's or a sequence's, say: no accuracy
         return torch.stack([loss_sum, torch.zeros_like(n), n, torch.zeros_like(n), weight])
     return torch.stack([loss_sum, (logits.argmax(1) == y).sum().double(), n, n, weight])
+
+
+def _number(value: int, device: torch.device) -> torch.Tensor:
+    """`value` as a float64 scalar filled on the device: torch.tensor(value, device=...) copies it from the host,
+    which on a GPU waits for the work queued before it, once a batch."""
+    return torch.full((), float(value), dtype=torch.float64, device=device)
 
 
 def totals(sums: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
