@@ -23,6 +23,22 @@ def test_one_gpu_trains_digits(tmp_path: Path) -> None:
 
 
 @needs_gpu
+def test_a_gpu_runs_files_hold_cpu_tensors(tmp_path: Path) -> None:
+    """What a GPU run writes in one file loads on a machine without a GPU (torch.load with no map_location): a
+    checkpoint's meta.pt (scheduler, scaler, step) and `paratrain export`'s weights, with the optimizer's
+    state (Adam's moments) among what was saved."""
+    train(tmp_path / "run", "--accelerator", "gpu", "--devices", "1", "--steps", "4", "--optimizer", "adam",
+          "--checkpoint-every", "2")
+    proc = run_cli("export", str(tmp_path / "run"), "--out", str(tmp_path / "w.pt"))
+    assert proc.returncode == 0, proc.stderr
+    files = [tmp_path / "w.pt", *sorted((tmp_path / "run" / "checkpoints").glob("step-*/meta.pt"))]
+    assert len(files) >= 2
+    for f in files:
+        tensors = torch.utils._pytree.tree_leaves(torch.load(f, weights_only=True))
+        assert {t.device.type for t in tensors if isinstance(t, torch.Tensor)} <= {"cpu"}, f
+
+
+@needs_gpu
 def test_gpu_matches_cpu(tmp_path: Path) -> None:
     """Same seed, same batches: a GPU run and a CPU run differ only by floating-point rounding."""
     args = ("--steps", "20", "--optimizer", "sgd", "--lr", "0.01", "--batch-size", "64", "--devices", "1")
@@ -64,6 +80,21 @@ def test_mixed_precision_on_gpu(tmp_path: Path, precision: str) -> None:
     summary = train(tmp_path / precision, "--accelerator", "gpu", "--devices", "1", "--precision", precision,
                     "--steps", "100")
     assert summary["precision"] == precision and summary["test_accuracy"] >= 0.8
+
+
+@needs_gpu
+def test_tf32_is_a_float32_run_whose_matrix_products_use_the_tensor_cores(tmp_path: Path) -> None:
+    """--precision tf32 on an Ampere or later GPU: recorded as such, its MFU over the TF32 peak, its losses those
+    of float32 to TF32's rounding; before Ampere, float32 with a note."""
+    from paratrain.runtime.devices import TF32_CAPABILITY
+
+    args = ("--accelerator", "gpu", "--devices", "1", "--model", "mlp", "--width", "1024", "--steps", "20",
+            "--optimizer", "adamw")
+    single = train(tmp_path / "32", *args)
+    tf32 = train(tmp_path / "tf32", *args, "--precision", "tf32")
+    has_tf32 = torch.cuda.get_device_capability(0) >= TF32_CAPABILITY
+    assert tf32["precision"] == ("tf32" if has_tf32 else "32")
+    assert abs(tf32["val_loss"] - single["val_loss"]) < 1e-2 * max(1.0, single["val_loss"])
 
 
 @needs_gpu

@@ -3,6 +3,7 @@ machine: no GPU has been lent to this project, so these decisions are tested bef
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,10 @@ def test_the_tower_drives_every_gpu_from_one_process(fake_gpus: FakeGPUs, param_
     assert plan.hardware.workers == 1 and plan.devices == (process_device,)
     assert plan.layout.replicas == ("cuda:0", "cuda:1", "cuda:2", "cuda:3")
     assert plan.cfg.devices == "4" and plan.cfg.accelerator == "gpu"
+    # summary.json's devices, whose peaks the MFU adds up: the 4 GPUs (it counted one GPU's peak for 4)
+    from paratrain.parallel.launch import describe_devices
+
+    assert [d.split(" ")[0] for d in describe_devices(plan)] == list(plan.layout.replicas)
 
 
 def test_pipeline_stages_and_hybrid_copies_each_get_their_own_gpu(fake_gpus: FakeGPUs) -> None:
@@ -85,19 +90,23 @@ def test_the_doctors_inventory_lists_the_gpus_and_their_peers(fake_gpus: FakeGPU
     assert "peer access: 2 of 2 GPU pairs" in lines
 
 
-def test_fp16_mixed_precision_on_the_cpu_runs_bf16_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(("asked", "ran", "said"), [("16-mixed", "bf16", "this run uses bf16"),
+                                                    ("tf32", "32", "this run computes in float32")])
+def test_a_gpu_precision_on_the_cpu_runs_what_the_cpu_has_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                     asked: str, ran: str, said: str) -> None:
     """--precision 16-mixed where there is no GPU: float16 has no fast CPU kernels (a ResNet-18 ran 86x slower),
-    so the run uses bf16, says so in one note, and records what ran."""
+    so the run uses bf16; tf32 is a GPU's format, so the run is float32. Each says so in one note, and records
+    what ran."""
     from paratrain import fit
 
-    cfg = config.TrainConfig(model="mlp", dataset="digits", steps=5, precision="16-mixed", quiet=True,
+    cfg = config.TrainConfig(model="mlp", dataset="digits", steps=5, precision=asked, quiet=True,
                              tensorboard=False, devices="1", out=str(tmp_path / "run"))
     summary = fit(None, None, cfg)
     assert summary["steps"] == 5 and summary["val_loss"] == summary["val_loss"] and summary["val_loss"] < 10
-    assert summary["precision"] == "bf16"
-    assert "bf16" in config.load_yaml(tmp_path / "run" / "config.yaml")["precision"]
-    notes = [line for line in capsys.readouterr().err.splitlines() if "16-mixed" in line]
-    assert len(notes) == 1 and "this run uses bf16" in notes[0]
+    assert summary["precision"] == ran
+    assert str(config.load_yaml(tmp_path / "run" / "config.yaml")["precision"]) == ran
+    notes = [line for line in capsys.readouterr().err.splitlines() if asked in line]
+    assert len(notes) == 1 and said in notes[0]
 
 
 def test_precisions_the_devices_lack(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,3 +125,65 @@ def test_precisions_the_devices_lack(monkeypatch: pytest.MonkeyPatch) -> None:
     precision, note = devices.precision_on("bf16", cpu)
     assert precision == "bf16" and note is not None and "emulated" in note
     assert devices.precision_on("32", cpu) == ("32", None)
+    precision, note = devices.precision_on("tf32", cpu)  # no TF32 there: float32, which it would compute anyway
+    assert precision == "32" and "this run computes in float32" in note
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (7, 5))
+    precision, note = devices.precision_on("tf32", gpu)
+    assert precision == "32" and "Tesla T4 has no TF32 tensor cores" in note
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    assert devices.precision_on("tf32", gpu) == ("tf32", None)
+
+
+def test_tf32_sets_torchs_matrix_products_for_the_run_alone_and_its_peak_is_the_tensor_cores() -> None:
+    """--precision tf32 within a run: torch's float32 matrix products at "high" (TF32) and cuDNN's convolutions
+    allowed it; what the process had before, after it (fit may run again). The MFU's peak: the GPU's dense TF32
+    figure, or its float32 one where it has no TF32 tensor cores."""
+    from paratrain.features.precision import float32_math
+    from paratrain.runtime.peaks import gpu_peak
+
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with float32_math("tf32"):
+            assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == before[0] and not torch.backends.cudnn.allow_tf32
+        with float32_math("32"):
+            assert torch.get_float32_matmul_precision() == before[0]
+    finally:
+        torch.backends.cudnn.allow_tf32 = before[1]
+    assert gpu_peak("NVIDIA A100-SXM4-80GB", "tf32") == 156e12 and gpu_peak("NVIDIA H100 80GB HBM3", "tf32") == 494e12
+    assert gpu_peak("Tesla V100-SXM2-16GB", "tf32") == gpu_peak("Tesla V100-SXM2-16GB", "32") == 15.7e12
+
+
+@pytest.mark.parametrize(("offload", "backend"), [(False, "nccl"), (True, "cuda:nccl,cpu:gloo")])
+def test_gpu_workers_wait_blocking_and_offloaded_gradients_get_a_cpu_backend(
+        monkeypatch: pytest.MonkeyPatch, offload: bool, backend: str) -> None:
+    """A GPU worker's group: NCCL whose waits block (TORCH_NCCL_BLOCKING_WAIT, unless the user set it), so that a
+    collective past --collective-timeout raises in the worker that waits, where NCCL's watchdog aborted the
+    process; with --cpu-offload, gloo beside it for the collectives over CPU tensors (the offloaded gradients'
+    norm and histograms)."""
+    from paratrain.runtime import dist
+
+    joined: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(dist, "device_for", lambda name: torch.device(name))
+    monkeypatch.setattr(dist.dist, "init_process_group",
+                        lambda backend, **kwargs: joined.append((backend, os.environ.get("TORCH_NCCL_BLOCKING_WAIT"))))
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
+    ctx = dist.init(0, 2, "cuda:0", cpu_collectives=offload)
+    assert joined == [(backend, "1")] and ctx.backend == backend
+    monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", "0")  # the user's choice is kept
+    dist.init(0, 2, "cuda:0", cpu_collectives=offload)
+    assert joined[-1] == (backend, "0")
+    monkeypatch.setattr(dist, "device_for", lambda name: torch.device("cpu"))
+    dist.init(0, 2, "cpu")
+    assert joined[-1][0] == "gloo"
+
+
+def test_a_collective_that_timed_out_is_named_where_the_error_names_it() -> None:
+    from paratrain.parallel.launch import _collective, _timed_out
+
+    nccl = RuntimeError("[Rank 1] Work WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=3, NumelOut=3, Timeout(ms)=5000) "
+                        "timed out in blocking wait.")
+    gloo = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv operation")
+    assert _timed_out(nccl) and _timed_out(gloo)
+    assert _collective(nccl) == " (ALLREDUCE, the group's collective number 7)" and _collective(gloo) == ""

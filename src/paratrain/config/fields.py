@@ -25,7 +25,7 @@ FILES = ("imagefolder", "tensors", "csv", "text")  # the datasets that are --dat
 # custom: an optimizer factory given to paratrain.fit
 OPTIMIZERS = ("adam", "adamw", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
-PRECISIONS = ("32", "bf16", "16-mixed", "float8")
+PRECISIONS = ("32", "tf32", "bf16", "16-mixed", "float8")
 ACTIVATIONS = ("relu", "elu", "tanh", "sigmoid")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 BATCHNORM = ("sync", "local")
@@ -180,7 +180,8 @@ class TrainConfig:
                                        choices=("none", "full", "selective"))
     selective_ac: str = _f("2", "--activation-checkpointing selective: every K-th block (K), or each block's "
                            "attention alone (attention)")
-    precision: str = _f("32", "32, bf16 (autocast), 16-mixed (fp16 autocast + GradScaler) or float8 (torchao's "
+    precision: str = _f("32", "32, tf32 (float32 with a GPU's matrix products on TF32 tensor cores: Ampere or "
+                        "later), bf16 (autocast), 16-mixed (fp16 autocast + GradScaler) or float8 (torchao's "
                         "float8 matrix products in the linear layers, bf16 autocast elsewhere; GPUs of compute "
                         "capability 8.9 or later, under ddp and fsdp)", choices=PRECISIONS)
     # augmentation of training batches, on the device (validation/test use the centre crop)

@@ -66,7 +66,7 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
             raise
         silent = [r for r in range(world_size) if time.monotonic() - heartbeats[r] > 3 * HEARTBEAT_S]
         who = ", ".join(map(str, silent)) or "unknown (all heartbeats are recent)"
-        print(f"paratrain: error: worker {rank}: a collective waited more than --collective-timeout "
+        print(f"paratrain: error: worker {rank}: a collective{_collective(e)} waited more than --collective-timeout "
               f"{plan.cfg.collective_timeout:g} s; the worker(s) that stopped answering: rank {who}", file=sys.stderr,
               flush=True)
         end_process(TIMEOUT_EXIT)
@@ -76,6 +76,15 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
 def _timed_out(e: RuntimeError) -> bool:
     """gloo and NCCL report a collective that waited too long as a RuntimeError that says so."""
     return "timed out" in str(e).lower() or "timeout" in str(e).lower()
+
+
+def _collective(e: RuntimeError) -> str:
+    """The collective that timed out, for the error's line, where the error names it (NCCL's blocking wait does:
+    `WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...)`); "" where it does not (gloo's names the transport's receive)."""
+    import re
+
+    found = re.search(r"SeqNum=(\d+), OpType=(\w+)", str(e))
+    return f" ({found[2]}, the group's collective number {found[1]})" if found else ""
 
 
 HEARTBEAT_S = 0.5
@@ -91,10 +100,12 @@ def _beat(heartbeats: Any, rank: int) -> None:
 
 
 def describe_devices(plan: RunPlan) -> list[str]:
-    """Each worker's device, for summary.json."""
+    """Each worker's device, for summary.json; the tower's, each GPU its one process drives (the MFU counts the
+    peaks of the devices listed: a CPU's is its worker's threads', measured)."""
     threads = plan.hardware.threads_per_worker
     cpu = f"cpu ({threads} thread{'s' if threads > 1 else ''})"
-    return [f"{d} {torch.cuda.get_device_name(d)}" if d.startswith("cuda") else cpu for d in plan.devices]
+    gpus = [d for d in plan.layout.replicas if d.startswith("cuda")]
+    return [f"{d} {torch.cuda.get_device_name(d)}" if d.startswith("cuda") else cpu for d in gpus or plan.devices]
 
 
 def run(plan: RunPlan, target: Target) -> dict[str, Any] | None:
@@ -119,7 +130,7 @@ def run(plan: RunPlan, target: Target) -> dict[str, Any] | None:
                                 f"a collective waited more than --collective-timeout {cfg.collective_timeout:g} s for "
                                 "a task that stopped answering; where the first host does not resolve or the port "
                                 "is taken, set MASTER_ADDR or MASTER_PORT in the job script", code=1) from None
-            raise UserError(f"rank {env.rank}: a collective waited more than --collective-timeout "
+            raise UserError(f"rank {env.rank}: a collective{_collective(e)} waited more than --collective-timeout "
                             f"{cfg.collective_timeout:g} s for a worker that stopped answering"
                             f"{' or a node the network cut off' if env.nodes > 1 else ''} (torchrun's report names "
                             f"the first rank to exit, which may be this one){'; ' + wait if wait else ''}",

@@ -166,6 +166,7 @@ def cpu_flags() -> set[str]:
 
 
 FLOAT8_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (L4, RTX 40xx) and Hopper (H100) onwards
+TF32_CAPABILITY = (8, 0)  # TF32 tensor cores: Ampere (A100) onwards
 
 
 def check_float8(hardware: Hardware) -> None:
@@ -187,10 +188,17 @@ def check_float8(hardware: Hardware) -> None:
 def precision_on(precision: str, hardware: Hardware) -> tuple[str, str | None]:
     """The precision a run can use on its devices, and a note where it is not the one asked for (or is slow
     there); a UserError where the devices lack it. On CPUs, float16 has no fast kernels (a ResNet-18 ran 86x
-    slower under 16-mixed than in float32): bf16 takes its place, as Lightning does."""
+    slower under 16-mixed than in float32): bf16 takes its place, as Lightning does. tf32 where the devices have
+    no TF32 tensor cores (a CPU, a GPU before Ampere): float32, which it would compute anyway."""
     if precision == "float8":
         check_float8(hardware)
         return precision, None
+    if precision == "tf32" and hardware.accelerator == "cpu":
+        return "32", ("--precision tf32 is a format of NVIDIA GPUs' tensor cores (Ampere or later); this run "
+                      "computes in float32")
+    if precision == "tf32" and torch.cuda.get_device_capability(0) < TF32_CAPABILITY:
+        return "32", (f"--precision tf32: {torch.cuda.get_device_name(0)} has no TF32 tensor cores (Ampere or later "
+                      "have them); this run computes in float32")
     if hardware.accelerator == "cpu":
         if precision == "16-mixed":
             return "bf16", ("--precision 16-mixed (float16) has no fast kernels on CPUs and ran ~86x slower than "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import sys
 from collections.abc import Iterable
@@ -96,13 +97,22 @@ def loopback_store(rank: int, world_size: int, port: int, timeout_s: float = 300
 
 
 def init(rank: int, world_size: int, device: str | torch.device, local_port: int | None = None,
-         timeout_s: float = 300.0, init_method: str = "env://") -> DistContext:
+         timeout_s: float = 300.0, init_method: str = "env://", cpu_collectives: bool = False) -> DistContext:
     """Join (or, for one worker, skip) the process group: on this machine through a loopback rendezvous at
-    `local_port`, or (None) through the launcher's `init_method` (torchrun's env://, Slurm's tcp://HOST:PORT)."""
+    `local_port`, or (None) through the launcher's `init_method` (torchrun's env://, Slurm's tcp://HOST:PORT).
+    `cpu_collectives`: GPU workers whose collectives meet CPU tensors too (--cpu-offload's gradients, clipped or
+    histogrammed): gloo beside NCCL, each tensor reduced by its device's backend."""
     device = device_for(device)
     if world_size == 1:
         return DistContext(0, 1, device, None)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "gloo"
+    if device.type == "cuda":
+        backend = "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
+        # a collective past --collective-timeout raises in the worker that waits (launch.py says so in one line,
+        # naming the collective) rather than NCCL's watchdog aborting the process, which left the launcher to
+        # name whichever rank died first. The cost: the host waits for each collective a step waits on (the
+        # user's own setting is kept: TORCH_NCCL_BLOCKING_WAIT=0 in the environment leaves the watchdog)
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     where: dict[str, Any] = {"init_method": init_method}
     if local_port is not None:
         where = {"store": loopback_store(rank, world_size, local_port, timeout_s)}

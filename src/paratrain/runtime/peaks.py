@@ -9,19 +9,23 @@ import os
 import platform
 from pathlib import Path
 
-# (name fragment as torch.cuda.get_device_name shows it, dense bf16/fp16 FLOP/s, dense fp32 FLOP/s (tf32 off))
+# (name fragment as torch.cuda.get_device_name shows it, dense bf16/fp16 FLOP/s, dense TF32 FLOP/s (None: no TF32
+# tensor cores, before Ampere), dense fp32 FLOP/s (tf32 off))
 GPUS = (
-    ("H200", 989e12, 67e12), ("H100 PCIe", 756e12, 51e12), ("H100", 989e12, 67e12), ("GH200", 989e12, 67e12),
-    ("B200", 2250e12, 80e12), ("A100", 312e12, 19.5e12), ("A10G", 70e12, 31.2e12), ("A10", 125e12, 31.2e12),
-    ("L40S", 362e12, 91.6e12), ("L4", 121e12, 30.3e12), ("RTX 4090", 165e12, 82.6e12), ("V100", 125e12, 15.7e12),
-    ("T4", 65e12, 8.1e12),
+    ("H200", 989e12, 494e12, 67e12), ("H100 PCIe", 756e12, 378e12, 51e12), ("H100", 989e12, 494e12, 67e12),
+    ("GH200", 989e12, 494e12, 67e12), ("B200", 2250e12, 1100e12, 80e12), ("A100", 312e12, 156e12, 19.5e12),
+    ("A10G", 70e12, 35e12, 31.2e12), ("A10", 125e12, 62.5e12, 31.2e12), ("L40S", 362e12, 183e12, 91.6e12),
+    ("L4", 121e12, 60e12, 30.3e12), ("RTX 4090", 165e12, 82.6e12, 82.6e12), ("V100", 125e12, None, 15.7e12),
+    ("T4", 65e12, None, 8.1e12),
 )
 
 
 def gpu_peak(name: str, precision: str) -> float | None:
-    """The table's peak for the GPU named `name` at `precision` ("bf16"/"16-mixed" or "32"); None: not in it."""
-    for fragment, half, single in GPUS:
+    """The table's peak for the GPU named `name` at `precision` (a --precision); None: not in it."""
+    for fragment, half, tf32, single in GPUS:
         if fragment in name:
+            if precision == "tf32":
+                return tf32 or single
             return single if precision == "32" else half
     return None
 

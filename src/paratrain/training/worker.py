@@ -14,6 +14,7 @@ import torch
 
 from ..checkpoint.manager import RunCheckpoints
 from ..checkpoint.resume import resume_point
+from ..features.precision import float32_math
 from ..parallel import requeue
 from ..parallel.runplan import RunPlan
 from ..runtime import dist, proc
@@ -33,7 +34,7 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
     proc.tune_malloc(memory_first=cfg.activation_checkpointing != "none")
     proc.set_threads(plan.hardware.threads_per_worker)
     ctx = dist.init(rank, world_size, plan.devices[local_rank], local_port, cfg.collective_timeout,
-                    plan.env.init_method)
+                    plan.env.init_method, cpu_collectives=cfg.cpu_offload)
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": entered, "joined": time.time()})
     if ctx.device.type == "cuda":  # the summary's peak is this run's: not an earlier fit's or trial's in the process
         torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -48,7 +49,8 @@ def work(rank: int, world_size: int, local_rank: int, local_port: int | None, pl
                       file=sys.stderr, flush=True)
             plan = dataclasses.replace(plan, cfg=cfg.replace(resume=cfg.out))
         requeue_signal = plan.requeue_signal  # Slurm's warning before the job's end (None elsewhere)
-        with StopRequest(requeue_signal).installed() as stop:
+        # --precision tf32's matrix products, for this run only (features/precision.py)
+        with StopRequest(requeue_signal).installed() as stop, float32_math(cfg.precision):
             try:
                 return Trainer(ctx, plan, state, checkpoints, stop=stop, devices=devices, restarts=restarts,
                                on_step=on_step).run()
