@@ -162,10 +162,13 @@ class _Recorder(torch.nn.Module):
     """Records the dtype of the activations that pass through it (inside the forward pass)."""
 
     seen: list[torch.dtype] = []  # in training
+    evaluated: list[torch.dtype] = []  # in evaluation (after training began: not the build's example forward)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             _Recorder.seen.append(x.dtype)
+        elif _Recorder.seen:
+            _Recorder.evaluated.append(x.dtype)
         return x
 
 
@@ -176,14 +179,18 @@ def _recorded_net() -> torch.nn.Module:
 
 @pytest.mark.parametrize("precision,dtype", [("bf16", torch.bfloat16), ("32", torch.float32)])
 def test_bf16_autocast_runs_the_forward_in_bf16(tmp_path: Path, precision: str, dtype: torch.dtype) -> None:
+    """Training's forwards and evaluation's alike (evaluation ran in float32 under bf16: on a GPU, at float32's
+    rate and memory)."""
     from paratrain.components.parts import Parts
 
     _Recorder.seen.clear()
+    _Recorder.evaluated.clear()
     cfg = _cfg(out=str(tmp_path / precision), quiet=True, tensorboard=False, steps=60, precision=precision,
                model="custom")
     summary = fit(cfg, load_dataset("digits"), parts=Parts(model=_recorded_net))
     assert summary["precision"] == precision and summary["test_accuracy"] > 0.5
     assert len(_Recorder.seen) == 60 and set(_Recorder.seen) == {dtype}  # every training step's forward
+    assert _Recorder.evaluated and set(_Recorder.evaluated) == {dtype}  # every evaluation's
 
 
 @pytest.mark.parametrize(("name", "kind", "settings"), [

@@ -325,17 +325,20 @@ class Strategy:
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
                  flip: bool, meter: Any = None) -> tuple[float, float]:
         """Accuracy and mean loss of the model being trained over a whole split (collective: every worker
-        evaluates its share, the sums are all-reduced); `meter` (metrics.Meter) sees every batch."""
+        evaluates its share, the sums are all-reduced), its forwards under the run's autocast; `meter`
+        (metrics.Meter) sees every batch."""
         from ...optimization.evaluation import evaluate
 
-        return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
+        with self._autocast():
+            return evaluate(self.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
 
     def evaluate_average(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline,
                          batch_size: int, loss: Any, flip: bool, meter: Any = None) -> tuple[float, float]:
         """`evaluate` of the weight average (--ema): here the average is a whole model of its own."""
         from ...optimization.evaluation import evaluate
 
-        return evaluate(ema.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
+        with self._autocast():
+            return evaluate(ema.module, pair, prep, self.ctx, batch_size, loss, flip, self.lockstep, meter)
 
     def _evaluate_average_in_place(self, ema: AveragedModel, pair: tuple[torch.Tensor, torch.Tensor],
                                    prep: BatchPipeline, batch_size: int, loss: Any, flip: bool,

@@ -310,7 +310,7 @@ class Composed(Strategy):
     def evaluate(self, pair: tuple[torch.Tensor, torch.Tensor], prep: BatchPipeline, batch_size: int, loss: Any,
                  flip: bool, meter: Any = None) -> tuple[float, float]:
         """Each copy evaluates its share (every tp worker of it alike; in lockstep where each forward is a
-        collective), and one worker a copy counts it."""
+        collective), under the run's autocast as it trains, and one worker a copy counts it."""
         from ...optimization.evaluation import evaluate_share, totals
 
         if self.dims().pp > 1:
@@ -318,8 +318,9 @@ class Composed(Strategy):
         else:
             which, of = self.batch_share
             view = dataclasses.replace(self.ctx, rank=which, world_size=of)
-            sums = evaluate_share(_Gathered(self.module), pair, prep, view, batch_size, loss, flip, meter,
-                                  lockstep=self.lockstep)
+            with self._autocast():
+                sums = evaluate_share(_Gathered(self.module), pair, prep, view, batch_size, loss, flip, meter,
+                                      lockstep=self.lockstep)
         return totals(sums if self.reports else sums.zero_(), self.ctx)
 
     def average(self, decay: float) -> AveragedModel:
