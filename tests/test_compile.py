@@ -85,6 +85,22 @@ def test_fsdp_compiles_each_sharded_block_in_place_and_keeps_the_names(monkeypat
     assert strategy("fsdp", Mesh()).compiled_units() == [model]  # one worker: the plain model
 
 
+def test_a_cpu_worker_compiles_in_its_own_process_and_a_gpu_worker_as_torch_chooses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor's pool of compile processes beside CPU workers that use every core oversubscribes them; a GPU
+    node's host cores are idle while its workers compile Triton kernels, one at a time with a single thread."""
+    import torch._inductor.config as inductor
+
+    from paratrain.training.state import quiet_compiler
+
+    chosen = inductor.compile_threads
+    monkeypatch.setattr(inductor, "compile_threads", chosen)  # put back after the test
+    quiet_compiler("cuda")
+    assert inductor.compile_threads == chosen
+    quiet_compiler("cpu")
+    assert inductor.compile_threads == 1
+
+
 @pytest.mark.integration
 @pytest.mark.matrix(("fsdp", "compile", "3.0e-5"))
 def test_the_gpt_compiled_under_fsdp_equals_it_uncompiled_and_says_nothing(tmp_path: Path, corpus: Path,

@@ -22,18 +22,20 @@ if TYPE_CHECKING:
     from ..runtime.env import Environment
 
 
-def quiet_compiler() -> None:
-    """torch.compile in a worker: code generation in this process (inductor's pool of compile processes would
-    put more processes than cores beside the workers, and leaves a semaphore behind at a worker's exit), and
-    without the warning that a CPU machine has no CUDA runtime (which no CPU run needs), and without leaving a
-    semaphore behind."""
+def quiet_compiler(device_type: str) -> None:
+    """torch.compile in a worker: on CPUs, code generation in this process (inductor's pool of compile processes
+    would put more processes than cores beside the workers, which compute on every core, and leaves a semaphore
+    behind at a worker's exit); on GPUs, as many compile processes as torch chooses (Triton's kernels compile in
+    parallel on the host's cores, which the GPUs' workers leave idle). Without the warning that a CPU machine has
+    no CUDA runtime (which no CPU run needs), and without leaving a semaphore behind."""
     import logging
     import threading
 
     import torch._inductor.config as inductor
     from tqdm import tqdm
 
-    inductor.compile_threads = 1
+    if device_type == "cpu":
+        inductor.compile_threads = 1
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     # a graph over DTensors (tensor parallelism) is not kept in AOTAutograd's cache, which warns so on every rank
     logging.getLogger("torch._functorch._aot_autograd.autograd_cache").setLevel(logging.ERROR)

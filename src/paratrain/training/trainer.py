@@ -125,7 +125,7 @@ class Trainer:
             self.strategy.restore(state.optimizer, state.ema, saved)  # the strategy's part, then the rest
             state.restore(saved, self.length.per_epoch, cfg.early_stopping)
         if cfg.compile:  # in place, after the weight average copied it: the same parameters and state_dict keys
-            quiet_compiler()
+            quiet_compiler(self.ctx.device.type)
             state.compile_start = compile_seconds()
             self.strategy.compile()
         self.strategy.wrap()
