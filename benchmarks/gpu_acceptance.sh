@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU acceptance: on a machine with GPUs, the GPU tests, `paratrain doctor`, a bench over cpu / gpu:1 /
-# gpu:N / tower-gpu:N / fsdp-gpu:N, the fastest CIFAR-10 recipe there is (time-capped), and the gpt on one GPU
-# in bf16 (tokens/s, MFU), into one report.
+# gpu:N / tower-gpu:N / fsdp-gpu:N, the fastest CIFAR-10 recipe there is (time-capped), and the gpt (tokens/s,
+# MFU): on one GPU in bf16, float32 and tf32; on N GPUs with NCCL's waits blocking (the default) and not; split
+# by tensor parallelism; and cut into a 2-stage pipeline (its measured bubble beside the theory), into one report.
 #
 #   benchmarks/gpu_acceptance.sh [OUT]          (default OUT: gpu-acceptance; the report is OUT/report.md)
 #   DATA=../shared/data RECIPE=cifar10-tutorial MAX_TIME=600 benchmarks/gpu_acceptance.sh
@@ -56,7 +57,26 @@ run $PY -m paratrain train --dataset text --data-dir "$OUT/text.txt" --model gpt
     --context 256 --batch-size 64 --optimizer adamw --lr 1e-3 --precision bf16 --devices 1 --steps 300 \
     --log-every 100 --no-tensorboard --overwrite --out "$OUT/gpt"
 run $PY -c "import json; s = json.load(open('$OUT/gpt/summary.json')); print({k: s.get(k) for k in ('tokens_per_sec', 'flops_per_token', 'achieved_flops_per_sec', 'peak_of', 'mfu', 'val_loss', 'val_perplexity')})"
+GPT=($PY -m paratrain train --dataset text --data-dir "$OUT/text.txt" --model gpt --width 384 --depth 6 --heads 6
+     --context 256 --batch-size 64 --optimizer adamw --lr 1e-3 --steps 200 --log-every 100 --no-tensorboard --overwrite)
+FIGURES="import json, sys; s = json.load(open(sys.argv[1])); print({k: s.get(k) for k in ('precision', 'tokens_per_sec', 'peak_of', 'mfu', 'val_loss', 'pipeline')})"
+for precision in 32 tf32; do
+    section "the gpt on 1 GPU, --precision $precision: tokens/s and MFU"
+    run "${GPT[@]}" --precision "$precision" --devices 1 --out "$OUT/gpt-$precision"
+    run $PY -c "$FIGURES" "$OUT/gpt-$precision/summary.json"
+done
 if [ "$GPUS" -gt 1 ]; then
+    # TORCH_NCCL_BLOCKING_WAIT=1 (runtime/dist.py) makes a timed-out collective the run's one line; its cost is the
+    # host waiting for each collective a step waits on: the two rows say what that costs here
+    for blocking in 1 0; do
+        section "the gpt on $GPUS GPUs (ddp), bf16, TORCH_NCCL_BLOCKING_WAIT=$blocking"
+        run env TORCH_NCCL_BLOCKING_WAIT=$blocking "${GPT[@]}" --precision bf16 --devices "$GPUS" \
+            --out "$OUT/gpt-ddp-wait$blocking"
+        run $PY -c "$FIGURES" "$OUT/gpt-ddp-wait$blocking/summary.json"
+    done
+    section "the gpt cut into a 2-stage pipeline (--mesh pp=2, 8 micro-batches), bf16: the measured bubble"
+    run "${GPT[@]}" --precision bf16 --mesh pp=2 --microbatches 8 --out "$OUT/gpt-pp"
+    run $PY -c "$FIGURES" "$OUT/gpt-pp/summary.json"
     section "the gpt split over $GPUS GPUs by tensor parallelism (--strategy tp), bf16"
     run $PY -m paratrain train --dataset text --data-dir "$OUT/text.txt" --model gpt --width 384 --depth 6 --heads 6 \
         --context 256 --batch-size 64 --optimizer adamw --lr 1e-3 --precision bf16 --strategy tp --devices "$GPUS" \

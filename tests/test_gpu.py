@@ -98,6 +98,23 @@ def test_tf32_is_a_float32_run_whose_matrix_products_use_the_tensor_cores(tmp_pa
 
 
 @needs_gpu
+def test_text_through_the_feed_on_a_gpu_trains_as_reading_each_batch_when_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data/feed.py on a GPU: the next micro-batch read into pinned memory and copied on a side stream while this
+    one trains, against each read in the loop's thread: the same weights (to the GPU's own run-to-run rounding)."""
+    text = tmp_path / "text.txt"
+    pages = sorted(Path(__file__).parents[1].joinpath("docs").rglob("*.md"))
+    text.write_text("\n\n".join(p.read_text() for p in pages))
+    args = ("--accelerator", "gpu", "--devices", "1", "--dataset", "text", "--data-dir", str(text), "--width", "64",
+            "--context", "64", "--batch-size", "16", "--accumulate", "2", "--optimizer", "adamw", "--steps", "30",
+            "--no-tensorboard")
+    train_here(tmp_path / "ahead", *args)
+    monkeypatch.setattr("paratrain.training.trainer.reads_ahead", lambda train, device: False)
+    train_here(tmp_path / "asked", *args)
+    assert max_abs_diff(weights(tmp_path / "ahead"), weights(tmp_path / "asked")) < 1e-5
+
+
+@needs_gpu
 def test_each_run_in_one_process_reports_its_own_gpu_peak(tmp_path: Path) -> None:
     """Two runs in this process, a wide network's then a narrow one's: the second's peak is its own, not the
     process's (torch's peak counter was never reset: a search's trials and repeated fits reported the largest)."""

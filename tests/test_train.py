@@ -229,10 +229,11 @@ def test_a_step_that_logs_nothing_reads_the_device_once(workload: str, tmp_path:
     assert "evaluation" in ran and [where for s, where in reads.made if s == "evaluation"] == []
 
 
-def test_an_epochs_order_lives_on_the_host_where_inputs_and_targets_are_read_from_a_file(tmp_path: Path) -> None:
-    """A text's windows (inputs and targets read from its token file) take their indices on the host: on a GPU,
-    an order kept there came back to the host twice a step. Where either half is a tensor on the device, the
-    order indexes it there. (The CPU test of the reads above cannot see where the order lives: this can.)"""
+def test_an_epochs_order_lives_on_the_host_where_inputs_are_read_from_a_file(tmp_path: Path) -> None:
+    """A text's windows (inputs and targets read from its token file) and an image folder's cache (its labels in
+    memory) take their indices on the host: on a GPU, an order kept there came back to the host once or twice a
+    step. Where the inputs are a tensor on the device, the order indexes it there. (The CPU test of the reads
+    above cannot see where the order lives: this can.)"""
     import numpy as np
 
     from paratrain.data.batches import order_device
@@ -241,5 +242,32 @@ def test_an_epochs_order_lives_on_the_host_where_inputs_and_targets_are_read_fro
     np.save(tmp_path / "x.npy", np.zeros((4, 1, 2, 2), dtype=np.uint8))
     mapped, gpu = MappedImages(str(tmp_path / "x.npy")), torch.device("cuda", 0)
     assert order_device((mapped, mapped), gpu) == torch.device("cpu")
-    assert order_device((mapped, torch.zeros(4)), gpu) == gpu
+    assert order_device((mapped, torch.zeros(4)), gpu) == torch.device("cpu")
     assert order_device((torch.zeros(4, 2), torch.zeros(4)), gpu) == gpu
+
+
+def test_the_feed_reads_the_next_micro_batch_ahead_and_trains_the_same(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """data/feed.py on a GPU reads micro-batch n + 1 in a thread while n trains, and an epoch's first when it comes:
+    the same batches as reading each when asked (here forced on a CPU, where the loop reads them itself), so the
+    same weights, over two epochs and with --accumulate; each micro-batch read once."""
+    from paratrain.data import feed
+
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"line {i} of a small text, read a window at a time." for i in range(60)))
+    args = ("--dataset", "text", "--data-dir", str(text), "--model", "gpt", "--width", "32", "--depth", "1",
+            "--heads", "2", "--context", "32", "--batch-size", "8", "--accumulate", "2", "--devices", "1",
+            "--optimizer", "adamw", "--epochs", "2", "--no-tensorboard")
+    asked = train_here(tmp_path / "asked", *args)
+    reads: list[int] = []
+    original = feed.Feed._read
+
+    def counted(self: Any, idx: torch.Tensor) -> Any:
+        reads.append(len(idx))
+        return original(self, idx)
+    monkeypatch.setattr(feed.Feed, "_read", counted)
+    monkeypatch.setattr("paratrain.training.trainer.reads_ahead", lambda train, device: True)
+    ahead = train_here(tmp_path / "ahead", *args)
+    assert ahead["steps"] == asked["steps"] > 2 and ahead["epochs"] == 2
+    assert reads == [8] * (asked["steps"] * 2)  # every micro-batch once: none read twice, none past an epoch's end
+    assert max_abs_diff(weights(tmp_path / "asked"), weights(tmp_path / "ahead")) == 0

@@ -27,10 +27,11 @@ def epoch_order(train_targets: Any, seed: int, epoch: int) -> torch.Tensor:
 
 
 def order_device(train: tuple[Any, Any], device: torch.device) -> torch.device:
-    """Where an epoch's order lives: on the host where the inputs and targets are both read from a file on demand
-    (a text's windows: their indices are read on the host, and kept on the device each micro-batch would bring
-    them back, a wait for the device twice a step); else on the device with the data, which it indexes."""
-    return torch.device("cpu") if all(getattr(part, "read_on_demand", False) for part in train) else device
+    """Where an epoch's order lives: on the host where the inputs are read from a file on demand (a text's
+    windows, an image folder's cache: their indices are read on the host, and an order kept on the device would
+    come back each micro-batch, a wait for the device; targets held on the device take their indices through
+    feed.Feed, copied without waiting); else on the device with the data, which it indexes."""
+    return torch.device("cpu") if getattr(train[0], "read_on_demand", False) else device
 
 
 def global_batch(perm: torch.Tensor, step: int, batch_size: int) -> torch.Tensor:

@@ -17,6 +17,22 @@ import numpy as np
 import torch
 
 
+def host_rows(shape: tuple[int, ...], dtype: np.dtype, device: torch.device) -> tuple[np.ndarray, torch.Tensor]:
+    """An empty host array for rows bound for `device`, and the tensor it is a view of: in pinned memory where
+    `device` is a GPU, so that delivered() copies them without waiting (from pageable memory, a copy to a GPU
+    waits for the work queued before it)."""
+    t = torch.from_numpy(np.empty(shape, dtype=dtype))
+    if device.type == "cuda":
+        t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return t.numpy(), t
+
+
+def delivered(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host rows (host_rows') on `device`: on a GPU, copied from pinned memory on the current stream without the
+    host waiting (torch's pinned allocator keeps the buffer until the copy has run)."""
+    return t.to(device, non_blocking=device.type == "cuda")
+
+
 def host_indices(idx: torch.Tensor) -> np.ndarray:
     """Indices as a NumPy array, read back from the device only where they are on one (a host tensor's are
     taken as they are)."""
@@ -65,13 +81,16 @@ class MappedImages:
         if self.rows is not None:
             idx = self.rows[idx]
         elif isinstance(idx, slice):  # a slice of a memory map is a view: copy it out of the file
-            return torch.from_numpy(np.array(self.array[idx])).to(self.device)  # a copy, writable
+            view = self.array[idx]
+            rows, t = host_rows(view.shape, view.dtype, self.device)
+            rows[...] = view  # a copy, writable
+            return delivered(t, self.device)
         # Sorted reads touch the file in order (fewer page faults); the result is put back in the asked order.
         idx = np.asarray(idx, dtype=np.int64)
         order = np.argsort(idx, kind="stable")
-        rows = np.empty((len(idx), *self.array.shape[1:]), dtype=self.array.dtype)
+        rows, t = host_rows((len(idx), *self.array.shape[1:]), self.array.dtype, self.device)
         rows[order] = self.array[idx[order]]
-        return torch.from_numpy(rows).to(self.device)
+        return delivered(t, self.device)
 
     def to(self, device: torch.device | str) -> MappedImages:
         """The same rows, delivered on `device` (the file stays where it is)."""

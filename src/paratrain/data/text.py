@@ -26,7 +26,7 @@ import torch
 from ..core.errors import UserError
 from .decode import private_name, put_in_place
 from .folder import locked, user_cache
-from .source import MappedImages, host_indices
+from .source import MappedImages, delivered, host_indices, host_rows
 from .splits import Splits
 from .tokenizers import Tokenizer, tokenizer_for
 
@@ -84,9 +84,9 @@ class TokenWindows(MappedImages):
         starts = self.starts(idx) + self.shift
         windows = np.lib.stride_tricks.sliding_window_view(self.array, self.context)
         order = np.argsort(starts, kind="stable")  # in file order: fewer page faults
-        rows = np.empty((len(starts), self.context), dtype=self.array.dtype)
-        rows[order] = windows[starts[order]]
-        return torch.from_numpy(rows.astype(np.int64)).to(self.device)
+        rows, t = host_rows((len(starts), self.context), np.dtype(np.int64), self.device)
+        rows[order] = windows[starts[order]]  # token ids as int64, read into pinned memory for a GPU
+        return delivered(t, self.device)
 
     def epoch_starts(self, seed: int, epoch: int) -> torch.Tensor:
         """The training windows of `epoch` by their first token: the grid at an offset, in an order, both drawn

@@ -30,6 +30,7 @@ from ..config.length import step_seed
 from ..core.errors import UserError, WriteFailed
 from ..data import Splits
 from ..data.batches import epoch_order, global_batch, order_device, worker_part
+from ..data.feed import Feed, reads_ahead
 from ..features import float8, recompute
 from ..features.dropout import has_dropout, masks
 from ..optimization.evaluation import SUMS, step_sums
@@ -78,8 +79,11 @@ class Trainer:
         self.report, self.env = plan.report, plan.env
         self.writes_summary = not plan.launcher_writes_summary
         self.state = self._set_up(data, saved)
-        # Moved whole here; a memory-mapped dataset would stay where it is and _fetch would read each batch.
+        # Moved whole here; a memory-mapped dataset stays where it is and the feed reads each batch (on a GPU, the
+        # next one ahead)
         self.data = data.to(ctx.device)
+        self.feed = Feed(self.data.train, ctx.device, reads_ahead(self.data.train, ctx.device))
+        self.rows: Callable[[int], torch.Tensor | None] = lambda n: None  # the epoch's micro-batches (_train_epoch)
         self.memory_at_start = memory_held(ctx.device)  # what the steps add is measured from here
         self.prep = make_batch_transforms(cfg, self.data, ctx.device, self.strategy.channels_last)
         self.run_dir = Path(cfg.out)
@@ -161,11 +165,17 @@ class Trainer:
             with contextlib.suppress(WriteFailed):
                 self.log.close()
             raise
+        finally:
+            self.feed.close()
 
     def _train_epoch(self, epoch: int) -> float:
         """The epoch's steps (from a resumed step on); its training time."""
         state, length, ctx = self.state, self.length, self.ctx
         perm = epoch_order(self.data.train[1], self.cfg.seed, epoch).to(order_device(self.data.train, ctx.device))
+        # micro-batch n of the epoch (of `accumulate` a step), this worker's share; None past the epoch's last step
+        acc, (which, of) = self.cfg.accumulate, self.strategy.batch_share
+        end = min(length.per_epoch, length.total_steps - epoch * length.per_epoch) * acc
+        self.rows = lambda n: worker_part(global_batch(perm, n, self.cfg.batch_size), which, of) if n < end else None
         ctx.synchronize()
         t_epoch = time.perf_counter()
         for i in range(state.step - epoch * length.per_epoch,
@@ -204,7 +214,7 @@ class Trainer:
         weights = token_weights(self.data.train[1], batches, which, of, self.own) if self.padded else [1.0] * acc
         for k in range(acc):
             with self.timer.phase("data"):
-                x, y = self._fetch(worker_part(batches[k], which, of))
+                x, y = self._fetch(i * acc + k)
             self.weight = weights[k]
             sync = k == acc - 1 and not self.timer.separates_allreduce  # then reduce_gradients all-reduces
             with self.timer.phase("compute"), masks(self.drops, self.strategy, self.cfg, self.state.step, k):
@@ -217,10 +227,10 @@ class Trainer:
         self.stragglers.worked(t_start, self.strategy.gradients_ready_at())
         return step_loss
 
-    def _fetch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The examples `idx` of the training set, transformed (the one place the loop reads the data)."""
-        x, y = self.data.train
-        return self.prep.train(x[idx], self.generator), y[idx]
+    def _fetch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The epoch's micro-batch `n`, transformed (the one place the loop reads the data: data/feed.py)."""
+        x, y = self.feed.take(n, self.rows)
+        return self.prep.train(x, self.generator), y
 
     def _backward(self, loss: torch.Tensor) -> None:
         # `weight`: the built-in loss's share of the step's counted tokens (losses.token_weights), where some
