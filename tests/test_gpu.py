@@ -115,6 +115,17 @@ def test_text_through_the_feed_on_a_gpu_trains_as_reading_each_batch_when_asked(
 
 
 @needs_gpu
+def test_host_data_on_a_gpu_trains_as_the_dataset_moved_whole(tmp_path: Path) -> None:
+    """--host-data: the digits kept in host memory, each batch copied pinned and read ahead, against the dataset
+    on the GPU whole."""
+    args = ("--accelerator", "gpu", "--devices", "1", "--steps", "40", "--optimizer", "adam")
+    whole = train(tmp_path / "whole", *args)
+    host = train(tmp_path / "host", *args, "--host-data")
+    assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / "host")) < 1e-5
+    assert abs(host["test_accuracy"] - whole["test_accuracy"]) < 1e-3
+
+
+@needs_gpu
 def test_each_run_in_one_process_reports_its_own_gpu_peak(tmp_path: Path) -> None:
     """Two runs in this process, a wide network's then a narrow one's: the second's peak is its own, not the
     process's (torch's peak counter was never reset: a search's trials and repeated fits reported the largest)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -271,3 +272,30 @@ def test_the_feed_reads_the_next_micro_batch_ahead_and_trains_the_same(tmp_path:
     assert ahead["steps"] == asked["steps"] > 2 and ahead["epochs"] == 2
     assert reads == [8] * (asked["steps"] * 2)  # every micro-batch once: none read twice, none past an epoch's end
     assert max_abs_diff(weights(tmp_path / "asked"), weights(tmp_path / "ahead")) == 0
+
+
+def test_host_data_keeps_the_inputs_in_host_memory_and_trains_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        capfd: pytest.CaptureFixture) -> None:
+    """--host-data: the inputs held in memory stay on the host, delivered a batch at a time (the evaluation's
+    too), and the run is the one that moved them whole: the same weights and test figures. A dataset that does
+    not fit the device is one line that names the flag."""
+    from paratrain.data import Splits, feed
+    from paratrain.data.source import HostRows
+
+    args = ("--model", "mlp", "--devices", "1", "--steps", "12", "--optimizer", "adam", "--no-tensorboard")
+    whole = train_here(tmp_path / "whole", *args)
+    placed: list[Any] = []
+    original = feed.placed
+    monkeypatch.setattr("paratrain.training.trainer.placed", lambda *a: placed.append(original(*a)) or placed[-1])
+    host = train_here(tmp_path / "host", *args, "--host-data")
+    assert isinstance(placed[0].train[0], HostRows) and isinstance(placed[0].test[0], HostRows)
+    assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / "host")) == 0
+    assert (host["test_accuracy"], host["test_loss"]) == (whole["test_accuracy"], whole["test_loss"])
+
+    def too_big(self: Any, device: Any, inputs_on_host: bool = False) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+    monkeypatch.setattr(Splits, "to", too_big)
+    capfd.readouterr()
+    assert main_code(["train", *args, "--out", str(tmp_path / "big")]) == 2
+    said = capfd.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and re.search(r"does not fit in cpu's memory .*--host-data keeps it in host", said[0]), said

@@ -78,6 +78,9 @@ class TrainConfig:
                                "~/.cache/paratrain/folders, or $XDG_CACHE_HOME's; never inside --data-dir)")
     skip_bad_images: bool = _f(False, "imagefolder: leave out images that cannot be decoded (counted and "
                                "listed in the cache's manifest) instead of stopping")
+    host_data: bool = _f(False, "GPUs: keep a dataset held in memory on the host, each batch copied to the GPU "
+                         "(pinned, the next one read ahead), where it would not fit beside the model (default: "
+                         "moved to the GPU whole)", flag="--host-data")
     # model options (used by the models that have them)
     width: int = _f(512, "mlp: neurons per hidden layer; gru: the embedding's and the GRU's width; gpt: the "
                     "model's width (embedding, attention)")
@@ -232,8 +235,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("model", "width", "depth", "heads", "activation", "dropout", "filters", "kernel", "batchnorm",
               "memory_format", "precision", "compile", "activation_checkpointing", "selective_ac"),
     "data": ("dataset", "data_dir", "tokenizer", "context", "standardize", "target", "download", "val_size",
-             "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "random_crop", "crop_padding",
-             "hflip", "brightness", "contrast", "test_flip"),
+             "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "host_data", "random_crop",
+             "crop_padding", "hflip", "brightness", "contrast", "test_flip"),
     "optimizer": ("optimizer", "lr", "momentum", "beta1", "beta2", "nesterov", "weight_decay", "clip_grad_norm",
                   "lr_schedule", "lr_decay_rate", "lr_decay_steps", "lr_decay_epochs", "lr_staircase",
                   "warmup_steps", "ema", "eval_ema", "loss", "label_smoothing", "metric"),

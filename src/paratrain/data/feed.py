@@ -18,7 +18,20 @@ from typing import Any
 
 import torch
 
+from ..core.errors import UserError
+
 Rows = Callable[[int], "torch.Tensor | None"]  # micro-batch number -> this worker's indices (None: past the epoch)
+
+
+def placed(data: Any, device: torch.device, host_data: bool) -> Any:
+    """The splits where training reads them: moved to the device whole, or (`host_data`, --host-data) with their
+    inputs kept in host memory; a dataset that does not fit the device is one line that says so."""
+    try:
+        return data.to(device, inputs_on_host=host_data)
+    except torch.OutOfMemoryError:
+        raise UserError(f"the dataset does not fit in {device}'s memory ({data.bytes_in_memory() / 2**30:.1f} GiB "
+                        "moved there whole); --host-data keeps it in host memory and copies each batch to the GPU, "
+                        "or give it as an image folder or a .npy file, which are read a batch at a time") from None
 
 
 def reads_ahead(train: tuple[Any, Any], device: torch.device) -> bool:

@@ -110,6 +110,37 @@ class MappedImages:
         return f"MappedImages({self.path!r}, {len(self)} rows)"
 
 
+class HostRows:
+    """Inputs held in host memory (--host-data), delivered a batch of rows at a time on `device`, as a memory map's
+    are (pinned, copied without waiting; the loop's feed reads the next batch ahead): a dataset in memory too
+    large for a GPU beside its model."""
+
+    read_on_demand = True
+
+    def __init__(self, data: torch.Tensor, device: torch.device | str) -> None:
+        self.data, self.device = data, torch.device(device)
+        self.shape, self.dtype = data.shape, data.dtype
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, idx: Any) -> torch.Tensor:
+        """These rows (host indices, or a slice), on the device."""
+        rows = self.data[idx.cpu() if isinstance(idx, torch.Tensor) else idx]
+        if self.device.type == "cuda":
+            rows = rows.pin_memory()
+        return delivered(rows, self.device)
+
+    def dim(self) -> int:
+        return self.data.dim()
+
+    def is_floating_point(self) -> bool:
+        return self.data.is_floating_point()
+
+    def to(self, device: torch.device | str) -> HostRows:
+        return type(self)(self.data, device)
+
+
 Images = torch.Tensor | MappedImages
 
 

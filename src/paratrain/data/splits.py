@@ -142,10 +142,22 @@ class Splits:
         return cls(name, empty, empty, empty, tuple(info["mean"]), tuple(info["std"]), int(info["num_classes"]),
                    classes)
 
-    def to(self, device: torch.device) -> Splits:
-        """Move every tensor once (the whole dataset lives on the GPU where there is one)."""
-        move = lambda p: (p[0].to(device), p[1].to(device))  # noqa: E731
+    def to(self, device: torch.device, inputs_on_host: bool = False) -> Splits:
+        """Move every tensor once (the whole dataset lives on the GPU where there is one); `inputs_on_host`
+        (--host-data): the inputs held in memory stay there, delivered a batch at a time (source.HostRows)."""
+        from .source import HostRows
+
+        def inputs(x: Any) -> Any:
+            return HostRows(x, device) if inputs_on_host and isinstance(x, torch.Tensor) else x.to(device)
+
+        move = lambda p: (inputs(p[0]), p[1].to(device))  # noqa: E731
         return replace(self, train=move(self.train), val=move(self.val), test=move(self.test))
+
+    def bytes_in_memory(self) -> int:
+        """What moving the splits to a device whole takes there: the tensors held in memory (a memory map's
+        rows stay in their file)."""
+        parts = [t for pair in (self.train, self.val, self.test) for t in pair]
+        return sum(t.numel() * t.element_size() for t in parts if isinstance(t, torch.Tensor))
 
 
 def hold_out(name: str, train: Pair, test: Pair, val_size: int, mean, std) -> Splits:

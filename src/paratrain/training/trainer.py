@@ -30,7 +30,7 @@ from ..config.length import step_seed
 from ..core.errors import UserError, WriteFailed
 from ..data import Splits
 from ..data.batches import epoch_order, global_batch, order_device, worker_part
-from ..data.feed import Feed, reads_ahead
+from ..data.feed import Feed, placed, reads_ahead
 from ..features import float8, recompute
 from ..features.dropout import has_dropout, masks
 from ..optimization.evaluation import SUMS, step_sums
@@ -81,7 +81,7 @@ class Trainer:
         self.state = self._set_up(data, saved)
         # Moved whole here; a memory-mapped dataset stays where it is and the feed reads each batch (on a GPU, the
         # next one ahead)
-        self.data = data.to(ctx.device)
+        self.data = placed(data, ctx.device, cfg.host_data)
         self.feed = Feed(self.data.train, ctx.device, reads_ahead(self.data.train, ctx.device))
         self.rows: Callable[[int], torch.Tensor | None] = lambda n: None  # the epoch's micro-batches (_train_epoch)
         self.memory_at_start = memory_held(ctx.device)  # what the steps add is measured from here
