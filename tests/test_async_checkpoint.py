@@ -9,9 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import random
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -69,35 +66,22 @@ def test_one_process_saving_in_the_background_ends_as_saving_in_the_loop(tmp_pat
     assert early[0] and max_abs_diff(early[0], early[1]) == 0.0
 
 
-WRITER = """
-import sys, torch
-from paratrain.checkpoint.manager import RunCheckpoints
-from paratrain.runtime.dist import DistContext
-owner = RunCheckpoints(sys.argv[1], DistContext(0, 1, torch.device("cpu"), None), background=True)
-w = torch.zeros(4_000_000)  # 16 MB: a save takes long enough to be hit mid-way
-step = 0
-while True:
-    step += 1
-    w.fill_(float(step))
-    owner.save_sharded(owner.ctx, {"model": {"w": w}, "optimizer": {}},
-                       lambda: {"step": step, "epoch": 0, "config": {"model": "x"}}, step, keep=2)
-    print(step, flush=True)  # asked for: it is written while the next is prepared
-"""
-
-
 @pytest.mark.integration
 def test_a_kill_during_background_saves_leaves_the_last_complete_checkpoint(tmp_path: Path) -> None:
-    rng = random.Random(3)
-    for round_ in range(5):
-        run = tmp_path / f"run{round_}"  # each round's own saves, counted from step 1
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(run)], stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip() and proc.stdout.readline().strip()  # the first save is whole
-        time.sleep(rng.uniform(0.0, 0.4))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        state = checkpoint_files.newest_loadable(run / "checkpoints", whole=True)
-        w = state["model"]["w"]
-        assert w.shape == (4_000_000,) and bool((w == float(state["step"])).all())  # complete, one step
+    from saving_forks import SavingForks
+
+    rng, forks = random.Random(3), SavingForks("background")
+    try:
+        for round_ in range(5):
+            run = tmp_path / f"run{round_}"  # each round's own saves, counted from step 1
+            pid = forks.start(run, steps=2)  # the first save is whole
+            time.sleep(rng.uniform(0.0, 0.4))
+            forks.kill(pid)
+            state = checkpoint_files.newest_loadable(run / "checkpoints", whole=True)
+            w = state["model"]["w"]
+            assert w.shape == (4_000_000,) and bool((w == float(state["step"])).all())  # complete, one step
+    finally:
+        forks.close()
 
 
 @pytest.mark.integration

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,34 +15,22 @@ from paratrain.checkpoint import files as checkpoint
 from paratrain.core.errors import UserError, WriteFailed
 from paratrain.parallel import strategies
 
-WRITER = """
-import sys, torch
-from paratrain.checkpoint import dcp
-from paratrain.runtime.dist import DistContext
-one = DistContext(0, 1, torch.device("cpu"), None)
-folder = sys.argv[1]
-step = 0
-while True:
-    step += 1
-    big = torch.full((4_000_000,), float(step))  # 16 MB: a save takes long enough to be hit mid-way
-    meta = {"optimizer": None, "step": step, "epoch": 0, "config": {"model": "x"}}
-    dcp.save_step(one, {"model": {"w": big}}, lambda: meta, folder, step, keep=2)
-    print(step, flush=True)
-"""
-
 
 def _kill_during_saves(folder: Path, kills: int, seed: int) -> None:
-    rng = random.Random(seed)
-    for _ in range(kills):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], stdout=subprocess.PIPE, text=True)
-        assert proc.stdout.readline().strip()  # at least one save finished
-        time.sleep(rng.uniform(0.0, 0.4))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        state = checkpoint.newest_loadable(folder)  # the newest step folder, read whole: never a broken one
-        w = state["model"]["w"]
-        assert w.shape == (4_000_000,) and bool((w == float(state["step"])).all())  # complete, one step
-        assert 1 <= len(list(folder.glob("step-*"))) <= 3  # kept 2, plus at most the one being pruned
+    from saving_forks import SavingForks
+
+    rng, forks = random.Random(seed), SavingForks("dcp")
+    try:
+        for _ in range(kills):
+            pid = forks.start(folder, steps=1)  # at least one save finished
+            time.sleep(rng.uniform(0.0, 0.4))
+            forks.kill(pid)
+            state = checkpoint.newest_loadable(folder)  # the newest step folder, read whole: never a broken one
+            w = state["model"]["w"]
+            assert w.shape == (4_000_000,) and bool((w == float(state["step"])).all())  # complete, one step
+            assert 1 <= len(list(folder.glob("step-*"))) <= 3  # kept 2, plus at most the one being pruned
+    finally:
+        forks.close()
 
 
 @pytest.mark.integration
