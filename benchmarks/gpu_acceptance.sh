@@ -68,11 +68,14 @@ done
 if [ "$GPUS" -gt 1 ]; then
     # TORCH_NCCL_BLOCKING_WAIT=1 (runtime/dist.py) makes a timed-out collective the run's one line; its cost is the
     # host waiting for each collective a step waits on: the two rows say what that costs here
-    for blocking in 1 0; do
-        section "the gpt on $GPUS GPUs (ddp), bf16, TORCH_NCCL_BLOCKING_WAIT=$blocking"
-        run env TORCH_NCCL_BLOCKING_WAIT=$blocking "${GPT[@]}" --precision bf16 --devices "$GPUS" \
-            --out "$OUT/gpt-ddp-wait$blocking"
-        run $PY -c "$FIGURES" "$OUT/gpt-ddp-wait$blocking/summary.json"
+    # (fsdp and tp wait on a collective a layer, ddp on its buckets once a step: the cost differs by layout)
+    for strategy in ddp fsdp tp; do
+        for blocking in 1 0; do
+            section "the gpt on $GPUS GPUs (--strategy $strategy), bf16, TORCH_NCCL_BLOCKING_WAIT=$blocking"
+            run env TORCH_NCCL_BLOCKING_WAIT=$blocking "${GPT[@]}" --precision bf16 --strategy "$strategy" \
+                --devices "$GPUS" --out "$OUT/gpt-$strategy-wait$blocking"
+            run $PY -c "$FIGURES" "$OUT/gpt-$strategy-wait$blocking/summary.json"
+        done
     done
     section "the gpt cut into a 2-stage pipeline (--mesh pp=2, 8 micro-batches), bf16: the measured bubble"
     run "${GPT[@]}" --precision bf16 --mesh pp=2 --microbatches 8 --out "$OUT/gpt-pp"

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import max_abs_diff, run_cli, train, train_here, weights
 
+import paratrain
 from paratrain import config
 from paratrain import fit as paratrain_fit
 from paratrain.checkpoint import files as checkpoint
@@ -191,6 +192,11 @@ def test_bf16_autocast_runs_the_forward_in_bf16(tmp_path: Path, precision: str, 
     assert summary["precision"] == precision and summary["test_accuracy"] > 0.5
     assert len(_Recorder.seen) == 60 and set(_Recorder.seen) == {dtype}  # every training step's forward
     assert _Recorder.evaluated and set(_Recorder.evaluated) == {dtype}  # every evaluation's
+    # the checkpoint judged again as the run judged it: its autocast too
+    _Recorder.evaluated.clear()
+    again = paratrain.evaluate(tmp_path / precision, model=_recorded_net)
+    assert set(_Recorder.evaluated) == {dtype}
+    assert (again["test_accuracy"], again["test_loss"]) == (summary["test_accuracy"], summary["test_loss"])
 
 
 @pytest.mark.parametrize(("name", "kind", "settings"), [

@@ -84,16 +84,27 @@ def test_mixed_precision_on_gpu(tmp_path: Path, precision: str) -> None:
 
 @needs_gpu
 def test_tf32_is_a_float32_run_whose_matrix_products_use_the_tensor_cores(tmp_path: Path) -> None:
-    """--precision tf32 on an Ampere or later GPU: recorded as such, its MFU over the TF32 peak, its losses those
-    of float32 to TF32's rounding; before Ampere, float32 with a note."""
+    """--precision tf32 on an Ampere or later GPU: recorded as such, its MFU over the table's TF32 peak, its losses
+    those of float32 to TF32's rounding, and the process's matrix-product setting put back after; before
+    Ampere, float32 with a note."""
     from paratrain.runtime.devices import TF32_CAPABILITY
+    from paratrain.runtime.peaks import gpu_peak
 
-    args = ("--accelerator", "gpu", "--devices", "1", "--model", "mlp", "--width", "1024", "--steps", "20",
-            "--optimizer", "adamw")
-    single = train(tmp_path / "32", *args)
-    tf32 = train(tmp_path / "tf32", *args, "--precision", "tf32")
+    text = tmp_path / "text.txt"
+    pages = sorted(Path(__file__).parents[1].joinpath("docs").rglob("*.md"))
+    text.write_text("\n\n".join(p.read_text() for p in pages))
+    args = ("--accelerator", "gpu", "--devices", "1", "--dataset", "text", "--data-dir", str(text), "--width", "256",
+            "--context", "64", "--batch-size", "16", "--optimizer", "adamw", "--steps", "20", "--no-tensorboard")
+    single = train_here(tmp_path / "32", *args)
+    before = torch.get_float32_matmul_precision()
+    tf32 = train_here(tmp_path / "tf32", *args, "--precision", "tf32")
+    assert torch.get_float32_matmul_precision() == before
     has_tf32 = torch.cuda.get_device_capability(0) >= TF32_CAPABILITY
     assert tf32["precision"] == ("tf32" if has_tf32 else "32")
+    peak = gpu_peak(torch.cuda.get_device_name(0), tf32["precision"])
+    if peak is not None:
+        assert tf32["peak_flops_per_sec"] == peak and single["peak_flops_per_sec"] == gpu_peak(
+            torch.cuda.get_device_name(0), "32")
     assert abs(tf32["val_loss"] - single["val_loss"]) < 1e-2 * max(1.0, single["val_loss"])
 
 

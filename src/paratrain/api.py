@@ -266,6 +266,7 @@ def _score(run: Path, state: dict[str, Any], cfg: C.TrainConfig, splits: Splits,
            loss: Any, metrics: dict[str, Any] | None) -> dict[str, Any]:
     """The run's network on the test split, on one device, judged as the run was."""
     from .components.build import make_batch_transforms, memory_format
+    from .features.precision import judged_as_run
     from .optimization.evaluation import evaluate as evaluate_on
     from .optimization.metrics import Meter, for_run
     from .parallel import strategies
@@ -281,8 +282,9 @@ def _score(run: Path, state: dict[str, Any], cfg: C.TrainConfig, splits: Splits,
     chosen = for_run(cfg.metric, check_metrics(metrics), splits)
     meter = Meter(chosen, ctx.device) if chosen else None
     prep = make_batch_transforms(cfg, splits, ctx.device, channels_last)
-    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, prep, ctx,
-                                 cfg.eval_batch_size, loss, cfg.test_flip, meter=meter)  # judged as the run was
+    with judged_as_run(cfg.precision, ctx.device.type):  # judged as the run was (its autocast too)
+        acc, mean_loss = evaluate_on(net.to(ctx.device), splits.test, prep, ctx,
+                                     cfg.eval_batch_size, loss, cfg.test_flip, meter=meter)
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]),
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
             "dataset": cfg.dataset, "model": model_name(cfg, state, model), "ema": use_ema, "step": state["step"]}

@@ -45,8 +45,13 @@ class Feed:
 
     def __init__(self, train: tuple[Any, Any], device: torch.device, ahead: bool) -> None:
         self.x, self.y, self.device = train[0], train[1], device
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="paratrain-feed") if ahead else None
-        self.stream = torch.cuda.Stream(device) if ahead and device.type == "cuda" else None
+        # the thread on the worker's GPU: a CUDA call from a thread left on GPU 0 makes a context there, for every
+        # worker of the node (torch's own pin-memory thread sets its device first, for the same reason)
+        on_gpu = device.type == "cuda"
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="paratrain-feed",
+                                       initializer=torch.cuda.set_device if on_gpu else None,
+                                       initargs=(device,) if on_gpu else ()) if ahead else None
+        self.stream = torch.cuda.Stream(device) if ahead and on_gpu else None
         self.next: tuple[int, Future] | None = None
 
     def take(self, n: int, rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:

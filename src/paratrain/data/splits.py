@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ..core.errors import UserError
+
 # (uint8 images N x C x H x W, int64 labels N); the images in memory, or rows of a cache file (source.py); or
 # (inputs N x ..., targets N x ...) of kind "tensors"
 Pair = tuple[Any, torch.Tensor]
@@ -148,7 +150,12 @@ class Splits:
         from .source import HostRows
 
         def inputs(x: Any) -> Any:
-            return HostRows(x, device) if inputs_on_host and isinstance(x, torch.Tensor) else x.to(device)
+            if not inputs_on_host or getattr(x, "read_on_demand", False):  # (a file's rows stay in their file)
+                return x.to(device)
+            if not isinstance(x, torch.Tensor):
+                raise UserError("--host-data keeps inputs held as one tensor on the host; these are named columns "
+                                "(a Hugging Face batch's), which go to the device whole: leave --host-data out")
+            return HostRows(x, device)
 
         move = lambda p: (inputs(p[0]), p[1].to(device))  # noqa: E731
         return replace(self, train=move(self.train), val=move(self.val), test=move(self.test))

@@ -25,6 +25,14 @@ def autocast(device_type: str, dtype: Any) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
+def judged_as_run(precision: str, device_type: str) -> contextlib.AbstractContextManager:
+    """The autocast a run's evaluation ran under, for judging its checkpoint again (paratrain evaluate) as the
+    run judged it; on a CPU, 16-mixed's is bf16, as the run's was there (runtime/devices.precision_on)."""
+    if device_type == "cpu" and precision == "16-mixed":
+        precision = "bf16"
+    return autocast(device_type, autocast_dtype(precision))
+
+
 @contextlib.contextmanager
 def float32_math(precision: str) -> Any:
     """Within it, float32 matrix products and cuDNN convolutions on a GPU's TF32 tensor cores where `precision`

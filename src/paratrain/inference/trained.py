@@ -174,6 +174,7 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
     the test rows the run held out; another file its x_test, or every row where it has none. The loss is
     `loss`, else cross-entropy for class indices and the mean squared error otherwise; the metrics are the
     run's --metric."""
+    from ..features.precision import judged_as_run
     from ..optimization.evaluation import evaluate as evaluate_on
     from ..optimization.losses import evaluation_loss
     from ..optimization.metrics import Meter, for_run
@@ -204,10 +205,11 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
         make_batch_transforms,  # the run's (its --standardize statistics, from the checkpoint)
     )
 
-    acc, mean_loss = evaluate_on(net.to(ctx.device), splits.to(ctx.device).test,
-                                 make_batch_transforms(cfg, shaped, ctx.device,
-                                                       strategies.get(cfg.strategy).channels_last), ctx,
-                                 cfg.eval_batch_size, judge, meter=meter)
+    with judged_as_run(cfg.precision, ctx.device.type):  # its autocast too
+        acc, mean_loss = evaluate_on(net.to(ctx.device), splits.to(ctx.device).test,
+                                     make_batch_transforms(cfg, shaped, ctx.device,
+                                                           strategies.get(cfg.strategy).channels_last), ctx,
+                                     cfg.eval_batch_size, judge, meter=meter)
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]), "rows": rows,
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
             "dataset": cfg.dataset, "kind": "tensors", "model": model_name(cfg, state, model), "ema": use_ema,

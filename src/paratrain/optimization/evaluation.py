@@ -45,11 +45,9 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
     for start in range(share.start, share.start + longest, batch_size):
         start, stop = min(start, share.stop), min(start + batch_size, share.stop)
         x = prep.eval(x_all[start:stop])
-        logits = model(x)
+        logits = scores(model(x))
         if flip:
-            logits = (logits + model(x.flip(3))) / 2
-        if logits.dtype in (torch.bfloat16, torch.float16):  # a run's autocast's: its scores counted in float32
-            logits = logits.float()
+            logits = (logits + scores(model(x.flip(3)))) / 2
         if stop == start:  # lock-step's empty batch: its forward ran, it adds nothing
             continue
         sums += batch_sums(logits, y_all[start:stop], loss)
@@ -57,6 +55,12 @@ def _evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], prep: B
             meter.update(logits, y_all[start:stop])
     model.train(was_training)
     return sums
+
+
+def scores(logits: torch.Tensor) -> torch.Tensor:
+    """A forward's outputs as evaluation counts them: in float32 where a run's autocast made them bf16 or fp16
+    (the mirror image's average, the loss and the metrics then taken as in a float32 run)."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
 
 
 # a batch's loss sum, correct predictions, examples, examples with a class to predict, and what the loss is a

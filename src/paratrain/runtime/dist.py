@@ -110,8 +110,10 @@ def init(rank: int, world_size: int, device: str | torch.device, local_port: int
         backend = "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
         # a collective past --collective-timeout raises in the worker that waits (launch.py says so in one line,
         # naming the collective) rather than NCCL's watchdog aborting the process, which left the launcher to
-        # name whichever rank died first. The cost: the host waits for each collective a step waits on (the
-        # user's own setting is kept: TORCH_NCCL_BLOCKING_WAIT=0 in the environment leaves the watchdog)
+        # name whichever rank died first. The cost: the host waits for each collective the code waits on (ddp:
+        # once a step; fsdp, tp, pipelines: a layer's or a chunk's), which limits how far it runs ahead of the
+        # GPU; not measured yet (gpu_acceptance.sh times 1 against 0). The user's own setting is kept:
+        # TORCH_NCCL_BLOCKING_WAIT=0 in the environment leaves NCCL's watchdog
         os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     where: dict[str, Any] = {"init_method": init_method}
     if local_port is not None:

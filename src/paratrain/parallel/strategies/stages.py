@@ -238,7 +238,7 @@ class Pipeline:
         of one copy's training batch, the last one padded with zeros and its padding's outputs dropped (in
         evaluation mode every example's output is its own). The measured bubble leaves this time out (the
         schedule's setting itself up for training again, a small exchange in the next step, counts there)."""
-        from ...optimization.evaluation import SUMS, batch_sums
+        from ...optimization.evaluation import SUMS, batch_sums, scores
 
         x_all, y_all = pair
         share = eval_range(len(y_all), self.place.replica, self.place.replicas)
@@ -259,8 +259,9 @@ class Pipeline:
                     logits = self._forward(x, y)
                     if flip:  # test-time augmentation: the mean with the mirror image's outputs
                         mirrored = self._forward(x.flip(3) if x is not None else None, y)
-                        logits = (logits + mirrored) / 2 if self.is_last else None
+                        logits = (scores(logits) + scores(mirrored)) / 2 if self.is_last else None
                     if self.is_last and n:
+                        logits = scores(logits)
                         sums += batch_sums(logits[:n], y[:n], loss)
                         if meter is not None:  # the other stages' metrics update nothing (zeros)
                             meter.update(logits[:n], y[:n])
