@@ -26,8 +26,9 @@ def autocast(device_type: str, dtype: Any) -> contextlib.AbstractContextManager:
 
 
 def judged_as_run(precision: str, device_type: str) -> contextlib.AbstractContextManager:
-    """The autocast a run's evaluation ran under, for judging its checkpoint again (paratrain evaluate) as the
-    run judged it; on a CPU, 16-mixed's is bf16, as the run's was there (runtime/devices.precision_on)."""
+    """The autocast a run's evaluation ran under, for judging its checkpoint again (`paratrain eval`,
+    paratrain.evaluate) as the run judged it; on a CPU, 16-mixed's is bf16, as the run's was there
+    (runtime/devices.precision_on)."""
     if device_type == "cpu" and precision == "16-mixed":
         precision = "bf16"
     return autocast(device_type, autocast_dtype(precision))

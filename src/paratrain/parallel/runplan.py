@@ -94,6 +94,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         prefork.warm_up(signum)  # starts importing torch while this process reads the data (never on a guess)
     data = load_data()
     length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
+    if cfg.host_data and env.is_main:
+        _note_host_data(arranged.accelerator, data)
     if data.images:
         _check_for_images(cfg)
     if (cfg.early_stopping is not None or report is not None) and not len(data.val[1]):
@@ -187,6 +189,14 @@ def with_hardware(plan: RunPlan, hardware: Hardware) -> RunPlan:
     return dataclasses.replace(plan, cfg=cfg, hardware=arranged, devices=device_map(arranged),
                                length=run_length(cfg, len(plan.data.train[1])),  # the batch split anew
                                layout=dataclasses.replace(_placed(layout, device_map(hardware)), cuts=plan.layout.cuts))
+
+
+def _note_host_data(accelerator: str, data: Splits) -> None:
+    """--host-data where the inputs are on the host anyway: said, so that nobody takes the flag for a change."""
+    if accelerator == "cpu" or getattr(data.train[0], "read_on_demand", False):
+        where = "a CPU's data is in host memory already" if accelerator == "cpu" else \
+            "these inputs are read from their file a batch at a time already"
+        print(f"paratrain: note: --host-data changes nothing here: {where}", file=sys.stderr, flush=True)
 
 
 def _placed(layout: Layout, devices: tuple[str, ...]) -> Layout:
