@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from .source import read_on_demand
+
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     """The order of the n training examples in `epoch`; a function of (seed, epoch) only."""
@@ -31,7 +33,7 @@ def order_device(train: tuple[Any, Any], device: torch.device) -> torch.device:
     windows, an image folder's cache: their indices are read on the host, and an order kept on the device would
     come back each micro-batch, a wait for the device; targets held on the device take their indices through
     feed.Feed, copied without waiting); else on the device with the data, which it indexes."""
-    return torch.device("cpu") if getattr(train[0], "read_on_demand", False) else device
+    return torch.device("cpu") if read_on_demand(train[0]) else device
 
 
 def global_batch(perm: torch.Tensor, step: int, batch_size: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..core.errors import UserError
+from .source import read_on_demand
 
 Rows = Callable[[int], "torch.Tensor | None"]  # micro-batch number -> this worker's indices (None: past the epoch)
 
@@ -36,7 +37,7 @@ def placed(data: Any, device: torch.device, host_data: bool) -> Any:
 
 def reads_ahead(train: tuple[Any, Any], device: torch.device) -> bool:
     """Whether the next micro-batch is read ahead: on a GPU, where the inputs are read on the host."""
-    return device.type == "cuda" and getattr(train[0], "read_on_demand", False)
+    return device.type == "cuda" and read_on_demand(train[0])
 
 
 class Feed:

@@ -17,13 +17,20 @@ import numpy as np
 import torch
 
 
+def read_on_demand(part: Any) -> bool:
+    """Whether a split's inputs or targets are rows read on the host as they are asked for (a memory map's, a
+    text's windows, --host-data's), not a tensor that is indexed where it lies."""
+    return getattr(part, "read_on_demand", False)
+
+
 def host_rows(shape: tuple[int, ...], dtype: np.dtype, device: torch.device) -> tuple[np.ndarray, torch.Tensor]:
     """An empty host array for rows bound for `device`, and the tensor it is a view of: in pinned memory where
     `device` is a GPU, so that delivered() copies them without waiting (from pageable memory, a copy to a GPU
     waits for the work queued before it)."""
-    t = torch.from_numpy(np.empty(shape, dtype=dtype))
-    if device.type == "cuda":
-        t = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    if device.type != "cuda":
+        rows = np.empty(shape, dtype=dtype)
+        return rows, torch.from_numpy(rows)
+    t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype, pin_memory=True)
     return t.numpy(), t
 
 
@@ -43,7 +50,7 @@ class MappedImages:
     """Rows `rows` (all, if None) of an N x C x H x W uint8 `.npy` file, read on demand."""
 
     REPLACED = " (the cache was rebuilt: were its images changed?)"  # why the file changed under the run
-    read_on_demand = True  # its rows are read from the file as they are asked for (batches.order_device)
+    read_on_demand = True  # its rows are read from the file as they are asked for (read_on_demand())
 
     def __init__(self, path: str, rows: np.ndarray | None = None, device: torch.device | str = "cpu",
                  stamp: tuple[int, int, int] | None = None) -> None:

@@ -147,10 +147,10 @@ class Splits:
     def to(self, device: torch.device, inputs_on_host: bool = False) -> Splits:
         """Move every tensor once (the whole dataset lives on the GPU where there is one); `inputs_on_host`
         (--host-data): the inputs held in memory stay there, delivered a batch at a time (source.HostRows)."""
-        from .source import HostRows
+        from .source import HostRows, read_on_demand
 
         def inputs(x: Any) -> Any:
-            if not inputs_on_host or getattr(x, "read_on_demand", False):  # (a file's rows stay in their file)
+            if not inputs_on_host or read_on_demand(x):  # (a file's rows stay in their file)
                 return x.to(device)
             if not isinstance(x, torch.Tensor):
                 raise UserError("--host-data keeps inputs held as one tensor on the host; these are named columns "

@@ -27,10 +27,11 @@ def autocast(device_type: str, dtype: Any) -> contextlib.AbstractContextManager:
 
 def judged_as_run(precision: str, device_type: str) -> contextlib.AbstractContextManager:
     """The autocast a run's evaluation ran under, for judging its checkpoint again (`paratrain eval`,
-    paratrain.evaluate) as the run judged it; on a CPU, 16-mixed's is bf16, as the run's was there
-    (runtime/devices.precision_on)."""
-    if device_type == "cpu" and precision == "16-mixed":
-        precision = "bf16"
+    paratrain.evaluate) as the run judged it; on a CPU, what a run computes there (runtime/devices.ON_CPU)."""
+    from ..runtime.devices import ON_CPU
+
+    if device_type == "cpu":
+        precision = ON_CPU.get(precision, precision)
     return autocast(device_type, autocast_dtype(precision))
 
 

@@ -30,6 +30,7 @@ from ..config.length import Length, run_length
 from ..core.errors import UserError
 from ..core.import_path import is_import_path
 from ..data import Splits
+from ..data.source import read_on_demand
 from ..data.tensors import as_numbers, standardized
 from ..models.imported import resolve
 from ..optimization.metrics import for_run
@@ -193,7 +194,7 @@ def with_hardware(plan: RunPlan, hardware: Hardware) -> RunPlan:
 
 def _note_host_data(accelerator: str, data: Splits) -> None:
     """--host-data where the inputs are on the host anyway: said, so that nobody takes the flag for a change."""
-    if accelerator == "cpu" or getattr(data.train[0], "read_on_demand", False):
+    if accelerator == "cpu" or read_on_demand(data.train[0]):
         where = "a CPU's data is in host memory already" if accelerator == "cpu" else \
             "these inputs are read from their file a batch at a time already"
         print(f"paratrain: note: --host-data changes nothing here: {where}", file=sys.stderr, flush=True)

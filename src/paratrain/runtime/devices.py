@@ -185,25 +185,31 @@ def check_float8(hardware: Hardware) -> None:
     require("torchao", "--precision float8")
 
 
+# what a CPU computes for a GPU's precision: float16 has no fast CPU kernels (a ResNet-18 ran 86x slower under
+# 16-mixed than in float32), so bf16 takes its place, as Lightning does; tf32 is a format of NVIDIA's tensor
+# cores, so float32, which the CPU would compute anyway
+ON_CPU = {"16-mixed": "bf16", "tf32": "32"}
+_ON_CPU_NOTES = {
+    "16-mixed": "--precision 16-mixed (float16) has no fast kernels on CPUs and ran ~86x slower than float32 here; "
+                "this run uses bf16 (bfloat16 autocast) instead; --precision 32 is the usual choice on a CPU",
+    "tf32": "--precision tf32 is a format of NVIDIA GPUs' tensor cores (Ampere or later); this run computes in "
+            "float32",
+}
+
+
 def precision_on(precision: str, hardware: Hardware) -> tuple[str, str | None]:
     """The precision a run can use on its devices, and a note where it is not the one asked for (or is slow
-    there); a UserError where the devices lack it. On CPUs, float16 has no fast kernels (a ResNet-18 ran 86x
-    slower under 16-mixed than in float32): bf16 takes its place, as Lightning does. tf32 where the devices have
-    no TF32 tensor cores (a CPU, a GPU before Ampere): float32, which it would compute anyway."""
+    there); a UserError where the devices lack it. On CPUs, ON_CPU's; on a GPU before Ampere, tf32 is float32,
+    which it would compute anyway."""
     if precision == "float8":
         check_float8(hardware)
         return precision, None
-    if precision == "tf32" and hardware.accelerator == "cpu":
-        return "32", ("--precision tf32 is a format of NVIDIA GPUs' tensor cores (Ampere or later); this run "
-                      "computes in float32")
+    if hardware.accelerator == "cpu" and precision in ON_CPU:
+        return ON_CPU[precision], _ON_CPU_NOTES[precision]
     if precision == "tf32" and torch.cuda.get_device_capability(0) < TF32_CAPABILITY:
         return "32", (f"--precision tf32: {torch.cuda.get_device_name(0)} has no TF32 tensor cores (Ampere or later "
                       "have them); this run computes in float32")
     if hardware.accelerator == "cpu":
-        if precision == "16-mixed":
-            return "bf16", ("--precision 16-mixed (float16) has no fast kernels on CPUs and ran ~86x slower than "
-                            "float32 here; this run uses bf16 (bfloat16 autocast) instead; --precision 32 is the "
-                            "usual choice on a CPU")
         flags = cpu_flags()
         if precision == "bf16" and flags and not flags & {"avx512_bf16", "amx_bf16"} and platform.machine() in (
                 "x86_64", "AMD64"):
