@@ -302,3 +302,27 @@ def test_host_data_keeps_the_inputs_in_host_memory_and_trains_the_same(tmp_path:
     assert main_code(["train", *args, "--out", str(tmp_path / "big")]) == 2
     said = capfd.readouterr().err.strip().splitlines()
     assert len(said) == 1 and re.search(r"does not fit in cpu's memory .*--host-data keeps it in host", said[0]), said
+
+
+@pytest.mark.integration
+def test_host_data_on_two_workers_with_adam_trains_as_the_dataset_moved_whole(tmp_path: Path) -> None:
+    """--host-data's order on the host and its rows delivered a batch at a time, each worker its share of the global
+    batch: 2 workers with Adam end with the weights, Adam's moments and the test figures of the move."""
+    args = ("--model", "mlp", "--devices", "2", "--steps", "12", "--optimizer", "adam", "--no-tensorboard")
+    whole = train_here(tmp_path / "whole", *args)
+    host = train_here(tmp_path / "host", *args, "--host-data")
+    assert max_abs_diff(weights(tmp_path / "whole"), weights(tmp_path / "host")) == 0
+    moments = [newest_state(tmp_path / run)["optimizer"] for run in ("whole", "host")]
+    assert moments[0] and max_abs_diff(moments[0], moments[1]) == 0
+    assert (host["test_accuracy"], host["test_loss"]) == (whole["test_accuracy"], whole["test_loss"])
+
+
+def test_host_data_with_named_columns_is_one_line() -> None:
+    """Named columns (a Hugging Face batch's) go to the device whole: --host-data says so rather than ignoring it."""
+    from paratrain.data import Splits
+
+    columns = ({"input_ids": torch.zeros(4, 3, dtype=torch.int64)}, torch.zeros(4, dtype=torch.int64))
+    splits = Splits("cols", columns, columns, columns, (), (), 0)
+    with pytest.raises(paratrain.UserError, match="--host-data keeps inputs held as one tensor on the host; these "
+                                                  "are named columns"):
+        splits.to(torch.device("cpu"), inputs_on_host=True)
