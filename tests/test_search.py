@@ -180,8 +180,17 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
     while len(list(out.glob("trials/*/summary.json"))) < 2:
         assert time.time() < deadline and first.poll() is None, "the search did not get going"
         time.sleep(0.2)
-    os.killpg(first.pid, signal.SIGKILL)  # the search and its trial process, mid-trial
+    # the search alone, mid-trial (as the out-of-memory killer would): its pool process ends with it, at once
+    # (a spawned pool process outlived it and trained every trial left; the one ending as the kill came may
+    # still write its summary)
+    ended = len(list(out.glob("trials/*/summary.json")))
+    os.kill(first.pid, signal.SIGKILL)
     first.wait()
+    deadline = time.monotonic() + 10
+    while (left := _in_session(first.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes of the killed search still run: {left}"
+    assert len(list(out.glob("trials/*/summary.json"))) <= ended + 1
     import optuna
 
     # finished = recorded in the study (a trial killed between training and being recorded runs again)
@@ -199,6 +208,12 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
                  states=(optuna.trial.TrialState.COMPLETE,))}
     assert {n: after.get(n) for n in finished_before} == finished_before
     assert {int(r["number"]) for r in done} >= set(finished_before)
+
+
+def _in_session(sid: int) -> list[int]:
+    """The processes of session `sid` (a command started with start_new_session) still running."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True).stdout
+    return [int(p) for p, s, stat in (line.split() for line in out.splitlines()) if int(s) == sid and stat[0] != "Z"]
 
 
 # ---- a study shared through a real PostgreSQL server ----

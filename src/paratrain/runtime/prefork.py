@@ -1,16 +1,17 @@
-"""The process that workers are forked from: started early, it imports torch while the launcher reads the data.
+"""The process that workers, and a search's pool processes, are forked from: started early, it imports torch
+while the launcher reads the data (the search opens its study).
 
 A spawned worker spends ~1.5 s importing torch, and its first optimizer step ~1.7 s more importing
 torch._dynamo (torch.optim's step imports it whether or not anything is compiled). A forkserver that has
 them loaded forks workers that start in a moment; each is as fresh as a spawned one (it imports the user's
 main script again, as spawn does). This module imports no torch, so the command line can start it first.
 
-What a forked worker must undo to be as a spawned one (launch._worker calls `detach`): it holds the
-launcher's end of the forkserver's lifeline (so a killed launcher would leave the forkserver, and through
-it the workers, alive), SIGTERM ignored (the forkserver ignores it: see _in_forkserver.py), and the
-environment and standard streams of the forkserver's start rather than of the launch (handed over with
-the worker's arguments: `environ` and `Streams`). Linux only: elsewhere workers are spawned, as
-multiprocessing's own defaults there advise (macOS's system frameworks are not fork-safe).
+What a forked worker (or pool process) must undo to be as a spawned one (launch._worker and
+runner.pool_worker call `detach`): it holds the launcher's end of the forkserver's lifeline (so a killed
+launcher would leave the forkserver, and through it the workers, alive), SIGTERM ignored (the forkserver
+ignores it: see _in_forkserver.py), and the environment and standard streams of the forkserver's start rather
+than of the launch (handed over with the worker's arguments: `environ` and `Streams`). Linux only: elsewhere
+workers are spawned, as multiprocessing's own defaults there advise (macOS's system frameworks are not fork-safe).
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ def streams() -> Streams | None:
     return Streams() if start_method() == "forkserver" else None
 
 
-def detach() -> None:
-    """In a worker forked from the forkserver, first thing: let go of the launcher's end of the forkserver's
-    lifeline, which the forkserver hands every child (it exits when every end is closed, so a launcher
-    killed with SIGKILL ends it, and PR_SET_PDEATHSIG then ends the workers); and take SIGTERM back,
-    which the forkserver ignores. A no-op in a spawned worker."""
+def detach(environ: dict[str, str]) -> None:
+    """In a process forked from the forkserver (a worker, a search's pool process), first thing: let go of the
+    launcher's end of the forkserver's lifeline, which the forkserver hands every child (it exits when every end
+    is closed, so a launcher killed with SIGKILL ends it, and PR_SET_PDEATHSIG then ends its children); take
+    SIGTERM back, which the forkserver ignores; and take `environ`, the launcher's environment at the start
+    (the forkserver's is of its own start). A spawned process has the launcher's already."""
     from multiprocessing import forkserver
 
     server = forkserver._forkserver  # multiprocessing's own record of the lifeline in this process
@@ -82,6 +84,9 @@ def detach() -> None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for name in set(os.environ) - set(environ):
+        del os.environ[name]
+    os.environ.update(environ)
 
 
 class Streams:

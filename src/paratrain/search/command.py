@@ -18,6 +18,7 @@ from ..core.outputs import check_writable
 from ..core.urls import masked
 from ..parallel import requeue
 from ..parallel.strategies import checked
+from ..runtime import prefork
 from ..runtime.env import detect
 from ..runtime.interrupt import signal_name
 from ..tracking import search as tracking
@@ -87,6 +88,9 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
 
     sp, base, cfg = _configure(args, train_values)
     accelerator, gpus, parallel, threads = _pool_size(args, cfg)
+    args.env = getattr(args, "env", None) or detect()  # the command line's, detected once
+    # the pool's processes fork from it (search/pool.py): it imports torch while the study opens
+    prefork.warm_up(requeue.signal_for(args.env, cfg))
     out = check_writable(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings, study, budget = _open_study(args, sp, base, cfg, out, parallel)
@@ -187,7 +191,7 @@ def _search(args: argparse.Namespace, settings: Any, sp: Any, base: Any, cfg: Tr
 
     accelerator, parallel, threads = pool
     start, earlier = time.perf_counter(), study.user_attrs.get("wall_s") or 0.0
-    env = getattr(args, "env", None) or detect()  # the command line's, detected once
+    env = args.env
     # in a Slurm job, its warning before the end stops the pool (its trials as on Ctrl-C: left to be tried again)
     # and requeues the job from here; the pool's processes leave the signal to this one
     warned = requeue.signal_for(env, cfg)

@@ -4,12 +4,14 @@ once more), shown as a progress bar, and stopped with the search (Ctrl-C, a sign
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ..core.errors import UserError
+from ..runtime import prefork
 from ..runtime.interrupt import came_early
 from .objective import of_study as objective_of
 
@@ -50,24 +52,9 @@ def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
     from tqdm import tqdm
 
     from ..parallel.launch import stop_processes
-    from . import runner
     from . import study as studies
 
-    spawn = multiprocessing.get_context("spawn")
-    # The first processes take trials together: one that started faster once trained every trial before the
-    # other had imported torch (a process that takes the place of a dead one waits for nobody). A flag per
-    # process and a last one, "go on", with no lock: a process killed while it waits holds up nobody (a
-    # multiprocessing.Barrier's wake-up waits for every sleeper, a dead one too, and hung the search).
-    ready = spawn.Array("b", parallel + 1, lock=False) if parallel > 1 else None
-
-    def start(index: int, ready: Any = None) -> Any:
-        process = spawn.Process(target=runner.pool_worker,
-                                args=(index, s, sp, base, threads, accelerator, ignored, ready))
-        process.start()
-        if started is not None:
-            started.append(process.pid)
-        return process
-
+    start, ready = _starter(s, sp, base, parallel, threads, accelerator, ignored, started)
     processes = {i: start(i, ready) for i in range(parallel)}
     deaths, finished = 0, studies.counts(study)[0]  # deaths since a trial last finished
     # a log file gets a line per finished trial instead of a bar redrawn every second
@@ -97,6 +84,34 @@ def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
         with contextlib.suppress(Exception):  # the storage may be what failed
             _progress(bar, study)
         bar.close()
+
+
+def _starter(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str,
+             ignored: int | None, started: list[int] | None) -> tuple[Callable[..., Any], Any]:
+    """How the pool starts its process `index` (forked from paratrain's forkserver, torch imported: a spawned
+    one spent ~6 CPU-s importing torch and the search's modules before its first trial), and the flags its
+    first processes wait on. The forkserver keeps `ignored` (the requeue signal the search handles) blocked."""
+    import multiprocessing
+
+    from . import runner
+
+    prefork.warm_up(ignored)
+    context = multiprocessing.get_context(prefork.start_method())
+    # The first processes take trials together: one that started faster once trained every trial before the
+    # other had imported torch (a process that takes the place of a dead one waits for nobody). A flag per
+    # process and a last one, "go on", with no lock: a process killed while it waits holds up nobody (a
+    # multiprocessing.Barrier's wake-up waits for every sleeper, a dead one too, and hung the search).
+    ready = context.Array("b", parallel + 1, lock=False) if parallel > 1 else None
+
+    def start(index: int, ready: Any = None) -> Any:
+        # the environment and standard streams as they are now, as a spawned process has them
+        process = context.Process(target=runner.pool_worker, args=(index, s, sp, base, threads, accelerator, ignored,
+                                                                   ready, dict(os.environ), prefork.streams()))
+        process.start()
+        if started is not None:
+            started.append(process.pid)
+        return process
+    return start, ready
 
 
 # more deaths than this (per process of the pool) with no trial finished between: a fault of the search itself

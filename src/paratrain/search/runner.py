@@ -20,7 +20,9 @@ from typing import Any
 
 from .. import config as C
 from ..core.errors import UserError
+from ..runtime import prefork
 from ..runtime.interrupt import Stopped
+from ..runtime.proc import die_with_parent
 from . import keep
 from .space import Space
 from .study import Settings, TrialReport, counts, described, make_sampler, open_study, over_budget
@@ -235,14 +237,21 @@ def train_one(cfg: C.TrainConfig, data: Any, index: int, threads: int, accelerat
                        last_line=False)
 
 
-def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int,
-                accelerator: str, ignored: int | None = None, ready: Any = None) -> None:
-    """The entry point of a pool process (torch.multiprocessing passes its index): a user error is one line
-    and its exit code, Ctrl-C exit code 130. `ignored`: a signal the search handles for it (Slurm's requeue
-    signal reaches every process of the job; the search then stops this one as on Ctrl-C), and so do the
-    processes it starts."""
+def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], threads: int, accelerator: str,
+                ignored: int | None = None, ready: Any = None, environ: dict[str, str] | None = None,
+                streams: prefork.Streams | None = None) -> None:
+    """The entry point of a pool process, forked from the forkserver (runtime/prefork.py) or spawned: a user
+    error is one line and its exit code, Ctrl-C exit code 130. `ignored`: a signal the search handles for it
+    (Slurm's requeue signal reaches every process of the job; the search then stops this one as on Ctrl-C), and
+    so do the processes it starts; the forkserver kept it blocked, let go of once ignored. `environ`, `streams`:
+    the search's environment and standard streams at the start (the latter adopted as the arguments were
+    unpickled). It ends with the search: a search killed outright ends the forkserver, and with it this process
+    (PR_SET_PDEATHSIG), whose trial's workers then end with it."""
+    prefork.detach(dict(os.environ) if environ is None else environ)
+    die_with_parent()
     if ignored:
         signal.signal(ignored, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {ignored})
     try:
         worker(index, s, space, base, threads, accelerator, ready)
     except UserError as e:
