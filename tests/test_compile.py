@@ -55,6 +55,45 @@ def test_dropout_of_the_global_batch_compiles_into_one_graph_with_one_devices_ma
     assert len(graphs) == 1 and not counters["graph_break"], (len(graphs), dict(counters["graph_break"]))
 
 
+def test_blocks_compiled_each_on_its_own_share_one_graph_whatever_their_place_and_a_pipelines_chunk() -> None:
+    """fsdp's and tp's units: each block of the gpt compiled on its own (one code, four blocks), within the masks of
+    worker 1 of 2, then of a pipeline's chunks (placed at other shares and calls): one graph for every block,
+    chunk and seed (the call's number, a Python number, was a constant guarded: a graph per block, and past 8
+    blocks torch ran them uncompiled), and the outputs those of the same masks uncompiled, bit for bit."""
+    from torch._dynamo.utils import counters
+
+    from paratrain.features.dropout import GlobalBatchDropout, mixed_seed
+    from paratrain.models.gpt import GPT, Block
+
+    torch.manual_seed(0)
+    model = GPT(256, 16, width=32, depth=4, heads=2, dropout=0.1).train()
+    blocks = [m for m in model if isinstance(m, Block)]
+    graphs: list = []
+    torch._dynamo.reset()
+    counters.clear()
+    ids = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(1))
+
+    def backend(graph: torch.fx.GraphModule, inputs: list) -> object:
+        graphs.append(graph)
+        return graph.forward
+
+    eager = [Block.forward.__get__(block) for block in blocks]  # as fsdp compiles its units: each forward in place
+    compiled_forwards = [torch.compile(forward, backend=backend) for forward in eager]
+
+    def run(compiled: bool, seed: int, place: tuple[int, int, int] | None) -> tuple[torch.Tensor, int]:
+        for block, forward in zip(blocks, compiled_forwards if compiled else eager, strict=True):
+            block.forward = forward
+        with GlobalBatchDropout(torch.device("cpu"), (1, 2), 4, seed, 1) as mode:
+            if place is not None:
+                mode.place(*place)
+            return model(ids), mode.placed
+
+    for step, place in enumerate([None, None, (3, 8, 0), (5, 8, 40)]):
+        want, got = run(False, mixed_seed(7, step, 0), place), run(True, mixed_seed(7, step, 0), place)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1] == 4 * 2 + 1, step  # two a block, one at the start
+    assert len(graphs) == 1 and not counters["graph_break"], (len(graphs), dict(counters["graph_break"]))
+
+
 def test_fsdp_compiles_each_sharded_block_in_place_and_keeps_the_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """The forward of each unit is compiled in place (an attribute of the unit: its hooks, where fsdp gathers a
     block's weights, run around it); the module and its parameters' names are as they were. Whole copies (ddp)

@@ -22,8 +22,10 @@ batch: its mask is drawn for its own shape, from a generator with the copy in it
 in distribution only.
 
 Under --compile the placed mask is one operator of the graph (`global_batch_mask`, a custom op): its generator is
-made and drawn inside it, from the micro-batch's seed as a tensor. Made in the traced code, the generator broke
-the graph at every dropout call, and the seed, a Python number, was a guard that failed every step.
+made and drawn inside it, from the micro-batch's seed and the call's number, both tensors (the op counts the call
+in its tensor). Made in the traced code, the generator broke the graph at every dropout call; the seed, a Python
+number, was a guard that failed every step; and the call's number, a Python number, made each block compiled on
+its own (fsdp's and tp's units) a graph of its own, past 8 blocks run uncompiled.
 """
 
 from __future__ import annotations
@@ -63,19 +65,29 @@ def mixed_seed(*parts: int) -> int:
     return value
 
 
-@torch.library.custom_op("paratrain::global_batch_mask", mutates_args=())
-def global_batch_mask(seed: torch.Tensor, call: int, rows: int, of: int, which: int, per_row: list[int],
-                      p_keep: float, device: torch.device) -> torch.Tensor:
-    """Rows [which * rows, (which + 1) * rows) of the 0/1 float32 mask of a global micro-batch of rows * of
-    rows (each of shape `per_row`), drawn from (seed, call) alone. `seed`: a 0-d int64 tensor on the CPU, so that
-    a compiled graph takes it as an input rather than a constant to guard."""
+# where a mode's calls draw from, kept in one CPU int64 tensor (GlobalBatchDropout.where): read in the traced code,
+# Python numbers would be constants that a compiled graph guards (a block compiled on its own, as fsdp and tp
+# compile them, was compiled anew for each block and each pipeline chunk, and past 8 ran uncompiled)
+CALL, PLACED, OTHERS, WHICH, OF = range(5)  # the next call's number, calls placed, calls not, the share, of how many
+
+
+@torch.library.custom_op("paratrain::global_batch_mask", mutates_args=("where",))
+def global_batch_mask(seed: torch.Tensor, where: torch.Tensor, rows: int, per_row: list[int], p_keep: float,
+                      device: torch.device) -> torch.Tensor:
+    """The next placed call's mask, counted in `where` (its CALL and PLACED advance by one): rows
+    [which * rows, (which + 1) * rows) of the 0/1 float32 mask of a global micro-batch of rows * of rows (each of
+    shape `per_row`), drawn from (seed, call) alone. `seed`, `where`: CPU int64 tensors, which a compiled graph
+    takes as inputs rather than constants to guard."""
+    where[CALL] += 1
+    where[PLACED] += 1
+    call, which, of = int(where[CALL]), int(where[WHICH]), int(where[OF])
     drawn = torch.Generator(device).manual_seed(mixed_seed(int(seed.item()), call))
     whole = torch.empty((rows * of, *per_row), dtype=torch.float32, device=device).bernoulli_(p_keep, generator=drawn)
     return whole[which * rows:(which + 1) * rows].clone()
 
 
 @global_batch_mask.register_fake
-def _(seed: torch.Tensor, call: int, rows: int, of: int, which: int, per_row: list[int], p_keep: float,
+def _(seed: torch.Tensor, where: torch.Tensor, rows: int, per_row: list[int], p_keep: float,
       device: torch.device) -> torch.Tensor:
     return torch.empty((rows, *per_row), dtype=torch.float32, device=device)
 
@@ -90,12 +102,16 @@ class GlobalBatchDropout(TorchFunctionMode):
 
     def __init__(self, device: torch.device, share: tuple[int, int], rows: int, seed: int, rank: int) -> None:
         super().__init__()
-        (self.which, self.of), self.rows = share, rows
-        self.device, self.seed, self.rank = device, seed, rank
+        self.rows, self.device, self.seed, self.rank = rows, device, seed, rank
         self.seed_tensor = torch.tensor(seed, dtype=torch.int64, device="cpu")  # the placed masks' (global_batch_mask)
-        self.call = 0  # the next call's place in the forward: its mask's seed
+        self.where = torch.tensor([0, 0, 0, *share], dtype=torch.int64)  # CALL, PLACED, OTHERS, WHICH, OF
         self.own: dict[torch.device, torch.Generator] = {}  # by device: a tower's replicas are on several
-        self.placed = self.unplaced = 0  # calls drawn as one device would, and the others (for the tests)
+
+    # read outside the traced code (a pipeline's stages, the tests): the calls so far, those placed in the global
+    # batch (drawn as one device would) and the others
+    call = property(lambda self: int(self.where[CALL]))
+    placed = property(lambda self: int(self.where[PLACED]))
+    unplaced = property(lambda self: int(self.where[OTHERS]))
 
     def __enter__(self) -> GlobalBatchDropout:
         GlobalBatchDropout.current = self
@@ -108,16 +124,17 @@ class GlobalBatchDropout(TorchFunctionMode):
     def place(self, which: int, of: int, call: int) -> None:
         """The next calls are on share `which` of `of` of the global micro-batch (a pipeline's chunk of its
         copy's rows), the first of them the forward's call number `call`."""
-        self.which, self.of, self.call = which, of, call
+        self.where[WHICH], self.where[OF], self.where[CALL] = which, of, call
 
     def snapshot(self) -> tuple:
         """Where the next call draws from: its place, and the unplaced masks' generators' states
         (activation checkpointing's recomputation draws again from there: features/recompute.py)."""
         states = {device: generator.get_state() for device, generator in self.own.items()}
-        return self.which, self.of, self.call, self.placed, self.unplaced, states
+        return self.where.clone(), states
 
     def restore(self, snapshot: tuple) -> None:
-        self.which, self.of, self.call, self.placed, self.unplaced, states = snapshot
+        where, states = snapshot
+        self.where.copy_(where)
         for device, state in states.items():
             self.own.setdefault(device, torch.Generator(device)).set_state(state)
         for device in set(self.own) - set(states):  # made since: drawn anew from its seed
@@ -152,17 +169,15 @@ class GlobalBatchDropout(TorchFunctionMode):
         starts with its rows (or with its rows times a whole number: its rows flattened with a sequence's
         positions, row by row)."""
         make = lambda dims: torch.empty(dims, dtype=torch.float32, device=like.device)  # noqa: E731
-        self.call += 1
         if not shape or not self.rows or shape[0] % self.rows or like.device != self.device:
-            self.unplaced += 1
+            self.where[CALL] += 1
+            self.where[OTHERS] += 1
             if like.device not in self.own:
                 seed = mixed_seed(self.seed, UNPLACED, self.rank)
                 self.own[like.device] = torch.Generator(like.device).manual_seed(seed)
             return make(shape).bernoulli_(p_keep, generator=self.own[like.device])
         per_row = [shape[0] // self.rows, *shape[1:]]
-        self.placed += 1
-        return global_batch_mask(self.seed_tensor, self.call, self.rows, self.of, self.which, per_row, p_keep,
-                                 like.device).reshape(shape)
+        return global_batch_mask(self.seed_tensor, self.where, self.rows, per_row, p_keep, like.device).reshape(shape)
 
     def _attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
                    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
