@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import os
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port, run_cli, train_here
+from conftest import free_port, logged_step, run_cli, train_here
 
 from paratrain.core.errors import UserError
 from paratrain.search import space
@@ -176,21 +177,25 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
     cmd = [sys.executable, "-m", "paratrain", "search", "--space", _space_file(tmp_path), "--sampler", "grid",
            "--parallel", "1", "--steps", "40", "--out", str(out)]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 180
-    while len(list(out.glob("trials/*/summary.json"))) < 2:
-        assert time.time() < deadline and first.poll() is None, "the search did not get going"
-        time.sleep(0.2)
-    # the search alone, mid-trial (as the out-of-memory killer would): its pool process ends with it, at once
-    # (a spawned pool process outlived it and trained every trial left; the one ending as the kill came may
-    # still write its summary)
-    ended = len(list(out.glob("trials/*/summary.json")))
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
-    deadline = time.monotonic() + 10
-    while (left := _in_session(first.pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, f"processes of the killed search still run: {left}"
-    assert len(list(out.glob("trials/*/summary.json"))) <= ended + 1
+    try:
+        deadline = time.time() + 180
+        while len(list(out.glob("trials/*/summary.json"))) < 2:
+            assert time.time() < deadline and first.poll() is None, "the search did not get going"
+            time.sleep(0.2)
+        # the search alone, mid-trial (as the out-of-memory killer would): its pool process ends with it, at once
+        # (a spawned pool process outlived it and trained every trial left; the one ending as the kill came may
+        # still write its summary)
+        ended = len(list(out.glob("trials/*/summary.json")))
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        deadline = time.monotonic() + 10
+        while (left := _in_session(first.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"processes of the killed search still run: {left}"
+        assert len(list(out.glob("trials/*/summary.json"))) <= ended + 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
     import optuna
 
     # finished = recorded in the study (a trial killed between training and being recorded runs again)
@@ -208,6 +213,44 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
                  states=(optuna.trial.TrialState.COMPLETE,))}
     assert {n: after.get(n) for n in finished_before} == finished_before
     assert {int(r["number"]) for r in done} >= set(finished_before)
+
+
+@pytest.mark.integration
+def test_a_search_of_two_worker_trials_stops_on_sigterm_and_killed_leaves_no_process(tmp_path: Path) -> None:
+    """SIGTERM to the search alone stops it as Ctrl-C does (its trial's workers stop at their step), exit 143
+    and one line; kill -9 of the search alone takes its pool process, that one's forkserver and the trial's two
+    workers with it; then the same command finishes every point."""
+    out = tmp_path / "s"
+    cmd = [sys.executable, "-m", "paratrain", "search", "--space", _space_file(
+        tmp_path, "fixed: {model: mlp, dataset: digits}\nparams:\n  lr: [0.001, 0.002, 0.003]\n"),
+        "--sampler", "grid", "--parallel", "1", "--devices-per-trial", "2", "--steps", "400", "--out", str(out)]
+
+    def started() -> subprocess.Popen:
+        search = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        deadline = time.monotonic() + 180
+        while not any(logged_step(run) >= 5 for run in out.glob("trials/*")):  # a trial's 2 workers train
+            assert time.monotonic() < deadline and search.poll() is None, "the search did not get going"
+            time.sleep(0.1)
+        return search
+
+    for signum, code in ((signal.SIGTERM, 143), (signal.SIGKILL, -9)):
+        search = started()
+        try:
+            os.kill(search.pid, signum)
+            assert search.wait(timeout=60) == code, search.stderr.read()[-2000:]
+            deadline = time.monotonic() + 10
+            while (left := _in_session(search.pid)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not left, f"processes of the search still run after {signal.Signals(signum).name}: {left}"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(search.pid, signal.SIGKILL)
+        if signum == signal.SIGTERM:
+            assert "paratrain: search stopped by SIGTERM" in search.stderr.read()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(float(r["lr"]) for r in _complete(out)) == [0.001, 0.002, 0.003]
 
 
 def _in_session(sid: int) -> list[int]:

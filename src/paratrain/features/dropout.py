@@ -104,7 +104,7 @@ class GlobalBatchDropout(TorchFunctionMode):
         super().__init__()
         self.rows, self.device, self.seed, self.rank = rows, device, seed, rank
         self.seed_tensor = torch.tensor(seed, dtype=torch.int64, device="cpu")  # the placed masks' (global_batch_mask)
-        self.where = torch.tensor([0, 0, 0, *share], dtype=torch.int64)  # CALL, PLACED, OTHERS, WHICH, OF
+        self.where = torch.tensor([0, 0, 0, *share], dtype=torch.int64, device="cpu")  # CALL, PLACED, OTHERS, WHICH, OF
         self.own: dict[torch.device, torch.Generator] = {}  # by device: a tower's replicas are on several
 
     # read outside the traced code (a pipeline's stages, the tests): the calls so far, those placed in the global

@@ -43,9 +43,9 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
     that timed out names the workers whose heartbeat stopped. `steps`: where each worker's last finished
     step is kept (shared), for the launcher to say when a worker died. `environ`: the launcher's environment;
     `streams`: its standard output and error, already adopted as the arguments were unpickled (prefork.Streams)."""
+    die_with_parent()  # first: until detach lets go of the lifeline, the forkserver (its parent) cannot end
     prefork.detach(environ)
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": time.time()})
-    die_with_parent()
     name_process(worker_name(rank))
     beat = threading.Thread(target=_beat, args=(heartbeats, rank), daemon=True)
     beat.start()

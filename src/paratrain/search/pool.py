@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core.errors import UserError
 from ..runtime import prefork
-from ..runtime.interrupt import came_early
+from ..runtime.interrupt import Stopped, came_early
 from .objective import of_study as objective_of
 
 
@@ -59,11 +59,15 @@ def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
     deaths, finished = 0, studies.counts(study)[0]  # deaths since a trial last finished
     # a log file gets a line per finished trial instead of a bar redrawn every second
     bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
+    terminated = _Sigterm()
     try:
         while processes:
             multiprocessing.connection.wait([p.sentinel for p in processes.values()], timeout=1.0)
             if warned is not None and warned():  # raising_on's signal, acted on between polls
                 raise Warned
+            if terminated():
+                raise Stopped("search stopped by SIGTERM: its running trials stopped at their step, to be tried "
+                              "again; run the same command again to go on", signal.SIGTERM)
             if (now := studies.counts(study)[0]) > finished:  # the search moves on: its processes are sound
                 deaths, finished = 0, now
             for index, process in list(processes.items()):
@@ -77,13 +81,38 @@ def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
                     _died(index, process, list(processes.values()), study, deaths, parallel)
                     processes[index] = start(index)
             _progress(bar, study)
-    except BaseException:  # Ctrl-C, or the storage failing under the progress poll: no process outlives us
-        stop_processes(list(processes.values()), signal.SIGINT)
+    except BaseException:  # Ctrl-C, SIGTERM, or the storage failing under the progress poll: no process outlives us
+        stop_processes(list(processes.values()), signal.SIGTERM if terminated() else signal.SIGINT)
         raise
     finally:
+        terminated.restore()
         with contextlib.suppress(Exception):  # the storage may be what failed
             _progress(bar, study)
         bar.close()
+
+
+class _Sigterm:
+    """SIGTERM to the search, recorded and acted on between polls as Ctrl-C is: its pool processes stop their trials
+    at the step and save, then it exits 143. Unhandled, it ended the search at once, and with it (their
+    forkserver gone) the pool processes, killed in the middle of a save. Not in a thread other than the main one
+    (a Python caller's), which cannot handle signals."""
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.came: list[int] = []
+        main = threading.current_thread() is threading.main_thread()
+        self.old = signal.signal(signal.SIGTERM, lambda number, _frame: self.came.append(number)) if main else None
+
+    def __call__(self) -> bool:
+        return bool(self.came)
+
+    def restore(self) -> None:
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGTERM, self.old)
 
 
 def _starter(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str,
@@ -107,7 +136,8 @@ def _starter(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
         # the environment and standard streams as they are now, as a spawned process has them
         process = context.Process(target=runner.pool_worker, args=(index, s, sp, base, threads, accelerator, ignored,
                                                                    ready, dict(os.environ), prefork.streams()))
-        process.start()
+        with prefork.shielded(ignored):  # a forkserver that multiprocessing starts again keeps it blocked too
+            process.start()
         if started is not None:
             started.append(process.pid)
         return process

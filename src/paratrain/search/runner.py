@@ -247,8 +247,8 @@ def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], thr
     the search's environment and standard streams at the start (the latter adopted as the arguments were
     unpickled). It ends with the search: a search killed outright ends the forkserver, and with it this process
     (PR_SET_PDEATHSIG), whose trial's workers then end with it."""
+    die_with_parent()  # first: until detach lets go of the lifeline, the forkserver (its parent) cannot end
     prefork.detach(dict(os.environ) if environ is None else environ)
-    die_with_parent()
     if ignored:
         signal.signal(ignored, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {ignored})
