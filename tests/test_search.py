@@ -223,7 +223,7 @@ def test_a_search_of_two_worker_trials_stops_on_sigterm_and_killed_leaves_no_pro
     out = tmp_path / "s"
     cmd = [sys.executable, "-m", "paratrain", "search", "--space", _space_file(
         tmp_path, "fixed: {model: mlp, dataset: digits}\nparams:\n  lr: [0.001, 0.002, 0.003]\n"),
-        "--sampler", "grid", "--parallel", "1", "--devices-per-trial", "2", "--steps", "400", "--out", str(out)]
+        "--sampler", "grid", "--parallel", "1", "--devices-per-trial", "2", "--steps", "150", "--out", str(out)]
 
     def started() -> subprocess.Popen:
         search = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
