@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -20,11 +21,11 @@ from ..parallel import requeue
 from ..parallel.strategies import checked
 from ..runtime import prefork
 from ..runtime.env import detect
-from ..runtime.interrupt import signal_name
+from ..runtime.interrupt import came_early, signal_name
 from ..tracking import search as tracking
 from .objective import choose
 from .objective import of_study as objective_of
-from .pool import Warned, raising_on, run_pool
+from .pool import Warned, recorded, run_pool
 
 # `paratrain train` options that a search sets itself (or that mean something else here); --strategy is
 # defined by the search itself, to tell a parallelism from a sampler
@@ -197,8 +198,11 @@ def _search(args: argparse.Namespace, settings: Any, sp: Any, base: Any, cfg: Tr
     warned = requeue.signal_for(env, cfg)
     processes: list[int] = []  # the pool's processes, as they start
     try:
-        with raising_on(warned) as came:
-            run_pool(settings, sp, base, parallel, threads, accelerator, study, budget, warned, processes, came)
+        with recorded(warned) as came, recorded(signal.SIGTERM) as terminated:
+            if came_early(warned):  # it came while the search started
+                raise Warned
+            run_pool(settings, sp, base, parallel, threads, accelerator, study, budget, warned, processes, came,
+                     terminated)
     except Warned:  # the pool has stopped: its trials are queued again now, for whichever worker comes first
         studies.requeue_abandoned(study, {f"{socket.gethostname()}:{pid}" for pid in processes})
         raise requeue.ask(env, cfg.max_requeues, warned, f"stopped by {signal_name(warned)}: the trials that were "

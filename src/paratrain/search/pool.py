@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core.errors import UserError
 from ..runtime import prefork
-from ..runtime.interrupt import Stopped, came_early
+from ..runtime.interrupt import Stopped
 from .objective import of_study as objective_of
 
 
@@ -21,18 +21,16 @@ class Warned(BaseException):
 
 
 @contextlib.contextmanager
-def raising_on(signum: int | None) -> Any:
-    """Within it, `signum` stops the pool: yields `came()`, whether it came, which run_pool asks between its
-    polls and raises Warned on. The handler only records it: raised from the handler, Warned could land inside a
-    storage call of the progress poll, leave PostgreSQL's connection mid-transaction, and end the search as a
-    storage failure instead of a requeue."""
+def recorded(signum: int | None) -> Any:
+    """Within it, `signum` (if any) is only recorded: yields `came()`, whether it came, which run_pool asks between
+    its polls (Slurm's requeue signal: it raises Warned; SIGTERM: Stopped). Raised from the handler, the exception
+    could land inside a storage call of the progress poll, leave PostgreSQL's connection mid-transaction, and end
+    the search as a storage failure instead of a requeue or a stop."""
     import signal
 
     came: list[int] = []
     old = signal.signal(signum, lambda number, _frame: came.append(number)) if signum else None
     try:
-        if came_early(signum):  # it came while the search started
-            raise Warned
         yield lambda: bool(came)
     finally:
         if signum:
@@ -41,7 +39,7 @@ def raising_on(signum: int | None) -> Any:
 
 def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str, study: Any,
              budget: int, ignored: int | None = None, started: list[int] | None = None,
-             warned: Callable[[], bool] | None = None) -> None:
+             warned: Callable[[], bool] | None = None, terminated: Callable[[], bool] = lambda: False) -> None:
     """P worker processes run the trials; this one shows the progress (polling the storage), starts a new
     process where one died (its trial is tried once more, then failed: see studies.after_death), and makes
     sure none of them outlives the search."""
@@ -59,13 +57,13 @@ def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
     deaths, finished = 0, studies.counts(study)[0]  # deaths since a trial last finished
     # a log file gets a line per finished trial instead of a bar redrawn every second
     bar = tqdm(total=budget, desc="search", unit="trial", disable=not sys.stderr.isatty())
-    terminated = _Sigterm()
     try:
         while processes:
             multiprocessing.connection.wait([p.sentinel for p in processes.values()], timeout=1.0)
-            if warned is not None and warned():  # raising_on's signal, acted on between polls
+            if warned is not None and warned():  # the recorded signals (search/command.py), acted on between polls
                 raise Warned
-            if terminated():
+            if terminated():  # as Ctrl-C: unhandled, SIGTERM ended the search at once, and with it (their
+                # forkserver gone) the pool processes, killed in the middle of a save
                 raise Stopped("search stopped by SIGTERM: its running trials stopped at their step, to be tried "
                               "again; run the same command again to go on", signal.SIGTERM)
             if (now := studies.counts(study)[0]) > finished:  # the search moves on: its processes are sound
@@ -85,46 +83,21 @@ def run_pool(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int,
         stop_processes(list(processes.values()), signal.SIGTERM if terminated() else signal.SIGINT)
         raise
     finally:
-        terminated.restore()
         with contextlib.suppress(Exception):  # the storage may be what failed
             _progress(bar, study)
         bar.close()
-
-
-class _Sigterm:
-    """SIGTERM to the search, recorded and acted on between polls as Ctrl-C is: its pool processes stop their trials
-    at the step and save, then it exits 143. Unhandled, it ended the search at once, and with it (their
-    forkserver gone) the pool processes, killed in the middle of a save. Not in a thread other than the main one
-    (a Python caller's), which cannot handle signals."""
-
-    def __init__(self) -> None:
-        import signal
-        import threading
-
-        self.came: list[int] = []
-        main = threading.current_thread() is threading.main_thread()
-        self.old = signal.signal(signal.SIGTERM, lambda number, _frame: self.came.append(number)) if main else None
-
-    def __call__(self) -> bool:
-        return bool(self.came)
-
-    def restore(self) -> None:
-        import signal
-
-        if self.old is not None:
-            signal.signal(signal.SIGTERM, self.old)
 
 
 def _starter(s: Any, sp: Any, base: dict[str, Any], parallel: int, threads: int, accelerator: str,
              ignored: int | None, started: list[int] | None) -> tuple[Callable[..., Any], Any]:
     """How the pool starts its process `index` (forked from paratrain's forkserver, torch imported: a spawned
     one spent ~6 CPU-s importing torch and the search's modules before its first trial), and the flags its
-    first processes wait on. The forkserver keeps `ignored` (the requeue signal the search handles) blocked."""
+    first processes wait on. The forkserver, started by the command (search/command.py) while the study opens,
+    keeps `ignored` (the requeue signal the search handles) blocked."""
     import multiprocessing
 
     from . import runner
 
-    prefork.warm_up(ignored)
     context = multiprocessing.get_context(prefork.start_method())
     # The first processes take trials together: one that started faster once trained every trial before the
     # other had imported torch (a process that takes the place of a dead one waits for nobody). A flag per
