@@ -285,6 +285,12 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return gap
 
 
+def in_session(sid: int) -> list[int]:
+    """The processes of session `sid` (a command started with start_new_session) still running."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True).stdout
+    return [int(p) for p, s, stat in (line.split() for line in out.splitlines()) if int(s) == sid and stat[0] != "Z"]
+
+
 def descendants(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
     children: dict[int, list[int]] = {}

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import main_code, max_abs_diff, run_cli, train_here, weights
+from conftest import in_session, main_code, max_abs_diff, run_cli, train_here, weights
 
 from paratrain.core.errors import UserError
 from paratrain.measure.bench import add_speedups, default_configs, parse_configs
@@ -141,6 +147,32 @@ def test_tiny_bench_writes_the_report(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+def test_a_bench_killed_outright_leaves_no_run_behind(tmp_path: Path) -> None:
+    """kill -9 of the bench alone, its run on 2 workers training: the run (forked from the bench's forkserver)
+    and its workers end with it. A run the bench started as a subprocess trained on to its end."""
+    out = tmp_path / "b"
+    bench = subprocess.Popen([sys.executable, "-m", "paratrain", "bench", "--dataset", "synthetic", "--steps", "100000",
+                              "--repeats", "1", "--configs", "ddp-cpu:2", "--out", str(out)],
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = out / "runs" / "ddp-cpu-2-r0" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.read_text().strip()) and bench.poll() is None:
+            assert time.monotonic() < deadline, "the bench's run logged nothing in 120 s"
+            time.sleep(0.2)
+        assert bench.poll() is None, bench.stderr.read()[-3000:]
+        assert len(in_session(bench.pid)) >= 4  # the bench, its forkserver, its run, the run's workers (and theirs)
+        os.kill(bench.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (left := in_session(bench.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"processes of the killed bench still run: {left}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bench.pid, signal.SIGKILL)
+
+
+@pytest.mark.integration
 def test_report_of_finished_runs(tmp_path: Path) -> None:
     a = train_here(tmp_path / "a", "--steps", "10", "--devices", "1")
     proc = run_cli("report", str(tmp_path / "a"), "--out", str(tmp_path / "rep"))
@@ -207,7 +239,10 @@ def test_a_configuration_the_workload_cannot_run_on_is_known_before_any_run(tmp_
            for c, refused in zip(configs, ({"compile": True}, {"precision": "16-mixed"}), strict=True)]
     assert "--compile is not available with --strategy tower" in why[0] and "pipeline" in why[1], why
     assert [_refused(c, {"dataset": "digits", "steps": 5}) for c in configs] == [None, None]
-    report = run_bench(configs, ["--steps", "5"], 1, tmp_path, refused=lambda c: "no")  # nothing is run
+
+    def ran(argv: list[str]) -> None:  # the bench's runner: raised past its handling of a run's failure
+        pytest.fail(f"a refused configuration ran: {argv}")
+    report = run_bench(configs, ["--steps", "5"], 1, tmp_path, ran, refused=lambda c: "no")
     assert [r["status"] for r in report["results"]] == ["failed", "failed"] and not (tmp_path / "runs").exists()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port, logged_step, run_cli, train_here
+from conftest import free_port, in_session, logged_step, run_cli, train_here
 
 from paratrain.core.errors import UserError
 from paratrain.search import space
@@ -189,7 +189,7 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         deadline = time.monotonic() + 10
-        while (left := _in_session(first.pid)) and time.monotonic() < deadline:
+        while (left := in_session(first.pid)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not left, f"processes of the killed search still run: {left}"
         assert len(list(out.glob("trials/*/summary.json"))) <= ended + 1
@@ -240,7 +240,7 @@ def test_a_search_of_two_worker_trials_stops_on_sigterm_and_killed_leaves_no_pro
             os.kill(search.pid, signum)
             assert search.wait(timeout=60) == code, search.stderr.read()[-2000:]
             deadline = time.monotonic() + 10
-            while (left := _in_session(search.pid)) and time.monotonic() < deadline:
+            while (left := in_session(search.pid)) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert not left, f"processes of the search still run after {signal.Signals(signum).name}: {left}"
         finally:
@@ -251,12 +251,6 @@ def test_a_search_of_two_worker_trials_stops_on_sigterm_and_killed_leaves_no_pro
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(float(r["lr"]) for r in _complete(out)) == [0.001, 0.002, 0.003]
-
-
-def _in_session(sid: int) -> list[int]:
-    """The processes of session `sid` (a command started with start_new_session) still running."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,sid=,stat="], capture_output=True, text=True).stdout
-    return [int(p) for p, s, stat in (line.split() for line in out.splitlines()) if int(s) == sid and stat[0] != "Z"]
 
 
 # ---- a study shared through a real PostgreSQL server ----

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import config as C
 from ..core.errors import UserError
@@ -84,7 +86,8 @@ def _refused(config: Any, values: dict[str, Any]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from ..components.inputs import load_for
     from ..measure import bench, plot
-    from ..runtime import devices
+    from ..parallel.requeue import signal_for
+    from ..runtime import devices, prefork
     from ..tracking import bench as tracked
 
     at_least_one(args, "repeats", "epochs", "steps", "batch_size")
@@ -98,10 +101,11 @@ def run(args: argparse.Namespace) -> int:
     C.validate(C.from_dict(tracking))  # a wrong --logger fails here, before any run
     cfg = checked(C.validate(C.from_dict({**values, "log_every": 20})))  # checked once, here
     C.check_read(cfg, values)
+    prefork.warm_up(signal_for(args.env, cfg))  # the runs fork from it (bench.Runner): torch imports meanwhile
     load_for(cfg)  # a missing dataset fails here, once (and an image folder is decoded once, for every run)
     out = Path(args.out)
     report = bench.run_bench(configs, as_flags({**values, "log_every": 20}), args.repeats, out,
-                             refused=lambda config: _refused(config, values))
+                             bench.Runner(train_run), refused=lambda config: _refused(config, values))
     failed = [r["name"] for r in report["results"] if r["status"] != "ok"]
     if len(failed) == len(configs):  # a bench that measured nothing did not do its work: no report, no success
         raise UserError(f"bench: 0 of {len(configs)} configurations measured (failed: {', '.join(failed)}); the "
@@ -111,3 +115,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"bench: {len(configs) - len(failed)} of {len(configs)} configurations measured"
           f"{' (failed: ' + ', '.join(failed) + ')' if failed else ''}; report: {path}")
     return 0
+
+
+def train_run(argv: list[str], cwd: str, environ: dict[str, str], streams: Any) -> NoReturn:
+    """A bench's run (measure/bench.Runner), forked from paratrain's forkserver: `paratrain ARGV` as if started
+    afresh, in the bench's folder and environment (`streams`: its output files, adopted as the arguments were
+    unpickled). It ends with the bench: a bench killed outright ends the forkserver, and with it this process."""
+    import runpy
+
+    from ..runtime import prefork
+    from ..runtime.proc import die_with_parent
+
+    die_with_parent()  # first: until detach lets go of the lifeline, the forkserver (its parent) cannot end
+    prefork.detach(environ)
+    os.chdir(cwd)
+    sys.argv = ["paratrain", *argv]
+    runpy.run_module("paratrain", run_name="__main__", alter_sys=True)  # as `python -m paratrain ARGV`: it exits
+    raise AssertionError("paratrain's command line returned")  # never reached: its entry leaves by os._exit

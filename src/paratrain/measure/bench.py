@@ -1,7 +1,7 @@
 """`paratrain bench`: the same training in several configurations (--configs, or a first look at the machine),
 measured side by side.
 
-Each configuration runs as `paratrain train` in a fresh process (never two at once), `--repeats` times,
+Each configuration runs as `paratrain train` in a process of its own (never two at once), `--repeats` times,
 plus one short run with --time-phases for the step-time breakdown. A configuration that fails is
 recorded with its error and the others still run.
 """
@@ -133,14 +133,52 @@ def _read_run(run_dir: Path) -> dict[str, Any]:
             "window_tokens": [r["tokens_per_sec"] for r in records if "tokens_per_sec" in r]}
 
 
-def _train(flags: list[str], out: Path, timeout: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "paratrain", "train", "--quiet", "--no-tensorboard", "--overwrite", "--out", str(out),
-           *flags]  # the bench's own runs: a bench run again in its folder measures afresh
+@dataclass(frozen=True)
+class Runner:
+    """How the bench runs `paratrain train ARGV`: in a process of its own, forked from paratrain's forkserver
+    (torch imported: a fresh interpreter spent ~2.5 CPU-s importing before it trained, a quarter of a short
+    bench), its output kept apart; stopped past `timeout` seconds, and with the bench (Ctrl-C, or killed: the
+    forkserver ends, and the run with it). `command(argv, cwd, environ, streams)`: a function of the command
+    line's (cli/bench.py's train_run) that runs it in the process it is called in, as if started afresh."""
+
+    command: Callable[..., None]
+    timeout: float = 3600
+
+    def __call__(self, argv: list[str]) -> tuple[int, str]:
+        """The run's exit code, and its standard error (its standard output where that is empty)."""
+        import multiprocessing
+        import signal
+        import tempfile
+
+        from ..parallel.launch import stop_processes
+        from ..runtime import prefork
+
+        context = multiprocessing.get_context(prefork.start_method())
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            process = context.Process(target=self.command, args=(argv, os.getcwd(), dict(os.environ),
+                                                                 prefork.Streams(out.fileno(), err.fileno())))
+            process.start()
+            try:
+                process.join(self.timeout)
+            except BaseException:  # Ctrl-C: the run stops at its step as a run of train's own does
+                stop_processes([process], signal.SIGINT)
+                raise
+            if process.exitcode is None:
+                stop_processes([process], signal.SIGTERM)
+                raise subprocess.TimeoutExpired(["paratrain", *argv], self.timeout)
+            out.seek(0)
+            err.seek(0)
+            return process.exitcode, err.read() or out.read()
+
+
+def _train(flags: list[str], out: Path, runner: Runner) -> dict[str, Any]:
+    # the bench's own runs: a bench run again in its folder measures afresh
+    argv = ["train", "--quiet", "--no-tensorboard", "--overwrite", "--out", str(out), *flags]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    code, output = runner(argv)
     wall = time.perf_counter() - t0
-    if proc.returncode:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
+    if code:
+        lines = output.strip().splitlines() or [f"exit code {code}"]
         raise RuntimeError(lines[-1][:300])
     shutil.rmtree(RunPaths(out).checkpoints, ignore_errors=True)  # a measurement's: its figures are in the files kept
     return {**_read_run(out), "wall_s": wall}
@@ -153,8 +191,8 @@ def _stats(values: list[float]) -> dict[str, float | None]:
             "n": len(values)}
 
 
-def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path, timeout: float) -> dict:
-    runs = [_train([*train_flags, *config.flags], out / "runs" / f"{config.name.replace(':', '-')}-r{i}", timeout)
+def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path, runner: Runner) -> dict:
+    runs = [_train([*train_flags, *config.flags], out / "runs" / f"{config.name.replace(':', '-')}-r{i}", runner)
             for i in range(repeats)]
     # Warm-up excluded: the first logged window of each run holds start-up and first-touch costs.
     rates = [r for run in runs for r in (run["window_rates"][1:] or run["window_rates"])]
@@ -167,7 +205,7 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
     untimed = layout.pipelined or not layout.allreduce_timed or "--mesh" in config.flags
     phased = None if untimed else _train([*train_flags, *config.flags, "--time-phases", "--steps", "30",
                                             "--log-every", "10"],
-                                           out / "runs" / f"{config.name.replace(':', '-')}-phases", timeout)
+                                           out / "runs" / f"{config.name.replace(':', '-')}-phases", runner)
     first = runs[0]["summary"]
     return {
         **asdict(config), "status": "ok", "repeats": repeats,
@@ -285,8 +323,8 @@ def _setup(config: BenchConfig) -> tuple:
     return plan, tuple(sorted(flags.items()))
 
 
-def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, out: Path,
-              timeout: float = 3600, refused: Callable[[BenchConfig], str | None] | None = None) -> dict:
+def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, out: Path, runner: Runner,
+              refused: Callable[[BenchConfig], str | None] | None = None) -> dict:
     """Measure each configuration (`refused`: why the workload cannot run on one, known before any run: it
     is reported failed without running)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -303,7 +341,7 @@ def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, 
             results.append({**same, **asdict(config), "same_as": same["name"]})
             continue
         try:
-            results.append(measure(config, train_flags, repeats, out, timeout))
+            results.append(measure(config, train_flags, repeats, out, runner))
             measured[_setup(config)] = results[-1]
             if not sys.stderr.isatty():  # no bar: a line for each configuration measured
                 tokens = results[-1].get("tokens_per_sec")

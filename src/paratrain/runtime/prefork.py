@@ -1,5 +1,5 @@
-"""The process that workers, and a search's pool processes, are forked from: started early, it imports torch
-while the launcher reads the data (the search opens its study).
+"""The process that workers, a search's pool processes and a bench's runs are forked from: started early, it
+imports torch while the launcher reads the data (the search opens its study).
 
 A spawned worker spends ~1.5 s importing torch, and its first optimizer step ~1.7 s more importing
 torch._dynamo (torch.optim's step imports it whether or not anything is compiled). A forkserver that has
@@ -92,12 +92,16 @@ def detach(environ: dict[str, str]) -> None:
 class Streams:
     """The launcher's standard output and error as they are at the launch, for a worker to write to: a forked
     worker would otherwise write where the forkserver's pointed when it started (a caller may have
-    redirected them since, as pytest's capture does)."""
+    redirected them since, as pytest's capture does). `out`, `err`: other descriptors of the launcher's to
+    write to instead (a bench keeps a run's output in a file)."""
+
+    def __init__(self, out: int = 1, err: int = 2) -> None:
+        self.out, self.err = out, err
 
     def __reduce__(self) -> tuple:  # pickled as the worker is started: the files travel with it
         from multiprocessing.reduction import DupFd
 
-        return (_adopt, (DupFd(1), DupFd(2)))
+        return (_adopt, (DupFd(self.out), DupFd(self.err)))
 
 
 def _adopt(out: object, err: object) -> None:
