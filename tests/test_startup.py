@@ -63,7 +63,7 @@ def test_the_forkserver_starts_only_once_the_plan_knows_workers_will_be_forked(
     from paratrain.runtime.env import detect
 
     events: list[str] = []
-    monkeypatch.setattr(prefork, "warm_up", lambda shield=None: events.append("warm_up"))
+    monkeypatch.setattr(prefork, "warm_up", lambda shield=None, model="": events.append("warm_up"))
     digits = load_dataset("digits", None)
 
     def plan(workers: int, **more: object) -> list[str]:
@@ -134,6 +134,39 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     while time.time() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
     return [p for p in pids if alive(p)]
+
+
+def test_the_forkserver_imports_the_libraries_a_model_file_imports_and_runs_none_of_it(tmp_path: Path) -> None:
+    """A model file that imports transformers (anywhere in it): the forkserver imports transformers' modeling
+    base for the workers (each spent ~1.6 CPU-s on it), the file read, never run; a registry model, a file
+    that imports no such library (a module of its own named so), one that cannot be read: torch's alone."""
+    hf = tmp_path / "hf.py"
+    hf.write_text("raise SystemExit('the file ran')\n\n\ndef build():\n    from transformers.models import llama\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch\nfrom . import transformers\n")
+    assert prefork.preload(f"{hf}:build") == [*prefork.PRELOAD, "transformers.modeling_utils"]
+    for model in ("gpt", f"{plain}:build", f"{tmp_path / 'missing.py'}:build", ""):
+        assert prefork.preload(model) == prefork.PRELOAD, model
+
+
+def test_what_the_forkserver_imports_for_a_model_file_asks_for_no_gpu() -> None:
+    """A process that asked CUDA for its devices before it forked gives its forked workers no GPU: importing
+    the libraries' parts of prefork.LIBRARIES (in a fresh interpreter, as the forkserver does) asks for none."""
+    for library, part in prefork.LIBRARIES.items():
+        pytest.importorskip(library)
+        code = ("import torch, torch.cuda\n"
+                "asked = []\n"
+                "for owner, name in ((torch._C, '_cuda_getDeviceCount'), (torch.cuda, 'is_available'),\n"
+                "                    (torch.cuda, 'device_count'), (torch.cuda, '_lazy_init')):\n"
+                "    def spy(*a, _f=getattr(owner, name), _n=name, **k):\n"
+                "        asked.append(_n)\n"
+                "        return _f(*a, **k)\n"
+                "    setattr(owner, name, spy)\n"
+                f"import {part}\n"
+                "print(asked)\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "[]", (part, done.stdout)
 
 
 def test_the_forkserver_leaves_once_its_exit_handlers_ran_and_a_child_of_it_does_not() -> None:

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     C.validate(C.from_dict(tracking))  # a wrong --logger fails here, before any run
     cfg = checked(C.validate(C.from_dict({**values, "log_every": 20})))  # checked once, here
     C.check_read(cfg, values)
-    prefork.warm_up(signal_for(args.env, cfg))  # the runs fork from it (bench.Runner): torch imports meanwhile
+    # the runs fork from it (bench.Runner): it imports torch (and the model file's libraries) meanwhile
+    prefork.warm_up(signal_for(args.env, cfg), cfg.model)
     load_for(cfg)  # a missing dataset fails here, once (and an image folder is decoded once, for every run)
     out = Path(args.out)
     report = bench.run_bench(configs, as_flags({**values, "log_every": 20}), args.repeats, out,

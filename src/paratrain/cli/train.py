@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         # certain from the flags: the forkserver imports torch for the workers while this process imports it
         # and reads the data. Under --devices auto nothing starts here: the plan starts it once it has chosen
         # (one started on a guess beside a run that then trained in this process cost that run 16%).
-        prefork.warm_up(signal_for(env, cfg))
+        prefork.warm_up(signal_for(env, cfg), cfg.model)
     from .. import session
     from ..components.inputs import load_for
 

@@ -174,7 +174,7 @@ def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
     # this launcher waits for them as on SIGTERM; the forkserver and the resource tracker keep it blocked
     requeue_signal = plan.requeue_signal
     with reserved_port() as port:  # held for the workers: rank 0 binds it once it has started (seconds)
-        prefork.warm_up(requeue_signal)
+        prefork.warm_up(requeue_signal, cfg.model)
         method = prefork.start_method()
         smp = mp.get_context(method)
         results = smp.SimpleQueue()

@@ -92,7 +92,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     cfg = cfg.replace(precision=precision)  # what config.yaml records: what ran
     signum = requeue.signal_for(env, cfg)
     if arranged.workers > 1 and not env.in_group:  # known now: workers will be forked, so their forkserver
-        prefork.warm_up(signum)  # starts importing torch while this process reads the data (never on a guess)
+        prefork.warm_up(signum, cfg.model)  # imports torch while this process reads the data (never on a guess)
     data = load_data()
     length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     if cfg.host_data and env.is_main:

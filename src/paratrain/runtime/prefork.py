@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 PRELOAD = ["paratrain.runtime._in_forkserver", "torch", "torch._dynamo", "paratrain.training.worker",
            "paratrain.parallel.launch"]
@@ -35,16 +36,47 @@ def start_method() -> str:
     return "forkserver"
 
 
-def warm_up(shield: int | None = None) -> None:
+# The heavy part of a library that a model's file imports, imported by the forkserver for the workers: every
+# worker of a GPT-2 or a Llama of transformers' spent ~1.6 CPU-s importing transformers' modeling base (which
+# its models share; 2 CPU-s with the model's own module). Importing it asks for no CUDA device (checked: no
+# device count is asked), so the workers forked after it can still take their GPUs.
+LIBRARIES = {"transformers": "transformers.modeling_utils"}
+
+
+def preload(model: str = "") -> list[str]:
+    """What the forkserver imports: PRELOAD, and LIBRARIES' part of each library that the model's file
+    (`--model path/to/file.py:factory`) imports. The file is read, never run: the user's code runs in the
+    workers alone (it could ask for a GPU, which a process forked after cannot take). A library that is not
+    installed is passed over by the forkserver (and the run then fails in its own words)."""
+    import ast
+
+    from ..core.import_path import is_file, is_import_path
+
+    head = model.rpartition(":")[0]
+    if not (is_import_path(model) and is_file(head)):
+        return PRELOAD
+    try:
+        tree = ast.parse(Path(head).expanduser().read_text())
+    except (OSError, SyntaxError, ValueError):  # the run says what is wrong with the file
+        return PRELOAD
+    imported = {alias.name.partition(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.partition(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    return PRELOAD + [LIBRARIES[name] for name in sorted(imported & LIBRARIES.keys())]
+
+
+def warm_up(shield: int | None = None, model: str = "") -> None:
     """Start multiprocessing's helper processes now: its resource tracker, and the forkserver (it returns at
     once; the server imports in the background). Every later launch of this process reuses them. `shield`:
-    in a Slurm job, its requeue signal (requeue.signal_for), blocked in them for life (shielded)."""
+    in a Slurm job, its requeue signal (requeue.signal_for), blocked in them for life (shielded). `model`: the
+    run's --model, whose file's libraries the forkserver imports too (`preload`)."""
     from multiprocessing import forkserver, resource_tracker
 
     with shielded(shield):
         resource_tracker.ensure_running()
         if start_method() == "forkserver":
-            multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+            multiprocessing.get_context("forkserver").set_forkserver_preload(preload(model))
             forkserver.ensure_running()
 
 

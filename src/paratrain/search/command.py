@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, train_values: dict[str, Any]) -> int:
     accelerator, gpus, parallel, threads = _pool_size(args, cfg)
     args.env = getattr(args, "env", None) or detect()  # the command line's, detected once
     # the pool's processes fork from it (search/pool.py): it imports torch while the study opens
-    prefork.warm_up(requeue.signal_for(args.env, cfg))
+    prefork.warm_up(requeue.signal_for(args.env, cfg), cfg.model)
     out = check_writable(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings, study, budget = _open_study(args, sp, base, cfg, out, parallel)
