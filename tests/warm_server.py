@@ -94,6 +94,11 @@ def serve(path: str, log: str = "") -> None:
     for name in [*prefork.PRELOAD, "paratrain.cli", "paratrain.session"]:
         if name != "paratrain.runtime._in_forkserver":
             importlib.import_module(name)
+    # and what it preloads for a model file's libraries, which the launcher imports with the file (transformers'
+    # modeling base: ~2 CPU-s for each command of a GPT-2 or a Llama); one not installed is passed over
+    for name in prefork.LIBRARIES.values():
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     sys.stderr.flush()
     said = Path(log).read_bytes() if log else b""  # its standard error is this file (conftest.warm_socket)
     selector = selectors.DefaultSelector()
