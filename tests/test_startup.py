@@ -144,14 +144,15 @@ def test_the_forkserver_imports_the_libraries_a_model_file_imports_and_runs_none
     hf.write_text("raise SystemExit('the file ran')\n\n\ndef build():\n    from transformers.models import llama\n")
     plain = tmp_path / "plain.py"
     plain.write_text("import torch\nfrom . import transformers\n")
-    assert prefork.preload(f"{hf}:build") == [*prefork.PRELOAD, "transformers.modeling_utils"]
+    assert prefork.preload(f"{hf}:build") == [*prefork.PRELOAD, "paratrain.runtime._preload_transformers"]
     for model in ("gpt", f"{plain}:build", f"{tmp_path / 'missing.py'}:build", ""):
         assert prefork.preload(model) == prefork.PRELOAD, model
 
 
 def test_what_the_forkserver_imports_for_a_model_file_asks_for_no_gpu() -> None:
     """A process that asked CUDA for its devices before it forked gives its forked workers no GPU: importing
-    the libraries' parts of prefork.LIBRARIES (in a fresh interpreter, as the forkserver does) asks for none."""
+    the libraries' parts of prefork.LIBRARIES (in a fresh interpreter, as the forkserver does) asks for none,
+    and does import the library's part."""
     for library, part in prefork.LIBRARIES.items():
         pytest.importorskip(library)
         code = ("import torch, torch.cuda\n"
@@ -163,10 +164,11 @@ def test_what_the_forkserver_imports_for_a_model_file_asks_for_no_gpu() -> None:
                 "        return _f(*a, **k)\n"
                 "    setattr(owner, name, spy)\n"
                 f"import {part}\n"
-                "print(asked)\n")
+                "import sys\n"
+                "print(asked, sorted(m for m in sys.modules if m.endswith('.modeling_utils')))\n")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.strip() == "[]", (part, done.stdout)
+        assert done.stdout.strip() == f"[] ['{library}.modeling_utils']", (part, done.stdout)
 
 
 def test_the_forkserver_leaves_once_its_exit_handlers_ran_and_a_child_of_it_does_not() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -123,12 +124,23 @@ def train_run(argv: list[str], cwd: str, environ: dict[str, str], streams: Any) 
     afresh, in the bench's folder and environment (`streams`: its output files, adopted as the arguments were
     unpickled). It ends with the bench: a bench killed outright ends the forkserver, and with it this process."""
     import runpy
+    import signal
 
     from ..runtime import prefork
+    from ..runtime.env import detect
+    from ..runtime.interrupt import hold, signal_number
     from ..runtime.proc import die_with_parent
 
     die_with_parent()  # first: until detach lets go of the lifeline, the forkserver (its parent) cannot end
     prefork.detach(environ)
+    # In a Slurm job the forkserver keeps the job's warning blocked (prefork.shielded), and so would this run
+    # and its launcher, which waits on it to give its saving workers time: as a fresh process, it takes it, and
+    # keeps one that came meanwhile for the run (as the command line does from its start in a job)
+    warnings = {signal_number(name) for name in C.REQUEUE_SIGNALS}
+    with contextlib.suppress(UserError):  # a wrong Slurm variable: the command line says so in its line
+        if detect().slurm is not None:
+            hold(tuple(warnings))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, warnings)
     os.chdir(cwd)
     sys.argv = ["paratrain", *argv]
     runpy.run_module("paratrain", run_name="__main__", alter_sys=True)  # as `python -m paratrain ARGV`: it exits

@@ -144,8 +144,9 @@ class Runner:
     command: Callable[..., None]
     timeout: float = 3600
 
-    def __call__(self, argv: list[str]) -> tuple[int, str]:
-        """The run's exit code, and its standard error (its standard output where that is empty)."""
+    def __call__(self, argv: list[str]) -> tuple[int, str, float]:
+        """The run's exit code, its standard error (its standard output where that is empty), and its seconds
+        from its start (the forkserver's imports, which the first run's start waits for, not counted)."""
         import multiprocessing
         import signal
         import tempfile
@@ -157,26 +158,27 @@ class Runner:
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             process = context.Process(target=self.command, args=(argv, os.getcwd(), dict(os.environ),
                                                                  prefork.Streams(out.fileno(), err.fileno())))
-            process.start()
             try:
+                process.start()
+                t0 = time.perf_counter()
                 process.join(self.timeout)
+                if process.exitcode is None:
+                    stop_processes([process], signal.SIGTERM)
+                    raise subprocess.TimeoutExpired(["paratrain", *argv], self.timeout)
             except BaseException:  # Ctrl-C: the run stops at its step as a run of train's own does
-                stop_processes([process], signal.SIGINT)
+                if process.pid is not None:
+                    stop_processes([process], signal.SIGINT)
                 raise
-            if process.exitcode is None:
-                stop_processes([process], signal.SIGTERM)
-                raise subprocess.TimeoutExpired(["paratrain", *argv], self.timeout)
+            seconds = time.perf_counter() - t0
             out.seek(0)
             err.seek(0)
-            return process.exitcode, err.read() or out.read()
+            return process.exitcode, err.read() or out.read(), seconds
 
 
 def _train(flags: list[str], out: Path, runner: Runner) -> dict[str, Any]:
     # the bench's own runs: a bench run again in its folder measures afresh
     argv = ["train", "--quiet", "--no-tensorboard", "--overwrite", "--out", str(out), *flags]
-    t0 = time.perf_counter()
-    code, output = runner(argv)
-    wall = time.perf_counter() - t0
+    code, output, wall = runner(argv)
     if code:
         lines = output.strip().splitlines() or [f"exit code {code}"]
         raise RuntimeError(lines[-1][:300])
@@ -348,7 +350,8 @@ def run_bench(configs: list[BenchConfig], train_flags: list[str], repeats: int, 
                 rate = f"{tokens['mean']:,.0f} tokens/s" if tokens else \
                     f"{results[-1]['examples_per_sec']['mean']:,.0f} examples/s"
                 print(f"bench: {config.name}: {rate} ({len(results)} of {len(configs)})", flush=True)
-        except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as e:
+        # EOFError: the forkserver gone (a run's start reads its pid from it)
+        except (RuntimeError, subprocess.TimeoutExpired, OSError, EOFError, KeyError, ValueError) as e:
             results.append({**asdict(config), "status": "failed", "error": str(e).strip()})
             tqdm.write(f"bench: {config.name} failed: {e}")
     add_speedups(results)

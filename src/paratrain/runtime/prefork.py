@@ -36,18 +36,18 @@ def start_method() -> str:
     return "forkserver"
 
 
-# The heavy part of a library that a model's file imports, imported by the forkserver for the workers: every
-# worker of a GPT-2 or a Llama of transformers' spent ~1.6 CPU-s importing transformers' modeling base (which
-# its models share; 2 CPU-s with the model's own module). Importing it asks for no CUDA device (checked: no
-# device count is asked), so the workers forked after it can still take their GPUs.
-LIBRARIES = {"transformers": "transformers.modeling_utils"}
+# The heavy part of a library that a model's file imports, imported by the forkserver for the workers (through
+# a module of ours that passes over any failure): every worker of a GPT-2 or a Llama of transformers' spent
+# ~1.6 CPU-s importing transformers' modeling base (which its models share; 2 CPU-s with the model's own
+# module). Importing it asks for no CUDA device (tested), so the workers forked after it still take their GPUs.
+LIBRARIES = {"transformers": "paratrain.runtime._preload_transformers"}
 
 
 def preload(model: str = "") -> list[str]:
     """What the forkserver imports: PRELOAD, and LIBRARIES' part of each library that the model's file
     (`--model path/to/file.py:factory`) imports. The file is read, never run: the user's code runs in the
     workers alone (it could ask for a GPU, which a process forked after cannot take). A library that is not
-    installed is passed over by the forkserver (and the run then fails in its own words)."""
+    installed, or fails to import, is passed over (and the run then fails in its own words)."""
     import ast
 
     from ..core.import_path import is_file, is_import_path
@@ -56,7 +56,7 @@ def preload(model: str = "") -> list[str]:
     if not (is_import_path(model) and is_file(head)):
         return PRELOAD
     try:
-        tree = ast.parse(Path(head).expanduser().read_text())
+        tree = ast.parse(Path(head).expanduser().read_bytes())  # bytes: the file's own encoding line counts
     except (OSError, SyntaxError, ValueError):  # the run says what is wrong with the file
         return PRELOAD
     imported = {alias.name.partition(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
