@@ -147,6 +147,18 @@ def test_the_forkserver_imports_the_libraries_a_model_file_imports_and_runs_none
     assert prefork.preload(f"{hf}:build") == [*prefork.PRELOAD, "paratrain.runtime._preload_transformers"]
     for model in ("gpt", f"{plain}:build", f"{tmp_path / 'missing.py'}:build", ""):
         assert prefork.preload(model) == prefork.PRELOAD, model
+    # paratrain.fit given the function that builds it: the file the function is in (as a script's is)
+    import runpy
+
+    from paratrain.components.parts import Parts
+    from paratrain.parallel.runplan import _network_file
+
+    script = tmp_path / "script.py"
+    script.write_text("from transformers import GPT2LMHeadModel\n\n\ndef make_gpt2():\n    pass\n")
+    given = runpy.run_path(str(script))["make_gpt2"]
+    cfg = paratrain.TrainConfig()
+    assert prefork.preload(_network_file(cfg, Parts(model=given))) == prefork.preload(f"{hf}:build")
+    assert prefork.preload(_network_file(cfg, Parts(model=lambda: None))) == prefork.PRELOAD
 
 
 def test_what_the_forkserver_imports_for_a_model_file_asks_for_no_gpu() -> None:

@@ -66,6 +66,20 @@ class RunPlan:
     launcher_writes_summary: bool = False
 
 
+def _network_file(cfg: C.TrainConfig, parts: Parts | None) -> str:
+    """Where the run's network is built, for the forkserver to read which libraries it imports (prefork.preload):
+    --model's import path, or the file of what paratrain.fit was given to build it (a script's function that
+    builds a GPT-2 of transformers': each worker imports the script again, and with it transformers)."""
+    import inspect
+
+    if parts is None or parts.model is None:
+        return cfg.model
+    try:
+        return f"{inspect.getsourcefile(parts.model)}:network"
+    except TypeError:  # a callable of no file of its own
+        return cfg.model
+
+
 def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | None = None, *,
          hardware: Hardware | None = None, devices: tuple[str, ...] | None = None,
          report: Callable[[int, dict[str, float]], bool] | None = None, env: Environment = LOCAL) -> RunPlan:
@@ -92,7 +106,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     cfg = cfg.replace(precision=precision)  # what config.yaml records: what ran
     signum = requeue.signal_for(env, cfg)
     if arranged.workers > 1 and not env.in_group:  # known now: workers will be forked, so their forkserver
-        prefork.warm_up(signum, cfg.model)  # imports torch while this process reads the data (never on a guess)
+        prefork.warm_up(signum, _network_file(cfg, parts))  # imports torch while this process reads the data
     data = load_data()
     length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     if cfg.host_data and env.is_main:
