@@ -178,11 +178,13 @@ class Runner:
 def _train(flags: list[str], out: Path, runner: Runner) -> dict[str, Any]:
     # the bench's own runs: a bench run again in its folder measures afresh
     argv = ["train", "--quiet", "--no-tensorboard", "--overwrite", "--out", str(out), *flags]
-    code, output, wall = runner(argv)
+    try:
+        code, output, wall = runner(argv)
+    finally:  # a measurement's: its figures are in the files kept (a run stopped by Ctrl-C saved one too)
+        shutil.rmtree(RunPaths(out).checkpoints, ignore_errors=True)
     if code:
         lines = output.strip().splitlines() or [f"exit code {code}"]
         raise RuntimeError(lines[-1][:300])
-    shutil.rmtree(RunPaths(out).checkpoints, ignore_errors=True)  # a measurement's: its figures are in the files kept
     return {**_read_run(out), "wall_s": wall}
 
 
