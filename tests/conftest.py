@@ -291,6 +291,14 @@ def in_session(sid: int) -> list[int]:
     return [int(p) for p, s, stat in (line.split() for line in out.splitlines()) if int(s) == sid and stat[0] != "Z"]
 
 
+def left_in_session(sid: int, within: float) -> list[int]:
+    """The processes of session `sid` still running once none is, or `within` seconds have passed."""
+    deadline = time.monotonic() + within
+    while (left := in_session(sid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def descendants(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
     children: dict[int, list[int]] = {}

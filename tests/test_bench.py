@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import in_session, main_code, max_abs_diff, run_cli, train_here, weights
+from conftest import in_session, left_in_session, main_code, max_abs_diff, run_cli, train_here, weights
 
 from paratrain.core.errors import UserError
 from paratrain.measure.bench import add_speedups, default_configs, parse_configs
@@ -163,10 +163,7 @@ def test_a_bench_killed_outright_leaves_no_run_behind(tmp_path: Path) -> None:
         assert bench.poll() is None, bench.stderr.read()[-3000:]
         assert len(in_session(bench.pid)) >= 4  # the bench, its forkserver, its run, the run's workers (and theirs)
         os.kill(bench.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while (left := in_session(bench.pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not left, f"processes of the killed bench still run: {left}"
+        assert not (left := left_in_session(bench.pid, 30)), f"processes of the killed bench still run: {left}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(bench.pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import free_port, in_session, logged_step, run_cli, train_here
+from conftest import free_port, left_in_session, logged_step, run_cli, train_here
 
 from paratrain.core.errors import UserError
 from paratrain.search import space
@@ -188,10 +188,7 @@ def test_killed_search_resumes_without_repeating_finished_trials(tmp_path: Path)
         ended = len(list(out.glob("trials/*/summary.json")))
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
-        deadline = time.monotonic() + 10
-        while (left := in_session(first.pid)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not left, f"processes of the killed search still run: {left}"
+        assert not (left := left_in_session(first.pid, 10)), f"processes of the killed search still run: {left}"
         assert len(list(out.glob("trials/*/summary.json"))) <= ended + 1
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -239,9 +236,7 @@ def test_a_search_of_two_worker_trials_stops_on_sigterm_and_killed_leaves_no_pro
         try:
             os.kill(search.pid, signum)
             assert search.wait(timeout=60) == code, search.stderr.read()[-2000:]
-            deadline = time.monotonic() + 10
-            while (left := in_session(search.pid)) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            left = left_in_session(search.pid, 10)
             assert not left, f"processes of the search still run after {signal.Signals(signum).name}: {left}"
         finally:
             with contextlib.suppress(ProcessLookupError):

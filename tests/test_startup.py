@@ -151,14 +151,14 @@ def test_the_forkserver_imports_the_libraries_a_model_file_imports_and_runs_none
     import runpy
 
     from paratrain.components.parts import Parts
-    from paratrain.parallel.runplan import _network_file
+    from paratrain.parallel.runplan import network_file
 
     script = tmp_path / "script.py"
     script.write_text("from transformers import GPT2LMHeadModel\n\n\ndef make_gpt2():\n    pass\n")
     given = runpy.run_path(str(script))["make_gpt2"]
     cfg = paratrain.TrainConfig()
-    assert prefork.preload(_network_file(cfg, Parts(model=given))) == prefork.preload(f"{hf}:build")
-    assert prefork.preload(_network_file(cfg, Parts(model=lambda: None))) == prefork.PRELOAD
+    assert prefork.preload(network_file(cfg, Parts(model=given))) == prefork.preload(f"{hf}:build")
+    assert prefork.preload(network_file(cfg, Parts(model=lambda: None))) == prefork.PRELOAD
 
 
 def test_what_the_forkserver_imports_for_a_model_file_asks_for_no_gpu() -> None:

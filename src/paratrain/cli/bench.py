@@ -129,9 +129,7 @@ def train_run(argv: list[str], cwd: str, environ: dict[str, str], streams: Any) 
     from ..runtime import prefork
     from ..runtime.env import detect
     from ..runtime.interrupt import hold, signal_number
-    from ..runtime.proc import die_with_parent
 
-    die_with_parent()  # first: until detach lets go of the lifeline, the forkserver (its parent) cannot end
     prefork.detach(environ)
     # In a Slurm job the forkserver keeps the job's warning blocked (prefork.shielded), and so would this run
     # and its launcher, which waits on it to give its saving workers time: as a fresh process, it takes it, and

@@ -29,9 +29,9 @@ from ..core.tracebacks import user_frame_in_text
 from ..runtime import prefork
 from ..runtime.interrupt import Stopped, came_early, restore
 from ..runtime.oom import OomWatch
-from ..runtime.proc import die_with_parent, end_process, name_process, on_loopback, reserved_port, worker_name
+from ..runtime.proc import end_process, name_process, on_loopback, reserved_port, worker_name
 from ..runtime.tcp_timeout import agent_wait
-from .runplan import RunPlan
+from .runplan import RunPlan, network_file
 
 Target = Callable[..., "dict[str, Any] | None"]
 
@@ -43,7 +43,6 @@ def _worker(rank: int, world_size: int, port: int, plan: RunPlan, restarts: int,
     that timed out names the workers whose heartbeat stopped. `steps`: where each worker's last finished
     step is kept (shared), for the launcher to say when a worker died. `environ`: the launcher's environment;
     `streams`: its standard output and error, already adopted as the arguments were unpickled (prefork.Streams)."""
-    die_with_parent()  # first: until detach lets go of the lifeline, the forkserver (its parent) cannot end
     prefork.detach(environ)
     plan = dataclasses.replace(plan, clock={**plan.clock, "worker_entered": time.time()})
     name_process(worker_name(rank))
@@ -174,7 +173,7 @@ def _spawn(plan: RunPlan, target: Target, restarts: int) -> dict[str, Any]:
     # this launcher waits for them as on SIGTERM; the forkserver and the resource tracker keep it blocked
     requeue_signal = plan.requeue_signal
     with reserved_port() as port:  # held for the workers: rank 0 binds it once it has started (seconds)
-        prefork.warm_up(requeue_signal, cfg.model)
+        prefork.warm_up(requeue_signal, network_file(cfg, plan.parts))
         method = prefork.start_method()
         smp = mp.get_context(method)
         results = smp.SimpleQueue()

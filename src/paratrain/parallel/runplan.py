@@ -66,7 +66,7 @@ class RunPlan:
     launcher_writes_summary: bool = False
 
 
-def _network_file(cfg: C.TrainConfig, parts: Parts | None) -> str:
+def network_file(cfg: C.TrainConfig, parts: Parts | None) -> str:
     """Where the run's network is built, for the forkserver to read which libraries it imports (prefork.preload):
     --model's import path, or the file of what paratrain.fit was given to build it (a script's function that
     builds a GPT-2 of transformers': each worker imports the script again, and with it transformers)."""
@@ -106,7 +106,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
     cfg = cfg.replace(precision=precision)  # what config.yaml records: what ran
     signum = requeue.signal_for(env, cfg)
     if arranged.workers > 1 and not env.in_group:  # known now: workers will be forked, so their forkserver
-        prefork.warm_up(signum, _network_file(cfg, parts))  # imports torch while this process reads the data
+        prefork.warm_up(signum, network_file(cfg, parts))  # imports torch while this process reads the data
     data = load_data()
     length = run_length(cfg, len(data.train[1]))  # the batch against the data, before any process starts
     if cfg.host_data and env.is_main:

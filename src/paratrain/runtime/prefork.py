@@ -104,13 +104,17 @@ def streams() -> Streams | None:
 
 
 def detach(environ: dict[str, str]) -> None:
-    """In a process forked from the forkserver (a worker, a search's pool process), first thing: let go of the
-    launcher's end of the forkserver's lifeline, which the forkserver hands every child (it exits when every end
-    is closed, so a launcher killed with SIGKILL ends it, and PR_SET_PDEATHSIG then ends its children); take
-    SIGTERM back, which the forkserver ignores; and take `environ`, the launcher's environment at the start
-    (the forkserver's is of its own start). A spawned process has the launcher's already."""
+    """In a process forked from the forkserver (a worker, a search's pool process, a bench's run), first thing:
+    ask to die with its parent (proc.die_with_parent: the forkserver, or the launcher that spawned it); let go
+    of the launcher's end of the forkserver's lifeline, which the forkserver hands every child (it exits when
+    every end is closed, so a launcher killed with SIGKILL ends it, and PR_SET_PDEATHSIG then ends its
+    children); take SIGTERM back, which the forkserver ignores; and take `environ`, the launcher's environment
+    at the start (the forkserver's is of its own start). A spawned process has the launcher's already."""
     from multiprocessing import forkserver
 
+    from .proc import die_with_parent
+
+    die_with_parent()  # first: until the lifeline is let go of, the forkserver (its parent) cannot end
     server = forkserver._forkserver  # multiprocessing's own record of the lifeline in this process
     if getattr(server, "_forkserver_alive_fd", None) is not None:
         os.close(server._forkserver_alive_fd)

@@ -22,7 +22,6 @@ from .. import config as C
 from ..core.errors import UserError
 from ..runtime import prefork
 from ..runtime.interrupt import Stopped
-from ..runtime.proc import die_with_parent
 from . import keep
 from .space import Space
 from .study import Settings, TrialReport, counts, described, make_sampler, open_study, over_budget
@@ -247,7 +246,6 @@ def pool_worker(index: int, s: Settings, space: Space, base: dict[str, Any], thr
     the search's environment and standard streams at the start (the latter adopted as the arguments were
     unpickled). It ends with the search: a search killed outright ends the forkserver, and with it this process
     (PR_SET_PDEATHSIG), whose trial's workers then end with it."""
-    die_with_parent()  # first: until detach lets go of the lifeline, the forkserver (its parent) cannot end
     prefork.detach(dict(os.environ) if environ is None else environ)
     if ignored:
         signal.signal(ignored, signal.SIG_IGN)
