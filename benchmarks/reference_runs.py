@@ -5,6 +5,8 @@ the work folder's path taken out). Run it before the change and after, on the sa
     python benchmarks/reference_runs.py --save before.json            # on the code before the change
     python benchmarks/reference_runs.py --compare before.json         # after: a table, exit 1 on a difference
     PYTHONPATH=/path/to/old/src python benchmarks/reference_runs.py ...  # another checkout's package
+    python benchmarks/reference_runs.py --start-as-before --compare before.json  # from the initial weights of
+                                                            # releases before the meta-device build (2026-11-30)
 
 The runs (a few seconds each on 2 cores): ddp on 1 and 2 workers (SGD momentum, EMA), a resume of a
 2-worker run, tower, pipeline, hybrid, an imported network (examples/residual_cnn.py), BatchNorm sync,
@@ -196,7 +198,13 @@ def main() -> int:
     p.add_argument("--keep", help="run in this folder and keep it (default: a temporary folder)")
     p.add_argument("--only", help="these runs alone, comma-separated (e.g. gpt-pp,fsdp-clip); --compare then "
                                   "compares those")
+    p.add_argument("--start-as-before", action="store_true",
+                   help="every run starts from the initial weights of releases before the meta-device build "
+                        "(benchmarks/start_as_before): its hashes are comparable with theirs")
     args = p.parse_args()
+    if args.start_as_before:  # every process the runs start reads the folder's sitecustomize
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO / "benchmarks" / "start_as_before"), *filter(None, [os.environ.get("PYTHONPATH")])])
     import paratrain
 
     print(f"paratrain from {Path(paratrain.__file__).parent}", file=sys.stderr)

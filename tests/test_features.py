@@ -222,15 +222,14 @@ def test_the_custom_optimizer_needs_its_factory() -> None:
 
 def test_weight_decay_and_nesterov_change_the_update_as_torch_does(tmp_path: Path) -> None:
     """Three steps with --weight-decay and --nesterov against the same steps by a hand-built torch.optim.SGD."""
-    from paratrain.components.build import make_batch_transforms, make_model
+    from paratrain.components.build import initial_model, make_batch_transforms
     from paratrain.data.batches import epoch_permutation, global_batch
 
     cfg = _cfg(out=str(tmp_path / "r"), quiet=True, tensorboard=False, steps=3, optimizer="sgd", lr=0.05,
                momentum=0.9, nesterov=True, weight_decay=0.01, model="mlp", width=32, depth=1, seed=3)
     data = load_dataset("digits")
     fit(cfg, data)
-    torch.manual_seed(cfg.seed)
-    net = make_model(cfg, data)
+    net = initial_model(cfg, data)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)
     prep = make_batch_transforms(cfg, data, torch.device("cpu"))
     perm = epoch_permutation(len(data.train[1]), cfg.seed, 0)

@@ -50,8 +50,14 @@ def digits() -> Any:
     return load_dataset("digits")
 
 
+# Far from the edge: with seed 7 (since the initial weights are drawn module by module, 2026-11-30) LeNet-5 sits on
+# its plateau near a loss of 2.28 for 50 steps, and its way off it carried 2 -> 1 workers' float noise to 3.6e-3
+# (SGD with momentum); seeds 1, 2, 3 and 4 gave 1e-7 to 2e-6, seed 1 learning fastest.
+SEED = 1
+
+
 def _cfg(out: Path, opt: str, **kw: Any) -> config.TrainConfig:
-    values = dict(model="lenet5", dataset="digits", batch_size=64, steps=STEPS, seed=7, checkpoint_every=10,
+    values = dict(model="lenet5", dataset="digits", batch_size=64, steps=STEPS, seed=SEED, checkpoint_every=10,
                   keep_checkpoints=100, log_every=1, threads_per_worker=1, quiet=True, tensorboard=False, out=str(out))
     return config.validate(config.TrainConfig(**{**values, **OPTIMIZERS[opt], **kw}))
 

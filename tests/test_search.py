@@ -740,9 +740,11 @@ def test_a_tower_trial_drives_the_gpus_of_its_pool_process(monkeypatch: pytest.M
 @pytest.mark.integration
 @pytest.mark.parametrize("per_trial", ["1", "2"])
 def test_pruned_trials_are_marked_keep_their_curve_and_never_win(tmp_path: Path, per_trial: str) -> None:
-    """Ten learning rates, five of them too small to learn: once five trials are done, the median pruner
-    stops those below the median at their first epochs."""
-    lrs = [1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-3, 2e-3, 3e-3, 4e-3, 5e-3]
+    """Ten learning rates, seven of them too small to learn: once five trials are done, the median pruner
+    stops those below the median at their first epochs. (Three learners: the grid's order puts two of them among
+    the first five, so the median the pruner compares with is a non-learner's whatever pace the learners keep;
+    with five learners, three came first, and a learner slower than their median was pruned.)"""
+    lrs = [1e-12, 1e-11, 1e-10, 1e-9, 1e-8, 1e-7, 1e-6, 1e-3, 2e-3, 3e-3]
     path = _space_file(tmp_path, f"fixed: {{model: mlp, dataset: digits}}\nparams:\n  lr: {lrs}\n")
     proc = run_cli("search", "--space", path, "--sampler", "grid", "--pruner", "median", "--parallel", "1",
                    "--devices-per-trial", per_trial, "--epochs", "3", "--batch-size", "64",

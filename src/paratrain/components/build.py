@@ -19,6 +19,7 @@ from ..models import build_model, convolutional, input_size
 from ..models.imported import call_factory
 from ..optimization.optim import make_optimizer, make_scheduler
 from .adapt import read_by_logits
+from .initial import Initial, weights_on_meta
 from .parts import Parts
 
 
@@ -36,6 +37,30 @@ def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None
     return build_model(cfg.model, data.channels, input_size(cfg.model, data.image_size), data.num_classes,
                        width=cfg.width, depth=cfg.depth, activation=cfg.activation, dropout=cfg.dropout,
                        filters=cfg.filters, kernel=cfg.kernel)
+
+
+def make_empty(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[nn.Module, Initial | None, str]:
+    """The model built without memory for its weights (the meta device) and its initial weights, drawn module by
+    module from the seed as each worker takes its part (initial.py); or, where its modules cannot draw their own,
+    the model built whole on the CPU from the seed, as make_model builds it, None, and why."""
+    try:
+        with weights_on_meta() as writes:
+            model = make_model(cfg, data, parts)
+        initial, why = Initial.of(model, cfg.seed, writes.loaded)
+    except Exception as e:  # noqa: BLE001 (a network of yours that computes with its weights as it is built)
+        initial, why = None, f"it cannot be built on the meta device ({type(e).__name__}: {e})"
+    if initial is not None:
+        return model, initial, ""
+    torch.manual_seed(cfg.seed)
+    return make_model(cfg, data, parts), None, why
+
+
+def initial_model(cfg: TrainConfig, data: Splits, parts: Parts | None = None) -> nn.Module:
+    """The model whole on the CPU, with the initial weights that a run of `cfg` starts from on one device and on
+    every layout."""
+    torch.manual_seed(cfg.seed)
+    model, initial, _ = make_empty(cfg, data, parts)
+    return model if initial is None else initial.fill(model, torch.device("cpu"))
 
 
 class Reshape(nn.Module):

@@ -26,13 +26,32 @@ from torch import Tensor, nn
 INIT_STD = 0.02  # GPT-2's
 
 
+class NormalLinear(nn.Linear):
+    """A linear layer without bias whose weights are drawn from N(0, std^2) (GPT-2's initialisation) by its own
+    reset_parameters: a layer draws its weights alone, as a model built in shards draws them (components/initial.py)."""
+
+    def __init__(self, inputs: int, outputs: int, std: float = INIT_STD) -> None:
+        self.std = std  # (before nn.Linear's constructor, which draws the weights)
+        super().__init__(inputs, outputs, bias=False)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.std)
+
+
+class NormalEmbedding(nn.Embedding):
+    """An embedding drawn from N(0, INIT_STD^2) by its own reset_parameters (as NormalLinear)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=INIT_STD)
+
+
 class Embedding(nn.Module):
     """Token plus position embeddings (positions up to `context`), then dropout."""
 
     def __init__(self, vocabulary: int, context: int, width: int, dropout: float) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(vocabulary, width)
-        self.positions = nn.Embedding(context, width)
+        self.tokens = NormalEmbedding(vocabulary, width)
+        self.positions = NormalEmbedding(context, width)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, ids: Tensor) -> Tensor:
@@ -44,11 +63,11 @@ class Embedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int) -> None:
+    def __init__(self, width: int, heads: int, out_std: float = INIT_STD) -> None:
         super().__init__()
         self.head_width = width // heads
-        self.query, self.key, self.value = (nn.Linear(width, width, bias=False) for _ in range(3))
-        self.out = nn.Linear(width, width, bias=False)
+        self.query, self.key, self.value = (NormalLinear(width, width) for _ in range(3))
+        self.out = NormalLinear(width, width, out_std)
 
     def forward(self, x: Tensor) -> Tensor:
         n, t, _ = x.shape
@@ -60,22 +79,23 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, down_std: float = INIT_STD) -> None:
         super().__init__()
-        self.up = nn.Linear(width, 4 * width, bias=False)
-        self.down = nn.Linear(4 * width, width, bias=False)
+        self.up = NormalLinear(width, 4 * width)
+        self.down = NormalLinear(4 * width, width, down_std)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(F.gelu(self.up(x)))
 
 
 class Block(nn.Module):
-    """x + attention(norm(x)), then x + mlp(norm(x)): pre-norm, each branch's output dropped out."""
+    """x + attention(norm(x)), then x + mlp(norm(x)): pre-norm, each branch's output dropped out; a branch's last
+    layer drawn with the standard deviation `out_std` (GPT-2's 1/sqrt(2 x depth) of the others')."""
 
-    def __init__(self, width: int, heads: int, dropout: float) -> None:
+    def __init__(self, width: int, heads: int, dropout: float, out_std: float = INIT_STD) -> None:
         super().__init__()
-        self.norm1, self.attention = nn.LayerNorm(width), Attention(width, heads)
-        self.norm2, self.mlp = nn.LayerNorm(width), MLP(width)
+        self.norm1, self.attention = nn.LayerNorm(width), Attention(width, heads, out_std)
+        self.norm2, self.mlp = nn.LayerNorm(width), MLP(width, out_std)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -89,20 +109,11 @@ class GPT(nn.Sequential):
         heads = heads or max(1, width // 64)
         if width % heads:
             raise ValueError(f"{heads} heads do not divide the width {width}")
+        # every layer draws its own weights (components/initial.py draws them one layer at a time)
+        residual = INIT_STD / math.sqrt(2 * max(depth, 1))
         super().__init__(Embedding(vocabulary, context, width, dropout),
-                         *(Block(width, heads, dropout) for _ in range(depth)),
-                         nn.LayerNorm(width), nn.Linear(width, vocabulary, bias=False))
-        self.apply(_init)
-        for block in list(self)[1:1 + depth]:  # GPT-2: a residual branch's last layer scaled by 1/sqrt(2 x depth)
-            for layer in (block.attention.out, block.mlp.down):
-                nn.init.normal_(layer.weight, std=INIT_STD / math.sqrt(2 * depth))
-
-
-def _init(module: nn.Module) -> None:
-    if isinstance(module, nn.Linear | nn.Embedding):
-        nn.init.normal_(module.weight, std=INIT_STD)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
+                         *(Block(width, heads, dropout, residual) for _ in range(depth)),
+                         nn.LayerNorm(width), NormalLinear(width, vocabulary))
 
 
 def shape(model: nn.Module) -> dict[str, int] | None:

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..data.batches import eval_range
 from ..data.transforms import BatchPipeline
-from ..runtime.dist import DistContext
+from ..runtime.dist import DistContext, whole
 from .losses import counted, cross_entropy
 
 
@@ -109,3 +109,24 @@ def totals(sums: torch.Tensor, ctx: DistContext) -> tuple[float, float]:
     if count == 0 or weight == 0:
         return math.nan, math.nan
     return (correct / with_class if with_class else math.nan), loss_sum / weight
+
+
+class WholeScores:
+    """A model for evaluation whose scores come out whole (gathered where its head leaves them split over tensor
+    parallelism's workers)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    @property
+    def training(self) -> bool:
+        return self.module.training
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+
+    def eval(self) -> None:
+        self.module.eval()
+
+    def __call__(self, x: Any) -> Any:
+        return whole(self.module(x))

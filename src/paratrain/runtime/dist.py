@@ -61,6 +61,11 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def whole(t: Any) -> Any:
+    """A DTensor as the plain tensor it stands for (gathered from its parts: a collective), or `t` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def average_gradients(params: Iterable[torch.nn.Parameter], size: int, group: Any = None) -> None:
     """Average the gradients over `size` processes of `group` in one flat all-reduce, in place (of a DTensor's,
     this process's part: tensor parallelism's workers each average their own over their copies)."""

@@ -3,21 +3,19 @@
 Before launch (classmethods, in the launching process, without torch; runplan.make calls them): `check` the
 options, fill in `defaults`, `arrange` the batch split over the `copies` of the model, `prepare` what needs the
 data (a pipeline's cuts). What the workers must know of these decisions is the plan's `layout`, given to
-the instance. In each worker (an instance): `build` the part of the model this worker trains, `load` a
-checkpoint's weights into it and `restore` its optimizer state (a strategy owns loading as it owns saving),
-`wrap` it; every step `forward_backward`, `reduce_gradients`,
-`clip_grad_norm`; and `save`, `evaluate` and `summary` for checkpoints, evaluation and summary.json.
+the instance. In each worker (an instance): `build` the part of the model this worker trains (from a model built on
+the meta device: its part of the initial weights drawn then), `load` a checkpoint's weights into it and `restore`
+its optimizer state, `wrap` it; every step `forward_backward`, `reduce_gradients`, `clip_grad_norm`; and `save`,
+`evaluate` and `summary` for checkpoints, evaluation and summary.json.
 
 The hooks leave room for a strategy whose workers do not hold the whole model: `build` returns whatever
-module this worker updates (a pipeline stage; sharded tensors under FSDP2), `average` makes the weight
-average (--ema) of it, `save` is one for every layout (every rank writes its own part
-through torch.distributed.checkpoint, a step folder), `load`/`restore` read what this worker holds of one back
-(and of an earlier release's whole-model file), and
-`evaluate`/`clip_grad_norm` run or reduce across workers where needed (a pipeline evaluates through its
-schedule; no strategy gathers the whole model, but for the weight histograms: `whole_parameters`).
-A pipeline's stage averages its own layers (--ema) and evaluates the average through the schedule.
-Every mesh's workers run through one subclass (composed.py), the tower through its own (tower.py); a new name for a
-mesh is a class in names.py (its rules before launch) and its name in config.STRATEGIES.
+module this worker updates (a pipeline stage; sharded tensors under FSDP2), `average` makes the weight average
+(--ema) of it, `save` is one for every layout (every rank writes its own part of a step folder through
+torch.distributed.checkpoint), `load`/`restore` read what this worker holds of one (or of an earlier release's
+whole-model file), and `evaluate`/`clip_grad_norm` run or reduce across workers where needed (no strategy gathers
+the whole model, but for the weight histograms: `whole_parameters`). Every mesh's workers run through one
+subclass (composed.py), the tower through its own (tower.py); a new name for a mesh is a class in names.py (its
+rules before launch) and its name in config.STRATEGIES.
 """
 
 from __future__ import annotations
@@ -35,6 +33,7 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
     from torch.optim.swa_utils import AveragedModel
 
     from ...checkpoint.manager import RunCheckpoints
+    from ...components.initial import Initial
     from ...components.parts import Parts
     from ...config import TrainConfig
     from ...data import Splits
@@ -76,6 +75,8 @@ class Strategy:
     # a worker's own part of a step can be timed apart from its wait for the others (gradients_ready_at): the
     # waits at the step's all-reduce are measured on the CPU (training/stragglers.py)
     waits_measurable: ClassVar[bool] = False
+    initial: Initial | None = None  # the weights of a model built on the meta device (None: as drawn_whole says)
+    drawn_whole: str = ""
 
     # ---- before launch, in the launching process ----
 
@@ -167,9 +168,12 @@ class Strategy:
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
         """The module whose parameters this worker updates, on its device (the optimizer is built over it).
-        `model` is the whole model with its initial weights, on the CPU (`load` then loads a checkpoint)."""
+        `model` is the whole model, on the meta device (its initial weights in `initial`) or, built whole, on the
+        CPU (`load` then loads a checkpoint)."""
+        from ...components.initial import placed
+
         self.loss = loss
-        self.module = self.model = model.to(self.ctx.device)
+        self.module = self.model = placed(model, self.initial, self.ctx.device)
         return self.module
 
     def load(self, saved: dict) -> None:
@@ -189,13 +193,15 @@ class Strategy:
         return make_ema(self.module, decay)
 
     def _average_sharded(self, unsharded: nn.Module, decay: float, shard: Callable[[nn.Module], Any]) -> AveragedModel:
-        """The weight average of a sharded model (fsdp's, a tp mesh's copies): made from the whole copy kept
-        before sharding (sharded modules refuse deepcopy), then sharded as the model was, on the same mesh, so
-        that its shards line up with the model's."""
+        """The weight average of a sharded model (fsdp's, a tp mesh's copies): made from the copy kept before
+        sharding (meta where the model was), sharded as the model was so that its shards line up with the model's."""
+        from ...components.initial import copy_into
         from ...optimization.optim import make_ema
 
         ema = make_ema(unsharded, decay)
         shard(ema.module)
+        if self.initial is not None:
+            copy_into(ema.module, self.module, self.ctx.device)
         return ema
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:

@@ -52,16 +52,21 @@ class Composed(Strategy):
     def prepare(cls, cfg: TrainConfig, data: Splits, parts: Parts | None,
                 layout: Layout) -> tuple[TrainConfig, Layout]:
         """The plan and the sizes checked before any process starts; a pipeline's cuts resolved."""
-        from ...components.build import make_model
+        from torch import nn
+
+        from ...components.build import make_empty, make_model
         from ..mesh import check_model
         from .tensor_plan import check_splits, plan_of, shape
 
         mesh = layout.mesh
         if mesh.tp == mesh.pp == 1:  # no layer split, no cut: nothing to check on the model
             return cfg, layout
-        # built as the workers build it (on the CPU, not the meta device: a network of yours may load weights),
-        # and a pipeline's cuts count its layers' costs on an example
-        model = make_model(cfg, data, parts)
+        # built as the workers build it (on the meta device where it can be: its shapes are what is checked, and a
+        # pipeline's cuts count its layers' costs on an example's shapes); a pipeline of a network that is not a
+        # sequence is checked against its forward, which needs its weights
+        model, initial, _ = make_empty(cfg, data, parts)
+        if initial is not None and mesh.pp > 1 and not isinstance(model, nn.Sequential):
+            model = make_model(cfg, data, parts)
         if mesh.tp > 1:  # (a mesh of fsdp and pp alone splits no layer: it needs no plan)
             plan = plan_of(model, cfg.tp_plan)
             check_model(mesh, shape(model))  # the heads first: the size a user chose
@@ -91,6 +96,7 @@ class Composed(Strategy):
         return where["tp"] == 0 and where["pp"] == self.dims().pp - 1
 
     def build(self, model: nn.Module, data: Splits, loss: Any) -> nn.Module:
+        from ...components.initial import placed
         from ..mesh import device_mesh
         from .tensor_plan import apply, plan_of, splits_output
 
@@ -103,22 +109,21 @@ class Composed(Strategy):
         # (whole copies are DDP's, over the default group: no mesh to build)
         self.built = device_mesh(mesh, self.ctx.device.type) if self.ctx.distributed and not self.replicated \
             else None
-        self._note_batchnorm(model)
+        self._notes(model)
         self._unsharded, self.synced_bn, self._last_bucket = None, False, None
 
         def shard(module: nn.Module) -> nn.Module:
-            # fully_shard moves each shard to the device itself: where no layer is split, the whole model stays on
-            # the CPU (a stage is on the device already: stages.Pipeline)
-            if mesh.tp > 1 or not self.sharded:
+            # laid out on the meta device, then each worker draws its part of the weights (placed); a model built
+            # whole is moved first where tp splits it (fully_shard moves each shard to the device itself)
+            if self.initial is None and (mesh.tp > 1 or not self.sharded):
                 module = module.to(self.ctx.device)
             if mesh.tp > 1:
                 module = apply(module, self.built["tp"], plan)
             module = self._synchronised(module)
-            if self.sharded:
-                # the EMA's copy, before fsdp shards the copies (its modules refuse deepcopy): average() shards it
+            if self.sharded:  # the EMA's copy (on the meta device), before fsdp shards the copies: average() shards it
                 self._unsharded = copy.deepcopy(module) if self.cfg.ema else None
                 self._shard_copies(module)
-            return module
+            return placed(module, self.initial, self.ctx.device) if self.initial is not None else module
 
         if mesh.pp > 1:
             self.stage = self._pipeline(model, data, loss, shard)
@@ -152,14 +157,19 @@ class Composed(Strategy):
             return synchronise(module, self.ctx.device)
         return module
 
-    def _note_batchnorm(self, model: nn.Module) -> None:
-        """A pipeline with --batchnorm local normalises each micro-batch: said once, where the model has BatchNorm
-        (--batchnorm sync is refused before launch: pp.prepare_checks)."""
+    def _notes(self, model: nn.Module) -> None:
+        """What the run's first worker says of its layout, once: a layout that splits a network which cannot be built
+        on the meta device (each worker builds it whole first: its peak holds it), and a pipeline with --batchnorm
+        local, which normalises each micro-batch (--batchnorm sync is refused before launch: pp.prepare_checks)."""
         from ...features.batchnorm import has_batchnorm
 
-        cfg = self.cfg
-        if self.dims().pp > 1 and cfg.batchnorm == "local" and self.ctx.is_main and not cfg.quiet \
-                and has_batchnorm(model):
+        cfg, mesh = self.cfg, self.dims()
+        if not self.ctx.is_main or cfg.quiet:
+            return
+        if self.initial is None and (self.sharded or mesh.tp > 1 or mesh.pp > 1):
+            print(f"paratrain: note: each worker builds the whole model before taking its part, as {self.drawn_whole}",
+                  flush=True)
+        if mesh.pp > 1 and cfg.batchnorm == "local" and has_batchnorm(model):
             print(f"paratrain: note: --strategy {cfg.strategy} with --batchnorm local: each stage normalises its "
                   "BatchNorm layers over one micro-batch, so the run does not equal one device", flush=True)
 
@@ -250,9 +260,9 @@ class Composed(Strategy):
             return None, None
         # the step's figures read a loss and, for class scores, their argmax: a sequence's split scores stay
         # split (their shape is all that is read), so no step gathers a vocabulary's worth (collectives: all ranks)
-        from ...runtime.dist import local
+        from ...runtime.dist import local, whole
 
-        loss, logits = _whole(loss), _whole(logits) if logits.dim() == 2 else local(logits)
+        loss, logits = whole(loss), whole(logits) if logits.dim() == 2 else local(logits)
         return (loss, logits) if self.reports else (None, None)
 
     @property
@@ -311,7 +321,7 @@ class Composed(Strategy):
                  flip: bool, meter: Any = None) -> tuple[float, float]:
         """Each copy evaluates its share (every tp worker of it alike; in lockstep where each forward is a
         collective), under the run's autocast as it trains, and one worker a copy counts it."""
-        from ...optimization.evaluation import evaluate_share, totals
+        from ...optimization.evaluation import WholeScores, evaluate_share, totals
 
         if self.dims().pp > 1:
             sums = self.stage.evaluate(pair, prep, self._loss_of(loss), flip, meter)
@@ -319,7 +329,7 @@ class Composed(Strategy):
             which, of = self.batch_share
             view = dataclasses.replace(self.ctx, rank=which, world_size=of)
             with self._autocast():
-                sums = evaluate_share(_Gathered(self.module), pair, prep, view, batch_size, loss, flip, meter,
+                sums = evaluate_share(WholeScores(self.module), pair, prep, view, batch_size, loss, flip, meter,
                                       lockstep=self.lockstep)
         return totals(sums if self.reports else sums.zero_(), self.ctx)
 
@@ -370,28 +380,3 @@ class Composed(Strategy):
                         "schedule": self.cfg.schedule, "cuts": ",".join(map(str, self.layout.cuts)),
                         "bubble": self.stage.bubble()}
         return {**super().summary(), "pipeline": pipeline}
-
-
-def _whole(t: Any) -> Any:
-    """A DTensor as the plain tensor it stands for (split scores gathered: the step's metrics read them)."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-class _Gathered:
-    """The model for evaluation: its scores whole (gathered where the head leaves them split)."""
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-
-    @property
-    def training(self) -> bool:
-        return self.module.training
-
-    def train(self, mode: bool = True) -> None:
-        self.module.train(mode)
-
-    def eval(self) -> None:
-        self.module.eval()
-
-    def __call__(self, x: Any) -> Any:
-        return _whole(self.module(x))

@@ -6,6 +6,7 @@ example batch: the launching process resolves the cuts once, and the workers tak
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from typing import Any
 
@@ -35,7 +36,8 @@ def layers_of(model: nn.Module, name: str, example: torch.Tensor, checked: bool 
                         "something between them), so a pipeline cannot cut it; use --strategy fsdp or ddp")
     own = list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False))
     x = torch.randn(example.shape, generator=torch.Generator().manual_seed(0))  # zeros would hide a scaling
-    if any(True for _ in model.children()) and not own and same_output(model, _children, x):
+    # (a worker's model, built on the meta device, computes nothing: the launching process checked it, built whole)
+    if any(True for _ in model.children()) and not own and (checked or same_output(model, _children, x)):
         return _children(model)
     raise UserError(f"a pipeline (--strategy pipeline/hybrid, pp in --mesh) needs a model that is a sequence of "
                     f"layers (lenet5, convnet, cifar10-net, mlp, gpt, an nn.Sequential, a module whose forward "
@@ -88,12 +90,22 @@ def layer_costs(model: nn.Sequential, example: torch.Tensor) -> list[float]:
     try:
         for layer in model:
             with FlopCounterMode(display=False) as counter:
-                y = layer(x)
+                y = run_layer(layer, x)
             costs.append(float(counter.get_total_flops() + y.numel()))
             x = y
     finally:
         model.train(was_training)
     return costs
+
+
+def run_layer(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)`; a layer built on the meta device (its weights not drawn yet) run as a copy of it on the CPU whose
+    weights are zeros, for the shape and type of what it gives (its values mean nothing): a meta tensor runs no
+    CPU autocast, draws no dropout mask and meets no constant a layer makes on the CPU. One layer at a time."""
+    if not any(t.is_meta for t in (*layer.parameters(), *layer.buffers())):
+        return layer(x)
+    zeros = copy.deepcopy(layer)._apply(lambda t: torch.zeros(t.shape, dtype=t.dtype) if t.is_meta else t)
+    return zeros(x)
 
 
 def balanced_cuts(costs: list[float], k: int) -> list[int]:

@@ -28,7 +28,7 @@ from ...features.precision import autocast as cast_to
 from ...runtime.device_time import DeviceTime
 from ...runtime.dist import average_gradients
 from ..mesh import Mesh, device_mesh
-from .cuts import stage_bounds, stage_module, theoretical_bubble, whole_model
+from .cuts import run_layer, stage_bounds, stage_module, theoretical_bubble, whole_model
 
 SCHEDULE_CLASSES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # pipeline schedules (not lr schedules)
 
@@ -155,9 +155,12 @@ class Pipeline:
         # the shape of a micro-batch where it enters this stage, and the dropout calls before it (before the stage
         # is made: a decoder's stage is the model itself, its other pieces removed)
         self.cast = lambda: cast_to(device.type, autocast)
+        on_meta = any(p.is_meta for p in full.parameters())  # built without memory: laid out, then drawn
         with torch.no_grad(), GlobalBatchDropout(torch.device("cpu"), (0, 1), 0, 0, 0) as before, \
                 cast_to("cpu", autocast):
-            inp = nn.Sequential(*list(full)[:lo])(example)
+            inp = example
+            for layer in list(full)[:lo]:
+                inp = run_layer(layer, inp)
         whole = list(whole_model(full).named_parameters())  # a shared weight once, under its first name
         tied = tied_weights(full, bounds, place.stage)
         # the stage's layers, named as in the whole model: its checkpoint parts and a whole model's file line up
@@ -166,7 +169,7 @@ class Pipeline:
         tied_names = [n for n, p in module.named_parameters() if any(p is q for q in tied)]
         self.aliases = _aliases(whole, module, tied_names)
         self.ends = ends_group(built) if tied else None
-        self.module = module.to(device)
+        self.module = module if on_meta else module.to(device)  # (on the meta device: `shard` places it)
         if shard is not None:
             self.module = shard(self.module)
         held = dict(self.module.named_parameters())  # (sharding makes new parameters: found again by name)

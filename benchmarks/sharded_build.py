@@ -1,0 +1,78 @@
+"""What a sharded layout's worker holds at its peak, against one device (issue "Models bigger than one worker"): the
+gpt of ~150M weights (width 1024, depth 12, byte vocabulary, context 64, batch 8), AdamW, 2 steps, on the fixed
+corpus of tests/data, as one device, 4 fsdp workers, --mesh fsdp=2,tp=2 and 4 fsdp workers with --ema (4 workers
+on 2 cores: --oversubscribe; memory, not speed, is measured).
+
+    python benchmarks/sharded_build.py [--width 1024] [--depth 12] [--layouts 1,fsdp:4,fsdp=2.tp=2,fsdp:4+ema]
+
+For each run, summary.json's peak_memory_added_bytes of the worst worker (its process's peak resident set less
+what it held as it began building the model: torch's libraries and the data are in both), its model state
+(parameters, gradients, AdamW's moments) and the ratio of that peak to one device's. A quarter of one device's
+state is 0.25x; a worker that builds the whole model before sharding it adds the whole model to its peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MB = 1e6
+LAYOUTS = {"1": ["--devices", "1"],
+           "fsdp:4": ["--strategy", "fsdp", "--devices", "4", "--oversubscribe"],
+           "fsdp=2.tp=2": ["--mesh", "fsdp=2,tp=2", "--oversubscribe"],
+           "fsdp:4+ema": ["--strategy", "fsdp", "--devices", "4", "--oversubscribe", "--ema", "0.99"]}
+
+
+def flags(corpus: Path, width: int, depth: int) -> list[str]:
+    return ["--model", "gpt", "--dataset", "text", "--data-dir", str(corpus), "--width", str(width),
+            "--depth", str(depth), "--heads", str(max(2, width // 64)), "--context", "64", "--batch-size", "8",
+            "--optimizer", "adamw", "--steps", "2", "--eval-batch-size", "8",
+            "--threads-per-worker", "1", "--no-tensorboard", "--quiet", "--log-every", "1"]
+
+
+def run(name: str, args: list[str], scratch: Path) -> dict | None:
+    out = scratch / name.replace(":", "-").replace("=", "").replace("+", "-")
+    proc = subprocess.run([sys.executable, "-m", "paratrain", "train", "--out", str(out), *args, *LAYOUTS[name]],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        print(f"{name:<14} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}")
+        return None
+    return json.loads((out / "summary.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--depth", type=int, default=12)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help=f"of {', '.join(LAYOUTS)}")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        corpus = scratch / "corpus.txt"
+        text = gzip.decompress((REPO / "tests" / "data" / "corpus.txt.gz").read_bytes())
+        corpus.write_bytes(text[:20_000])  # its evaluations short
+        common = flags(corpus, args.width, args.depth)
+        print(f"gpt width {args.width}, depth {args.depth}, AdamW, 2 steps: the worst worker")
+        print(f"{'layout':<14}{'weights':>13}{'state MB':>10}{'peak added MB':>15}{'x 1 device':>12}")
+        one = None
+        for name in args.layouts.split(","):
+            summary = run(name, common, scratch)
+            if summary is None:
+                continue
+            worst = max(summary["peak_memory_added_bytes"])
+            state = max(w["total"] for w in summary["model_state_bytes"])
+            one = worst if name == "1" else one
+            ratio = f"{worst / one:.2f}" if one else "-"
+            weights = sum(w["parameters"] for w in summary["model_state_bytes"]) // 4  # each worker its part
+            print(f"{name:<14}{weights:>13,}{state / MB:>10.0f}{worst / MB:>15.0f}{ratio:>12}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
