@@ -297,6 +297,16 @@ def read(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
                             "damaged, or of another network") from None
 
 
+def read_folder(path: str | Path, into: dict[str, Any], distributed: bool) -> None:
+    """Load a Hugging Face model folder's safetensors into `into`'s tensors by their names, in place, each rank
+    reading the pieces its shards cover (DCP's Hugging Face reader; collective where `distributed`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    with _quiet():
+        dcp.load(into, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not distributed)
+
+
 def shapes_of(path: str | Path, part: str) -> dict[str, tuple[int, ...]]:
     """{name: whole shape} of the checkpoint's `part` ("model"), from its metadata alone (no tensor read)."""
     return {k.partition(".")[2]: tuple(getattr(item, "size", ())) for k, item in

@@ -95,9 +95,9 @@ def at_least_one(args: argparse.Namespace, *names: str) -> None:
 
 def _model_type(names: list[str]) -> Any:
     def model(value: str) -> str:
-        from ..core.import_path import is_import_path
+        from ..core.import_path import is_own_network
 
-        if value in names or is_import_path(value):
+        if value in names or is_own_network(value):
             return value
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(names)}; or your "
                                          "network's factory, package.module:factory or path/to/file.py:factory)")

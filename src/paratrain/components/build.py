@@ -12,7 +12,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..core.errors import UserError
-from ..core.import_path import is_import_path
+from ..core.import_path import is_hf_folder, is_import_path
 from ..data import Splits
 from ..data.transforms import Augment, BatchPipeline, TensorPipeline
 from ..models import build_model, convolutional, input_size
@@ -21,6 +21,7 @@ from ..optimization.optim import make_optimizer, make_scheduler
 from .adapt import read_by_logits
 from .initial import Initial, weights_on_meta
 from .parts import Parts
+from .pretrained import Pretrained
 
 
 def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None) -> nn.Module:
@@ -39,10 +40,13 @@ def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None
                        filters=cfg.filters, kernel=cfg.kernel)
 
 
-def make_empty(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[nn.Module, Initial | None, str]:
-    """The model built without memory for its weights (the meta device) and its initial weights, drawn module by
-    module from the seed as each worker takes its part (initial.py); or, where its modules cannot draw their own,
-    the model built whole on the CPU from the seed, as make_model builds it, None, and why."""
+def make_empty(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[nn.Module, Any, str]:
+    """The model built without memory for its weights (the meta device) and its initial weights: drawn module by
+    module from the seed as each worker takes its part (initial.py), or read so from --init-from (pretrained.py);
+    or, where its modules cannot draw their own, the model built whole on the CPU from the seed, as make_model
+    builds it, None, and why."""
+    if cfg.init_from:
+        return pretrained_model(cfg, data, parts)
     try:
         with weights_on_meta() as writes:
             model = make_model(cfg, data, parts)
@@ -53,6 +57,20 @@ def make_empty(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[nn.
         return model, initial, ""
     torch.manual_seed(cfg.seed)
     return make_model(cfg, data, parts), None, why
+
+
+def pretrained_model(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[nn.Module, Pretrained, str]:
+    """The model on the meta device and the weights --init-from names, checked against it (UserError)."""
+    source = Pretrained.of(cfg.init_from)
+    try:
+        with weights_on_meta():
+            model = make_model(cfg, data, parts)
+    except UserError:
+        raise
+    except Exception:  # noqa: BLE001 (a network that computes with its weights as it is built: whole, then read)
+        model = make_model(cfg, data, parts)
+    source.check(model)
+    return model, source, ""
 
 
 def initial_model(cfg: TrainConfig, data: Splits, parts: Parts | None = None) -> nn.Module:
@@ -82,6 +100,10 @@ class Reshape(nn.Module):
 def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
     """The registry's network for data that is not images: the MLP, over the flattened input (any width),
     with an output per class, or per target element in the targets' shape."""
+    if is_hf_folder(cfg.model):  # a Hugging Face model folder's config
+        from ..models.hf import from_folder
+
+        return read_by_logits(from_folder(cfg.model))
     if is_import_path(cfg.model):  # a factory by its path, called as fit's are
         from ..models.imported import resolve
 

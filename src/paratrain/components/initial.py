@@ -140,7 +140,7 @@ class Initial:
         """`model` (this one laid out: cut, split, sharded, still on the meta device) on `device`, each parameter
         holding its part of its initial value (a DTensor its local part), each buffer as built. Always drawn on the
         CPU (a GPU's generator draws other numbers): in place where a module's weights are whole there."""
-        _materialised(model, device)
+        materialised(model, device)
         held: dict[str, dict[str, torch.Tensor]] = {}  # by the module that draws them
         for n, p in model.named_parameters():
             path, own = self.owner[_plain(n)]
@@ -173,14 +173,14 @@ def placed(model: nn.Module, initial: Initial | None, device: torch.device) -> n
 def copy_into(model: nn.Module, source: nn.Module, device: torch.device) -> nn.Module:
     """`model`, a copy of `source` laid out alike and still on the meta device, on `device` with `source`'s weights
     (each worker its own part: a sharded weight average starts as the weights are)."""
-    _materialised(model, device)
+    materialised(model, device)
     with torch.no_grad():
         for (_, p), (_, q) in zip(model.named_parameters(), source.named_parameters(), strict=True):
             _local(p).copy_(_local(q))
     return model
 
 
-def _materialised(model: nn.Module, device: torch.device) -> None:
+def materialised(model: nn.Module, device: torch.device) -> None:
     """`model`'s parameters given memory on `device` (their values not set), its buffers moved there as built. A
     sharded model's go through to_empty (FSDP2 follows its parameters' storage there); a plain model's are made
     with torch.empty (to_empty's empty_like of a meta tensor imports sympy: 1 s and 150 MB in every worker)."""

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..core.errors import UserError
-from ..core.import_path import absolute, is_import_path
+from ..core.import_path import absolute, is_own_network
 from ..core.optional import require
 from ..core.urls import masked, password_of
 from .fields import (
@@ -29,7 +29,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     cfg = model_for_data(cfg)
     if cfg.dataset in DATASET_DEFAULTS:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
-    if is_import_path(cfg.model):  # config.yaml names the same file from any folder
+    if is_own_network(cfg.model):  # config.yaml names the same file or folder from any folder
         cfg = cfg.replace(model=absolute(cfg.model))
     if cfg.data_dir:  # and the same data: --resume from another folder reads what the run read
         cfg = cfg.replace(data_dir=str(Path(cfg.data_dir).expanduser().resolve()))
@@ -80,7 +80,7 @@ def _check_choices(cfg: TrainConfig) -> None:
                         ("requeue_signal", cfg.requeue_signal), ("loss", cfg.loss),
                         ("activation_checkpointing", cfg.activation_checkpointing)):
         choices = FIELDS[name].metadata["choices"]
-        if name == "model" and is_import_path(value):
+        if name == "model" and is_own_network(value):
             continue
         if value not in choices:  # custom: what paratrain.fit records for a factory, not a choice to make
             _bad(f"unknown {name} {shown(value)}{did_you_mean(str(value), choices)}; choose one of: "
@@ -170,6 +170,9 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--ema must be a decay in (0, 1), such as 0.999; not {cfg.ema}")
     if cfg.overwrite and cfg.resume:
         _bad("--overwrite starts a new run in --out and --resume carries one on; drop one of them")
+    if cfg.init_from and cfg.resume:
+        _bad("--init-from starts a new run from these weights and --resume carries one on from its own checkpoint; "
+             "drop one of them")
     if cfg.early_stopping is not None and cfg.val_size == 0:
         _bad("--early-stopping watches the validation loss: drop --val-size 0")
     if cfg.optimizer == "sgd" and cfg.nesterov and cfg.momentum == 0:  # torch.optim.SGD would raise in the workers

@@ -194,6 +194,9 @@ class TrainConfig:
     brightness: float = _f(0.0, "random brightness shift in [-b, b] (pixel scale 0..1)")
     contrast: float = _f(0.0, "random contrast factor in [1-c, 1+c]")
     seed: int = _f(0, "seed of the initial weights, the data order and dropout")
+    init_from: str | None = _f(None, "start from these weights instead of drawing them: a Hugging Face model folder "
+                               "(config.json and .safetensors files, as save_pretrained writes them) or a paratrain "
+                               "run (its newest checkpoint); each worker reads only its part of each weight")
     # run directory, logs, checkpoints
     out: str | None = _f(None, "run directory (default: runs/<model>-<dataset>-<time>)")
     resume: str | None = _f(None, "continue the run in this run directory from its last checkpoint")
@@ -232,8 +235,8 @@ class TrainConfig:
 # (its keys stay flat: the YAML keys and flags are the same in every section). tests/test_config.py holds every
 # field to exactly one section.
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "model": ("model", "width", "depth", "heads", "activation", "dropout", "filters", "kernel", "batchnorm",
-              "memory_format", "precision", "compile", "activation_checkpointing", "selective_ac"),
+    "model": ("model", "init_from", "width", "depth", "heads", "activation", "dropout", "filters", "kernel",
+              "batchnorm", "memory_format", "precision", "compile", "activation_checkpointing", "selective_ac"),
     "data": ("dataset", "data_dir", "tokenizer", "context", "standardize", "target", "download", "val_size",
              "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "host_data", "random_crop",
              "crop_padding", "hflip", "brightness", "contrast", "test_flip"),

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from ..core.errors import UserError
-from ..core.import_path import is_import_path
+from ..core.import_path import HF, is_import_path
 from ..core.outputs import write_atomic
 from ..core.run_paths import RunPaths
 from ..runtime.env import LOCAL, Environment
@@ -92,7 +92,9 @@ def job_tag(name: str, step: int | None) -> str:
 def default_run_dir(cfg: TrainConfig, when: str) -> str:
     """runs/<model>-<dataset>-<when>."""
     model = cfg.model
-    if is_import_path(model):  # path/to/net.py:build -> net.build (a folder name, not a path)
+    if model.startswith(HF):  # hf:path/to/folder -> hf-folder
+        model = "hf-" + Path(model[len(HF):]).name
+    elif is_import_path(model):  # path/to/net.py:build -> net.build (a folder name, not a path)
         head, _, tail = model.rpartition(":")
         model = f"{Path(head).stem if head.endswith('.py') else head.rsplit('.', 1)[-1]}.{tail}"
     return str(Path("runs") / f"{model}-{cfg.dataset}-{when}")

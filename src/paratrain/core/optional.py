@@ -13,9 +13,9 @@ from .errors import UserError
 
 EXTRA = {"optuna": "search", "sklearn": "search", "matplotlib": "plots", "tensorboard": "tensorboard",
          "psycopg": "postgres", "tiktoken": "text", "tokenizers": "text", "torchao": "float8",
-         "mlflow": "mlflow", "wandb": "wandb"}
+         "mlflow": "mlflow", "wandb": "wandb", "transformers": "transformers"}
 
-NOT_IN_ALL = ("float8", "mlflow", "wandb")
+NOT_IN_ALL = ("float8", "mlflow", "wandb", "transformers")
 
 
 def installed(module: str) -> bool:

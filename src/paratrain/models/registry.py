@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..core.errors import UserError
-from ..core.import_path import is_import_path
+from ..core.import_path import is_import_path, is_own_network
 from ..core.tracebacks import failed
 from .airnet import AirNet
 from .cifar10_net import Cifar10Net
@@ -57,7 +57,7 @@ CUSTOM = ModelSpec(None, None, convolutional=False)
 
 
 def _spec(name: str) -> ModelSpec:
-    if name == "custom" or is_import_path(name):  # a network of the user's: any input size
+    if name == "custom" or is_own_network(name):  # a network of the user's: any input size
         return CUSTOM
     if name in ("gru", "gpt"):
         return TOKENS
@@ -69,7 +69,7 @@ def _spec(name: str) -> ModelSpec:
 def options_unread(name: str) -> tuple[str, ...]:
     """The model options that model `name` does not read (none for a network of the user's: its factory may be
     given them in a later version, and they cost nothing to keep)."""
-    if name == "custom" or is_import_path(name) or name not in (*REGISTRY, *READS):
+    if name == "custom" or is_own_network(name) or name not in (*REGISTRY, *READS):
         return ()
     reads = READS.get(name) or REGISTRY[name].reads
     return tuple(option for option in MODEL_OPTIONS if option not in reads)

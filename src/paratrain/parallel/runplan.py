@@ -23,12 +23,12 @@ from pathlib import Path
 
 from .. import config as C
 from ..checkpoint.manager import Found
-from ..components.build import check_tensor_model
+from ..components.build import check_tensor_model, pretrained_model
 from ..components.parts import Parts
 from ..components.parts_check import check_and_describe, check_task, settings_that_ran
 from ..config.length import Length, run_length
 from ..core.errors import UserError
-from ..core.import_path import is_import_path
+from ..core.import_path import is_import_path, is_own_network
 from ..data import Splits
 from ..data.source import read_on_demand
 from ..data.tensors import as_numbers, standardized
@@ -132,7 +132,7 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         if hasattr(data.train[0], "columns") and (layout.mesh.pp > 1 or layout.replicas):
             raise UserError(f"--strategy {cfg.strategy} cuts or copies an nn.Sequential and hands it one tensor; "
                             "these inputs are named columns (a dict): train them with ddp, fsdp or hsdp")
-        if (parts is None or parts.model is None) and not is_import_path(cfg.model):  # the registry's network
+        if (parts is None or parts.model is None) and not is_own_network(cfg.model):  # the registry's network
             check_tensor_model(cfg, data, every_id=True)
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds
     # the user's code first: a factory that raises is one line naming its line, whatever the strategy builds next
@@ -187,13 +187,16 @@ def _hardware(cfg: C.TrainConfig, env: Environment) -> Hardware:
 def _check_own(cfg: C.TrainConfig, data: Splits, parts: Parts | None,
                speaks: bool) -> tuple[C.TrainConfig, Parts | None]:
     """A user's own network, optimizer or loss tried once here (a factory that raises is one line, not a
-    traceback in every worker), and recorded."""
+    traceback in every worker), and recorded; the weights --init-from names checked against the model (built on
+    the meta device)."""
     own = parts is not None and bool(parts.model or parts.optimizer or parts.loss)
-    if own or is_import_path(cfg.model):
+    if own or is_own_network(cfg.model):
         record = check_and_describe(parts or Parts(), cfg, data, speaks)
         if own:
             parts = dataclasses.replace(parts, record=record)
             cfg = cfg.replace(**settings_that_ran(record.get("optimizer", {})))
+    if cfg.init_from:
+        pretrained_model(cfg, data, parts)
     return cfg, parts
 
 

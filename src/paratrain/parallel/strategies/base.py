@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # torch is imported where a worker needs it: strategies.check
     from ...checkpoint.manager import RunCheckpoints
     from ...components.initial import Initial
     from ...components.parts import Parts
+    from ...components.pretrained import Pretrained
     from ...config import TrainConfig
     from ...data import Splits
     from ...data.transforms import BatchPipeline
@@ -75,7 +76,7 @@ class Strategy:
     # a worker's own part of a step can be timed apart from its wait for the others (gradients_ready_at): the
     # waits at the step's all-reduce are measured on the CPU (training/stragglers.py)
     waits_measurable: ClassVar[bool] = False
-    initial: Initial | None = None  # the weights of a model built on the meta device (None: as drawn_whole says)
+    initial: Initial | Pretrained | None = None  # a meta-built model's weights (None: as drawn_whole says)
     drawn_whole: str = ""
 
     # ---- before launch, in the launching process ----
@@ -193,8 +194,7 @@ class Strategy:
         return make_ema(self.module, decay)
 
     def _average_sharded(self, unsharded: nn.Module, decay: float, shard: Callable[[nn.Module], Any]) -> AveragedModel:
-        """The weight average of a sharded model (fsdp's, a tp mesh's copies): made from the copy kept before
-        sharding (meta where the model was), sharded as the model was so that its shards line up with the model's."""
+        """The weight average of a sharded model, made from the copy kept before sharding and sharded alike."""
         from ...components.initial import copy_into
         from ...optimization.optim import make_ema
 

@@ -1,0 +1,36 @@
+"""A Hugging Face model named by its folder (--model hf:PATH): built by transformers' AutoModelForCausalLM from the
+folder's config.json alone, without network access. Its weights are drawn by transformers as it is built, or read
+from the folder with --init-from (components/pretrained.py), each worker its own part."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import UserError
+from ..core.import_path import HF
+from ..core.optional import require
+
+
+def folder_of(name: str) -> Path:
+    """The folder `hf:PATH` names, checked to hold a config.json."""
+    path = Path(name[len(HF):]).expanduser()
+    if not (path / "config.json").is_file():
+        raise UserError(f"--model {name}: {path} holds no config.json; name a folder that save_pretrained wrote "
+                        "(config.json beside its .safetensors files)")
+    return path
+
+
+def from_folder(name: str) -> Any:
+    """The causal language model that the config.json of folder `hf:PATH` describes."""
+    path = folder_of(name)
+    require("transformers", f"--model {name}")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        return AutoModelForCausalLM.from_config(config)
+    except (ValueError, OSError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"--model {name}: transformers cannot build a causal language model from its config.json "
+                        f"({first}); give the folder of one (LlamaForCausalLM, GPT2LMHeadModel, ...)") from None
