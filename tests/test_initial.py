@@ -23,7 +23,7 @@ from paratrain.models.gpt import GPT
 def _gpt() -> tuple[nn.Module, Initial]:
     with weights_on_meta() as writes:
         model = GPT(64, 16, width=32, depth=2, heads=2)
-    initial, why = Initial.of(model, seed=5, loaded=writes.loaded)
+    initial, why = Initial.of(model, seed=5, why=writes.why)
     assert initial is not None, why
     return model, initial
 
@@ -48,24 +48,36 @@ def test_the_gpt_is_built_without_memory_for_its_weights_and_draws_them_alike_in
 def test_buffers_are_kept_as_built_and_a_network_that_cannot_draw_its_weights_says_why() -> None:
     with weights_on_meta() as writes:
         net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-    initial, _ = Initial.of(net, 0, writes.loaded)
+    initial, _ = Initial.of(net, 0, writes.why)
     filled = initial.fill(net, torch.device("cpu"))
     assert torch.equal(filled[1].running_var, torch.ones(4)) and not filled[0].weight.is_meta
 
     class Scale(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, values: bool) -> None:
             super().__init__()
-            self.gain = nn.Parameter(torch.ones(3))
+            self.gain = nn.Parameter(torch.ones(3) if values else torch.empty(3))
 
     with weights_on_meta() as writes:
-        own = nn.Sequential(nn.Linear(3, 3), Scale())
-    assert Initial.of(own, 0, writes.loaded) == (None, "its module '1' (Scale) holds weights and has no "
+        own = nn.Sequential(nn.Linear(3, 3), Scale(values=False))
+    assert Initial.of(own, 0, writes.why) == (None, "its module '1' (Scale) holds weights and has no "
                                                        "reset_parameters to draw them")
+    with weights_on_meta() as writes:
+        own = nn.Sequential(nn.Linear(3, 3), Scale(values=True))
+    assert Initial.of(own, 0, writes.why) == (None, "its Scale registers a weight 'gain' with values of its own")
+    with weights_on_meta() as writes:  # an initialisation of its own, as torchvision's ResNet makes in its constructor
+        own = nn.Sequential(nn.Linear(3, 3))
+        nn.init.kaiming_normal_(own[0].weight, mode="fan_out")
+    assert "sets its weights' values itself" in Initial.of(own, 0, writes.why)[1]
+    with weights_on_meta() as writes:  # a weight two layers share (a tied head) stays one weight, drawn once
+        tied = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
+        tied[1].weight = tied[0].weight
+    filled = Initial.of(tied, 0, writes.why)[0].fill(tied, torch.device("cpu"))
+    assert filled[1].weight is filled[0].weight and filled[0].weight.std() > 0.5  # (nn.Embedding's N(0, 1))
     saved = nn.Linear(3, 3).state_dict()
     with weights_on_meta() as writes:
         loading = nn.Linear(3, 3)
         loading.load_state_dict(saved)
-    initial, why = Initial.of(loading, 0, writes.loaded)
+    initial, why = Initial.of(loading, 0, writes.why)
     assert initial is None and "loads them" in why
 
 

@@ -59,9 +59,44 @@ def test_every_worker_starts_from_the_saved_weights_and_fine_tunes_as_one_device
         return
     reference = train_here(one, *_base(llama, corpus), *LAYOUTS["1 device"], *adamw)
     assert abs(summary["test_loss"] - reference["test_loss"]) <= 1e-5
+    _exported_as_run(tmp_path / "tuned", tmp_path / "export")
     # measured on the 2-core build machine: fsdp 1.4e-6, tp 5.5e-5 (Adam carries tp's other sums of the same
     # products on at full size: docs/explanations/equal-to-one-device.md)
     assert max_abs_diff(weights(one), weights(tmp_path / "tuned")) <= 2e-4
+
+
+def _exported_as_run(run: Path, out: Path) -> None:
+    """The run's safetensors export, loaded by transformers, gives the logits of the run as paratrain loads it."""
+    import paratrain
+
+    assert main_code(["export", str(run), "--format", "safetensors", "--out", str(out)]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(exported(x).logits, paratrain.load_model(run)(x))
+
+
+@pytest.mark.integration
+def test_the_gpts_safetensors_export_starts_a_run_with_its_weights(corpus: Path, tmp_path: Path) -> None:
+    gpt = ("--model", "gpt", "--dataset", "text", "--data-dir", str(corpus), "--width", "32", "--heads", "2",
+           "--depth", "2", "--context", "16", "--batch-size", "8", "--no-tensorboard")
+    train_here(tmp_path / "run", *gpt, "--strategy", "fsdp", "--devices", "2", "--steps", "3", "--ema", "0.9")
+    assert main_code(["export", str(tmp_path / "run"), "--format", "safetensors", "--ema", "--out",
+                      str(tmp_path / "out")]) == 0
+    train_here(tmp_path / "again", *gpt, "--init-from", str(tmp_path / "out"), "--steps", "1", "--optimizer", "sgd",
+               "--lr", "1e-30")
+    from safetensors.torch import load_file
+
+    exported, started = load_file(str(tmp_path / "out" / "model.safetensors")), weights(tmp_path / "again")
+    average = _ema(tmp_path / "run")
+    assert exported.keys() == started.keys() == average.keys()
+    assert all(torch.equal(exported[k], started[k]) and torch.equal(exported[k], average[k]) for k in exported)
+
+
+def _ema(run: Path) -> dict[str, torch.Tensor]:
+    from paratrain.checkpoint import files as checkpoint
+
+    return checkpoint.load(run)["ema_model"]
 
 
 def _error(capsys: pytest.CaptureFixture, *args: str) -> str:

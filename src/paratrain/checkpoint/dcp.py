@@ -304,7 +304,12 @@ def read_folder(path: str | Path, into: dict[str, Any], distributed: bool) -> No
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     with _quiet():
-        dcp.load(into, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not distributed)
+        try:
+            dcp.load(into, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not distributed)
+        except Exception as e:  # noqa: BLE001 (a rank's failure, wrapped)
+            cause = _cause(e)
+            first = " ".join(f"{type(cause).__name__}: {cause}".split())[:200]
+            raise UserError(f"{path}: its safetensors could not be read into this run's weights ({first})") from None
 
 
 def shapes_of(path: str | Path, part: str) -> dict[str, tuple[int, ...]]:

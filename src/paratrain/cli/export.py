@@ -1,16 +1,24 @@
 """`paratrain export`: a run's weights as one plain state dict (torch.load(...) then model.load_state_dict(...)),
-whatever strategy wrote its checkpoint (a sharded one is read whole, in this process)."""
+whatever strategy wrote its checkpoint (a sharded one is read whole, in this process); or, with --format
+safetensors, as a folder that transformers' from_pretrained loads (a Hugging Face model's run) or that holds the
+gpt's safetensors and config, written a tensor at a time (checkpoint/safetensors_folder.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a run's weights to one .pt file (a plain state dict)")
+    p = sub.add_parser("export", help="write a run's weights to one .pt file (a plain state dict) or a folder of "
+                                      "safetensors")
     p.add_argument("run_dir", metavar="RUN", help="a run directory, or one of its checkpoints")
-    p.add_argument("--out", required=True, metavar="FILE.pt", help="the file to write")
+    p.add_argument("--out", required=True, metavar="FILE.pt|FOLDER", help="the file (pt) or folder (safetensors) "
+                                                                          "to write")
+    p.add_argument("--format", choices=("pt", "safetensors"), default="pt",
+                   help="pt: one state dict; safetensors: a folder as save_pretrained writes one, with the model's "
+                        "config.json (from_pretrained loads that of a --model hf:PATH run)")
     p.add_argument("--ema", action="store_true", help="the averaged weights (runs with --ema)")
     p.set_defaults(run=run)
 
@@ -20,12 +28,15 @@ def run(args: argparse.Namespace) -> int:
     from ..core.errors import UserError
 
     out = Path(args.out)
-    if out.is_dir():
+    if out.is_dir() and args.format == "pt":
         raise UserError(f"--out {out} is a folder; name the file to write, e.g. {out / 'model.pt'}")
-    state = checkpoint.load(args.run_dir)
+    state = checkpoint.load(args.run_dir, whole=args.format == "pt")  # (safetensors: read a tensor at a time)
     key = "ema_model" if args.ema else "model"
-    if key not in state:
+    averaged = state.get("ema_n_averaged") is not None if "sharded" in state else "ema_model" in state
+    if args.ema and not averaged:
         raise UserError(f"{args.run_dir} has no averaged weights; it was trained without --ema (drop --ema)")
+    if args.format == "safetensors":
+        return _folder(state, key, out, args)
     weights = state[key]
     checkpoint.save(weights, out)
     count = sum(t.numel() for t in weights.values() if t.is_floating_point())
@@ -36,4 +47,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"paratrain: wrote {out}: {len(weights)} tensors, {count:,} weights, step {state['step']}"
           f"{' (EMA)' if args.ema else ''}, of {what}; load it into that network with "
           f"net.load_state_dict(torch.load('{out}')) ({build} builds it with them)")
+    return 0
+
+
+def _folder(state: dict[str, Any], key: str, out: Path, args: argparse.Namespace) -> int:
+    """The safetensors folder, beside the Hugging Face folder's config.json (a --model hf:PATH run's) or the
+    model's options as paratrain ran them (its model section)."""
+    from ..checkpoint import safetensors_folder
+    from ..config import SECTIONS
+    from ..core.import_path import HF, is_hf_folder
+
+    cfg = state["config"]
+    model = cfg.get("model")
+    if is_hf_folder(model):
+        config: Any = Path(model[len(HF):]) / "config.json"
+        then = f"transformers' AutoModelForCausalLM.from_pretrained('{out}') loads it"
+    else:
+        config = {"paratrain_model": model, **{k: cfg.get(k) for k in SECTIONS["model"] if k != "init_from"}}
+        then = f"paratrain train --model {model} --init-from {out} starts a run from it"
+    count = safetensors_folder.write(state, key, out, config)
+    print(f"paratrain: wrote {out}: {count:,} weights in safetensors, step {state['step']}"
+          f"{' (EMA)' if args.ema else ''}; {then}")
     return 0

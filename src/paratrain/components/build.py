@@ -50,7 +50,7 @@ def make_empty(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[nn.
     try:
         with weights_on_meta() as writes:
             model = make_model(cfg, data, parts)
-        initial, why = Initial.of(model, cfg.seed, writes.loaded)
+        initial, why = Initial.of(model, cfg.seed, writes.why)
     except Exception as e:  # noqa: BLE001 (a network of yours that computes with its weights as it is built)
         initial, why = None, f"it cannot be built on the meta device ({type(e).__name__}: {e})"
     if initial is not None:

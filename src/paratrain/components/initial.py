@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,17 +32,20 @@ WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 def weights_on_meta() -> Iterator[_Writes]:
     """Modules built inside it hold their parameters on the meta device (no memory) and their buffers as built: a
     parameter is moved there as it is registered (a buffer, a BatchNorm's statistics or a rotary table, is computed
-    by its module's constructor and cannot be drawn again). Yields what notes a write of data into a parameter."""
-    register = nn.Module.register_parameter
+    by its module's constructor and cannot be drawn again). Yields what notes the values a network gives its
+    weights itself (`why`), which the meta device would lose."""
+    register, writes = nn.Module.register_parameter, _Writes()
 
     def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         if param is not None and not param.is_meta:
+            if param.numel() and param.untyped_storage().data_ptr() not in writes.empty:
+                writes.note(f"its {type(module).__name__} registers a weight '{name}' with values of its own")
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
     nn.Module.register_parameter = on_meta
     try:
-        with _Writes() as writes, warnings.catch_warnings():
+        with writes, warnings.catch_warnings():
             # (torch's warning of a copy into a meta parameter: noted here, and the model then built whole)
             warnings.filterwarnings("ignore", ".*copying from a non-meta parameter", UserWarning)
             yield writes
@@ -57,22 +61,46 @@ _VALUES_ONLY = {getattr(torch.Tensor, name) for name in (
     getattr(nn.init, name) for name in (  # (torch hands the mode nn.init's own functions, not the calls inside them)
         "normal_", "uniform_", "trunc_normal_", "constant_", "ones_", "zeros_", "kaiming_uniform_",
         "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "orthogonal_", "sparse_", "eye_", "dirac_")}
+# the methods in which a module draws its own weights: what they write is drawn again, module by module
+_DRAWS = {"reset_parameters", "_reset_parameters", "reset_running_stats"}
 
 
 class _Writes(TorchFunctionMode):
-    """Passes over the values written into a meta tensor, and notes a copy of real data into one (a factory that
-    loads weights into its network): such weights would be lost on the meta device."""
+    """Passes over the values written into a meta tensor, and notes (`why`) the values a network gives its weights
+    outside its modules' reset_parameters: data copied in (a factory that loads weights), an initialisation its
+    constructor makes itself. Such values would be lost on the meta device: the network is then built whole."""
 
-    loaded = False
+    def __init__(self) -> None:
+        super().__init__()
+        self.why, self.empty = "", set()  # `empty`: the storages of torch.empty's tensors (a layer's unset weights)
+
+    def note(self, why: str) -> None:
+        self.why = self.why or why
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        target = args[0] if args else kwargs.get("tensor")  # (nn.init's functions are handed it by name)
+        target = args[0] if args else kwargs.get("tensor", kwargs.get("self"))  # (nn.init's: given by name)
         if func in _VALUES_ONLY and isinstance(target, torch.Tensor) and target.is_meta:
-            if func is torch.Tensor.copy_ and isinstance(args[1], torch.Tensor) and not args[1].is_meta:
-                self.loaded = True
+            source = args[1] if len(args) > 1 else kwargs.get("src")
+            if func is torch.Tensor.copy_ and isinstance(source, torch.Tensor) and not source.is_meta:
+                self.note("its factory writes data into the weights (a network of yours that loads them)")
+            elif not _drawing():
+                self.note("its constructor sets its weights' values itself, outside its layers' reset_parameters")
             return target
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func is torch.empty and isinstance(out, torch.Tensor) and not out.is_meta:
+            self.empty.add(out.untyped_storage().data_ptr())
+        return out
+
+
+def _drawing() -> bool:
+    """Whether a module's own reset_parameters (or the like) is running, up the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name in _DRAWS:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def leaf_seed(seed: int, name: str) -> int:
@@ -101,11 +129,13 @@ class Initial:
         self.modules = modules
 
     @classmethod
-    def of(cls, model: nn.Module, seed: int, loaded: bool) -> tuple[Initial | None, str]:
+    def of(cls, model: nn.Module, seed: int, why: str = "") -> tuple[Initial | None, str]:
         """The initial weights of `model`, built inside weights_on_meta; or None and why, where its modules cannot
-        draw their weights (then it is built whole). `loaded`: its factory wrote data into its weights."""
-        if loaded:
-            return None, "its factory writes data into the weights (a network of yours that loads them)"
+        draw their weights (then it is built whole). `why`: what weights_on_meta noted of the build."""
+        if why:
+            return None, why
+        if any(b.is_meta for b in model.buffers()):
+            return None, "a buffer of it is made on the meta device (from a weight's values)"
         from torch.nn.modules.lazy import LazyModuleMixin
 
         for path, module in model.named_modules():
@@ -131,8 +161,8 @@ class Initial:
                                            requires_grad=p.requires_grad)
                               for n, p in module._parameters.items()}
         module._buffers = {n: b.clone() if b is not None else None for n, b in module._buffers.items()}
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(leaf_seed(self.seed, path))
+        with torch.random.fork_rng(devices=[]), torch.no_grad():  # (the CPU's generator alone: a GPU's untouched)
+            torch.default_generator.manual_seed(leaf_seed(self.seed, path))
             module.reset_parameters()
         return {n: p.detach() for n, p in _own(module)}
 
@@ -170,10 +200,11 @@ def placed(model: nn.Module, initial: Initial | None, device: torch.device) -> n
     return model.to(device) if initial is None else initial.fill(model, device)
 
 
-def copy_into(model: nn.Module, source: nn.Module, device: torch.device) -> nn.Module:
-    """`model`, a copy of `source` laid out alike and still on the meta device, on `device` with `source`'s weights
-    (each worker its own part: a sharded weight average starts as the weights are)."""
-    materialised(model, device)
+def copy_into(model: nn.Module, source: nn.Module) -> nn.Module:
+    """`model`, a copy of `source` laid out alike and still on the meta device, with `source`'s weights where they
+    are (each worker its own part, on its device or, offloaded, in CPU memory): a sharded weight average starts as
+    the weights are."""
+    materialised(model, _local(next(source.parameters())).device)
     with torch.no_grad():
         for (_, p), (_, q) in zip(model.named_parameters(), source.named_parameters(), strict=True):
             _local(p).copy_(_local(q))
@@ -184,6 +215,11 @@ def materialised(model: nn.Module, device: torch.device) -> None:
     """`model`'s parameters given memory on `device` (their values not set), its buffers moved there as built. A
     sharded model's go through to_empty (FSDP2 follows its parameters' storage there); a plain model's are made
     with torch.empty (to_empty's empty_like of a meta tensor imports sympy: 1 s and 150 MB in every worker)."""
+    tied: dict[int, list[tuple[nn.Module, str]]] = {}  # a weight two modules share, under each of its names
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                tied.setdefault(id(p), []).append((module, name))
     if any(hasattr(p, "device_mesh") for p in model.parameters()):
         buffers = {n: b for n, b in model.named_buffers()}
         model.to_empty(device=device)
@@ -193,6 +229,10 @@ def materialised(model: nn.Module, device: torch.device) -> None:
                     b.copy_(buffers[n])
         return
     model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device) if t.is_meta else t.to(device))
+    for holders in tied.values():  # (the meta device's parameters are replaced one by one: shared ones tied again)
+        first = holders[0][0]._parameters[holders[0][1]]
+        for module, name in holders[1:]:
+            module._parameters[name] = first
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..core.errors import UserError
+from ..core.optional import require
 from .initial import materialised
 
 SHOWN = 3  # the names a mismatch lists
@@ -51,6 +52,7 @@ class Pretrained:
     def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Each weight the source holds: its shape and type, read from the files' headers (no tensor read)."""
         if self.kind == "hf":
+            require("safetensors", "--init-from a Hugging Face model folder")
             from safetensors import safe_open
 
             found = {}
@@ -69,12 +71,17 @@ class Pretrained:
     def check(self, model: nn.Module) -> None:
         """The source against `model` (built on the meta device): every weight there, of its shape, in a floating
         type; a UserError naming the first few that are not."""
-        held, wanted = self.shapes(), _wanted(model)
+        try:
+            held = self.shapes()
+        except Exception as e:  # noqa: BLE001 (a damaged file's header or metadata)
+            raise UserError(f"--init-from {self.path}: its weights cannot be read ({type(e).__name__}: "
+                            f"{str(e)[:160]}); is the file whole?") from None
+        wanted, aliases = _wanted(model), _aliases(model)
         missing = [n for n in wanted if n not in held]
         if missing:
             raise UserError(f"--init-from {self.path}: it lacks {_few(missing)} of this model's {len(wanted)} "
                             f"weights (it holds {_few(list(held))}): is it this model's?")
-        unknown = [n for n in held if n not in wanted and n not in _aliases(model)]
+        unknown = [n for n in held if n not in wanted and n not in aliases]
         if unknown:
             raise UserError(f"--init-from {self.path}: it holds {_few(unknown)}, which this model does not have: "
                             "is it this model's?")
@@ -83,7 +90,8 @@ class Pretrained:
         if wrong:
             raise UserError(f"--init-from {self.path}: shapes differ: {_few(wrong)}; is it this model's "
                             "configuration?")
-        odd = [f"{n} ({held[n][1]})" for n in wanted if held[n][1] is None or not held[n][1].is_floating_point]
+        odd = [f"{n} ({held[n][1]})" for n, t in wanted.items()  # (an integer buffer, a counter, is read as it is)
+               if t.is_floating_point() and (held[n][1] is None or not held[n][1].is_floating_point)]
         if odd:
             raise UserError(f"--init-from {self.path}: weights in a type the run cannot train: {_few(odd)} "
                             "(quantized or integer); give float32, bfloat16 or float16 weights")
@@ -94,8 +102,7 @@ class Pretrained:
 
         from ..checkpoint import dcp
 
-        if any(p.is_meta for p in model.parameters()):
-            materialised(model, device)
+        materialised(model, device)  # (a model built whole, as some networks must be, moved there)
         into, distributed = _wanted(model), dist.is_available() and dist.is_initialized()
         if self.kind == "hf":
             dcp.read_folder(self.path, into, distributed)

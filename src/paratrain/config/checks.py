@@ -31,6 +31,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
     if is_own_network(cfg.model):  # config.yaml names the same file or folder from any folder
         cfg = cfg.replace(model=absolute(cfg.model))
+    if cfg.init_from:  # (workers and restarts in another folder read the same)
+        cfg = cfg.replace(init_from=str(Path(cfg.init_from).expanduser().resolve()))
     if cfg.data_dir:  # and the same data: --resume from another folder reads what the run read
         cfg = cfg.replace(data_dir=str(Path(cfg.data_dir).expanduser().resolve()))
     _check_choices(cfg)

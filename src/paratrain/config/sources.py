@@ -57,6 +57,7 @@ def of_run(run: str | Path, given_as: str) -> TrainConfig:
         raise UserError(f"{given_as}: no config.yaml there; pass the directory of a paratrain run")
     values = load_yaml(saved)
     values.pop("quiet", None)  # how a command shows progress is its own (a search's trials ran quiet)
+    values.pop("init_from", None)  # where it started from: a run carried on starts from its own checkpoint
     values.setdefault("batchnorm", "local")  # saved before --batchnorm existed: it ran with each worker's share
     if values.get("dataset") in ("digits", "synthetic"):  # a --data-dir these never read (once accepted)
         values["data_dir"] = None

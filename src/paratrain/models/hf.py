@@ -25,11 +25,13 @@ def from_folder(name: str) -> Any:
     """The causal language model that the config.json of folder `hf:PATH` describes."""
     path = folder_of(name)
     require("transformers", f"--model {name}")
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-        return AutoModelForCausalLM.from_config(config)
+        # float32 weights whatever type the folder was saved in (the run's precision casts its computations)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except (ValueError, OSError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"--model {name}: transformers cannot build a causal language model from its config.json "

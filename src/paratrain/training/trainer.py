@@ -78,12 +78,12 @@ class Trainer:
         self.length, self.strategy = plan.length, strategies.get(cfg.strategy)(ctx, cfg, plan.layout)
         self.report, self.env = plan.report, plan.env
         self.writes_summary = not plan.launcher_writes_summary
-        self.memory_at_start = memory_held(ctx.device)  # what the model and the steps add is measured from here
-        self.state = self._set_up(data, saved)
         # Moved whole here; a memory-mapped dataset stays where it is and the feed reads each batch (on a GPU, the
         # next one ahead)
         self.data = placed(data, ctx.device, cfg.host_data)
         self.feed = Feed(self.data.train, ctx.device, reads_ahead(self.data.train, ctx.device))
+        self.memory_at_start = memory_held(ctx.device)  # what the model and the steps add is measured from here
+        self.state = self._set_up(data, saved)
         self.rows: Callable[[int], torch.Tensor | None] = lambda n: None  # the epoch's micro-batches (_train_epoch)
         self.prep = make_batch_transforms(cfg, self.data, ctx.device, self.strategy.channels_last)
         self.run_dir = Path(cfg.out)
@@ -106,8 +106,9 @@ class Trainer:
     def _set_up(self, data: Splits, saved: dict[str, Any] | None) -> RunState:
         cfg = self.cfg  # `saved`: read by this process (resume.py), its own to update in place
         torch.manual_seed(cfg.seed)  # (a network that cannot be drawn module by module draws itself from it)
-        # on the meta device: each worker draws its part of the initial weights once the layout has placed them
-        whole, self.strategy.initial, self.strategy.drawn_whole = make_empty(cfg, data, self.parts)
+        # on the meta device, each worker drawing its part of the weights once laid out (or reading --init-from's,
+        whole, self.strategy.initial, self.strategy.drawn_whole = make_empty(  # but not where a checkpoint's follow)
+            cfg if saved is None else cfg.replace(init_from=None), data, self.parts)
         if self.own:
             self.loss = self.eval_loss = models_loss(whole)
         self.language = language_of(whole, data, self.per_target)  # its FLOPs a token: before any sharding

@@ -201,7 +201,7 @@ class Strategy:
         ema = make_ema(unsharded, decay)
         shard(ema.module)
         if self.initial is not None:
-            copy_into(ema.module, self.module, self.ctx.device)
+            copy_into(ema.module, self.module)
         return ema
 
     def restore(self, optimizer: torch.optim.Optimizer, ema: AveragedModel | None, saved: dict) -> None:

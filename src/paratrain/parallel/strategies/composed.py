@@ -123,7 +123,10 @@ class Composed(Strategy):
             if self.sharded:  # the EMA's copy (on the meta device), before fsdp shards the copies: average() shards it
                 self._unsharded = copy.deepcopy(module) if self.cfg.ema else None
                 self._shard_copies(module)
-            return placed(module, self.initial, self.ctx.device) if self.initial is not None else module
+            if self.initial is None:
+                return module
+            # (FSDP2 keeps an offloaded shard in CPU memory: it must be made there)
+            return placed(module, self.initial, "cpu" if self.cfg.cpu_offload else self.ctx.device)
 
         if mesh.pp > 1:
             self.stage = self._pipeline(model, data, loss, shard)

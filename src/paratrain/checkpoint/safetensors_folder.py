@@ -1,0 +1,89 @@
+"""A run's weights written as a folder of .safetensors files, as transformers' save_pretrained writes them (one
+`model.safetensors`, or numbered files and `model.safetensors.index.json` beyond SHARD_BYTES), with the model's
+config.json: `paratrain export RUN --format safetensors`. A sharded checkpoint's weights are read from its step
+folder a tensor at a time, so the exporting process never holds the whole model: one file's worth at most."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import UserError
+from ..core.outputs import writing
+
+SHARD_BYTES = 2 * 2**30  # a file's most (transformers' default is 5 GB; less keeps the export's peak down)
+INDEX = "model.safetensors.index.json"
+
+
+def sizes(state: dict[str, Any], part: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Each tensor of `part` ("model", "ema_model"): its shape and type, none read (a step folder's metadata)."""
+    if "sharded" not in state:
+        return {n: (tuple(t.shape), t.dtype) for n, t in state[part].items()}
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(state["sharded"]).read_metadata().state_dict_metadata
+    return {k.partition(".")[2]: (tuple(m.size), m.properties.dtype) for k, m in metadata.items()
+            if k.partition(".")[0] == part and hasattr(m, "size")}
+
+
+def _tensors(state: dict[str, Any], part: str, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """`names`' tensors, each read alone from a step folder (or taken from a whole file's state)."""
+    from . import dcp
+
+    shapes = sizes(state, part)
+    for name in names:
+        if "sharded" not in state:  # (a copy: safetensors refuses tensors that share memory, a tied head's)
+            yield name, state[part][name].contiguous().clone()
+            continue
+        into = {part: {name: torch.empty(shapes[name][0], dtype=shapes[name][1])}}
+        dcp.read(state["sharded"], into, distributed=False)
+        yield name, into[part][name]
+
+
+def _files(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> list[list[str]]:
+    """The names in files of SHARD_BYTES at most (a larger tensor alone in its file), in order."""
+    files: list[list[str]] = [[]]
+    held = 0
+    for name, (shape, dtype) in shapes.items():
+        size = torch.Size(shape).numel() * dtype.itemsize
+        if files[-1] and held + size > SHARD_BYTES:
+            files.append([])
+            held = 0
+        files[-1].append(name)
+        held += size
+    return files
+
+
+def write(state: dict[str, Any], part: str, out: Path, config: dict[str, Any] | Path) -> int:
+    """The weights of `part` in folder `out` (created; refused where it holds files), beside `config` (a
+    config.json to copy, or the dictionary to write as one). Returns the number of weights written."""
+    from safetensors.torch import save_file
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} exists and is not an empty folder; name a new folder to write the model in")
+    shapes = sizes(state, part)
+    files = _files(shapes)
+    names = ["model.safetensors"] if len(files) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    out.mkdir(parents=True, exist_ok=True)
+    weight_map, total = {}, 0
+    for file, members in zip(names, files, strict=True):
+        tensors = dict(_tensors(state, part, members))
+        with writing(out / file):
+            save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in members})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    if len(files) > 1:
+        (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    if isinstance(config, Path):
+        if (config.parent / "generation_config.json").is_file():
+            shutil.copyfile(config.parent / "generation_config.json", out / "generation_config.json")
+        config = json.loads(config.read_text())
+        config.update({k: "float32" for k in ("dtype", "torch_dtype") if k in config})  # what it holds now
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return sum(torch.Size(s).numel() for s, d in shapes.values() if d.is_floating_point)
