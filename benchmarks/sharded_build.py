@@ -5,10 +5,11 @@ on 2 cores: --oversubscribe; memory, not speed, is measured).
 
     python benchmarks/sharded_build.py [--width 1024] [--depth 12] [--layouts 1,fsdp:4,fsdp=2.tp=2,fsdp:4+ema]
 
-For each run, summary.json's peak_memory_added_bytes of the worst worker (its process's peak resident set less
-what it held as it began building the model: torch's libraries and the data are in both), its model state
-(parameters, gradients, AdamW's moments) and the ratio of that peak to one device's. A quarter of one device's
-state is 0.25x; a worker that builds the whole model before sharding it adds the whole model to its peak.
+For each run, the worst worker's model state (parameters, gradients, AdamW's moments), its process's peak resident
+set (summary.json's peak_memory_bytes), that peak less what it held as it began building the model
+(peak_memory_added_bytes: torch's libraries and the data are in both) and the ratio of that to one device's. A
+quarter of one device's state is 0.25x; a worker that builds the whole model before sharding it adds the whole
+model to its peak.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main() -> None:
         corpus.write_bytes(text[:20_000])  # its evaluations short
         common = flags(corpus, args.width, args.depth)
         print(f"gpt width {args.width}, depth {args.depth}, AdamW, 2 steps: the worst worker")
-        print(f"{'layout':<14}{'weights':>13}{'state MB':>10}{'peak added MB':>15}{'x 1 device':>12}")
+        print(f"{'layout':<14}{'weights':>13}{'state MB':>10}{'peak MB':>9}{'peak added MB':>15}{'x 1 device':>12}")
         one = None
         for name in args.layouts.split(","):
             summary = run(name, common, scratch)
@@ -70,7 +71,8 @@ def main() -> None:
             one = worst if name == "1" else one
             ratio = f"{worst / one:.2f}" if one else "-"
             weights = sum(w["parameters"] for w in summary["model_state_bytes"]) // 4  # each worker its part
-            print(f"{name:<14}{weights:>13,}{state / MB:>10.0f}{worst / MB:>15.0f}{ratio:>12}",
+            peak = max(summary["peak_memory_bytes"])
+            print(f"{name:<14}{weights:>13,}{state / MB:>10.0f}{peak / MB:>9.0f}{worst / MB:>15.0f}{ratio:>12}",
                   flush=True)
 
 

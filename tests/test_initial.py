@@ -133,7 +133,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("layout", "world"), [("fsdp", 2), ("fsdp x tp", 4)])
+@pytest.mark.parametrize(("layout", "world"), [("fsdp x tp", 4)])  # (fsdp alone: tests/test_pretrained.py's start)
 def test_each_worker_draws_its_part_of_one_devices_initial_weights(tmp_path: Path, layout: str, world: int) -> None:
     model, initial = _gpt()
     one = {n: p.detach().clone() for n, p in initial.fill(model, torch.device("cpu")).named_parameters()}

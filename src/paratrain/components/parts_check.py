@@ -8,13 +8,14 @@ than a traceback in every worker followed by a hint about restarts that cannot h
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..core.errors import UserError
-from ..core.import_path import is_import_path
+from ..core.import_path import is_hf_folder, is_import_path
 from ..core.tracebacks import failed, name_of
 from ..optimization.losses import FUNCTIONS, loss_name
 
@@ -24,10 +25,15 @@ def check_and_describe(parts: Any, cfg: Any, data: Any, speaks: bool = True) -> 
     them, and build the optimizer over it. Returns what will run, in words, for config's companion record.
     `speaks`: this process prints notes (rank 0; torchrun starts every rank through the same checks)."""
     from .build import make_batch_transforms, make_model
+    from .initial import weights_on_meta
 
     record: dict[str, Any] = {}
+    # a Hugging Face folder's model with nothing of the user's to run on it: built as a check of its config alone, on
+    # the meta device (no memory: it may be larger than this process can hold)
+    shapes_only = is_hf_folder(cfg.model) and parts.model is parts.optimizer is parts.loss is None
     try:
-        net = make_model(cfg, data, parts)
+        with weights_on_meta() if shapes_only else contextlib.nullcontext():
+            net = make_model(cfg, data, parts)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 (the user's code may raise anything)
