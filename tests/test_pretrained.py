@@ -135,7 +135,7 @@ def test_each_bad_source_of_weights_is_one_line(llama: Path, corpus: Path, tmp_p
     assert "holds no config.json" in _error(capsys, "--model", f"hf:{tmp_path}", *data)
     assert "no .safetensors files" in _error(capsys, *model, "--init-from", str(empty), *data)
     assert "shapes differ" in _error(capsys, *model, "--init-from", str(wider), *data)
-    assert "is it this model's?" in _error(capsys, *model, "--init-from", str(gpt2), *data)
+    assert "another model's weights" in _error(capsys, *model, "--init-from", str(gpt2), *data)
     assert "cannot train" in _error(capsys, *model, "--init-from", str(quantized), *data)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text(f"model: hf:{llama}\ndataset: text\ndata_dir: {corpus}\n")

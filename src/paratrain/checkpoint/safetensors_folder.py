@@ -66,6 +66,11 @@ def write(state: dict[str, Any], part: str, out: Path, config: dict[str, Any] | 
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not an empty folder; name a new folder to write the model in")
+    if out.suffix in (".pt", ".pth", ".bin", ".safetensors"):
+        raise UserError(f"--out {out}: --format safetensors writes a folder; name the folder (without {out.suffix})")
+    if isinstance(config, Path) and not config.is_file():
+        raise UserError(f"the run's model folder {config.parent} is gone (its config.json goes beside the weights); "
+                        "put it back where the run found it, or export with --format pt")
     shapes = sizes(state, part)
     files = _files(shapes)
     names = ["model.safetensors"] if len(files) == 1 else \

@@ -54,17 +54,20 @@ def _folder(state: dict[str, Any], key: str, out: Path, args: argparse.Namespace
     """The safetensors folder, beside the Hugging Face folder's config.json (a --model hf:PATH run's) or the
     model's options as paratrain ran them (its model section)."""
     from ..checkpoint import safetensors_folder
-    from ..config import SECTIONS
     from ..core.import_path import HF, is_hf_folder
+    from ..models.registry import MODEL_OPTIONS, options_unread
 
     cfg = state["config"]
     model = cfg.get("model")
     if is_hf_folder(model):
         config: Any = Path(model[len(HF):]) / "config.json"
         then = f"transformers' AutoModelForCausalLM.from_pretrained('{out}') loads it"
-    else:
-        config = {"paratrain_model": model, **{k: cfg.get(k) for k in SECTIONS["model"] if k != "init_from"}}
-        then = f"paratrain train --model {model} --init-from {out} starts a run from it"
+    else:  # the options that shape its network, as the flags that build it again take them
+        shaping = {k: cfg.get(k) for k in (*MODEL_OPTIONS, "context")
+                   if k not in options_unread(model) and cfg.get(k) is not None}
+        config = {"paratrain_model": model, **shaping}
+        flags = "".join(f" --{k} {v}" for k, v in shaping.items() if k != "dropout")
+        then = f"paratrain train --model {model}{flags} --init-from {out} (with your --dataset) starts a run from it"
     count = safetensors_folder.write(state, key, out, config)
     print(f"paratrain: wrote {out}: {count:,} weights in safetensors, step {state['step']}"
           f"{' (EMA)' if args.ema else ''}; {then}")

@@ -80,16 +80,18 @@ class Pretrained:
         missing = [n for n in wanted if n not in held]
         if missing:
             raise UserError(f"--init-from {self.path}: it lacks {_few(missing)} of this model's {len(wanted)} "
-                            f"weights (it holds {_few(list(held))}): is it this model's?")
+                            f"weights (it holds {_few(list(held))}): these are another model's weights; give the "
+                            "folder of this model's, or --model hf:FOLDER for theirs")
         unknown = [n for n in held if n not in wanted and n not in aliases]
         if unknown:
             raise UserError(f"--init-from {self.path}: it holds {_few(unknown)}, which this model does not have: "
-                            "is it this model's?")
+                            "these are another model's weights; give the folder of this model's")
         wrong = [f"{n} {held[n][0]} (the model's {tuple(t.shape)})" for n, t in wanted.items()
                  if held[n][0] != tuple(t.shape)]
         if wrong:
-            raise UserError(f"--init-from {self.path}: shapes differ: {_few(wrong)}; is it this model's "
-                            "configuration?")
+            raise UserError(f"--init-from {self.path}: shapes differ: {_few(wrong)}; build the model these "
+                            "weights were saved from (its --model hf:FOLDER, or the --width, --depth, --heads and "
+                            "--context of the run that saved them)")
         odd = [f"{n} ({held[n][1]})" for n, t in wanted.items()  # (an integer buffer, a counter, is read as it is)
                if t.is_floating_point() and (held[n][1] is None or not held[n][1].is_floating_point)]
         if odd:
