@@ -318,6 +318,12 @@ def shapes_of(path: str | Path, part: str) -> dict[str, tuple[int, ...]]:
             _metadata(Path(path)).state_dict_metadata.items() if k.startswith(f"{part}.")}
 
 
+def tensors_of(path: str | Path, part: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """{name: (whole shape, type)} of the tensors of the checkpoint's `part` ("model"), from its metadata alone."""
+    return {k.partition(".")[2]: (tuple(item.size), item.properties.dtype) for k, item in
+            _metadata(Path(path)).state_dict_metadata.items() if k.startswith(f"{part}.") and hasattr(item, "size")}
+
+
 def misfit(held: dict[str, Any], shapes: dict[str, Any], whole: bool = False) -> str | None:
     """The first of `shapes` ({name: shape}) that `held` ({name: shape}) lacks or has in another shape, in words;
     `whole` (this worker holds the whole model): also the first that `held` has beyond them (another network's)."""

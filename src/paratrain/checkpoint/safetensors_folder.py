@@ -1,13 +1,12 @@
 """A run's weights written as a folder of .safetensors files, as transformers' save_pretrained writes them (one
 `model.safetensors`, or numbered files and `model.safetensors.index.json` beyond SHARD_BYTES), with the model's
 config.json: `paratrain export RUN --format safetensors`. A sharded checkpoint's weights are read from its step
-folder a tensor at a time, so the exporting process never holds the whole model: one file's worth at most."""
+folder a file's worth at a time, so the exporting process never holds the whole model: one file at most."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,24 @@ INDEX = "model.safetensors.index.json"
 
 def sizes(state: dict[str, Any], part: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Each tensor of `part` ("model", "ema_model"): its shape and type, none read (a step folder's metadata)."""
-    if "sharded" not in state:
-        return {n: (tuple(t.shape), t.dtype) for n, t in state[part].items()}
-    from torch.distributed.checkpoint import FileSystemReader
-
-    metadata = FileSystemReader(state["sharded"]).read_metadata().state_dict_metadata
-    return {k.partition(".")[2]: (tuple(m.size), m.properties.dtype) for k, m in metadata.items()
-            if k.partition(".")[0] == part and hasattr(m, "size")}
-
-
-def _tensors(state: dict[str, Any], part: str, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """`names`' tensors, each read alone from a step folder (or taken from a whole file's state)."""
     from . import dcp
 
-    shapes = sizes(state, part)
-    for name in names:
-        if "sharded" not in state:  # (a copy: safetensors refuses tensors that share memory, a tied head's)
-            yield name, state[part][name].contiguous().clone()
-            continue
-        into = {part: {name: torch.empty(shapes[name][0], dtype=shapes[name][1])}}
-        dcp.read(state["sharded"], into, distributed=False)
-        yield name, into[part][name]
+    if "sharded" not in state:
+        return {n: (tuple(t.shape), t.dtype) for n, t in state[part].items()}
+    return dcp.tensors_of(state["sharded"], part)
+
+
+def _tensors(state: dict[str, Any], part: str,
+             shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+    """The tensors named in `shapes`: read together from a step folder (one file's worth), or copied from a whole
+    file's state (safetensors refuses tensors that share memory, a tied head's)."""
+    from . import dcp
+
+    if "sharded" not in state:
+        return {name: state[part][name].contiguous().clone() for name in shapes}
+    into = {part: {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in shapes.items()}}
+    dcp.read(state["sharded"], into, distributed=False)
+    return into[part]
 
 
 def _files(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> list[list[str]]:
@@ -78,7 +74,7 @@ def write(state: dict[str, Any], part: str, out: Path, config: dict[str, Any] | 
     out.mkdir(parents=True, exist_ok=True)
     weight_map, total = {}, 0
     for file, members in zip(names, files, strict=True):
-        tensors = dict(_tensors(state, part, members))
+        tensors = _tensors(state, part, {n: shapes[n] for n in members})
         with writing(out / file):
             save_file(tensors, str(out / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in members})

@@ -1,7 +1,7 @@
 """`paratrain export`: a run's weights as one plain state dict (torch.load(...) then model.load_state_dict(...)),
 whatever strategy wrote its checkpoint (a sharded one is read whole, in this process); or, with --format
 safetensors, as a folder that transformers' from_pretrained loads (a Hugging Face model's run) or that holds the
-gpt's safetensors and config, written a tensor at a time (checkpoint/safetensors_folder.py)."""
+gpt's safetensors and config, written a file at a time (checkpoint/safetensors_folder.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir() and args.format == "pt":
         raise UserError(f"--out {out} is a folder; name the file to write, e.g. {out / 'model.pt'}")
-    state = checkpoint.load(args.run_dir, whole=args.format == "pt")  # (safetensors: read a tensor at a time)
+    state = checkpoint.load(args.run_dir, whole=args.format == "pt")  # (safetensors: read a file at a time)
     key = "ema_model" if args.ema else "model"
     averaged = state.get("ema_n_averaged") is not None if "sharded" in state else "ema_model" in state
     if args.ema and not averaged:

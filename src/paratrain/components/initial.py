@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..runtime.dist import local
+
 # the names a wrapper puts before its module's parameters (activation checkpointing's, torch.compile's)
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
 
@@ -181,7 +183,7 @@ class Initial:
                     p.device.type == "cpu" and not hasattr(p, "device_mesh") for p in mine.values())
                 drawn = self._draw(path, {n: p.data for n, p in mine.items()} if whole else None)
                 for own, p in ({} if whole else mine).items():
-                    _local(p).copy_(_part(drawn[own], p))
+                    local(p).copy_(_part(drawn[own], p))
         return model
 
 
@@ -204,10 +206,10 @@ def copy_into(model: nn.Module, source: nn.Module) -> nn.Module:
     """`model`, a copy of `source` laid out alike and still on the meta device, with `source`'s weights where they
     are (each worker its own part, on its device or, offloaded, in CPU memory): a sharded weight average starts as
     the weights are."""
-    materialised(model, _local(next(source.parameters())).device)
+    materialised(model, local(next(source.parameters())).device)
     with torch.no_grad():
         for (_, p), (_, q) in zip(model.named_parameters(), source.named_parameters(), strict=True):
-            _local(p).copy_(_local(q))
+            local(p).copy_(local(q))
     return model
 
 
@@ -215,11 +217,6 @@ def materialised(model: nn.Module, device: torch.device) -> None:
     """`model`'s parameters given memory on `device` (their values not set), its buffers moved there as built. A
     sharded model's go through to_empty (FSDP2 follows its parameters' storage there); a plain model's are made
     with torch.empty (to_empty's empty_like of a meta tensor imports sympy: 1 s and 150 MB in every worker)."""
-    tied: dict[int, list[tuple[nn.Module, str]]] = {}  # a weight two modules share, under each of its names
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is not None:
-                tied.setdefault(id(p), []).append((module, name))
     if any(hasattr(p, "device_mesh") for p in model.parameters()):
         buffers = {n: b for n, b in model.named_buffers()}
         model.to_empty(device=device)
@@ -228,15 +225,16 @@ def materialised(model: nn.Module, device: torch.device) -> None:
                 if n in buffers and not buffers[n].is_meta:
                     b.copy_(buffers[n])
         return
+    tied: dict[int, list[tuple[nn.Module, str]]] = {}  # a weight two modules share, under each of its names
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                tied.setdefault(id(p), []).append((module, name))
     model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device) if t.is_meta else t.to(device))
     for holders in tied.values():  # (the meta device's parameters are replaced one by one: shared ones tied again)
         first = holders[0][0]._parameters[holders[0][1]]
         for module, name in holders[1:]:
             module._parameters[name] = first
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _plain(name: str) -> str:

@@ -62,11 +62,9 @@ class Pretrained:
                         piece = f.get_slice(name)
                         found[name] = (tuple(piece.get_shape()), _DTYPES.get(piece.get_dtype()))
             return found
-        from torch.distributed.checkpoint import FileSystemReader
+        from ..checkpoint import dcp
 
-        metadata = FileSystemReader(str(self.path)).read_metadata().state_dict_metadata
-        return {k.removeprefix("model."): (tuple(m.size), m.properties.dtype) for k, m in metadata.items()
-                if k.startswith("model.") and hasattr(m, "size")}
+        return dcp.tensors_of(self.path, "model")
 
     def check(self, model: nn.Module) -> None:
         """The source against `model` (built on the meta device): every weight there, of its shape, in a floating
