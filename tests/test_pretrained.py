@@ -142,3 +142,26 @@ def test_each_bad_source_of_weights_is_one_line(llama: Path, corpus: Path, tmp_p
     assert "drop one of them" in _error(capsys, *model, "--init-from", str(llama), "--resume", str(tmp_path / "run"),
                                         *data)
     assert "no such file" in _error(capsys, *model, "--init-from", str(tmp_path / "nowhere"), *data)
+
+
+def test_each_bad_export_folder_is_one_line(llama: Path, corpus: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(llama, folder)
+    run = tmp_path / "run"
+    with capsys.disabled():  # (train_here's hang guard writes to the real stderr)
+        train_here(run, *_base(folder, corpus), "--devices", "1", "--steps", "1")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "kept.txt").write_text("mine")
+    capsys.readouterr()
+    for out, said in ((tmp_path / "full", "is not an empty folder"), (tmp_path / "model.pt", "writes a folder")):
+        assert main_code(["export", str(run), "--format", "safetensors", "--out", str(out)]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0], lines
+    assert (tmp_path / "full" / "kept.txt").read_text() == "mine"  # nothing of the user's touched
+    shutil.rmtree(folder)  # the run's model folder gone: one line, and no half-written folder left
+    assert main_code(["export", str(run), "--format", "safetensors", "--out", str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "is gone" in lines[0] and not (tmp_path / "out").exists(), lines
