@@ -9,12 +9,14 @@ For each run, the worst worker's model state (parameters, gradients, AdamW's mom
 set (summary.json's peak_memory_bytes), that peak less what it held as it began building the model
 (peak_memory_added_bytes: torch's libraries and the data are in both) and the ratio of that to one device's. A
 quarter of one device's state is 0.25x; a worker that builds the whole model before sharding it adds the whole
-model to its peak.
+model to its peak. Last, what `paratrain plan` predicts of that worker's peak from one device's measured bytes
+(measure/meshes.py: the state a weight, the rest of the peak an example, fsdp's gathered blocks) and its error.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import subprocess
@@ -47,6 +49,28 @@ def run(name: str, args: list[str], scratch: Path) -> dict | None:
     return json.loads((out / "summary.json").read_text())
 
 
+def plan_peak(name: str, one: dict, width: int, depth: int) -> float:
+    """`paratrain plan`'s bytes of the worst worker of layout `name`, from the 1-device run's summary as the bench
+    records it (its largest state and peak added)."""
+    import torch
+
+    from paratrain.measure import meshes
+    from paratrain.models.gpt import GPT
+    from paratrain.parallel.mesh import Mesh
+    from paratrain.parallel.strategies.fsdp import blocks
+
+    with torch.device("meta"):
+        net = GPT(256, 64, width=width, depth=depth, heads=max(2, width // 64))
+    weights = sum(p.numel() for p in net.parameters())
+    model = meshes.Transformer(depth, width, max(2, width // 64), 64, weights,
+                               max(sum(p.numel() for p in b.parameters()) for b in blocks(net, None)))
+    base = {"model_state_bytes": max(w["total"] for w in one["model_state_bytes"]),
+            "peak_memory_added_bytes": max(one["peak_memory_added_bytes"]), "global_batch_size": 8}
+    held = dataclasses.replace(meshes.measured_bytes({"train_flags": []}, base, model), ema="ema" in name)
+    mesh = {"1": Mesh(), "fsdp:4": Mesh(fsdp=4), "fsdp=2.tp=2": Mesh(fsdp=2, tp=2), "fsdp:4+ema": Mesh(fsdp=4)}[name]
+    return held.peak(model, mesh, 8)["peak_bytes"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--width", type=int, default=1024)
@@ -60,7 +84,8 @@ def main() -> None:
         corpus.write_bytes(text[:20_000])  # its evaluations short
         common = flags(corpus, args.width, args.depth)
         print(f"gpt width {args.width}, depth {args.depth}, AdamW, 2 steps: the worst worker")
-        print(f"{'layout':<14}{'weights':>13}{'state MB':>10}{'peak MB':>9}{'peak added MB':>15}{'x 1 device':>12}")
+        print(f"{'layout':<14}{'weights':>13}{'state MB':>10}{'peak MB':>9}{'peak added MB':>15}{'x 1 device':>12}"
+              f"{'plan MB':>9}{'error':>8}")
         one = None
         for name in args.layouts.split(","):
             summary = run(name, common, scratch)
@@ -68,12 +93,14 @@ def main() -> None:
                 continue
             worst = max(summary["peak_memory_added_bytes"])
             state = max(w["total"] for w in summary["model_state_bytes"])
-            one = worst if name == "1" else one
-            ratio = f"{worst / one:.2f}" if one else "-"
+            one = summary if name == "1" else one
+            ratio = f"{worst / max(one['peak_memory_added_bytes']):.2f}" if one else "-"
+            planned = plan_peak(name, one, args.width, args.depth) if one else None
+            guess = f"{planned / MB:>9.0f}{planned / worst - 1:>+8.0%}" if planned else f"{'-':>9}{'-':>8}"
             weights = sum(w["parameters"] for w in summary["model_state_bytes"]) // 4  # each worker its part
             peak = max(summary["peak_memory_bytes"])
-            print(f"{name:<14}{weights:>13,}{state / MB:>10.0f}{peak / MB:>9.0f}{worst / MB:>15.0f}{ratio:>12}",
-                  flush=True)
+            print(f"{name:<14}{weights:>13,}{state / MB:>10.0f}{peak / MB:>9.0f}{worst / MB:>15.0f}{ratio:>12}"
+                  f"{guess}", flush=True)
 
 
 if __name__ == "__main__":

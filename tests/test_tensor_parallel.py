@@ -160,6 +160,30 @@ def test_plan_chooses_a_mesh_with_tensor_parallelism_where_the_batch_runs_out() 
                                         M.Mesh(dp=2, tp=4), M.Mesh(fsdp=2, tp=4)]
 
 
+def test_plan_counts_a_workers_peak_from_the_bytes_one_device_held() -> None:
+    from paratrain.measure import meshes
+
+    model = meshes.Transformer(depth=12, width=1024, heads=16, tokens=64, weights=100_000_000, largest_block=8_000_000)
+    # one device of the bench: 16 bytes of state a weight and 0.8 GB beyond it at batch 8, with --ema's average
+    base = {"model_state_bytes": 1.6e9, "peak_memory_added_bytes": 1.6e9 + 0.4e9 + 0.8e9, "global_batch_size": 8}
+    held = meshes.measured_bytes({"train_flags": ["--ema", "0.99"]}, base, model)
+    assert (held.per_weight, held.per_example, held.ema) == (16.0, 0.1e9, True)
+    fsdp = held.peak(model, M.Mesh(fsdp=4), 8)
+    assert fsdp["state_bytes"] == 20 * 1e8 / 4 and fsdp["activation_bytes"] == 0.2e9  # 2 examples a copy
+    assert fsdp["gathered_bytes"] == 3 * 4 * 8e6 and fsdp["peak_bytes"] == 0.5e9 + 0.2e9 + 96e6
+    tp = held.peak(model, M.Mesh(dp=2, tp=2), 8)  # tp splits 24/34 of the activations, no gathered blocks
+    assert tp["state_bytes"] == 1e9 and tp["gathered_bytes"] == 0
+    assert tp["activation_bytes"] == pytest.approx(0.4e9 * (10 / 34 + 12 / 34))
+    # what fits is the peak, not the state alone: 0.75 GB holds fsdp=4's state (0.5) but not its peak (0.8)
+    w = meshes.scaling.Workload(1e-3, 1e-3, 4e8, 1e-4, 13)
+    rows = {r["mesh"]: r for r in meshes.table(w, model, 4, 8, 370e9, 3e-6, memory=0.75e9, held=held)}
+    assert rows["fsdp=4"]["state_bytes"] < 0.75e9 and not rows["fsdp=4"]["fits"]
+    rows = {r["mesh"]: r for r in meshes.table(w, model, 4, 8, 370e9, 3e-6, memory=0.8e9, held=held)}
+    assert rows["fsdp=4"]["fits"] and not rows["dp=4"]["fits"]
+    # a bench of before recorded no peak added: Adam's 16 bytes a weight, the activations uncounted
+    assert meshes.measured_bytes({"train_flags": []}, {"model_state_bytes": 1.6e9}, model) == meshes.Bytes()
+
+
 # ---- from the command line, before any worker starts ----
 
 def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture) -> None:

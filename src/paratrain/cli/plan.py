@@ -24,7 +24,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, help="strong scaling: this global batch split over the devices")
     p.add_argument("--max-devices", type=int, default=1024)
     p.add_argument("--device-memory-gb", type=float, help="a transformer's meshes: the memory of one device; the "
-                   "chosen mesh is the fastest whose weights, gradients and Adam state fit it")
+                   "chosen mesh is the fastest whose worker's peak (its state, activations and gathered blocks, "
+                   "from the bench's measured bytes) fits it")
     p.add_argument("--out", help="folder for plan.png and plan.json")
     p.add_argument("--no-validate", action="store_true",
                    help="skip checking the model against the bench's multi-device rows (which measures this host)")
@@ -104,7 +105,7 @@ def _meshes(args: argparse.Namespace, results: dict, w: Any, base: dict, bw: flo
         return []
     memory = args.device_memory_gb * 1e9 if args.device_memory_gb else None
     return meshes.print_tables(w, model, args.max_devices, args.global_batch or base["global_batch_size"], bw, lat,
-                               memory)
+                               memory, meshes.measured_bytes(results, base, model))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from ..core.errors import UserError
 from ..core.run_paths import RunPaths
 from ..parallel import strategies
 from ..runtime import devices
+from ..runtime.proc import user_malloc
 
 _SPEC = re.compile(r"^(cpu|ddp-cpu|gpu|tower-cpu|tower-gpu|fsdp-cpu|fsdp-gpu|tp-cpu|tp-gpu):(\d+)(t?)$")
 _MESH_SPEC = re.compile(r"^mesh-(cpu|gpu):(.+)$")  # mesh-cpu:fsdp=2,tp=2 (its commas are the mesh's)
@@ -228,6 +229,8 @@ def measure(config: BenchConfig, train_flags: list[str], repeats: int, out: Path
         # each worker's parameters, gradients and optimizer state (the largest), and its peak memory
         "model_state_bytes": max((w["total"] for w in first.get("model_state_bytes") or []), default=None),
         "peak_memory_bytes": max(first.get("peak_memory_bytes") or [], default=None),
+        # and what its set-up and steps added to it (`paratrain plan`'s activations: beyond the state)
+        "peak_memory_added_bytes": max(first.get("peak_memory_added_bytes") or [], default=None),
     }
 
 
@@ -252,7 +255,7 @@ def context() -> dict:
     info = devices.describe()
     return {"torch_version": torch.__version__, "cpu": info["cpu"], "gpus": info["gpus"],
             "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "malloc": os.environ.get("GLIBC_TUNABLES", "glibc defaults + paratrain's mallopt")}
+            "malloc": user_malloc() or "glibc defaults + paratrain's mallopt"}
 
 
 def result_from_run(run_dir: Path) -> dict:

@@ -8,12 +8,18 @@ scaling.py. Per step of a mesh of c = dp x fsdp copies and tp tensor-parallel wo
   forward and 2 in the backward, over the tp workers, never hidden (the next layer waits for them);
 - the copies: dp's gradient all-reduce or fsdp's 1.5x traffic, of 1/tp of the gradients, over the c copies,
   hidden behind the backward where it fits (scaling.step_time_s);
-- memory: weights, gradients and Adam's two moments, 16 bytes a weight, split over fsdp x tp (dp copies it).
+- memory, a worker's peak: the model state (weights, gradients, optimizer state: 16 bytes a weight under Adam,
+  or what the bench's one device held a weight), split over fsdp x tp (dp copies it), and --ema's average (4
+  bytes a weight, as split); the activations, what one device's peak added beyond its state an example (the
+  bench's measure: the GPU's allocated bytes, or the process's resident set on the CPU) times a copy's examples,
+  tp splitting those inside the attention and the MLP (24 of a block's 34 bytes a token and width, Megatron-LM's
+  count: `TP_SPLIT`); and under fsdp the weights of two blocks gathered at once (the next one is fetched ahead)
+  and one block's gradients before they are reduce-scattered, each split by tp.
 
 tp stays within a node (8 devices at most) and divides the heads; among the meshes whose copies split the global
-batch and whose state fits the device's memory (--device-memory-gb), the fastest is chosen. Activations' memory is
-left out. Where tensor parallelism pays: where the global batch has fewer examples than the devices (copies
-alone cannot use them), and where a device cannot hold a copy's share of the state.
+batch and whose peak fits the device's memory (--device-memory-gb), the fastest is chosen. Where tensor
+parallelism pays: where the global batch has fewer examples than the devices (copies alone cannot use them), and
+where a device cannot hold a copy's share of the state.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from ..parallel.mesh import Mesh
 from . import scaling
 
 STATE_BYTES = 16  # a weight's float32 value, gradient and Adam's two moments
+EMA_BYTES = 4  # --ema's float32 average of a weight
+TP_SPLIT = 24 / 34  # the share of a block's activations tp splits (Megatron-LM: 34 bytes a token and width, 24 split)
+GATHERED = 3  # fsdp's unsharded blocks at once: two blocks' weights (one fetched ahead) and one block's gradients
 NODE = 8  # the devices tensor parallelism may span (one node's links)
 
 
@@ -35,6 +44,36 @@ class Transformer:
     heads: int
     tokens: int  # an example's
     weights: int
+    largest_block: int = 0  # the weights of the largest piece fsdp gathers at once
+
+
+@dataclasses.dataclass(frozen=True)
+class Bytes:
+    """What one device held, measured by the bench (or Adam's 16 bytes a weight and no activations, unmeasured):
+    the model state a weight, the rest of its peak an example, and whether --ema's average was kept."""
+    per_weight: float = STATE_BYTES
+    per_example: float = 0.0
+    ema: bool = False
+
+    def peak(self, model: Transformer, mesh: Mesh, global_batch: int) -> dict[str, float]:
+        """A worker's bytes on `mesh`: its state, its activations and fsdp's gathered blocks, and their sum."""
+        split = mesh.fsdp * mesh.tp
+        state = (self.per_weight + (EMA_BYTES if self.ema else 0)) * model.weights / split
+        acts = self.per_example * global_batch / mesh.copies * ((1 - TP_SPLIT) + TP_SPLIT / mesh.tp)
+        gathered = GATHERED * 4.0 * model.largest_block / mesh.tp if mesh.fsdp > 1 else 0.0
+        return {"state_bytes": state, "activation_bytes": acts, "gathered_bytes": gathered,
+                "peak_bytes": state + acts + gathered}
+
+
+def measured_bytes(results: dict, base: dict, model: Transformer) -> Bytes:
+    """`Bytes` from the bench's one-device row: its model state and its peak added (None in a bench of before:
+    Adam's 16 bytes a weight then, the activations unknown)."""
+    state, added = base.get("model_state_bytes"), base.get("peak_memory_added_bytes")
+    ema = "--ema" in results.get("train_flags", [])
+    if not state or added is None:
+        return Bytes(ema=ema)
+    extra = added - state - (EMA_BYTES * model.weights if ema else 0)
+    return Bytes(state / model.weights, max(extra, 0.0) / base["global_batch_size"], ema)
 
 
 def of_bench(results: dict) -> Transformer | None:
@@ -46,7 +85,7 @@ def of_bench(results: dict) -> Transformer | None:
     if dims is None:
         return None
     return Transformer(dims["depth"], dims["width"], dims["heads"], int(sample(1)[0].shape[1]),
-                       sum(p.numel() for p in net.parameters()))
+                       sum(p.numel() for p in net.parameters()), max(scaling.block_sizes(results)))
 
 
 def candidates(n: int, heads: int) -> list[Mesh]:
@@ -74,15 +113,16 @@ def step_s(w: scaling.Workload, model: Transformer, mesh: Mesh, global_batch: in
 
 
 def table(w: scaling.Workload, model: Transformer, n: int, global_batch: int, bandwidth: float, latency: float,
-          memory: float | None = None) -> list[dict[str, Any]]:
-    """Every candidate mesh of n devices: tokens/s, state bytes a device, whether it fits, and the choice."""
+          memory: float | None = None, held: Bytes = Bytes()) -> list[dict[str, Any]]:
+    """Every candidate mesh of n devices: tokens/s, a worker's bytes (`Bytes.peak`), whether its peak fits, and
+    the choice."""
     rows = []
     for mesh in candidates(n, model.heads):
-        held = STATE_BYTES * model.weights / (mesh.fsdp * mesh.tp)
+        peak = held.peak(model, mesh, global_batch)
         rate = global_batch * model.tokens / step_s(w, model, mesh, global_batch, bandwidth, latency)
-        rows.append({"devices": n, "mesh": mesh.text(), "tokens_per_sec": rate, "state_bytes": held,
-                     "fits": memory is None or held <= memory, "splits": global_batch % mesh.copies == 0,
-                     "chosen": False})
+        rows.append({"devices": n, "mesh": mesh.text(), "tokens_per_sec": rate, **peak,
+                     "fits": memory is None or peak["peak_bytes"] <= memory,
+                     "splits": global_batch % mesh.copies == 0, "chosen": False})
     fitting = [r for r in rows if r["fits"] and r["splits"]]
     if fitting:
         max(fitting, key=lambda r: r["tokens_per_sec"])["chosen"] = True
@@ -90,19 +130,27 @@ def table(w: scaling.Workload, model: Transformer, n: int, global_batch: int, ba
 
 
 def print_tables(w: scaling.Workload, model: Transformer, max_devices: int, global_batch: int, bandwidth: float,
-                 latency: float, memory: float | None) -> list[dict[str, Any]]:
-    """The meshes of 2, 4, ... devices (up to 128), the chosen one marked."""
+                 latency: float, memory: float | None, held: Bytes = Bytes()) -> list[dict[str, Any]]:
+    """The meshes of 1, 2, 4, ... devices (up to 128), each worker's bytes at its peak, the chosen one marked."""
+    measured = (f"{held.per_weight:.1f} bytes of state a weight and {held.per_example / 1e6:,.1f} MB an example "
+                "beyond it, as the bench's one device held them" if held.per_example else
+                f"{held.per_weight:.0f} bytes of state a weight, the activations not counted (a bench of before "
+                "recorded no peak added)")
     print(f"meshes for the {model.weights:,}-weight transformer ({model.depth} blocks, width {model.width}, "
           f"{model.heads} heads), global batch {global_batch}: tp = 4 all-reduces of the activations a block a step, "
-          f"never hidden; state = {STATE_BYTES} bytes a weight over fsdp x tp"
+          f"never hidden; a worker's peak = {measured}" + (", and --ema's average" if held.ema else "")
+          + "; fsdp gathers 2 blocks' weights and 1 block's gradients at once"
           + (f"; a device holds {memory / 1e9:g} GB" if memory else ""))
-    print(f"{'devices':>8}  {'mesh':<16}{'tokens/s':>14}{'state/device':>16}  ")
-    every, n = [], 2
+    print(f"{'devices':>8}  {'mesh':<16}{'tokens/s':>14}{'state MB':>11}{'activations':>13}{'gathered':>10}"
+          f"{'peak MB':>10}  ")
+    every, n = [], 1
     while n <= min(max_devices, 128):
-        for r in table(w, model, n, global_batch, bandwidth, latency, memory):
+        for r in table(w, model, n, global_batch, bandwidth, latency, memory, held):
             mark = "<- chosen" if r["chosen"] else "(the batch does not split over its copies)" if not r["splits"] \
                 else "(does not fit)" if not r["fits"] else ""
-            print(f"{n:>8}  {r['mesh']:<16}{r['tokens_per_sec']:>14,.0f}{r['state_bytes'] / 1e6:>13,.1f} MB  {mark}")
+            print(f"{n:>8}  {r['mesh']:<16}{r['tokens_per_sec']:>14,.0f}{r['state_bytes'] / 1e6:>11,.1f}"
+                  f"{r['activation_bytes'] / 1e6:>13,.1f}{r['gathered_bytes'] / 1e6:>10,.1f}"
+                  f"{r['peak_bytes'] / 1e6:>10,.1f}  {mark}")
             every.append(r)
         n *= 2
     return every

@@ -52,6 +52,11 @@ class Mesh:
         """Into how many shares the global batch splits: the data-parallel workers (whole or sharded)."""
         return self.dp * self.fsdp
 
+    @property
+    def splits_model(self) -> bool:
+        """Whether each worker holds a part of the model's weights, not a whole copy (fsdp, tp or pp above 1)."""
+        return max(self.fsdp, self.tp, self.pp) > 1
+
     def text(self) -> str:
         """As --mesh takes it: `dp=2,tp=2` (the dimensions above 1; `dp=1` for one worker)."""
         return ",".join(f"{d}={n}" for d, n in self.sizes.items() if n > 1) or "dp=1"

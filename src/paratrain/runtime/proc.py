@@ -16,7 +16,8 @@ from typing import NoReturn
 
 def tune_malloc(memory_first: bool = False) -> None:
     """Keep freed activation buffers in the heap instead of returning them to the kernel; or, `memory_first`
-    (a run that recomputes activations to save memory), give every buffer of 256 KiB or more back when freed.
+    (a run that recomputes activations, or splits the model between its workers, to save memory), give every
+    buffer of 256 KiB or more back when freed.
 
     With glibc's defaults, every large batch-sized buffer is mmap'd and unmapped each step; at batch
     512 that cost 20-50% of CPU time in page faults on the build machine (DESIGN.md). mallopt does at
@@ -24,8 +25,14 @@ def tune_malloc(memory_first: bool = False) -> None:
     heap, though, the buffers of different sizes fragment it: the gpt of --activation-checkpointing's test
     (depth 4, width 256, context 256, batch 32) added 0.71x the resident memory of the run without
     recomputation where its tensors' peak was 0.41x; memory first, the resident set follows the tensors.
+
+    A user's own settings (GLIBC_TUNABLES' glibc.malloc.*, or glibc's MALLOC_*_ variables) are theirs: none is
+    overridden. A model split between CPU workers to fit their memory asks for them: on 4 fsdp workers of the gpt
+    of 151.6M weights (benchmarks/sharded_build.py), kept in the heap, each worker's peak added 0.50x one
+    device's, and with MALLOC_MMAP_THRESHOLD_=262144 (every run) 0.32x, the tensors' own, for steps 16-32%
+    slower (2 fsdp workers of a gpt of width 1024 and 256, medians of 3 interleaved).
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or user_malloc():
         return
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -40,6 +47,13 @@ def tune_malloc(memory_first: bool = False) -> None:
     libc.mallopt(M_MMAP_THRESHOLD, 32 * 2**20)  # glibc's ceiling for this knob on 64-bit
     libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
     libc.mallopt(M_TOP_PAD, 256 * 2**20)
+
+
+def user_malloc() -> str:
+    """The user's own settings of glibc's malloc in the environment ('' for none), which paratrain leaves as set."""
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t.startswith("glibc.malloc.")]
+    return " ".join(tunables + sorted(f"{k}={v}" for k, v in os.environ.items()
+                                      if k.startswith("MALLOC_") and k.endswith("_")))
 
 
 @contextlib.contextmanager

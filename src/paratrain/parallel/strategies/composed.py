@@ -169,7 +169,7 @@ class Composed(Strategy):
         cfg, mesh = self.cfg, self.dims()
         if not self.ctx.is_main or cfg.quiet:
             return
-        if self.initial is None and (self.sharded or mesh.tp > 1 or mesh.pp > 1):
+        if self.initial is None and (self.sharded or mesh.splits_model):
             print(f"paratrain: note: each worker builds the whole model before taking its part, as {self.drawn_whole}",
                   flush=True)
         if mesh.pp > 1 and cfg.batchnorm == "local" and has_batchnorm(model):
