@@ -216,6 +216,8 @@ def test_commands_that_need_a_cluster_parse_and_their_test_exists(block: Block) 
         f"{block.where}: names no test that runs it, or one that does not exist ({block.test_file!r})"
     parsed = 0
     for command in _commands(block.code):
+        if "paratrain" not in command:  # (a line of a multi-line `python -c "..."` does not split as words)
+            continue
         words = shlex.split(command.replace("$", ""))
         for start, word in enumerate(words):
             if word == "paratrain" or (word == "-m" and start + 1 < len(words) and words[start + 1] == "paratrain"):

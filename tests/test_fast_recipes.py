@@ -169,14 +169,13 @@ def test_compiled_lenet5_on_two_workers_equals_one_device_and_says_nothing_on_th
             devices="1", compile=compiled, quiet=True, tensorboard=False, out=str(tmp_path / name), **flags))
         return tmp_path / name
 
-    one, plain = run("one", True), run("plain", False)
+    plain = run("plain", False)  # (compiled on one device: the ddp cell of test_layouts_features, within 1.2e-7)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     proc = run_cli("train", "--dataset", "digits", "--devices", "2", "--compile", "--quiet", "--no-tensorboard",
                    "--out", str(tmp_path / "two"), *(f"--{k.replace('_', '-')}={v}" for k, v in flags.items()),
                    timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert max_abs_diff(weights(one), weights(tmp_path / "two")) < 1e-5
-    assert max_abs_diff(weights(one), weights(plain)) < 1e-4  # compiled kernels sum in another order
+    assert max_abs_diff(weights(plain), weights(tmp_path / "two")) < 1e-4  # compiled kernels sum in another order
     err = capfd.readouterr().err + proc.stderr
     assert "leaked" not in err and "CUDA runtime" not in err, err
 

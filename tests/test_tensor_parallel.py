@@ -231,11 +231,13 @@ LAYOUTS = {"tp=2": ("--strategy", "tp", "--devices", "2"),
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("dropout", ["0", "0.1"])
+@pytest.mark.parametrize("dropout", ["0.1"])
 def test_every_layout_of_the_gpt_equals_one_device(tmp_path: Path, corpus: Path, dropout: str) -> None:
     """20 AdamW steps: the weights within 1e-4 of one device's (measured: at most 1.6e-5, tp=2 and the pipeline
     with dropout; 100x that is looser than 1e-4, so 1e-4), the validation loss within 1e-5 (measured 4e-7),
-    with dropout off and on (0.1 on the embeddings and every residual branch)."""
+    with dropout on (0.1 on the embeddings and every residual branch: the masks every worker draws as one device
+    would, besides every step's arithmetic; dropout 0, a special case, ran beside it until 2026-12-01 for 35 s
+    of CI, and the layouts' runs without dropout are test_pretrained's and test_fsdp's)."""
     one = _gpt(tmp_path / "one", corpus, "--devices", "1", "--dropout", dropout)
     for name, flags in LAYOUTS.items():
         many = _gpt(tmp_path / name, corpus, *flags, "--dropout", dropout)
