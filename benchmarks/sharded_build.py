@@ -49,12 +49,17 @@ def run(name: str, args: list[str], scratch: Path) -> dict | None:
     return json.loads((out / "summary.json").read_text())
 
 
-def plan_peak(name: str, one: dict, width: int, depth: int) -> float:
+def plan_peak(name: str, one: dict, width: int, depth: int) -> float | None:
     """`paratrain plan`'s bytes of the worst worker of layout `name`, from the 1-device run's summary as the bench
-    records it (its largest state and peak added)."""
+    records it (its largest state and peak added); None from a release whose plan counted no peak (before
+    2026-12-01)."""
     import torch
 
-    from paratrain.measure import meshes
+    try:
+        from paratrain.measure import meshes
+        meshes.measured_bytes  # noqa: B018 (a release of before has none)
+    except (ImportError, AttributeError):
+        return None
     from paratrain.models.gpt import GPT
     from paratrain.parallel.mesh import Mesh
     from paratrain.parallel.strategies.fsdp import blocks
@@ -65,10 +70,11 @@ def plan_peak(name: str, one: dict, width: int, depth: int) -> float:
     model = meshes.Transformer(depth, width, max(2, width // 64), 64, weights,
                                max(sum(p.numel() for p in b.parameters()) for b in blocks(net, None)))
     base = {"model_state_bytes": max(w["total"] for w in one["model_state_bytes"]),
-            "peak_memory_added_bytes": max(one["peak_memory_added_bytes"]), "global_batch_size": 8}
+            "peak_memory_added_bytes": max(one["peak_memory_added_bytes"]),
+            "global_batch_size": one["global_batch_size"]}
     held = dataclasses.replace(meshes.measured_bytes({"train_flags": []}, base, model), ema="ema" in name)
     mesh = {"1": Mesh(), "fsdp:4": Mesh(fsdp=4), "fsdp=2.tp=2": Mesh(fsdp=2, tp=2), "fsdp:4+ema": Mesh(fsdp=4)}[name]
-    return held.peak(model, mesh, 8)["peak_bytes"]
+    return held.peak(model, mesh, one["global_batch_size"])["peak_bytes"]
 
 
 def main() -> None:
@@ -94,9 +100,11 @@ def main() -> None:
             worst = max(summary["peak_memory_added_bytes"])
             state = max(w["total"] for w in summary["model_state_bytes"])
             one = summary if name == "1" else one
-            ratio = f"{worst / max(one['peak_memory_added_bytes']):.2f}" if one else "-"
+            base = max(one["peak_memory_added_bytes"]) if one else 0
+            ratio = f"{worst / base:.2f}" if base > 0 else "-"
             planned = plan_peak(name, one, args.width, args.depth) if one else None
-            guess = f"{planned / MB:>9.0f}{planned / worst - 1:>+8.0%}" if planned else f"{'-':>9}{'-':>8}"
+            guess = (f"{planned / MB:>9.0f}{planned / worst - 1:>+8.0%}" if planned and worst > 0
+                     else f"{'-':>9}{'-':>8}")
             weights = sum(w["parameters"] for w in summary["model_state_bytes"]) // 4  # each worker its part
             peak = max(summary["peak_memory_bytes"])
             print(f"{name:<14}{weights:>13,}{state / MB:>10.0f}{peak / MB:>9.0f}{worst / MB:>15.0f}{ratio:>12}"

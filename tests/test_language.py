@@ -5,6 +5,7 @@ search of them from the command line. The text is this repository's documentatio
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -530,6 +531,9 @@ def test_bench_and_search_of_the_gpt_from_the_command_line(tmp_path: Path, corpu
     assert "tokens/s" in (tmp_path / "bench" / "report.md").read_text()
     plan = run_cli("plan", "--results", str(tmp_path / "bench"), "--no-validate", "--max-devices", "4")
     assert plan.returncode == 0 and "MFLOPs a trained token (6N + 12 x layers x width x context)" in plan.stdout
+    # the meshes' table: each worker's peak from the bytes the bench's one device held, one device's row first
+    assert "beyond it, as the bench's one device held them" in plan.stdout, plan.stdout
+    assert re.search(r"^\s+1\s+dp=1\s", plan.stdout, re.M) and re.search(r"^\s+4\s+fsdp=4\s", plan.stdout, re.M)
     (tmp_path / "space.yaml").write_text(textwrap.dedent(f"""
         fixed: {{model: gpt, dataset: text, data_dir: {corpus}, width: 32, depth: 1, context: 32, batch_size: 8,
                  steps: 10, optimizer: adamw}}

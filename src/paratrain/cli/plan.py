@@ -95,7 +95,8 @@ def _validate(plan: Any, results: dict, w: Any, base: dict, link: tuple[float, f
 
 
 def _meshes(args: argparse.Namespace, results: dict, w: Any, base: dict, bw: float, lat: float) -> list[dict]:
-    """A transformer's meshes of 2, 4, ... devices, the fastest that fits chosen (measure/meshes.py)."""
+    """A transformer's meshes of 1, 2, 4, ... devices, the fastest whose worker's peak fits chosen
+    (measure/meshes.py)."""
     from ..measure import meshes
 
     if args.device_memory_gb is not None and args.device_memory_gb <= 0:

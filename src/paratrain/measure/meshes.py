@@ -54,6 +54,7 @@ class Bytes:
     per_weight: float = STATE_BYTES
     per_example: float = 0.0
     ema: bool = False
+    measured: bool = False  # whether the bench recorded its peak added (the activations counted)
 
     def peak(self, model: Transformer, mesh: Mesh, global_batch: int) -> dict[str, float]:
         """A worker's bytes on `mesh`: its state, its activations and fsdp's gathered blocks, and their sum."""
@@ -70,10 +71,11 @@ def measured_bytes(results: dict, base: dict, model: Transformer) -> Bytes:
     Adam's 16 bytes a weight then, the activations unknown)."""
     state, added = base.get("model_state_bytes"), base.get("peak_memory_added_bytes")
     ema = "--ema" in results.get("train_flags", [])
-    if not state or added is None:
-        return Bytes(ema=ema)
-    extra = added - state - (EMA_BYTES * model.weights if ema else 0)
-    return Bytes(state / model.weights, max(extra, 0.0) / base["global_batch_size"], ema)
+    per_weight = state / model.weights if state else STATE_BYTES
+    if added is None:
+        return Bytes(per_weight, ema=ema)
+    extra = added - (per_weight + (EMA_BYTES if ema else 0)) * model.weights
+    return Bytes(per_weight, max(extra, 0.0) / base["global_batch_size"], ema, measured=True)
 
 
 def of_bench(results: dict) -> Transformer | None:
@@ -133,15 +135,15 @@ def print_tables(w: scaling.Workload, model: Transformer, max_devices: int, glob
                  latency: float, memory: float | None, held: Bytes = Bytes()) -> list[dict[str, Any]]:
     """The meshes of 1, 2, 4, ... devices (up to 128), each worker's bytes at its peak, the chosen one marked."""
     measured = (f"{held.per_weight:.1f} bytes of state a weight and {held.per_example / 1e6:,.1f} MB an example "
-                "beyond it, as the bench's one device held them" if held.per_example else
-                f"{held.per_weight:.0f} bytes of state a weight, the activations not counted (a bench of before "
+                "beyond it, as the bench's one device held them" if held.measured else
+                f"{held.per_weight:.1f} bytes of state a weight, the activations not counted (a bench of before "
                 "recorded no peak added)")
     print(f"meshes for the {model.weights:,}-weight transformer ({model.depth} blocks, width {model.width}, "
           f"{model.heads} heads), global batch {global_batch}: tp = 4 all-reduces of the activations a block a step, "
           f"never hidden; a worker's peak = {measured}" + (", and --ema's average" if held.ema else "")
           + "; fsdp gathers 2 blocks' weights and 1 block's gradients at once"
           + (f"; a device holds {memory / 1e9:g} GB" if memory else ""))
-    print(f"{'devices':>8}  {'mesh':<16}{'tokens/s':>14}{'state MB':>11}{'activations':>13}{'gathered':>10}"
+    print(f"{'devices':>8}  {'mesh':<16}{'tokens/s':>14}{'state MB':>11}{'activations MB':>16}{'gathered MB':>13}"
           f"{'peak MB':>10}  ")
     every, n = [], 1
     while n <= min(max_devices, 128):
@@ -149,7 +151,7 @@ def print_tables(w: scaling.Workload, model: Transformer, max_devices: int, glob
             mark = "<- chosen" if r["chosen"] else "(the batch does not split over its copies)" if not r["splits"] \
                 else "(does not fit)" if not r["fits"] else ""
             print(f"{n:>8}  {r['mesh']:<16}{r['tokens_per_sec']:>14,.0f}{r['state_bytes'] / 1e6:>11,.1f}"
-                  f"{r['activation_bytes'] / 1e6:>13,.1f}{r['gathered_bytes'] / 1e6:>10,.1f}"
+                  f"{r['activation_bytes'] / 1e6:>16,.1f}{r['gathered_bytes'] / 1e6:>13,.1f}"
                   f"{r['peak_bytes'] / 1e6:>10,.1f}  {mark}")
             every.append(r)
         n *= 2

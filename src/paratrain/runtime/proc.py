@@ -16,8 +16,7 @@ from typing import NoReturn
 
 def tune_malloc(memory_first: bool = False) -> None:
     """Keep freed activation buffers in the heap instead of returning them to the kernel; or, `memory_first`
-    (a run that recomputes activations, or splits the model between its workers, to save memory), give every
-    buffer of 256 KiB or more back when freed.
+    (a run that recomputes activations to save memory), give every buffer of 256 KiB or more back when freed.
 
     With glibc's defaults, every large batch-sized buffer is mmap'd and unmapped each step; at batch
     512 that cost 20-50% of CPU time in page faults on the build machine (DESIGN.md). mallopt does at
@@ -26,11 +25,12 @@ def tune_malloc(memory_first: bool = False) -> None:
     (depth 4, width 256, context 256, batch 32) added 0.71x the resident memory of the run without
     recomputation where its tensors' peak was 0.41x; memory first, the resident set follows the tensors.
 
-    A user's own settings (GLIBC_TUNABLES' glibc.malloc.*, or glibc's MALLOC_*_ variables) are theirs: none is
-    overridden. A model split between CPU workers to fit their memory asks for them: on 4 fsdp workers of the gpt
-    of 151.6M weights (benchmarks/sharded_build.py), kept in the heap, each worker's peak added 0.50x one
-    device's, and with MALLOC_MMAP_THRESHOLD_=262144 (every run) 0.32x, the tensors' own, for steps 16-32%
-    slower (2 fsdp workers of a gpt of width 1024 and 256, medians of 3 interleaved).
+    A user's own settings (GLIBC_TUNABLES' glibc.malloc.*, or glibc's MALLOC_*_ variables) are theirs: with any
+    one set, none of the three below is (glibc's defaults stand for the others). A model split between CPU
+    workers to fit their memory asks for them: on 4 fsdp workers of the gpt of 151.6M weights
+    (benchmarks/sharded_build.py), kept in the heap, each worker's peak added 0.50x one device's, and with
+    MALLOC_MMAP_THRESHOLD_=262144 (in every run, one device's too) 0.32x, the tensors' own, for steps that took
+    32-43% longer (2 fsdp workers of a gpt of width 1024 and 256, medians of 3 interleaved).
     """
     if not sys.platform.startswith("linux") or user_malloc():
         return

@@ -198,9 +198,9 @@ def memory_figures(module: nn.Module, optimizer: torch.optim.Optimizer, ctx: Any
     during every step, and its optimizer state: its shards under fsdp), its peak memory (the GPU's allocated bytes
     since the worker joined, as worker.work resets torch's counter, or the process's resident set on the CPU, the
     process's whole life; the set-up's moments included, such as a model built whole before it is sharded), and
-    that peak less `at_start`, what it held as its first step began (on the CPU, the ~0.5 GB of torch's libraries
-    are in both: where the steps made the peak, the difference is what they took, activations and optimizer
-    state). A collective: every worker calls it."""
+    that peak less `at_start`, what it held as it began building the model, the data in place (on the CPU, the
+    ~0.5 GB of torch's libraries are in both: the difference is what the model, its optimizer state and the
+    steps' activations took). A collective: every worker calls it."""
     params = sum(_local_bytes(p) for p in module.parameters())
     grads = sum(_local_bytes(p) for p in module.parameters() if p.requires_grad)
     state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
