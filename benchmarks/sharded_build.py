@@ -49,26 +49,23 @@ def run(name: str, args: list[str], scratch: Path) -> dict | None:
     return json.loads((out / "summary.json").read_text())
 
 
-def plan_peak(name: str, one: dict, width: int, depth: int) -> float | None:
-    """`paratrain plan`'s bytes of the worst worker of layout `name`, from the 1-device run's summary as the bench
-    records it (its largest state and peak added); None from a release whose plan counted no peak (before
-    2026-12-01)."""
-    import torch
-
+def plan_model(common: list[str]) -> object | None:
+    """The gpt as `paratrain plan` reads a bench of it (measure/meshes.of_bench, from the same flags); None from a
+    release whose plan counted no peak (before 2026-12-01)."""
     try:
         from paratrain.measure import meshes
         meshes.measured_bytes  # noqa: B018 (a release of before has none)
     except (ImportError, AttributeError):
         return None
-    from paratrain.models.gpt import GPT
-    from paratrain.parallel.mesh import Mesh
-    from paratrain.parallel.strategies.fsdp import blocks
+    return meshes.of_bench({"train_flags": common})
 
-    with torch.device("meta"):
-        net = GPT(256, 64, width=width, depth=depth, heads=max(2, width // 64))
-    weights = sum(p.numel() for p in net.parameters())
-    model = meshes.Transformer(depth, width, max(2, width // 64), 64, weights,
-                               max(sum(p.numel() for p in b.parameters()) for b in blocks(net, None)))
+
+def plan_peak(name: str, one: dict, model: object) -> float:
+    """`paratrain plan`'s bytes of the worst worker of layout `name`, from the 1-device run's summary as the bench
+    records it (its largest state and peak added)."""
+    from paratrain.measure import meshes
+    from paratrain.parallel.mesh import Mesh
+
     base = {"model_state_bytes": max(w["total"] for w in one["model_state_bytes"]),
             "peak_memory_added_bytes": max(one["peak_memory_added_bytes"]),
             "global_batch_size": one["global_batch_size"]}
@@ -92,7 +89,7 @@ def main() -> None:
         print(f"gpt width {args.width}, depth {args.depth}, AdamW, 2 steps: the worst worker")
         print(f"{'layout':<14}{'weights':>13}{'state MB':>10}{'peak MB':>9}{'peak added MB':>15}{'x 1 device':>12}"
               f"{'plan MB':>9}{'error':>8}")
-        one = None
+        one, model = None, plan_model(common)
         for name in args.layouts.split(","):
             summary = run(name, common, scratch)
             if summary is None:
@@ -102,7 +99,7 @@ def main() -> None:
             one = summary if name == "1" else one
             base = max(one["peak_memory_added_bytes"]) if one else 0
             ratio = f"{worst / base:.2f}" if base > 0 else "-"
-            planned = plan_peak(name, one, args.width, args.depth) if one else None
+            planned = plan_peak(name, one, model) if one and model else None
             guess = (f"{planned / MB:>9.0f}{planned / worst - 1:>+8.0%}" if planned and worst > 0
                      else f"{'-':>9}{'-':>8}")
             weights = sum(w["parameters"] for w in summary["model_state_bytes"]) // 4  # each worker its part

@@ -67,8 +67,9 @@ class Bytes:
 
 
 def measured_bytes(results: dict, base: dict, model: Transformer) -> Bytes:
-    """`Bytes` from the bench's one-device row: its model state and its peak added (None in a bench of before:
-    Adam's 16 bytes a weight then, the activations unknown)."""
+    """`Bytes` from the bench's one-device row: its model state a weight (Adam's 16 bytes where it recorded none)
+    and its peak added beyond that state, an example (None in a bench of before 2026-12-01: the activations
+    unknown)."""
     state, added = base.get("model_state_bytes"), base.get("peak_memory_added_bytes")
     ema = "--ema" in results.get("train_flags", [])
     per_weight = state / model.weights if state else STATE_BYTES
@@ -87,7 +88,7 @@ def of_bench(results: dict) -> Transformer | None:
     if dims is None:
         return None
     return Transformer(dims["depth"], dims["width"], dims["heads"], int(sample(1)[0].shape[1]),
-                       sum(p.numel() for p in net.parameters()), max(scaling.block_sizes(results)))
+                       sum(p.numel() for p in net.parameters()), max(scaling.block_sizes_of(net)))
 
 
 def candidates(n: int, heads: int) -> list[Mesh]:

@@ -124,9 +124,14 @@ def model_cost(results: dict) -> dict[str, Any] | None:
 
 def block_sizes(results: dict) -> list[int]:
     """The weights of each piece fsdp gathers at once in the bench's model: its blocks, then the root's own."""
+    net, _, _ = bench_network(bench_model(results), bench_shape(results))
+    return block_sizes_of(net)
+
+
+def block_sizes_of(net: Any) -> list[int]:
+    """The weights of each piece fsdp gathers at once in `net`: its blocks, then the root's own."""
     from ..parallel.strategies.fsdp import blocks
 
-    net, _, _ = bench_network(bench_model(results), bench_shape(results))
     sizes = [sum(p.numel() for p in block.parameters()) for block in blocks(net, None)]
     return [*sizes, sum(p.numel() for p in net.parameters()) - sum(sizes)]
 
