@@ -33,7 +33,9 @@ from . import scaling
 STATE_BYTES = 16  # a weight's float32 value, gradient and Adam's two moments
 EMA_BYTES = 4  # --ema's float32 average of a weight
 TP_SPLIT = 24 / 34  # the share of a block's activations tp splits (Megatron-LM: 34 bytes a token and width, 24 split)
-GATHERED = 3  # fsdp's unsharded blocks at once: two blocks' weights (one fetched ahead) and one block's gradients
+# fsdp's unsharded blocks at once: on a GPU two blocks' weights (one fetched ahead) and one block's gradients; a CPU
+# fetches none ahead, but its gathered buffer and the weights copied out of it meet (2.5 blocks measured)
+GATHERED = 3
 NODE = 8  # the devices tensor parallelism may span (one node's links)
 
 

@@ -28,8 +28,8 @@ def tune_malloc(memory_first: bool = False) -> None:
     A user's own settings (GLIBC_TUNABLES' glibc.malloc.*, or glibc's MALLOC_*_ variables) are theirs: with any
     one set, none of the three below is (glibc's defaults stand for the others). A model split between CPU
     workers to fit their memory asks for them: on 4 fsdp workers of the gpt of 151.6M weights
-    (benchmarks/sharded_build.py), kept in the heap, each worker's peak added 0.50x one device's, and with
-    MALLOC_MMAP_THRESHOLD_=262144 (in every run, one device's too) 0.32x, the tensors' own, for steps that took
+    (benchmarks/sharded_build.py), kept in the heap, each worker's peak added 0.52x one device's, and with
+    MALLOC_MMAP_THRESHOLD_=262144 (in every run, one device's too) 0.30x, the tensors' own, for steps that took
     32-43% longer (2 fsdp workers of a gpt of width 1024 and 256, medians of 3 interleaved).
     """
     if not sys.platform.startswith("linux") or user_malloc():

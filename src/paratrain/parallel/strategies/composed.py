@@ -227,10 +227,18 @@ class Composed(Strategy):
             options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cfg.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy()
-        for unit in shard_units(module, cfg.shard_modules):
-            fully_shard(unit, reshard_after_forward=cfg.reshard_after_forward, **options)
+        units = [fully_shard(unit, reshard_after_forward=cfg.reshard_after_forward, **options)
+                 for unit in shard_units(module, cfg.shard_modules)]
         # the root's own weights are needed again at once by the backward: never freed after its forward
-        fully_shard(module, reshard_after_forward=False, **options)
+        units.append(fully_shard(module, reshard_after_forward=False, **options))
+        if self.ctx.device.type == "cpu":
+            # A CPU gathers a block's weights as its backward starts, not during the block after it's (FSDP2's
+            # fetch ahead, for a GPU's overlap): one block's weights fewer at a worker's peak, and no slower on a
+            # CPU (benchmarks.md: 'Models built on the meta device'). A block told to fetch itself ahead fetches
+            # nothing (its weights are gathered by then).
+            for unit in units:
+                first = unit[0] if isinstance(unit, list) else unit
+                first.set_modules_to_backward_prefetch([first])
 
     def _loss_of(self, loss: Any) -> Callable:
         """The loss on split scores computed on the shards (loss_parallel), on whole ones as it is."""
