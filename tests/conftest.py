@@ -544,3 +544,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         elif getattr(module, "HEAVY_IMPORT", None) and item.get_closest_marker("integration") is None:
             # a library of seconds to import (mlflow, transformers), imported by one test process, not by each
             item.add_marker(pytest.mark.xdist_group(module.HEAVY_IMPORT))
+
+
+def write_examples(path: Path, count: int = 160, chat: bool = False) -> Path:
+    """`count` instruction examples as JSON lines (--dataset jsonl), from the fixed corpus: a line of it as the
+    prompt, the line after it as the response; or the same pairs as {"messages"} chats."""
+    import json
+
+    lines = [line.strip() for line in gzip.decompress((Path(__file__).parent / "data" / "corpus.txt.gz")
+                                                      .read_bytes()).decode().splitlines() if 20 < len(line) < 50]
+    with open(path, "w") as f:
+        for prompt, response in zip(lines[:count], lines[1:count + 1], strict=True):
+            example = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]} \
+                if chat else {"prompt": prompt + "\n", "response": response}
+            f.write(json.dumps(example) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """160 prompt/response pairs of the fixed corpus's lines, as JSON lines (--dataset jsonl)."""
+    return write_examples(tmp_path_factory.mktemp("jsonl") / "pairs.jsonl")

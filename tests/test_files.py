@@ -208,7 +208,7 @@ def test_a_table_that_cannot_train_is_one_line(tmp_path: Path, header: list, row
     ({"dataset": "csv", "target": "y"}, "--dataset csv needs --data-dir FILE.csv"),
     ({"dataset": "tensors"}, "--dataset tensors needs --data-dir PATH, an .npz file or a folder"),
     ({"dataset": "digits", "target": "y"}, "--target names a column of --dataset csv, not of digits"),
-    ({"dataset": "mnist", "test_size": 5}, "--test-size is for --dataset imagefolder, tensors, csv or text"),
+    ({"dataset": "mnist", "test_size": 5}, "--test-size is for --dataset imagefolder, tensors, csv, text or jsonl"),
 ])
 def test_what_a_table_or_tensors_file_needs_is_said_before_reading(flags: dict, message: str) -> None:
     with pytest.raises(UserError, match=message):

@@ -98,7 +98,7 @@ def test_text_that_cannot_train_is_one_line(tmp_path: Path, content: bytes, cont
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--dataset", "text"], "--dataset text needs --data-dir PATH, a UTF-8 file or a folder of .txt files"),
-    (["--dataset", "digits", "--tokenizer", "gpt2"], "--tokenizer is for --dataset text, not digits"),
+    (["--dataset", "digits", "--tokenizer", "gpt2"], "--tokenizer is for --dataset text or jsonl, not digits"),
     (["--model", "gpt", "--width", "64", "--heads", "3"], "--heads 3 must divide --width 64"),
     (["--model", "mlp", "--heads", "2"], "--heads is for --model gpt, not mlp"),
     (["--model", "gpt"], "model 'gpt' reads token ids"),
@@ -311,7 +311,9 @@ def test_train_generate_and_the_summary_of_a_language_model(tmp_path: Path, corp
     assert "of the gpt network; load it into that network with net.load_state_dict" in said
     assert f"(paratrain.load_model('{run}') builds it" in said
     assert main_code(["eval", str(run), "--data-dir", str(corpus)]) == 0  # its test windows again, as it cut them
-    assert f"test_loss {summary['test_loss']:.4f}" in capsys.readouterr().out
+    said = capsys.readouterr().out  # and its perplexity and bits per byte, as the summary gives them
+    assert f"test_loss {summary['test_loss']:.4f}" in said and f"test_perplexity {summary['test_perplexity']:.4f}" in \
+        said and f"test_bits_per_byte {summary['test_bits_per_byte']:.4f}" in said
     generator = paratrain.load_generator(run)
     assert generator.generate([84, 104], tokens=10, temperature=0)[:7] == generator.generate([84, 104], 5, 0)
     assert len(generator.generate([84, 104], tokens=5, top_k=3, seed=1)) == 7

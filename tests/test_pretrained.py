@@ -1,7 +1,8 @@
 """A run started from pretrained weights (--init-from) of a transformers model named by its folder (--model
-hf:PATH): a small LlamaForCausalLM saved with save_pretrained (random weights) is fine-tuned on 1 device, fsdp=2 and
-tp=2, each worker reading only its part of the folder's safetensors: its first weights are the saved ones to the
-bit, and after 20 AdamW steps the layouts equal one device. Every bad source is one line and exit 2."""
+hf:PATH): a small LlamaForCausalLM saved with save_pretrained (random weights) is fine-tuned on prompts and responses
+(--dataset jsonl, the prompts' tokens not counted) on 1 device, fsdp=2 and tp=2, each worker reading only its part
+of the folder's safetensors: its first weights are the saved ones to the bit, and after 20 AdamW steps the layouts
+equal one device. Every bad source is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -37,36 +38,37 @@ def _saved(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
-def _base(llama: Path, corpus: Path) -> tuple[str, ...]:
-    return ("--model", f"hf:{llama}", "--init-from", str(llama), "--dataset", "text", "--data-dir", str(corpus),
-            "--context", "32", "--batch-size", "8", "--no-tensorboard", "--threads-per-worker", "1")
+def _base(llama: Path, examples: Path) -> tuple[str, ...]:
+    """Fine-tuning on prompts and responses, the prompts' tokens not counted (--dataset jsonl)."""
+    return ("--model", f"hf:{llama}", "--init-from", str(llama), "--dataset", "jsonl", "--data-dir", str(examples),
+            "--context", "64", "--batch-size", "8", "--no-tensorboard", "--threads-per-worker", "1")
 
 
 ADAMW = ("--steps", "20", "--optimizer", "adamw", "--lr", "1e-3", "--seed", "4")
 
 
-def _starts_from_the_saved_weights(llama: Path, corpus: Path, run: Path, layout: str) -> None:
+def _starts_from_the_saved_weights(llama: Path, examples: Path, run: Path, layout: str) -> None:
     # one SGD step at a rate whose step rounds away (1e-30 of a gradient, against weights of 1e-2 and more): the
     # checkpoint holds the weights the run started from
-    train_here(run, *_base(llama, corpus), *LAYOUTS[layout], "--steps", "1", "--optimizer", "sgd", "--lr", "1e-30")
+    train_here(run, *_base(llama, examples), *LAYOUTS[layout], "--steps", "1", "--optimizer", "sgd", "--lr", "1e-30")
     saved, started = _saved(llama), weights(run)
     assert all(torch.equal(started[k], saved[k]) for k in saved), layout
 
 
 @pytest.fixture(scope="module")
-def one_device(llama: Path, corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def one_device(llama: Path, examples: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """The fine-tuning on one device (which starts from the saved weights too), run once for the module."""
     root = tmp_path_factory.mktemp("one")
-    _starts_from_the_saved_weights(llama, corpus, root / "start", "1 device")
-    return root / "run", train_here(root / "run", *_base(llama, corpus), *LAYOUTS["1 device"], *ADAMW)
+    _starts_from_the_saved_weights(llama, examples, root / "start", "1 device")
+    return root / "run", train_here(root / "run", *_base(llama, examples), *LAYOUTS["1 device"], *ADAMW)
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("layout", ["fsdp", "tp"])
 def test_every_worker_starts_from_the_saved_weights_and_fine_tunes_as_one_device(
-        llama: Path, corpus: Path, one_device: tuple[Path, dict], tmp_path: Path, layout: str) -> None:
-    _starts_from_the_saved_weights(llama, corpus, tmp_path / "start", layout)
-    summary = train_here(tmp_path / "tuned", *_base(llama, corpus), *LAYOUTS[layout], *ADAMW)
+        llama: Path, examples: Path, one_device: tuple[Path, dict], tmp_path: Path, layout: str) -> None:
+    _starts_from_the_saved_weights(llama, examples, tmp_path / "start", layout)
+    summary = train_here(tmp_path / "tuned", *_base(llama, examples), *LAYOUTS[layout], *ADAMW)
     one, reference = one_device
     assert abs(summary["test_loss"] - reference["test_loss"]) <= 1e-5
     # measured on the 2-core build machine: fsdp 1.4e-6, tp 5.5e-5 (Adam carries tp's other sums of the same
@@ -144,7 +146,7 @@ def test_each_bad_source_of_weights_is_one_line(llama: Path, corpus: Path, tmp_p
     assert "no such file" in _error(capsys, *model, "--init-from", str(tmp_path / "nowhere"), *data)
 
 
-def test_each_bad_export_folder_is_one_line(llama: Path, corpus: Path, tmp_path: Path,
+def test_each_bad_export_folder_is_one_line(llama: Path, examples: Path, tmp_path: Path,
                                             capsys: pytest.CaptureFixture) -> None:
     import shutil
 
@@ -152,7 +154,7 @@ def test_each_bad_export_folder_is_one_line(llama: Path, corpus: Path, tmp_path:
     shutil.copytree(llama, folder)
     run = tmp_path / "run"
     with capsys.disabled():  # (train_here's hang guard writes to the real stderr)
-        train_here(run, *_base(folder, corpus), "--devices", "1", "--steps", "1")
+        train_here(run, *_base(folder, examples), "--devices", "1", "--steps", "1")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "kept.txt").write_text("mine")
     capsys.readouterr()

@@ -21,12 +21,13 @@ from .fields import (
     loggers,
     model_for_data,
     shown,
+    tokenizer_for_model,
 )
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Fill the per-dataset defaults, then reject impossible values with a message that says what to do."""
-    cfg = model_for_data(cfg)
+    cfg = tokenizer_for_model(model_for_data(cfg))
     if cfg.dataset in DATASET_DEFAULTS:
         cfg = cfg.replace(**{k: v for k, v in DATASET_DEFAULTS[cfg.dataset].items() if getattr(cfg, k) is None})
     if is_own_network(cfg.model):  # config.yaml names the same file or folder from any folder
@@ -127,8 +128,8 @@ def _check_numbers(cfg: TrainConfig) -> None:
 
 def _check_text(cfg: TrainConfig) -> None:
     """Text's and the gpt's own options."""
-    if cfg.tokenizer != "bytes" and cfg.dataset != "text":
-        _bad(f"--tokenizer is for --dataset text, not {cfg.dataset}")
+    if cfg.tokenizer != "bytes" and cfg.dataset not in ("text", "jsonl"):
+        _bad(f"--tokenizer is for --dataset text or jsonl, not {cfg.dataset}")
     if cfg.context < 1:
         _bad(f"--context must be at least 1 token, not {cfg.context}")
     if cfg.heads is not None and cfg.model != "gpt":
@@ -147,11 +148,15 @@ def _check_combinations(cfg: TrainConfig) -> None:
              "class, pass --dataset imagefolder")
     if cfg.label_smoothing and cfg.loss not in ("auto", "cross-entropy"):
         _bad(f"--label-smoothing smooths the cross-entropy's class targets, not --loss {cfg.loss}: drop one")
+    if cfg.columns is not None and cfg.dataset != "jsonl":
+        _bad(f"--columns names the columns of --dataset jsonl's examples, not of {cfg.dataset}")
     if cfg.target is not None and cfg.dataset != "csv":
         _bad(f"--target names a column of --dataset csv, not of {cfg.dataset}")
-    if cfg.dataset in ("tensors", "csv", "text") and not cfg.data_dir:
+    if cfg.dataset in ("tensors", "csv", "text", "jsonl") and not cfg.data_dir:
         _bad(f"--dataset {cfg.dataset} needs --data-dir " + {"csv": "FILE.csv, the table",
-                                                              "text": "PATH, a UTF-8 file or a folder of .txt files"}
+                                                              "text": "PATH, a UTF-8 file or a folder of .txt files",
+                                                              "jsonl": "FILE.jsonl, JSON lines of {\"prompt\", "
+                                                                       "\"response\"} or {\"messages\"}"}
              .get(cfg.dataset, "PATH, an .npz file or a folder of .npy/.pt files"))
     _check_text(cfg)
     if cfg.dataset == "csv" and not cfg.target:
@@ -160,8 +165,8 @@ def _check_combinations(cfg: TrainConfig) -> None:
                    not (n == "cache_dir" and cfg.dataset == "text")]  # text keeps its tokens in the cache too
     folder_only += ["skip_bad_images"] if cfg.skip_bad_images else []
     if cfg.test_size is not None and cfg.dataset not in ("imagefolder", "custom", "tensors", "csv", "diabetes",
-                                                         "tokens", "text"):
-        _bad(f"--test-size is for --dataset imagefolder, tensors, csv or text, not {cfg.dataset}")
+                                                         "tokens", "text", "jsonl"):
+        _bad(f"--test-size is for --dataset imagefolder, tensors, csv, text or jsonl, not {cfg.dataset}")
     if cfg.labels != "fine" and cfg.dataset != "cifar100":
         _bad(f"--labels is for --dataset cifar100, not {cfg.dataset}")
     if folder_only and cfg.dataset not in ("imagefolder", "custom"):  # custom: a Dataset given to paratrain.fit

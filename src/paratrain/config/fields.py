@@ -8,11 +8,13 @@ import dataclasses
 import numbers
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..core.errors import UserError, closest
+from ..core.import_path import HF
 
 # custom: paratrain.fit(model=...)
 MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "cifar10-fast-net", "mlp", "gru",
@@ -20,8 +22,9 @@ MODELS = ("lenet5", "convnet", "mnist-net", "cifar10-net", "mnist-fast-net", "ci
 # imagefolder: a folder of class sub-folders (--data-dir); tensors: an .npz or a folder of .npy/.pt files; csv: a
 # table (--target); text: a UTF-8 file or a folder of .txt files; custom: tensors given to paratrain.fit
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "diabetes", "tokens",
-            "imagefolder", "tensors", "csv", "text", "custom")
-FILES = ("imagefolder", "tensors", "csv", "text")  # the datasets that are --data-dir itself
+            "imagefolder", "tensors", "csv", "text", "jsonl", "custom")
+FILES = ("imagefolder", "tensors", "csv", "text", "jsonl")  # the datasets that are --data-dir itself
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")  # save_pretrained's
 # custom: an optimizer factory given to paratrain.fit
 OPTIMIZERS = ("adam", "adamw", "sgd", "gd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam", "custom")
 LR_SCHEDULES = ("constant", "exponential", "step", "cosine")
@@ -53,13 +56,18 @@ class TrainConfig:
                     "path/to/file.py:factory", choices=MODELS)
     dataset: str = _f("digits", "dataset (digits, diabetes (a regression) and tokens (sequences) are embedded and "
                       "need no download); imagefolder, tensors (an .npz, "
-                      "or a folder of .npy/.pt files: x_train, y_train, ...), csv (a table) and text (UTF-8, for "
-                      "a language model) are --data-dir",
+                      "or a folder of .npy/.pt files: x_train, y_train, ...), csv (a table), text (UTF-8, for "
+                      "a language model) and jsonl (prompts and responses, or chats: JSON lines, parquet or arrow) "
+                      "are --data-dir",
                       choices=DATASETS)
     data_dir: str | None = _f(None, "folder with the dataset files, or where to download them; the image folder, "
-                              "tensors file, CSV file, or text (a UTF-8 file or a folder of .txt files)")
-    tokenizer: str = _f("bytes", "text: bytes (a vocabulary of 256, no dependency), a tiktoken encoding (gpt2, "
-                        "cl100k_base; pip install tiktoken), or a Hugging Face tokenizer.json or hub name")
+                              "tensors file, CSV file, text (a UTF-8 file or a folder of .txt files), or examples (a "
+                              ".jsonl, .parquet or .arrow file)")
+    columns: str | None = _f(None, "jsonl: the columns that hold each example, where they are not named prompt and "
+                             "response, or messages: prompt=COL,response=COL or messages=COL")
+    tokenizer: str = _f("bytes", "text and jsonl: bytes (a vocabulary of 256, no dependency), a tiktoken encoding "
+                        "(gpt2, cl100k_base; pip install tiktoken), a Hugging Face tokenizer.json or hub name, or a "
+                        "model folder (--model hf:PATH brings its own)")
     context: int = _f(128, "text and gpt: tokens a training window (an example) holds; gpt: the longest sequence "
                       "it reads")
     standardize: bool = _f(False, "tensors: scale every input feature to zero mean and unit variance over the "
@@ -237,7 +245,7 @@ class TrainConfig:
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("model", "init_from", "width", "depth", "heads", "activation", "dropout", "filters", "kernel",
               "batchnorm", "memory_format", "precision", "compile", "activation_checkpointing", "selective_ac"),
-    "data": ("dataset", "data_dir", "tokenizer", "context", "standardize", "target", "download", "val_size",
+    "data": ("dataset", "data_dir", "columns", "tokenizer", "context", "standardize", "target", "download", "val_size",
              "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "host_data", "random_crop",
              "crop_padding", "hflip", "brightness", "contrast", "test_flip"),
     "optimizer": ("optimizer", "lr", "momentum", "beta1", "beta2", "nesterov", "weight_decay", "clip_grad_norm",
@@ -260,9 +268,24 @@ def model_for_data(cfg: TrainConfig) -> TrainConfig:
     """The default model (lenet5, an image network) on data that is not images: the registry's network for it
     (gru for the token ids of tokens, gpt for text, mlp for the rest; a tensors file of token ids is told to name
     gru)."""
-    if cfg.model != TrainConfig.model or cfg.dataset not in ("diabetes", "tokens", "tensors", "csv", "text"):
+    if cfg.model != TrainConfig.model or cfg.dataset not in ("diabetes", "tokens", "tensors", "csv", "text",
+                                                                    "jsonl"):
         return cfg
-    return cfg.replace(model={"tokens": "gru", "text": "gpt"}.get(cfg.dataset, "mlp"))
+    return cfg.replace(model={"tokens": "gru", "text": "gpt", "jsonl": "gpt"}.get(cfg.dataset, "mlp"))
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether a model folder holds a tokenizer (a tokenizer's save_pretrained writes these files)."""
+    return any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+def tokenizer_for_model(cfg: TrainConfig) -> TrainConfig:
+    """A model named by its folder (hf:PATH) brings its folder's tokenizer to its text, where the folder holds one
+    and no --tokenizer was given."""
+    if not cfg.model.startswith(HF) or cfg.tokenizer != TrainConfig.tokenizer or cfg.dataset not in ("text", "jsonl"):
+        return cfg
+    folder = Path(cfg.model[len(HF):]).expanduser()
+    return cfg.replace(tokenizer=str(folder.resolve())) if has_tokenizer(folder) else cfg
 
 
 DATASET_DEFAULTS: dict[str, dict[str, int]] = {
@@ -279,6 +302,7 @@ DATASET_DEFAULTS: dict[str, dict[str, int]] = {
     "tensors": {"batch_size": 64, "epochs": 10},
     "csv": {"batch_size": 64, "epochs": 10},
     "text": {"batch_size": 32, "epochs": 1},
+    "jsonl": {"batch_size": 16, "epochs": 3},
     "custom": {"batch_size": 64, "epochs": 10},
 }
 

@@ -14,7 +14,7 @@ from .errors import UserError
 EXTRA = {"optuna": "search", "sklearn": "search", "matplotlib": "plots", "tensorboard": "tensorboard",
          "psycopg": "postgres", "tiktoken": "text", "tokenizers": "text", "torchao": "float8",
          "mlflow": "mlflow", "wandb": "wandb", "transformers": "transformers",
-         "safetensors": "transformers"}
+         "safetensors": "transformers", "datasets": "finetune", "peft": "finetune"}
 
 NOT_IN_ALL = ("float8", "mlflow", "wandb", "transformers")
 

@@ -8,7 +8,7 @@ from ..core.errors import UserError
 from .splits import Splits
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "kmnist", "cifar10", "cifar100", "synthetic", "diabetes", "tokens",
-            "imagefolder", "tensors", "csv", "text")
+            "imagefolder", "tensors", "csv", "text", "jsonl")
 DEFAULT_DATA_DIR = "data"
 
 

@@ -17,6 +17,7 @@ from ..core.errors import UserError
 # (inputs N x ..., targets N x ...) of kind "tensors"
 Pair = tuple[Any, torch.Tensor]
 KINDS = ("images", "tensors")
+IGNORE = -100  # a target position that no loss counts (padding, a prompt; transformers' labels use it too)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch
 from ..core.errors import UserError
 from .columns import Columns
 from .mapped import MappedTensor
-from .splits import Splits
+from .splits import IGNORE, Splits
 
 
 def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str = "custom",
@@ -53,7 +53,7 @@ def tensor_splits(pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], name: str
         vocabulary = max(int(t.max()) for t, _ in checked.values() if t.numel()) + 1
         if not classes and y.dim() > 1 and not y.is_floating_point():  # next tokens: their ids count too
             vocabulary = max([vocabulary] + [int(t.max()) + 1 for _, t in checked.values() if t.numel()])
-            low = min(int(t[t != -100].min()) for _, t in checked.values() if bool((t != -100).any()))
+            low = min(int(t[t != IGNORE].min()) for _, t in checked.values() if bool((t != IGNORE).any()))
             if low < 0:
                 raise UserError(f"the targets are token ids, and one is {low}: give ids 0..V-1, and -100 for a "
                                 "position no loss counts (padding)")

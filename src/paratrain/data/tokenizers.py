@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config.fields import TOKENIZER_FILES, has_tokenizer
 from ..core.errors import UserError
 from ..core.optional import how_to_install
 
@@ -25,6 +26,9 @@ class Tokenizer:
     encode: Callable[[bytes], list[int] | np.ndarray]  # UTF-8 bytes -> token ids
     decode: Callable[[list[int]], str]
     fingerprint: str = ""  # what tells two versions of one tokenizer file apart (the text cache's key has it)
+    end: int | None = None  # the token that ends an answer (instructions.py), where the tokenizer has one
+    # a chat template: (messages, add_generation_prompt) -> the chat's text, where the tokenizer has one
+    chat: Callable[[list[dict], bool], str] | None = None
 
     @property
     def dtype(self) -> type:
@@ -41,6 +45,8 @@ def tokenizer_for(name: str) -> Tokenizer:
     """The tokenizer `name` names (see the module's docstring); a one-line UserError where it cannot be had."""
     if name == BYTES:
         return _bytes()
+    if Path(name).is_dir():
+        return from_model_folder(Path(name))
     if Path(name).suffix == ".json" or Path(name).is_file():
         if not Path(name).is_file():
             raise UserError(f"--tokenizer {name}: no such file; give a tokenizer.json, bytes, or a name such as gpt2")
@@ -103,3 +109,30 @@ def _from_hub(name: str) -> Tokenizer:
                         f"Face hub knows ({type(e).__name__}); give --tokenizer bytes, a tokenizer.json, or a "
                         "name such as gpt2") from None
     return _hf(name, tok)
+
+
+def from_model_folder(folder: Path) -> Tokenizer:
+    """The tokenizer a model folder holds, read by transformers without network access: its end token, and its
+    chat template where it has one."""
+    from ..core.optional import require
+
+    if not has_tokenizer(folder):
+        raise UserError(f"--tokenizer {folder}: the folder holds no tokenizer ({', '.join(TOKENIZER_FILES)}); give "
+                        "a folder a tokenizer's save_pretrained wrote, a tokenizer.json, or bytes")
+    require("transformers", f"--tokenizer {folder}")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 (a damaged or foreign file: the library's own exceptions)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"--tokenizer {folder}: transformers cannot read its tokenizer ({first})") from None
+    stamp = "-".join(f"{(folder / f).stat().st_size}-{(folder / f).stat().st_mtime_ns}"
+                     for f in TOKENIZER_FILES if (folder / f).is_file())
+    chat = None
+    if getattr(tok, "chat_template", None):
+        def chat(messages: list[dict], generation: bool) -> str:
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+    return Tokenizer(str(folder.resolve()), len(tok),
+                     lambda b: tok.encode(b.decode("utf-8"), add_special_tokens=False),
+                     lambda ids: tok.decode([int(i) for i in ids]), stamp, tok.eos_token_id, chat)

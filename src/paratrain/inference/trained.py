@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -212,8 +213,19 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
                                      cfg.eval_batch_size, judge, meter=meter)
     return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]), "rows": rows,
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
+            **(_language_figures(mean_loss, splits) if judge is None and splits.sequence else {}),
             "dataset": cfg.dataset, "kind": "tensors", "model": model_name(cfg, state, model), "ema": use_ema,
             "step": state["step"]}
+
+
+def _language_figures(loss: float, splits: Splits) -> dict[str, float]:
+    """A language model's test perplexity, and its bits per byte where the text's bytes a token are known (the
+    built-in cross-entropy over the tokens), as the run's summary gives them."""
+    from ..optimization.losses import perplexity
+
+    per_byte = ((splits.text or {}).get("bytes_per_token") or {}).get("test")
+    return {"test_perplexity": perplexity(loss),
+            **({"test_bits_per_byte": loss / math.log(2) / per_byte} if per_byte else {})}
 
 
 def _test_rows(run: str | Path, cfg: C.TrainConfig, saved: dict, data: Any, data_dir: str | None) -> tuple[Splits, str]:
@@ -240,6 +252,15 @@ def _test_rows(run: str | Path, cfg: C.TrainConfig, saved: dict, data: Any, data
 
         return text.load(str(path), cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.cache_dir), \
             "the text's test windows"
+    if cfg.dataset == "jsonl":  # the examples held out as the run held them out (its context, tokenizer, columns)
+        if path is None:
+            raise UserError(f"name the examples to test on: paratrain eval {run} --data-dir FILE (Python: "
+                            f"evaluate(run, FILE)); the run trained on {cfg.data_dir}, and a checkpoint's own paths "
+                            "are never followed")
+        from ..data import instructions
+
+        return instructions.load(str(path), cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.columns), \
+            "the examples' test split"
     if path is not None:
         kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")
         # the file the run held its test rows out of (the same path, or a copy of the same size): those rows

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import LOSSES, TrainConfig
-
-IGNORE = -100  # a target position that no loss counts (padding; transformers' labels use it too)
+from ..data.splits import IGNORE
 
 
 def class_last(logits: torch.Tensor, targets: torch.Tensor) -> bool:
