@@ -361,6 +361,11 @@ def test_a_decay_period_flag_wins_over_the_files_other_unit(tmp_path: Path, caps
 
 
 def test_flags_say_what_they_do_once_and_are_never_abbreviated(capsys) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit):  # the tool's first words say what it does now, not what it began as
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Train a PyTorch network (images, tables, text, a language model to fine-tune)" in text
+    assert "classic image classifiers" not in text
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())

@@ -66,7 +66,8 @@ def test_a_mesh_decides_the_strategy_and_the_workers() -> None:
         M.resolved(TrainConfig(mesh="fsdp=2,tp=2", devices="2"))
     assert "another layout" not in str(e.value)  # a new run: its mesh or its devices are wrong
     # a run carried on, on fewer workers than its mesh: any layout reads its checkpoints
-    with pytest.raises(UserError, match="or carry the run on under another layout: --strategy ddp --devices 1$"):
+    with pytest.raises(UserError, match="leave --devices out; or carry the run on under another layout: --strategy "
+                                        "ddp --devices 1$"):  # (no mesh of 1 worker to give)
         M.resolved(TrainConfig(mesh="fsdp=2,tp=2", devices="1", resume="RUN", out="RUN"))
     with pytest.raises(UserError, match="runs as --strategy tp, not fsdp; leave --strategy out"):
         M.resolved(TrainConfig(mesh="tp=2", strategy="fsdp"))
@@ -192,7 +193,8 @@ def test_plan_counts_a_workers_peak_from_the_bytes_one_device_held() -> None:
 def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture) -> None:
     text = ["train", "--dataset", "text", "--data-dir", str(corpus), "--width", "64", "--heads", "4", "--context",
             "32", "--steps", "1", "--quiet", "--no-tensorboard"]
-    cases = [(["--mesh", "tp=3", "--oversubscribe"], "tp=3 does not divide the model's 4 attention heads"),
+    cases = [(["--mesh", "tp=3", "--oversubscribe"], "tp=3 does not divide the model's 4 attention heads; use a tp "
+              "that divides 4, or set them with --heads\n"),
              (["--mesh", "fsdp=2,tp=2", "--devices", "2"], "--mesh fsdp=2,tp=2 is 4 workers"),
              (["--strategy", "tp", "--devices", "2", "--precision", "16-mixed"],
               "--precision 16-mixed is not available with --strategy tp"),
@@ -206,6 +208,14 @@ def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, caps
         assert main_code([*text, "--out", str(tmp_path / f"r{i}"), *flags]) == 2, flags
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+    # no --devices given, on 2 cores: the mesh is named, not a --devices 4 the user never gave
+    assert main_code([*text, "--out", str(tmp_path / "four"), "--mesh", "fsdp=2,tp=2", "--accelerator", "cpu"]) == 2
+    assert "paratrain: error: --mesh fsdp=2,tp=2 (4 workers) asks for more CPU workers than the 2 cores here (it " \
+        "would oversubscribe them); give a mesh of 2 workers or fewer, or --oversubscribe\n" == capsys.readouterr().err
+    default_heads = [f for f in text if f not in ("--heads", "4")]  # width 64: one head, the gpt's default
+    assert main_code([*default_heads, "--out", str(tmp_path / "one-head"), "--strategy", "tp", "--devices", "2"]) == 2
+    assert "1 attention heads; use a tp that divides 1, or set them with --heads (the default is --width / 64)" in \
+        capsys.readouterr().err
     digits = ["train", "--model", "mlp", "--steps", "1", "--strategy", "tp", "--devices", "2", "--quiet"]
     assert main_code([*digits, "--out", str(tmp_path / "mlp")]) == 2
     assert "tensor parallelism needs a plan for MLP: give --tp-plan FILE.yaml" in capsys.readouterr().err

@@ -25,7 +25,9 @@ COMMANDS = (devices, doctor, recipes, train, submit, bench, search, report, log,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="paratrain", description="Data-parallel training of classic image classifiers.")
+    parser = Parser(prog="paratrain", description="Train a PyTorch network (images, tables, text, a language model to "
+                    "fine-tune) on every device you have, and see what the parallelism bought: data, tensor and "
+                    "pipeline parallelism, searches over a pool of devices, benches.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.add(sub)

@@ -76,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
     if args.print_split:
         print(strategies.split_table(cfg, load_for(cfg)))
         return 0
+    if args.mesh and args.devices is None and not env.in_group:  # the mesh set the workers: what the cores cannot
+        from ..runtime.devices import check_workers  # take is said of it, not of a --devices never given
+
+        check_workers(cfg.accelerator, int(cfg.devices), cfg.oversubscribe, f"--mesh {args.mesh} ({cfg.devices} "
+                      "workers)", "give a mesh of {cores} workers or fewer")
     if "custom" in (cfg.model, cfg.dataset, cfg.optimizer):  # a resumed run of the user's own parts or tensors
         raise UserError(f"{cfg.resume or 'this run'} trains a network, optimizer or tensors of your own: carry it on "
                         "in Python, paratrain.fit(model=make_net, data=..., optimizer=..., "

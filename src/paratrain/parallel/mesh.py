@@ -131,9 +131,9 @@ def resolved(cfg: Any) -> Any:
         return cfg
     mesh = parse(cfg.mesh)
     if cfg.devices not in ("auto", str(mesh.workers)):
+        other = "" if cfg.devices == "1" else f", or give a --mesh of {cfg.devices} workers"  # (no mesh is 1)
         raise UserError(f"--mesh {cfg.mesh} is {mesh.workers} workers (the product of its sizes), not --devices "
-                        f"{cfg.devices}; leave --devices out, or give a --mesh of {cfg.devices} workers"
-                        + elsewhere(cfg, cfg.devices))
+                        f"{cfg.devices}; leave --devices out{other}" + elsewhere(cfg, cfg.devices))
     wanted = strategy_for(mesh)
     if cfg.strategy not in ("ddp", wanted["strategy"]):  # ddp: the default, not a choice
         raise UserError(f"--mesh {cfg.mesh} runs as --strategy {wanted['strategy']}, not {cfg.strategy}; leave "
@@ -158,15 +158,16 @@ def for_run(cfg: Any, workers: int) -> Mesh:
     return mesh
 
 
-def check_model(mesh: Mesh, shape: dict[str, int]) -> None:
+def check_model(mesh: Mesh, shape: dict[str, int], flags: dict[str, str] | None = None) -> None:
     """One line where the model's sizes do not split over the mesh: `shape` has its heads, key/value heads,
     width, hidden units and vocabulary (those it knows: a network of your own's are not; a pipeline's stages
-    are checked where its layers are cut)."""
+    are checked where its layers are cut). `flags`: the flag that sets a size, where one does (the gpt's)."""
     for key, what in (("heads", "attention heads"), ("kv_heads", "key/value heads"), ("width", "width"),
                       ("hidden", "MLP's hidden units"), ("vocabulary", "vocabulary")):
         if shape.get(key) and shape[key] % mesh.tp:
+            flag = (flags or {}).get(key)
             raise UserError(f"tp={mesh.tp} does not divide the model's {shape[key]} {what}; use a tp that divides "
-                            f"{shape[key]}")
+                            f"{shape[key]}" + (f", or set them with {flag}" if flag else ""))
 
 
 def device_mesh(mesh: Mesh, device_type: str) -> DeviceMesh:

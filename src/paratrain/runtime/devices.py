@@ -108,14 +108,23 @@ def resolve(accelerator: str, devices: str, threads_per_worker: int | None, over
                             f"({MAX_OVERSUBSCRIPTION * cores} here); use --devices {MAX_OVERSUBSCRIPTION * cores} "
                             "or fewer")
         return Hardware("cpu", workers, 1, "gloo")
-    if workers > cores:
-        raise UserError(f"--devices {workers} asks for more CPU workers than the {cores} cores here "
-                        f"(it would oversubscribe them); use --devices {cores} or fewer, or --oversubscribe")
+    check_workers("cpu", workers, oversubscribe, f"--devices {workers}", f"use --devices {cores} or fewer")
     threads = threads_per_worker or max(1, cores // workers)
     if workers * threads > cores:
         raise UserError(f"{workers} workers x {threads} threads exceed the {cores} cores here; "
                         f"lower --threads-per-worker to {max(1, cores // workers)}")
     return Hardware("cpu", workers, threads, "gloo")
+
+
+def check_workers(accelerator: str, workers: int, oversubscribe: bool, asked: str, fix: str) -> None:
+    """One line where `asked` (the flag that set the count, as the user gave it) wants more CPU workers than the
+    cores and no --oversubscribe; `fix`: what to give instead. Nothing where the workers are GPUs."""
+    if oversubscribe or accelerator == "gpu" or (accelerator == "auto" and torch.cuda.device_count()):
+        return
+    cores = usable_cores()
+    if workers > cores:
+        raise UserError(f"{asked} asks for more CPU workers than the {cores} cores here (it would oversubscribe "
+                        f"them); {fix.format(cores=cores)}, or --oversubscribe")
 
 
 def for_group(env: Environment, accelerator: str, threads_per_worker: int | None, devices: str = "auto") -> Hardware:

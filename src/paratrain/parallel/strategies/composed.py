@@ -69,7 +69,10 @@ class Composed(Strategy):
             model = make_model(cfg, data, parts)
         if mesh.tp > 1:  # (a mesh of fsdp and pp alone splits no layer: it needs no plan)
             plan = plan_of(model, cfg.tp_plan)
-            check_model(mesh, shape(model))  # the heads first: the size a user chose
+            # the heads first: the size a user chose (the gpt's by its flags)
+            check_model(mesh, shape(model), {"heads": "--heads" + ("" if cfg.heads else " (the default is --width / "
+                                                                   "64)"), "width": "--width"}
+                        if cfg.model == "gpt" else None)
             check_splits(model, plan, mesh.tp)
         if mesh.pp == 1:
             return cfg, layout
