@@ -429,3 +429,18 @@ def test_a_run_taken_up_again_is_sent_only_the_figures_its_store_lacks(tmp_path:
     assert {name: sorted(step for step, _ in steps) for name, steps in history.items()} == {
         "loss": list(range(1, 9)), "val_loss": [5, 6, 7, 8], "test_loss": [5], "examples_per_sec": [5, 5]}
     assert again.client.get_run(kept["run_id"]).data.metrics["examples_per_sec"] == 20.0  # the run's, at the end
+
+
+def test_a_tracker_run_ends_with_every_figure_of_the_summary() -> None:
+    """A language model's validation perplexity and bits per byte, its FLOPs, its times: every number of
+    summary.json but its settings (the run's params), its clock, and what the records sent over the run."""
+    summary = {"world_size": 4, "global_batch_size": 32, "steps": 6, "train_time_s": 0.79, "eval_time_s": 0.32,
+               "examples_per_sec": 81.0, "test_loss": 4.57, "val_loss": 4.54, "final_lr": 0.002, "seed": 0,
+               "ended_at": 1796105358.6, "tokens_per_sec": 2592.8, "flops_per_token": 741120.0,
+               "val_perplexity": 93.8, "val_bits_per_byte": 6.55, "test_perplexity": 96.9, "test_bits_per_byte": 6.6,
+               "mfu": None, "strategy": "tp", "stopped_by_time": False, "model_state_bytes": [{"total": 1}]}
+    logged = ("step", "loss", "val_loss", "examples_per_sec", "tokens_per_sec", "perplexity")  # metrics.jsonl's
+    assert trackers.end_figures(summary, logged) == {  # (a validation loss: its last epoch's record, sent already)
+        k: float(v) for k, v in summary.items() if k in (
+            "steps", "train_time_s", "eval_time_s", "examples_per_sec", "test_loss", "final_lr", "tokens_per_sec",
+            "flops_per_token", "val_perplexity", "val_bits_per_byte", "test_perplexity", "test_bits_per_byte")}

@@ -33,7 +33,9 @@ from .tracker_files import kept, read_json, records, write_csv
 # default: minutes of a stalled training per call when a server is gone); a user's own setting wins
 MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
-SUMMARY = ("examples_per_sec", "tokens_per_sec", "mfu", "train_time_s", "final_lr")  # + test_*
+SUMMARY = ("examples_per_sec", "tokens_per_sec", "mfu", "train_time_s", "final_lr")  # the run's own, at its end
+# a summary's numbers that are no figure of the run: its settings (the run's params and tags hold them), a clock
+SETTINGS = ("seed", "world_size", "global_batch_size", "ended_at")
 STATES = ("FINISHED", "FAILED", "KILLED")  # how a tracker run ends (MLflow's words)
 
 
@@ -69,10 +71,13 @@ def figures(record: dict[str, Any]) -> dict[str, float]:
             and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def end_figures(summary: dict[str, Any]) -> dict[str, float]:
-    """The summary's figures a tracker compares runs by: the test figures, the rates, the time (the validation's are
-    the last epoch record's)."""
-    return {k: v for k, v in figures(summary).items() if k.startswith("test_") or k in SUMMARY}
+def end_figures(summary: dict[str, Any], logged: Iterable[str] = ()) -> dict[str, float]:
+    """Every figure of the summary, which a tracker compares runs by (a language model's validation perplexity and
+    bits per byte with the rest), but those `logged` over the run (metrics.jsonl's: a validation loss is its last
+    epoch's record); the test figures and the run's own rates, time and rate of learning whatever was logged."""
+    logged = set(logged)
+    return {k: v for k, v in figures(summary).items()
+            if k not in SETTINGS and (k.startswith("test_") or k in SUMMARY or k not in logged)}
 
 
 class Tracker:
@@ -333,7 +338,8 @@ class Trackers:
                final: dict[str, float] | None = None) -> None:
         """The end of every tracker run: the summary's figures, the run's files, its state (STATES)."""
         files = [p for p in (RunPaths(self.run_dir).config, RunPaths(self.run_dir).parts) if p.is_file()] + list(extra)
-        final = {**end_figures(summary or {}), **(final or {})}
+        logged = {k for record in records(self.run_dir) for k in record}
+        final = {**end_figures(summary or {}, logged), **(final or {})}
         for tracker in list(self.live):
             if self._guard(tracker.name, lambda t=tracker: t.finish(files, summary, state, final) or 1) is None:
                 self._save_sent(tracker)
