@@ -20,13 +20,19 @@ from ..models.imported import call_factory
 from ..optimization.optim import make_optimizer, make_scheduler
 from .adapt import read_by_logits
 from .initial import Initial, weights_on_meta
+from .lora import adapted
 from .parts import Parts
 from .pretrained import Pretrained
 
 
 def make_model(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None) -> nn.Module:
-    """The user's network (from their factory) or the registry's, on the CPU; the registry's needs `data`
-    (its shapes: `Splits.shaped_like` makes empty splits of a checkpoint's)."""
+    """The user's network (from their factory) or the registry's, on the CPU, with low-rank adapters where --lora
+    asks (lora.py); the registry's needs `data` (its shapes: `Splits.shaped_like` makes empty splits of a
+    checkpoint's)."""
+    return adapted(_network(cfg, data, parts), cfg)
+
+
+def _network(cfg: TrainConfig, data: Splits | None, parts: Parts | None = None) -> nn.Module:
     if parts is not None and parts.model is not None:  # the same rule as a factory named by import path
         if not data.images:
             return read_by_logits(call_factory(parts.model, None, None, data.num_classes or None,
@@ -48,8 +54,9 @@ def make_empty(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tuple[nn.
     if cfg.init_from:
         return pretrained_model(cfg, data, parts)
     try:
-        with weights_on_meta() as writes:
-            model = make_model(cfg, data, parts)
+        with weights_on_meta() as writes:  # (the adapters after: PEFT writes their values as it makes them)
+            model = _network(cfg, data, parts)
+        model = adapted(model, cfg)
         initial, why = Initial.of(model, cfg.seed, writes.why)
     except Exception as e:  # noqa: BLE001 (a network of yours that computes with its weights as it is built)
         initial, why = None, f"it cannot be built on the meta device ({type(e).__name__}: {e})"
@@ -64,11 +71,14 @@ def pretrained_model(cfg: TrainConfig, data: Splits, parts: Parts | None) -> tup
     source = Pretrained.of(cfg.init_from)
     try:
         with weights_on_meta():
-            model = make_model(cfg, data, parts)
+            model = _network(cfg, data, parts)
+        model = adapted(model, cfg)
     except UserError:
         raise
     except Exception:  # noqa: BLE001 (a network that computes with its weights as it is built: whole, then read)
         model = make_model(cfg, data, parts)
+    if cfg.lora:  # the adapters' own weights: drawn from the seed (the rest is read)
+        source.adapters = Initial(model, cfg.seed)
     source.check(model)
     return model, source, ""
 

@@ -25,6 +25,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..runtime.dist import local
+from .lora import plain_module
 
 # the names a wrapper puts before its module's parameters (activation checkpointing's, torch.compile's)
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -164,7 +165,8 @@ class Initial:
                               for n, p in module._parameters.items()}
         module._buffers = {n: b.clone() if b is not None else None for n, b in module._buffers.items()}
         with torch.random.fork_rng(devices=[]), torch.no_grad():  # (the CPU's generator alone: a GPU's untouched)
-            torch.default_generator.manual_seed(leaf_seed(self.seed, path))
+            # (an adapted layer's own weights under its plain name: the model with LoRA starts from the model's)
+            torch.default_generator.manual_seed(leaf_seed(self.seed, plain_module(path)))
             module.reset_parameters()
         return {n: p.detach() for n, p in _own(module)}
 
@@ -173,8 +175,16 @@ class Initial:
         holding its part of its initial value (a DTensor its local part), each buffer as built. Always drawn on the
         CPU (a GPU's generator draws other numbers): in place where a module's weights are whole there."""
         materialised(model, device)
+        self.draw(model)
+        return model
+
+    def draw(self, model: nn.Module, only: Callable[[str], bool] | None = None) -> None:
+        """The initial values of `model`'s parameters (given memory: materialised), of those `only` names where
+        given (a LoRA run's adapters, beside weights read from a pretrained folder)."""
         held: dict[str, dict[str, torch.Tensor]] = {}  # by the module that draws them
         for n, p in model.named_parameters():
+            if only is not None and not only(_plain(n)):
+                continue
             path, own = self.owner[_plain(n)]
             held.setdefault(path, {})[own] = p
         with torch.no_grad():
@@ -184,7 +194,6 @@ class Initial:
                 drawn = self._draw(path, {n: p.data for n, p in mine.items()} if whole else None)
                 for own, p in ({} if whole else mine).items():
                     local(p).copy_(_part(drawn[own], p))
-        return model
 
 
 def _part(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch import nn
 from ..core.errors import UserError
 from ..core.optional import require
 from .initial import materialised
+from .lora import is_adapter, plain_name
 
 SHOWN = 3  # the names a mismatch lists
 
@@ -25,6 +26,7 @@ class Pretrained:
 
     def __init__(self, path: Path, kind: str) -> None:
         self.path, self.kind = path, kind
+        self.adapters: Any = None  # a LoRA run's adapters' initial weights (initial.Initial): no folder holds them
 
     @classmethod
     def of(cls, given: str) -> Pretrained:
@@ -74,7 +76,7 @@ class Pretrained:
         except Exception as e:  # noqa: BLE001 (a damaged file's header or metadata)
             raise UserError(f"--init-from {self.path}: its weights cannot be read ({type(e).__name__}: "
                             f"{str(e)[:160]}); is the file whole?") from None
-        wanted, aliases = _wanted(model), _aliases(model)
+        wanted, aliases = _sourced(model, held), {plain_name(n) for n in _aliases(model)}
         missing = [n for n in wanted if n not in held]
         if missing:
             raise UserError(f"--init-from {self.path}: it lacks {_few(missing)} of this model's {len(wanted)} "
@@ -103,11 +105,13 @@ class Pretrained:
         from ..checkpoint import dcp
 
         materialised(model, device)  # (a model built whole, as some networks must be, moved there)
-        into, distributed = _wanted(model), dist.is_available() and dist.is_initialized()
+        into, distributed = _sourced(model, self.shapes()), dist.is_available() and dist.is_initialized()
         if self.kind == "hf":
             dcp.read_folder(self.path, into, distributed)
         else:
             dcp.read(self.path, {"model": into}, distributed)
+        if self.adapters is not None:  # drawn from the seed, as a run without --init-from draws them
+            self.adapters.draw(model, is_adapter)
         return model
 
 
@@ -124,6 +128,13 @@ def _wanted(model: nn.Module) -> dict[str, Any]:
             seen.add(id(t))
             out[name] = t
     return out
+
+
+def _sourced(model: nn.Module, held: dict[str, Any]) -> dict[str, Any]:
+    """The model's weights a source gives, by the name the source has for each: its own, or, under LoRA, the name
+    without its adapted layer's `.base_layer` (a pretrained folder's); the adapters' own are no source's."""
+    return {n if n in held else plain_name(n): t for n, t in _wanted(model).items()
+            if not (is_adapter(n) and n not in held)}
 
 
 def _aliases(model: nn.Module) -> set[str]:

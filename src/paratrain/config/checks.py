@@ -142,6 +142,19 @@ def _check_text(cfg: TrainConfig) -> None:
              "(each head has width / heads): give --heads, or a --width that it divides")
 
 
+def _check_lora(cfg: TrainConfig) -> None:
+    """LoRA's options: a rank of 1 or more, a positive alpha, a dropout below 1, and none of them without --lora."""
+    if cfg.lora < 0:
+        _bad(f"--lora is the adapters' rank: 1 or more (0: no adapters), not {cfg.lora}")
+    if cfg.lora_alpha is not None and not (math.isfinite(cfg.lora_alpha) and cfg.lora_alpha > 0):
+        _bad(f"--lora-alpha must be a positive number, not {cfg.lora_alpha}")
+    if not 0 <= cfg.lora_dropout < 1:
+        _bad(f"--lora-dropout must be in [0, 1), not {cfg.lora_dropout}")
+    given = [n for n in ("lora_alpha", "lora_dropout", "lora_targets") if getattr(cfg, n) != FIELDS[n].default]
+    if given and not cfg.lora:
+        _bad(f"--{given[0].replace('_', '-')} is LoRA's: give --lora RANK too")
+
+
 def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.data_dir and cfg.dataset in ("digits", "synthetic", "diabetes", "tokens"):
         _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
@@ -159,6 +172,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
                                                                        "\"response\"} or {\"messages\"}"}
              .get(cfg.dataset, "PATH, an .npz file or a folder of .npy/.pt files"))
     _check_text(cfg)
+    _check_lora(cfg)
     if cfg.dataset == "csv" and not cfg.target:
         _bad("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
     folder_only = [n for n in ("image_size", "cache_dir") if getattr(cfg, n) is not None and

@@ -99,6 +99,12 @@ class TrainConfig:
     filters: int = _f(64, "convnet: filters of the first convolution (the next two have 4x and 8x); "
                       "cifar10-fast-net: of its first block (the next two have 4x)")
     kernel: int = _f(5, "convnet: kernel size of the first convolution")
+    lora: int = _f(0, "train low-rank adapters of this rank (PEFT's LoRA) beside the model's weights, which stay "
+                   "frozen; 0: train every weight")
+    lora_alpha: float | None = _f(None, "LoRA: the adapters' scale is alpha / rank (default: alpha 2 x rank)")
+    lora_dropout: float = _f(0.0, "LoRA: dropout of the adapters' input")
+    lora_targets: str = _f("all-linear", "LoRA: the layers given adapters, by name (q_proj,v_proj), or all-linear "
+                           "(every linear layer but a language model's output head)")
     # where to run
     accelerator: str = _f("auto", "cpu, gpu, or auto (gpu when there is one)", choices=("auto", "cpu", "gpu"))
     strategy: str = _f("ddp", "ddp: a process per device; tower: one process, parameters on --param-device; "
@@ -244,6 +250,7 @@ class TrainConfig:
 # field to exactly one section.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("model", "init_from", "width", "depth", "heads", "activation", "dropout", "filters", "kernel",
+              "lora", "lora_alpha", "lora_dropout", "lora_targets",
               "batchnorm", "memory_format", "precision", "compile", "activation_checkpointing", "selective_ac"),
     "data": ("dataset", "data_dir", "columns", "tokenizer", "context", "standardize", "target", "download", "val_size",
              "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "host_data", "random_crop",

@@ -59,6 +59,10 @@ class Composed(Strategy):
         from .tensor_plan import check_splits, plan_of, shape
 
         mesh = layout.mesh
+        if cfg.lora and (mesh.tp > 1 or mesh.pp > 1):  # an adapted layer is no Linear for the tensor plan to split
+            where = "tp" if mesh.tp > 1 else "a pipeline"
+            raise UserError(f"--lora: the adapters are trained under ddp and fsdp (and their meshes), not yet under "
+                            f"{where}; give --strategy fsdp or ddp, or leave --lora out")
         if mesh.tp == mesh.pp == 1:  # no layer split, no cut: nothing to check on the model
             return cfg, layout
         # built as the workers build it (on the meta device where it can be: its shapes are what is checked, and a

@@ -1,0 +1,80 @@
+"""Low-rank adapters (--lora RANK): PEFT's LoRA put into the model as it is built (on the meta device, like the
+rest), its own weights frozen. Each adapted layer computes base(x) + B(A(dropout(x))) x alpha / rank, where A
+(rank x in) and B (out x rank) are the only weights trained.
+
+- PEFT injects the adapters in place (`inject_adapter_in_model`: no wrapper around the model), so the model keeps
+  its forward and its names, but for each adapted layer's weights, now under `.base_layer.` (`plain_name` takes
+  them back to the names a pretrained folder holds).
+- A is drawn as PEFT draws it (Kaiming-uniform, as torch's Linear draws its weight) and B starts at zero, so the
+  adapted model starts as the model: B's layer draws zeros (`ZeroStart`), and initial.py draws every adapter
+  module by module from the seed as it draws the rest, the same on one device and on every layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import TrainConfig
+from ..core.errors import UserError
+from ..core.optional import require
+
+BASE = ".base_layer"  # where PEFT puts an adapted layer's own weights
+ADAPTER = "default"  # the one adapter's name (PEFT's default)
+
+
+class ZeroStart(nn.Linear):
+    """LoRA's B: a Linear that starts at zero, so that an adapted layer starts as the layer itself."""
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+def alpha(cfg: TrainConfig) -> float:
+    return cfg.lora_alpha if cfg.lora_alpha is not None else 2.0 * cfg.lora
+
+
+def adapted(model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    """`model` with LoRA adapters of rank --lora in the layers --lora-targets names, every other weight frozen
+    (requires_grad False); `model` as it is where --lora is 0."""
+    if not cfg.lora:
+        return model
+    require("peft", "--lora")
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets: Any = cfg.lora_targets if cfg.lora_targets == "all-linear" else \
+        [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    config = LoraConfig(r=cfg.lora, lora_alpha=alpha(cfg), lora_dropout=cfg.lora_dropout, target_modules=targets,
+                        bias="none")
+    try:
+        model = inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    except ValueError as e:  # PEFT's: no layer of those names, or of a kind it cannot adapt
+        first = (str(e).strip().splitlines() or ["?"])[0][:200]
+        raise UserError(f"--lora-targets {cfg.lora_targets}: PEFT cannot adapt them ({first}); name linear layers "
+                        "of the model (q_proj,v_proj, ...), or all-linear") from None
+    for name, module in model.named_modules():
+        if name.endswith(f".lora_B.{ADAPTER}") and type(module) is nn.Linear:
+            module.__class__ = ZeroStart
+    with torch.no_grad():  # (built whole on the CPU, B holds PEFT's zeros already; on the meta device, nothing)
+        for p in (p for n, p in model.named_parameters() if ".lora_B." in n and not p.is_meta):
+            p.zero_()
+    return model
+
+
+def is_adapter(name: str) -> bool:
+    """Whether weight `name` is an adapter's (LoRA's A or B), which no pretrained folder holds."""
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def plain_module(path: str) -> str:
+    """The path module `path` of an adapted model has in the model without adapters (an adapted layer's own)."""
+    return path[: -len(BASE)] if path.endswith(BASE) else path
+
+
+def plain_name(name: str) -> str:
+    """The name weight `name` of an adapted model has in the model without adapters (a pretrained folder's)."""
+    return name.replace(BASE + ".", ".")

@@ -1,0 +1,66 @@
+"""Low-rank adapters (--lora RANK, PEFT's LoRA): the adapted model starts as the model (B at zero, the base drawn
+as without adapters), trains its adapters alone, and under ddp and fsdp equals one device; what it cannot take is
+one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import main_code, max_abs_diff, train_here, weights
+
+pytest.importorskip("peft")
+
+from paratrain.components.build import initial_model  # noqa: E402
+from paratrain.components.inputs import load_for  # noqa: E402
+from paratrain.config import TrainConfig, validate  # noqa: E402
+
+
+def test_the_adapted_model_starts_as_the_model_and_trains_its_adapters_alone(examples: Path) -> None:
+    cfg = validate(TrainConfig(dataset="jsonl", data_dir=str(examples), model="gpt", width=64, heads=2, context=64,
+                               dropout=0.0, seed=5))
+    data = load_for(cfg)
+    plain, adapted = initial_model(cfg, data), initial_model(cfg.replace(lora=4, lora_dropout=0.1), data)
+    x = data.train[0][:4]
+    assert torch.equal(plain(x), adapted.eval()(x))  # B starts at zero; the base is drawn as without adapters
+    trained = {n for n, p in adapted.named_parameters() if p.requires_grad}
+    assert trained and all(".lora_A.default." in n or ".lora_B.default." in n for n in trained)
+    assert all(not p.any() for n, p in adapted.named_parameters() if ".lora_B." in n)
+    assert adapted.state_dict()["1.attention.query.lora_A.default.weight"].shape == (4, 64)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--lora", "4", "--strategy", "tp", "--devices", "2"], "--lora: the adapters are trained under ddp and fsdp"),
+    (["--lora", "4", "--lora-targets", "nowhere"], "--lora-targets nowhere: PEFT cannot adapt them"),
+    (["--lora-alpha", "4"], "--lora-alpha is LoRA's: give --lora RANK too"),
+    (["--lora", "4", "--lora-dropout", "1"], "--lora-dropout must be in [0, 1), not 1.0"),
+])
+def test_what_lora_cannot_take_is_one_line(examples: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                           flags: list[str], says: str) -> None:
+    assert main_code(["train", "--dataset", "jsonl", "--data-dir", str(examples), "--width", "64", "--heads", "2",
+                      "--context", "64", "--steps", "1", "--devices", "1", "--out", str(tmp_path / "run"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+GPT = ("--model", "gpt", "--dataset", "jsonl", "--context", "64", "--width", "64", "--depth", "2", "--heads", "2",
+       "--batch-size", "16", "--optimizer", "adamw", "--lr", "1e-2", "--steps", "20", "--dropout", "0.1",
+       "--lora", "4", "--lora-dropout", "0.1", "--seed", "6", "--no-tensorboard", "--threads-per-worker", "1")
+
+
+@pytest.mark.integration
+def test_adapters_train_on_two_workers_as_on_one_device(examples: Path, tmp_path: Path) -> None:
+    """ddp and fsdp (the frozen weights sharded beside the trained ones), dropout in the model and the adapters:
+    each ends where one device does; the frozen weights end where they began."""
+    one = train_here(tmp_path / "one", *GPT, "--data-dir", str(examples), "--devices", "1")
+    # one step at a rate that rounds away (its checkpoint: the weights the run began from)
+    assert train_here(tmp_path / "start", *GPT, "--data-dir", str(examples), "--devices", "1", "--steps", "1",
+                      "--lr", "1e-30")["steps"] == 1
+    began, ended = weights(tmp_path / "start"), weights(tmp_path / "one")
+    assert all(torch.equal(began[k], ended[k]) for k in ended if ".lora_" not in k)
+    assert any(not torch.equal(began[k], ended[k]) for k in ended if ".lora_" in k)
+    for name, layout in {"ddp": ("--devices", "2"), "fsdp": ("--strategy", "fsdp", "--devices", "2")}.items():
+        other = train_here(tmp_path / name, *GPT, "--data-dir", str(examples), *layout)
+        gaps = abs(other["test_loss"] - one["test_loss"]), max_abs_diff(ended, weights(tmp_path / name))
+        assert gaps[0] <= 1e-5 and gaps[1] <= 1e-4, (name, gaps)
