@@ -64,3 +64,12 @@ def test_adapters_train_on_two_workers_as_on_one_device(examples: Path, tmp_path
         other = train_here(tmp_path / name, *GPT, "--data-dir", str(examples), *layout)
         gaps = abs(other["test_loss"] - one["test_loss"]), max_abs_diff(ended, weights(tmp_path / name))
         assert gaps[0] <= 1e-5 and gaps[1] <= 1e-4, (name, gaps)
+
+
+@pytest.mark.integration  # (digits_run trains one)
+def test_a_run_without_adapters_exports_none_in_one_line(digits_run: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    assert main_code(["export", str(digits_run), "--format", "adapters", "--out", str(tmp_path / "ad")]) == 2
+    assert "was trained without --lora: it has no adapters; export it with --format safetensors or pt" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "ad").exists()

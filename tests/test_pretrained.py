@@ -78,6 +78,37 @@ def test_every_worker_starts_from_the_saved_weights_and_fine_tunes_as_one_device
         _exported_as_run(tmp_path / "tuned", tmp_path / "export")
 
 
+@pytest.mark.integration
+def test_adapters_of_a_pretrained_model_train_under_fsdp_as_on_one_device_and_export_as_peft_loads_them(
+        llama: Path, examples: Path, tmp_path: Path) -> None:
+    """--lora 8 on the Llama read from its folder: one device and fsdp=2 end alike, the folder's weights untouched
+    (frozen); the adapters exported load in PEFT beside the folder's model, and the merged model in transformers,
+    each giving paratrain's logits (the merged to rounding: W + B A x scale, summed once)."""
+    peft = pytest.importorskip("peft")
+    import paratrain
+
+    lora = (*_base(llama, examples), *ADAMW, "--lr", "1e-2", "--lora", "8", "--lora-dropout", "0.1")
+    one = train_here(tmp_path / "one", *lora, *LAYOUTS["1 device"])
+    sharded = train_here(tmp_path / "fsdp", *lora, *LAYOUTS["fsdp"])
+    assert abs(one["test_loss"] - sharded["test_loss"]) <= 1e-5
+    assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "fsdp")) <= 1e-5
+    saved = _saved(llama)
+    kept = {k.replace(".base_layer.", "."): t for k, t in weights(tmp_path / "fsdp").items() if ".lora_" not in k}
+    assert kept.keys() == saved.keys() and all(torch.equal(kept[k], saved[k]) for k in saved)
+    assert main_code(["export", str(tmp_path / "fsdp"), "--format", "adapters", "--out", str(tmp_path / "ad")]) == 0
+    assert main_code(["export", str(tmp_path / "fsdp"), "--format", "safetensors", "--out",
+                      str(tmp_path / "merged")]) == 0
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = paratrain.load_model(tmp_path / "fsdp")(x)
+        base = transformers.AutoModelForCausalLM.from_pretrained(llama)
+        assert (base(x).logits - ours).abs().max() > 1e-3  # (the adapters moved it: the checks below can fail)
+        adapted = peft.PeftModel.from_pretrained(base, tmp_path / "ad").eval()
+        assert torch.equal(adapted(x).logits, ours)
+        merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+        assert torch.allclose(merged(x).logits, ours, atol=1e-5)
+
+
 def _exported_as_run(run: Path, out: Path) -> None:
     """The run's safetensors export, loaded by transformers, gives the logits of the run as paratrain loads it."""
     import paratrain

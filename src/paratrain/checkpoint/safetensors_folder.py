@@ -28,8 +28,8 @@ def sizes(state: dict[str, Any], part: str) -> dict[str, tuple[tuple[int, ...], 
     return dcp.tensors_of(state["sharded"], part)
 
 
-def _tensors(state: dict[str, Any], part: str,
-             shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+def tensors(state: dict[str, Any], part: str,
+            shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
     """The tensors named in `shapes`: read together from a step folder (one file's worth), or copied from a whole
     file's state (safetensors refuses tensors that share memory, a tied head's)."""
     from . import dcp
@@ -55,9 +55,11 @@ def _files(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> list[list[
     return files
 
 
-def write(state: dict[str, Any], part: str, out: Path, config: dict[str, Any] | Path) -> int:
+def write(state: dict[str, Any], part: str, out: Path, config: dict[str, Any] | Path, merge: Any = None) -> int:
     """The weights of `part` in folder `out` (created; refused where it holds files), beside `config` (a
-    config.json to copy, or the dictionary to write as one). Returns the number of weights written."""
+    config.json to copy, or the dictionary to write as one). Returns the number of weights written. `merge`: how
+    the written weights are made of the run's (a LoRA run's: each adapted weight with its adapters merged in;
+    components/lora.Merged): `outputs(shapes)`, `sources(name)` and `combine(name, tensors)`."""
     from safetensors.torch import save_file
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -68,17 +70,20 @@ def write(state: dict[str, Any], part: str, out: Path, config: dict[str, Any] | 
         raise UserError(f"the run's model folder {config.parent} is gone (its config.json goes beside the weights); "
                         "put it back where the run found it, or export with --format pt")
     shapes = sizes(state, part)
-    files = _files(shapes)
+    written = merge.outputs(shapes) if merge is not None else shapes
+    files = _files(written)
     names = ["model.safetensors"] if len(files) == 1 else \
         [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
     out.mkdir(parents=True, exist_ok=True)
     weight_map, total = {}, 0
     for file, members in zip(names, files, strict=True):
-        tensors = _tensors(state, part, {n: shapes[n] for n in members})
+        read = tensors(state, part, {s: shapes[s] for n in members
+                                     for s in (merge.sources(n) if merge is not None else [n])})
+        made = {n: merge.combine(n, read) for n in members} if merge is not None else read
         with writing(out / file):
-            save_file(tensors, str(out / file), metadata={"format": "pt"})
+            save_file(made, str(out / file), metadata={"format": "pt"})
         weight_map.update({n: file for n in members})
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        total += sum(t.numel() * t.element_size() for t in made.values())
     if len(files) > 1:
         (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     if isinstance(config, Path):
@@ -87,4 +92,4 @@ def write(state: dict[str, Any], part: str, out: Path, config: dict[str, Any] | 
         config = json.loads(config.read_text())
         config.update({k: "float32" for k in ("dtype", "torch_dtype") if k in config})  # what it holds now
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return sum(torch.Size(s).numel() for s, d in shapes.values() if d.is_floating_point)
+    return sum(torch.Size(s).numel() for s, d in written.values() if d.is_floating_point)

@@ -78,3 +78,45 @@ def plain_module(path: str) -> str:
 def plain_name(name: str) -> str:
     """The name weight `name` of an adapted model has in the model without adapters (a pretrained folder's)."""
     return name.replace(BASE + ".", ".")
+
+
+class Merged:
+    """A LoRA run's weights as the model without adapters holds them, each adapted weight W made W + scale x B A
+    (what transformers loads; safetensors_folder.write reads each with its adapters, a file's worth at a time)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale, self.by_plain = scale, {}
+
+    def outputs(self, shapes: dict[str, Any]) -> dict[str, Any]:
+        self.by_plain = {plain_name(n): n for n in shapes if not is_adapter(n)}
+        return {p: shapes[n] for p, n in self.by_plain.items()}
+
+    def sources(self, name: str) -> list[str]:
+        own = self.by_plain[name]
+        if not own.endswith(BASE + ".weight"):
+            return [own]
+        layer = own[: -len(BASE + ".weight")]
+        return [own, f"{layer}.lora_A.{ADAPTER}.weight", f"{layer}.lora_B.{ADAPTER}.weight"]
+
+    def combine(self, name: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        own, *adapters = self.sources(name)
+        if not adapters:
+            return tensors[own]
+        a, b = (tensors[n] for n in adapters)
+        return tensors[own] + (b @ a) * self.scale  # (as PEFT merges them)
+
+
+def adapters_of(shapes: dict[str, Any]) -> dict[str, str]:
+    """The adapters' weights of a LoRA run by the names PEFT's saved adapters have ("base_model.model.<layer>.lora_A
+    .weight", its adapter's name left out)."""
+    return {"base_model.model." + n.replace(f".{ADAPTER}.", "."): n for n in shapes if is_adapter(n)}
+
+
+def peft_config(cfg: dict[str, Any], shapes: dict[str, Any], base: str | None) -> Any:
+    """PEFT's LoraConfig of a run (its configuration as config.yaml holds it), adapting the layers it adapted."""
+    from peft import LoraConfig
+
+    layers = sorted({n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n in shapes if ".lora_A." in n})
+    rank = int(cfg["lora"])
+    return LoraConfig(r=rank, lora_alpha=cfg.get("lora_alpha") or 2.0 * rank, lora_dropout=cfg.get("lora_dropout", 0.0),
+                      target_modules=layers, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base)
