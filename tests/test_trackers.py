@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import crashing_model, free_port, main_code, run_cli, wait_for
+from conftest import crashing_model, free_port, main_code, run_cli, training_workers, wait_for
 
 from paratrain.tracking import trackers
 
@@ -139,6 +139,19 @@ def test_a_stopped_run_is_killed_a_crashed_one_failed_and_a_resume_finishes_the_
     assert proc.returncode == 1 and "a bug of mine at step 4" in proc.stderr, proc.stderr[-3000:]
     ended = {r.info.run_name: r.info.status for r in server.runs("ends")}
     assert ended == {"stopped": "FINISHED", "crashed": "FAILED"}
+
+    # rank 0 killed outright (SIGKILL, as the out-of-memory killer does): the launcher, which outlives it, ends its
+    # tracker run FAILED (it stayed RUNNING until `paratrain log`)
+    killed = tmp_path / "ends" / "killed"
+    launcher = subprocess.Popen([sys.executable, "-m", "paratrain", "train", "--logger", "mlflow", "--devices", "2",
+                                 "--epochs", "1000", "--log-every", "2", "--out", str(killed), "--quiet"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    wait_for(lambda: len(trackers.records(killed)) >= 3, 240, "3 records")
+    os.kill(training_workers(launcher.pid)[0], signal.SIGKILL)
+    _, err = launcher.communicate(timeout=240)
+    assert launcher.returncode == 1 and "the run stopped" in err, err[-3000:]
+    ended = {r.info.run_name: r.info.status for r in server.runs("ends")}
+    assert ended["killed"] == "FAILED", err[-3000:]
 
 
 @pytest.mark.integration

@@ -142,6 +142,8 @@ def run(plan: RunPlan, target: Target) -> dict[str, Any] | None:
         except WorkerFailed as e:
             # An exception in the user's code is not restarted: a resumed run replays the same steps exactly,
             # so it would raise again at the same step.
+            if e.in_user_code or restarts == cfg.max_restarts:
+                end_open_trackers(Path(cfg.out), cfg.logger)
             if e.in_user_code:
                 raise UserError(f"{e}; the run stopped; the error is in your code (its traceback is above): fix it "
                                 "and run again", code=1) from None
@@ -152,6 +154,19 @@ def run(plan: RunPlan, target: Target) -> dict[str, Any] | None:
             print(f"paratrain: {e}; restarting all workers from the last checkpoint "
                   f"(restart {restarts + 1} of {cfg.max_restarts})", file=sys.stderr, flush=True)
     raise AssertionError("unreachable")
+
+
+def end_open_trackers(run_dir: Path, logger: str | None) -> None:
+    """The tracker runs of a run that failed, ended FAILED where rank 0 could not end them itself (killed outright:
+    SIGKILL, the kernel's out-of-memory killer), by this launcher, which outlives it: with the records they lacked.
+    A tracker that cannot be reached is one warning, as in a run."""
+    from ..tracking.tracker_files import kept
+    from ..tracking.trackers import named, send
+
+    held = kept(run_dir)
+    open_ = [n for n in named(logger) if held.get(n) and "ended" not in held[n]]
+    if open_:
+        send(run_dir, open_, lambda line: print(line, file=sys.stderr, flush=True), state="FAILED")
 
 
 class WorkerFailed(Exception):
