@@ -473,14 +473,31 @@ def test_two_workers_equal_one_device_on_text(tmp_path: Path, corpus: Path, drop
         assert max_abs_diff(weights(tmp_path / "one"), weights(tmp_path / "off")) > 1e-3
 
 
-def _gpt2_on_text(devices: str, out: Path, corpus: Path, strategy: str = "ddp") -> dict:
+def _gpt2_on_text(devices: str, out: Path, corpus: Path, strategy: str = "ddp", **options: object) -> dict:
     raw = torch.tensor(list(corpus.read_bytes()[:60_000]), dtype=torch.long) % 64
     windows = raw[:(len(raw) - 1) // 17 * 17].view(-1, 17)
     data = {"train": (windows[:-40, :-1], windows[:-40, 1:]), "val": (windows[-40:-20, :-1], windows[-40:-20, 1:]),
             "test": (windows[-20:, :-1], windows[-20:, 1:])}
+    options = {"optimizer": "adamw", **options}
     return paratrain.fit(_tiny_gpt2, data, paratrain.TrainConfig(devices=devices, steps=20, batch_size=16,
-                                                                 optimizer="adamw", out=str(out), quiet=True,
-                                                                 tensorboard=False, strategy=strategy))
+                                                                 out=str(out), quiet=True, tensorboard=False,
+                                                                 strategy=strategy, **options))
+
+
+@pytest.mark.integration
+def test_gpt2s_dropout_masks_are_one_devices_on_every_seed(tmp_path: Path, corpus: Path) -> None:
+    """GPT-2's dropout 0.1 (embeddings, residuals, attention) on 2 workers, seeds 0, 2 and 6, with SGD and
+    momentum: within 1e-6 of one device, where a misplaced mask parts the runs by 1e-3 and more. (Under Adam the
+    gap grows with the seed's luck: GPT-2's key bias, whose true gradient is zero, is moved by rounding that Adam
+    scales to the learning rate, docs/explanations/equal-to-one-device.md; measured up to 6.8e-6 here.)"""
+    pytest.importorskip("transformers")
+    sgd = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}
+    for seed in (0, 2, 6):
+        one = _gpt2_on_text("1", tmp_path / f"1-{seed}", corpus, seed=seed, **sgd)
+        two = _gpt2_on_text("2", tmp_path / f"2-{seed}", corpus, seed=seed, **sgd)
+        gaps = abs(one["val_loss"] - two["val_loss"]), max_abs_diff(weights(tmp_path / f"1-{seed}"),
+                                                                    weights(tmp_path / f"2-{seed}"))
+        assert gaps[0] <= 1e-6 and gaps[1] <= 1e-5, (seed, gaps)
 
 
 @pytest.mark.integration
