@@ -214,6 +214,18 @@ def test_chats_parquet_and_renamed_columns_give_the_windows_of_the_same_pairs(
     assert "5 jsonl test examples: the examples' test split" in said
 
 
+def test_a_chat_template_that_refuses_a_chat_is_one_line_and_columns_keep_the_others(tmp_path: Path) -> None:
+    def strict(messages: list[dict], generation: bool) -> str:
+        raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
+
+    tok = tokenizer_for("bytes")
+    chat = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    with pytest.raises(UserError, match=r"^x:3: the tokenizer's chat template refuses this chat \(Conversation roles"):
+        instructions.pieces_of(chat, type(tok)(tok.name, tok.vocabulary, tok.encode, tok.decode, chat=strict), "x:3")
+    path = _lines(tmp_path / "e.jsonl", *[{"question": "a", "response": "b"}] * 3)  # one column renamed
+    assert instructions.load(str(path), 16, "bytes", 1, 1, "prompt=question").train[0].shape == (1, 16)
+
+
 @pytest.mark.parametrize(("columns", "says"), [("prompt=q", "'q', which the example does not hold"),
                                                ("question=q", "give prompt=COL,response=COL or messages=COL")])
 def test_bad_columns_are_one_line(tmp_path: Path, columns: str, says: str) -> None:

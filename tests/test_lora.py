@@ -28,11 +28,15 @@ def test_the_adapted_model_starts_as_the_model_and_trains_its_adapters_alone(exa
     assert trained and all(".lora_A.default." in n or ".lora_B.default." in n for n in trained)
     assert all(not p.any() for n, p in adapted.named_parameters() if ".lora_B." in n)
     assert adapted.state_dict()["1.attention.query.lora_A.default.weight"].shape == (4, 64)
+    head = f"{len(adapted) - 1}."  # all-linear: every linear layer but the output head
+    assert not any(n.startswith(head) and ".lora_" in n for n in trained)
 
 
 @pytest.mark.parametrize(("flags", "says"), [
     (["--lora", "4", "--strategy", "tp", "--devices", "2"], "--lora: the adapters are trained under ddp and fsdp"),
     (["--lora", "4", "--lora-targets", "nowhere"], "--lora-targets nowhere: PEFT cannot adapt them"),
+    (["--lora", "4", "--lora-targets", "tokens"], "--lora adapts linear layers (nn.Linear), and '0.tokens' is a "
+                                                  "NormalEmbedding"),
     (["--lora-alpha", "4"], "--lora-alpha is LoRA's: give --lora RANK too"),
     (["--lora", "4", "--lora-dropout", "1"], "--lora-dropout must be in [0, 1), not 1.0"),
 ])

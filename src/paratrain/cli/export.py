@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     own = (state.get("parts") or {}).get("model")  # a network of the user's given to paratrain.fit
     what, build = (f"your network {own or ''}".rstrip(), f"paratrain.load_model('{args.run_dir}', model=make_net)") \
         if model == "custom" else (f"the {model} network", f"paratrain.load_model('{args.run_dir}')")
+    if state["config"].get("lora"):  # its adapted layers' names: the network with the same adapters takes them
+        what = f"{what} with its LoRA adapters (--format safetensors merges them into a plain {model})"
     print(f"paratrain: wrote {out}: {len(weights)} tensors, {count:,} weights, step {state['step']}"
           f"{' (EMA)' if args.ema else ''}, of {what}; load it into that network with "
           f"net.load_state_dict(torch.load('{out}')) ({build} builds it with them)")

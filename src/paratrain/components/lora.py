@@ -48,6 +48,13 @@ def adapted(model: nn.Module, cfg: TrainConfig) -> nn.Module:
 
     targets: Any = cfg.lora_targets if cfg.lora_targets == "all-linear" else \
         [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+    if targets == "all-linear" and not callable(getattr(model, "get_output_embeddings", None)):
+        # PEFT leaves a transformers model's output head out; a network of ours or yours: its last linear layer
+        linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        if len(linear) < 2:
+            raise UserError("--lora: the model has no linear layer but its output to adapt; name them with "
+                            "--lora-targets")
+        targets = linear[:-1]
     config = LoraConfig(r=cfg.lora, lora_alpha=alpha(cfg), lora_dropout=cfg.lora_dropout, target_modules=targets,
                         bias="none")
     try:
@@ -57,6 +64,10 @@ def adapted(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         raise UserError(f"--lora-targets {cfg.lora_targets}: PEFT cannot adapt them ({first}); name linear layers "
                         "of the model (q_proj,v_proj, ...), or all-linear") from None
     for name, module in model.named_modules():
+        base = getattr(module, "base_layer", None)
+        if base is not None and not isinstance(base, nn.Linear):  # (merging and the zero start are a Linear's)
+            raise UserError(f"--lora adapts linear layers (nn.Linear), and '{name}' is a {type(base).__name__}; "
+                            "name linear layers with --lora-targets")
         if name.endswith(f".lora_B.{ADAPTER}") and type(module) is nn.Linear:
             module.__class__ = ZeroStart
     with torch.no_grad():  # (built whole on the CPU, B holds PEFT's zeros already; on the meta device, nothing)

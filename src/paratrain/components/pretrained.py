@@ -105,13 +105,14 @@ class Pretrained:
         from ..checkpoint import dcp
 
         materialised(model, device)  # (a model built whole, as some networks must be, moved there)
-        into, distributed = _sourced(model, self.shapes()), dist.is_available() and dist.is_initialized()
+        held = self.shapes()
+        into, distributed = _sourced(model, held), dist.is_available() and dist.is_initialized()
         if self.kind == "hf":
             dcp.read_folder(self.path, into, distributed)
         else:
             dcp.read(self.path, {"model": into}, distributed)
-        if self.adapters is not None:  # drawn from the seed, as a run without --init-from draws them
-            self.adapters.draw(model, is_adapter)
+        if self.adapters is not None:  # those the source lacks drawn from the seed, as a run without it draws them
+            self.adapters.draw(model, lambda n: is_adapter(n) and n not in held)
         return model
 
 

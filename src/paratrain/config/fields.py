@@ -289,7 +289,9 @@ def has_tokenizer(folder: Path) -> bool:
 def tokenizer_for_model(cfg: TrainConfig) -> TrainConfig:
     """A model named by its folder (hf:PATH) brings its folder's tokenizer to its text, where the folder holds one
     and no --tokenizer was given."""
-    if not cfg.model.startswith(HF) or cfg.tokenizer != TrainConfig.tokenizer or cfg.dataset not in ("text", "jsonl"):
+    # (a run carried on keeps the tokenizer it began with: its config.yaml's, whatever the folder holds now)
+    if not cfg.model.startswith(HF) or cfg.tokenizer != TrainConfig.tokenizer or cfg.dataset not in ("text", "jsonl") \
+            or cfg.resume:
         return cfg
     folder = Path(cfg.model[len(HF):]).expanduser()
     return cfg.replace(tokenizer=str(folder.resolve())) if has_tokenizer(folder) else cfg

@@ -89,7 +89,7 @@ def _renamed(example: dict, named: dict[str, str]) -> dict:
     if missing:
         raise UserError(f"--columns names '{missing[0]}', which the example does not hold (it holds "
                         f"{', '.join(map(repr, example))})")
-    return {named[c]: example[c] for c in named}
+    return {**{k: v for k, v in example.items() if k not in named}, **{named[c]: example[c] for c in named}}
 
 
 def _table(where: Path) -> Iterator[tuple[int, dict]]:
@@ -156,10 +156,10 @@ def _chat(messages: Any, tok: Tokenizer, where: str) -> list[tuple[list[int], bo
     pieces, done = [], ""
     for i, m in enumerate(messages):
         if m["role"] == ASSISTANT:  # its header is the prompt's (as a generation prompt renders it)
-            header = tok.chat(messages[:i], True)
+            header = _render(tok, messages[:i], True, where)
             pieces.append((_ids(tok, _after(header, done, where)), False))
             done = header
-        text = tok.chat(messages[: i + 1], False)
+        text = _render(tok, messages[: i + 1], False, where)
         pieces.append((_ids(tok, _after(text, done, where)), m["role"] == ASSISTANT))
         done = text
     return pieces
@@ -173,6 +173,17 @@ def _plain_chat(messages: list[dict], tok: Tokenizer) -> list[tuple[list[int], b
         else:
             pieces.append((_ids(tok, f"{m['role']}: {m['content']}\n"), False))
     return pieces
+
+
+def _render(tok: Tokenizer, messages: list[dict], generation: bool, where: str) -> str:
+    """The chat so far through the tokenizer's template; a template that refuses it (roles that must alternate, a
+    system turn it does not take) in one line."""
+    try:
+        return tok.chat(messages, generation)  # type: ignore[misc]
+    except Exception as e:  # noqa: BLE001 (the template's own errors: jinja's, or its raise_exception)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        raise UserError(f"{where}: the tokenizer's chat template refuses this chat ({first}); give chats it takes, "
+                        "or {\"prompt\", \"response\"} pairs") from None
 
 
 def _after(text: str, done: str, where: str) -> str:

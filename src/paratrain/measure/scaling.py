@@ -352,7 +352,8 @@ def bench_network(model: str, shape: dict[str, Any] | None = None) -> tuple[Any,
 # the datasets that are not images: their own network and batch
 TENSORS = ("diabetes", "tokens", "tensors", "csv", "text", "jsonl")
 SHAPES = {"--width": int, "--depth": int, "--activation": str, "--filters": int, "--kernel": int, "--dataset": str,
-          "--data-dir": str, "--target": str, "--context": int, "--heads": int, "--tokenizer": str}
+          "--data-dir": str, "--target": str, "--context": int, "--heads": int, "--tokenizer": str, "--columns": str,
+          "--lora": int, "--lora-targets": str}
 
 
 def bench_shape(results: dict) -> dict[str, Any]:
