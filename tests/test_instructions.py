@@ -64,6 +64,18 @@ def test_the_loss_is_the_mean_over_the_answers_tokens_alone(tmp_path: Path) -> N
     assert not torch.allclose(cross_entropy(logits, prompts), torch.stack(losses).mean())
 
 
+def test_examples_cut_or_left_out_are_said_in_one_warning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = _lines(tmp_path / "e.jsonl", *[{"prompt": "p" * 10, "response": "r" * 10}] * 4,
+                  {"prompt": "p" * 30, "response": "r"}, {"prompt": "short", "response": "r"})
+    splits = instructions.load(str(path), 16, "bytes", 1, 1)
+    assert sum(len(getattr(splits, s)[0]) for s in ("train", "val", "test")) == 5
+    assert capsys.readouterr().err == ("paratrain: warning: e.jsonl: of its 6 examples 5 are cut at the end of a "
+                                       "window of --context 16 and 1 left out (their prompts fill it); a longer "
+                                       "--context keeps them\n")
+    instructions.load(str(path), 64, "bytes", 1, 1)
+    assert capsys.readouterr().err == ""  # nothing cut, nothing said
+
+
 def test_a_chat_without_a_template_is_lines_of_role_and_content_its_assistant_turns_counted(tmp_path: Path) -> None:
     chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},
                          {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye?"},
@@ -212,6 +224,8 @@ def test_chats_parquet_and_renamed_columns_give_the_windows_of_the_same_pairs(
     said = capsys.readouterr().out
     assert f"test_loss {losses[0]:.4f}" in said and f"test_perplexity {math.exp(losses[0]):.4f}" in said, said
     assert "5 jsonl test examples: the examples' test split" in said
+    assert main_code(["eval", str(tmp_path / "pairs"), "--data-dir", str(chats)]) == 0  # another file: all of it
+    assert "60 jsonl test examples: every example of chats.jsonl (not the run's own file)" in capsys.readouterr().out
 
 
 def test_a_chat_template_that_refuses_a_chat_is_one_line_and_columns_keep_the_others(tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ def test_the_adapted_model_starts_as_the_model_and_trains_its_adapters_alone(exa
 def test_what_lora_cannot_take_is_one_line(examples: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                                            flags: list[str], says: str) -> None:
     assert main_code(["train", "--dataset", "jsonl", "--data-dir", str(examples), "--width", "64", "--heads", "2",
-                      "--context", "64", "--steps", "1", "--devices", "1", "--out", str(tmp_path / "run"), *flags]) == 2
+                      "--context", "128", "--steps", "1", "--devices", "1", "--out", str(tmp_path / "run"),
+                      *flags]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
 

@@ -11,7 +11,7 @@ device as on any padded data).
 - A chat: through the tokenizer's chat template where it has one (a model folder's, --model hf:PATH), each turn
   rendered as the template renders the chat up to it; otherwise each message as "role: content" on its own lines.
 - An example longer than the window is cut at its end (its answer shortened); one whose prompt fills the window
-  would count nothing, and is left out (the run's summary counts both: `cut`, `left_out`).
+  would count nothing, and is left out: both counted in one warning line as the file is read.
 - Windows are padded on the right: a causal model's counted positions never see the padding.
 - Validation and test examples are held out of the file as other tables are (a seeded draw, a tenth each, or
   --val-size/--test-size examples).
@@ -20,6 +20,7 @@ device as on any padded data).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -35,10 +36,11 @@ ASSISTANT = "assistant"  # the role whose turns a chat's loss counts
 
 
 def load(path: str | None, context: int, tokenizer: str | Tokenizer, val_size: int | None,
-         test_size: int | None, columns: str | None = None) -> Any:
+         test_size: int | None, columns: str | None = None, hold_out: bool = True) -> Any:
     """The examples of the file at `path` (JSON lines, or a parquet or arrow file read by Hugging Face datasets) as
     windows of `context` tokens, split three ways. `columns`: "prompt=COL,response=COL" or "messages=COL", where
-    the file names them otherwise."""
+    the file names them otherwise. `hold_out` False: every example is a test example (another file evaluated).
+    Examples cut or left out are said in one warning line, where any are."""
     from .tables import split_rows
 
     if not path:
@@ -59,10 +61,15 @@ def load(path: str | None, context: int, tokenizer: str | Tokenizer, val_size: i
     if int(kept.sum()) < 3:
         raise UserError(f"{where}: {int(kept.sum())} of its {len(y)} examples leave an answer token in a window of "
                         f"--context {context} (the prompts fill the rest); give a longer --context or shorter prompts")
-    splits = split_rows({"x": x[kept], "y": y[kept]}, where, val_size, test_size, names=None)
+    left_out = len(y) - int(kept.sum())
+    if cut or left_out:
+        print(f"paratrain: warning: {where.name}: of its {len(y)} examples {cut} are cut at the end of a window of "
+              f"--context {context} and {left_out} left out (their prompts fill it); a longer --context keeps them",
+              file=sys.stderr, flush=True)
+    splits = split_rows({"x": x[kept], "y": y[kept]}, where, val_size, test_size, names=None, hold_out=hold_out)
     return replace(splits, name="jsonl", vocabulary=tok.vocabulary,
                    text={"tokenizer": tok.name, "context": context, "examples": len(y), "cut": cut,
-                         "left_out": len(y) - int(kept.sum()), "answer_tokens": int((y != IGNORE).sum()),
+                         "left_out": left_out, "answer_tokens": int((y != IGNORE).sum()),
                          "bytes_per_token": {"val": None, "test": None}})
 
 
@@ -139,7 +146,8 @@ def pieces_of(example: dict, tok: Tokenizer, where: str) -> list[tuple[list[int]
         return _chat(example["messages"], tok, where)
     if not isinstance(example.get("prompt"), str) or not isinstance(example.get("response"), str):
         raise UserError(f"{where}: an example needs \"prompt\" and \"response\" strings, or \"messages\" (it holds "
-                        f"{', '.join(map(repr, example)) or 'nothing'})")
+                        f"{', '.join(map(repr, example)) or 'nothing'}); --columns names yours "
+                        "(prompt=COL,response=COL)")
     return [(_ids(tok, example["prompt"]), False), (_ids(tok, example["response"]) + _end(tok), True)]
 
 

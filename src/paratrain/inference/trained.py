@@ -259,8 +259,10 @@ def _test_rows(run: str | Path, cfg: C.TrainConfig, saved: dict, data: Any, data
                             "are never followed")
         from ..data import instructions
 
-        return instructions.load(str(path), cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.columns), \
-            "the examples' test split"
+        own = cfg.data_dir is not None and Path(path).expanduser().resolve() == Path(cfg.data_dir).resolve()
+        return instructions.load(str(path), cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.columns,
+                                 hold_out=own), \
+            "the examples' test split" if own else f"every example of {Path(path).name} (not the run's own file)"
     if path is not None:
         kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")
         # the file the run held its test rows out of (the same path, or a copy of the same size): those rows
