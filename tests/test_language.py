@@ -486,13 +486,13 @@ def _gpt2_on_text(devices: str, out: Path, corpus: Path, strategy: str = "ddp", 
 
 @pytest.mark.integration
 def test_gpt2s_dropout_masks_are_one_devices_on_every_seed(tmp_path: Path, corpus: Path) -> None:
-    """GPT-2's dropout 0.1 (embeddings, residuals, attention) on 2 workers, seeds 0, 2 and 6, with SGD and
+    """GPT-2's dropout 0.1 (embeddings, residuals, attention) on 2 workers, seeds 0 and 6, with SGD and
     momentum: within 1e-6 of one device, where a misplaced mask parts the runs by 1e-3 and more. (Under Adam the
     gap grows with the seed's luck: GPT-2's key bias, whose true gradient is zero, is moved by rounding that Adam
     scales to the learning rate, docs/explanations/equal-to-one-device.md; measured up to 6.8e-6 here.)"""
     pytest.importorskip("transformers")
     sgd = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}
-    for seed in (0, 2, 6):
+    for seed in (0, 6):
         one = _gpt2_on_text("1", tmp_path / f"1-{seed}", corpus, seed=seed, **sgd)
         two = _gpt2_on_text("2", tmp_path / f"2-{seed}", corpus, seed=seed, **sgd)
         gaps = abs(one["val_loss"] - two["val_loss"]), max_abs_diff(weights(tmp_path / f"1-{seed}"),
