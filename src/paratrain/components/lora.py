@@ -68,11 +68,8 @@ def adapted(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         if base is not None and not isinstance(base, nn.Linear):  # (merging and the zero start are a Linear's)
             raise UserError(f"--lora adapts linear layers (nn.Linear), and '{name}' is a {type(base).__name__}; "
                             "name linear layers with --lora-targets")
-        if name.endswith(f".lora_B.{ADAPTER}") and type(module) is nn.Linear:
+        if name.endswith(f".lora_B.{ADAPTER}") and type(module) is nn.Linear:  # (built whole: PEFT's zeros)
             module.__class__ = ZeroStart
-    with torch.no_grad():  # (built whole on the CPU, B holds PEFT's zeros already; on the meta device, nothing)
-        for p in (p for n, p in model.named_parameters() if ".lora_B." in n and not p.is_meta):
-            p.zero_()
     return model
 
 
@@ -128,6 +125,8 @@ def peft_config(cfg: dict[str, Any], shapes: dict[str, Any], base: str | None) -
     from peft import LoraConfig
 
     layers = sorted({n.split(".lora_A.")[0].rsplit(".", 1)[-1] for n in shapes if ".lora_A." in n})
-    rank = int(cfg["lora"])
-    return LoraConfig(r=rank, lora_alpha=cfg.get("lora_alpha") or 2.0 * rank, lora_dropout=cfg.get("lora_dropout", 0.0),
-                      target_modules=layers, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base)
+    from ..config import from_dict
+
+    run = from_dict(cfg)
+    return LoraConfig(r=run.lora, lora_alpha=alpha(run), lora_dropout=run.lora_dropout, target_modules=layers,
+                      bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base)
