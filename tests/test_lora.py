@@ -1,5 +1,5 @@
 """Low-rank adapters (--lora RANK, PEFT's LoRA): the adapted model starts as the model (B at zero, the base drawn
-as without adapters), trains its adapters alone, and under ddp and fsdp equals one device; what it cannot take is
+as without adapters), trains its adapters alone, and under ddp, fsdp and tp equals one device; what it cannot take is
 one line."""
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ def test_the_adapted_model_starts_as_the_model_and_trains_its_adapters_alone(exa
 
 
 @pytest.mark.parametrize(("flags", "says"), [
-    (["--lora", "4", "--strategy", "tp", "--devices", "2"], "--lora: the adapters are trained under ddp and fsdp"),
+    (["--lora", "4", "--lora-dropout", "0.1", "--strategy", "tp", "--devices", "2"],
+     "--lora-dropout: under tp a rowwise layer's adapter sees its worker's part of the input"),
+    (["--lora", "4", "--mesh", "pp=2", "--devices", "2"], "--lora: the adapters are trained under ddp, fsdp and tp"),
     (["--lora", "4", "--lora-targets", "nowhere"], "--lora-targets nowhere: PEFT cannot adapt them"),
     (["--lora", "4", "--lora-targets", "tokens"], "--lora adapts linear layers (nn.Linear), and '0.tokens' is a "
                                                   "NormalEmbedding"),

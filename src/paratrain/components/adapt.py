@@ -6,6 +6,9 @@ arguments and returns a mapping.
 - A mapping it returns (a ModelOutput, a dict) is read by its "logits": a forward hook gives losses, metrics
   and generation the tensor. The network stays as it is, its state_dict's names too, so that its checkpoints
   load in transformers.
+- A packed batch (data/packing.py: position_ids that start again at each example) reaches a Hugging Face model
+  without its key/value cache: transformers keeps packed examples apart by their position_ids only where there is
+  none (masking_utils), and a training step has no use for one.
 - The loss it returns from the labels it was given (a Hugging Face model's, shifted as it shifts them) is
   kept from its last forward, for --loss model (`models_loss`).
 """
@@ -54,7 +57,10 @@ def read_by_logits(net: Any) -> Any:
 
 def _as_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
-        return (), dict(args[0])
+        named = dict(args[0])
+        if "position_ids" in named and hasattr(getattr(module, "config", None), "use_cache"):
+            named["use_cache"] = False
+        return (), named
     return None
 
 

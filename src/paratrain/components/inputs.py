@@ -34,7 +34,8 @@ def load_for(cfg: C.TrainConfig) -> Splits:
     if cfg.dataset == "jsonl":  # instruction or chat examples, their prompts' targets not counted
         from ..data import instructions
 
-        return instructions.load(cfg.data_dir, cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.columns)
+        return instructions.load(cfg.data_dir, cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.columns,
+                                  pack=cfg.pack)
     if cfg.dataset in ("tensors", "csv"):  # files of tensors or a table (config.validate: they name one)
         from ..data import tables
 

@@ -163,6 +163,13 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--label-smoothing smooths the cross-entropy's class targets, not --loss {cfg.loss}: drop one")
     if cfg.columns is not None and cfg.dataset != "jsonl":
         _bad(f"--columns names the columns of --dataset jsonl's examples, not of {cfg.dataset}")
+    if cfg.pack and cfg.dataset != "jsonl":
+        _bad(f"--pack packs --dataset jsonl's examples into windows, not {cfg.dataset}'s"
+             + (" (text is read as full windows already)" if cfg.dataset == "text" else ""))
+    if cfg.pack and cfg.model not in ("gpt", "custom") and not is_own_network(cfg.model):
+        _bad(f"--pack keeps packed examples apart by their position_ids, which the gpt and Hugging Face models (and "
+             f"a network of yours that takes input_ids and position_ids) read, and {cfg.model} does not: give "
+             "--model gpt or hf:PATH, or leave --pack out")
     if cfg.target is not None and cfg.dataset != "csv":
         _bad(f"--target names a column of --dataset csv, not of {cfg.dataset}")
     if cfg.dataset in ("tensors", "csv", "text", "jsonl") and not cfg.data_dir:

@@ -36,11 +36,12 @@ ASSISTANT = "assistant"  # the role whose turns a chat's loss counts
 
 
 def load(path: str | None, context: int, tokenizer: str | Tokenizer, val_size: int | None,
-         test_size: int | None, columns: str | None = None, hold_out: bool = True) -> Any:
+         test_size: int | None, columns: str | None = None, hold_out: bool = True, pack: bool = False) -> Any:
     """The examples of the file at `path` (JSON lines, or a parquet or arrow file read by Hugging Face datasets) as
     windows of `context` tokens, split three ways. `columns`: "prompt=COL,response=COL" or "messages=COL", where
     the file names them otherwise. `hold_out` False: every example is a test example (another file evaluated).
-    Examples cut or left out are said in one warning line, where any are."""
+    `pack`: each split's examples packed several to a window (packing.py), after the split is drawn, so that the
+    same examples are held out either way. Examples cut or left out are said in one warning line, where any are."""
     from .tables import split_rows
 
     if not path:
@@ -67,10 +68,20 @@ def load(path: str | None, context: int, tokenizer: str | Tokenizer, val_size: i
               f"--context {context} and {left_out} left out (their prompts fill it); a longer --context keeps them",
               file=sys.stderr, flush=True)
     splits = split_rows({"x": x[kept], "y": y[kept]}, where, val_size, test_size, names=None, hold_out=hold_out)
-    return replace(splits, name="jsonl", vocabulary=tok.vocabulary,
-                   text={"tokenizer": tok.name, "context": context, "examples": len(y), "cut": cut,
-                         "left_out": left_out, "answer_tokens": int((y != IGNORE).sum()),
-                         "bytes_per_token": {"val": None, "test": None}})
+    text = {"tokenizer": tok.name, "context": context, "examples": len(y), "cut": cut, "left_out": left_out,
+            "answer_tokens": int((y != IGNORE).sum()), "bytes_per_token": {"val": None, "test": None}}
+    if pack:
+        splits, text["packed"] = packed(splits)
+    return replace(splits, name="jsonl", vocabulary=tok.vocabulary, text=text)
+
+
+def packed(splits: Any) -> tuple[Any, dict]:
+    """`splits` with each split's examples packed into windows (packing.pack), and what the training split's
+    packing gave: its examples, windows and how full they are."""
+    from .packing import pack
+
+    done = {name: pack(*getattr(splits, name)) for name in ("train", "val", "test")}
+    return replace(splits, **{name: (x, y) for name, (x, y, _) in done.items()}), done["train"][2]
 
 
 TABLES = (".parquet", ".arrow")  # read by Hugging Face datasets; any other file is JSON lines

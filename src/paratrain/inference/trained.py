@@ -261,7 +261,7 @@ def _test_rows(run: str | Path, cfg: C.TrainConfig, saved: dict, data: Any, data
 
         own = cfg.data_dir is not None and Path(path).expanduser().resolve() == Path(cfg.data_dir).resolve()
         return instructions.load(str(path), cfg.context, cfg.tokenizer, cfg.val_size, cfg.test_size, cfg.columns,
-                                 hold_out=own), \
+                                 hold_out=own, pack=cfg.pack), \
             "the examples' test split" if own else f"every example of {Path(path).name} (not the run's own file)"
     if path is not None:
         kind = file_kind(path, cfg.dataset if cfg.dataset in ("tensors", "csv") else "tensors")

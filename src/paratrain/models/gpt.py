@@ -10,6 +10,11 @@ added to all its scores), and Adam turns that gradient's rounding noise into ste
 which would part 2 workers from 1 device in the last bits. The head is not tied to the
 token embedding: tied, one weight would live in the first and the last pipeline stage.
 
+A packed batch (data/packing.py: {"input_ids", "position_ids"}, several examples to a row, each example's
+positions counted from 0) runs with each example at its own positions and attention kept within it (`documents`);
+the blocks then take the mask beside their input, so such a batch runs on the whole model (not cut into a
+pipeline's stages).
+
 Dropout (0 by default, as for pre-training today) is on the embeddings' sum and on each residual branch, through
 nn.Dropout, never inside the attention kernel: features/dropout.py then draws every mask as one device
 would, whatever the number of workers.
@@ -18,6 +23,7 @@ would, whatever the number of workers.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -54,11 +60,11 @@ class Embedding(nn.Module):
         self.positions = NormalEmbedding(context, width)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, ids: Tensor) -> Tensor:
+    def forward(self, ids: Tensor, positions: Tensor | None = None) -> Tensor:
         if ids.shape[1] > self.positions.num_embeddings:
             raise ValueError(f"a sequence of {ids.shape[1]} tokens; this model reads at most "
                              f"{self.positions.num_embeddings} (its --context)")
-        where = torch.arange(ids.shape[1], device=ids.device)
+        where = torch.arange(ids.shape[1], device=ids.device) if positions is None else positions
         return self.dropout(self.tokens(ids) + self.positions(where))
 
 
@@ -69,12 +75,13 @@ class Attention(nn.Module):
         self.query, self.key, self.value = (NormalLinear(width, width) for _ in range(3))
         self.out = NormalLinear(width, width, out_std)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`mask`: N x 1 x T x T, where a position may attend (`documents`); None: causal."""
         n, t, _ = x.shape
         # N x T x W -> N x heads x T x head width; the heads counted from the projection's width, so that a
         # projection sharded by heads (tensor parallelism) runs its own heads
         q, k, v = (f(x).view(n, t, -1, self.head_width).transpose(1, 2) for f in (self.query, self.key, self.value))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         return self.out(y.transpose(1, 2).reshape(n, t, -1))
 
 
@@ -98,8 +105,8 @@ class Block(nn.Module):
         self.norm2, self.mlp = nn.LayerNorm(width), MLP(width, out_std)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.dropout(self.attention(self.norm1(x)))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.dropout(self.attention(self.norm1(x), mask))
         return x + self.dropout(self.mlp(self.norm2(x)))
 
 
@@ -114,6 +121,27 @@ class GPT(nn.Sequential):
         super().__init__(Embedding(vocabulary, context, width, dropout),
                          *(Block(width, heads, dropout, residual) for _ in range(depth)),
                          nn.LayerNorm(width), NormalLinear(width, vocabulary))
+
+    def forward(self, ids: Tensor | Mapping[str, Tensor]) -> Tensor:
+        """Token ids (N x T) to scores (N x T x V); or a packed batch, {"input_ids", "position_ids"}."""
+        if not isinstance(ids, Mapping):
+            return super().forward(ids)
+        positions = ids["position_ids"]
+        x, mask = self[0](ids["input_ids"], positions), documents(positions)
+        for block in list(self)[1:-2]:
+            x = block(x, mask)
+        return self[-1](self[-2](x))
+
+
+def documents(positions: Tensor) -> Tensor:
+    """Where each position of a packed batch may attend (N x 1 x T x T): the positions before it of its own
+    example, an example beginning where the positions do not go up by one (as transformers finds packed
+    sequences)."""
+    begins = torch.diff(positions, dim=1, prepend=positions[:, :1] - 1) != 1
+    example = begins.cumsum(dim=1)
+    t = positions.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=positions.device).tril()
+    return ((example[:, :, None] == example[:, None, :]) & causal)[:, None]
 
 
 def shape(model: nn.Module) -> dict[str, int] | None:

@@ -131,7 +131,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
         check_task(cfg, data, parts.loss if parts is not None else None)
         if hasattr(data.train[0], "columns") and (layout.mesh.pp > 1 or layout.replicas):
             raise UserError(f"--strategy {cfg.strategy} cuts or copies an nn.Sequential and hands it one tensor; "
-                            "these inputs are named columns (a dict): train them with ddp, fsdp or hsdp")
+                            f"these inputs are named columns (a dict{', as --pack makes them' if cfg.pack else ''}): "
+                            "train them with ddp, fsdp, hsdp or tp")
         if (parts is None or parts.model is None) and not is_own_network(cfg.model):  # the registry's network
             check_tensor_model(cfg, data, every_id=True)
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds

@@ -289,7 +289,7 @@ def ema_figures(val: tuple[float, float, dict] | None, test: tuple[float, float,
 def language_of(model: nn.Module, data: Any, per_target: bool) -> dict[str, Any] | None:
     """What a summary says of a model over token ids: the tokens an example, the FLOPs a token (counted on the
     whole model), whether the loss is the built-in cross-entropy over the tokens (perplexity), and the text's
-    UTF-8 bytes a token (bits per byte); None for other data."""
+    UTF-8 bytes a token (bits per byte), how packed examples fill their windows (--pack); None for other data."""
     from ..models.flops import flops_per_token
 
     tokens = data.tokens_per_example
@@ -297,7 +297,8 @@ def language_of(model: nn.Module, data: Any, per_target: bool) -> dict[str, Any]
         return None
     flops, counted = flops_per_token(model, tokens)
     return {"tokens_per_example": tokens, "flops_per_token": flops, "flops_counted": counted,
-            "per_target": per_target, "bytes_per_token": (data.text or {}).get("bytes_per_token")}
+            "per_target": per_target, "bytes_per_token": (data.text or {}).get("bytes_per_token"),
+            "packed": (data.text or {}).get("packed")}
 
 
 def _device_peak(devices: list[str], precision: str) -> tuple[float | None, str]:
@@ -332,6 +333,8 @@ def language_figures(state: RunState, record: RunRecord, reported: tuple[float, 
         "flops_counted": lm["flops_counted"],
         "achieved_flops_per_sec": achieved, "peak_flops_per_sec": total_peak, "peak_of": peak_of,
         "mfu": achieved / total_peak if achieved and total_peak else None}
+    if lm.get("packed"):  # the training examples, the windows they fill, and the share of positions they hold
+        out |= {f"packed_{k}": v for k, v in lm["packed"].items()}
     if lm["per_target"]:
         from ..optimization.losses import perplexity
 

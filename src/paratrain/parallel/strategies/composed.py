@@ -59,10 +59,12 @@ class Composed(Strategy):
         from .tensor_plan import check_splits, plan_of, shape
 
         mesh = layout.mesh
-        if cfg.lora and (mesh.tp > 1 or mesh.pp > 1):  # an adapted layer is no Linear for the tensor plan to split
-            where = "tp" if mesh.tp > 1 else "a pipeline"
-            raise UserError(f"--lora: the adapters are trained under ddp and fsdp (and their meshes), not yet under "
-                            f"{where}; give --strategy fsdp or ddp, or leave --lora out")
+        if cfg.lora and mesh.pp > 1:  # (a stage's cut is counted on the model's plain layers)
+            raise UserError("--lora: the adapters are trained under ddp, fsdp and tp (and their meshes), not yet "
+                            "in a pipeline; give --strategy fsdp, ddp or tp, or leave --lora out")
+        if cfg.lora_dropout and mesh.tp > 1:  # a rowwise layer's input is split: its mask would not be one device's
+            raise UserError("--lora-dropout: under tp a rowwise layer's adapter sees its worker's part of the input, "
+                            "and its dropout would not be one device's; give --lora-dropout 0 under tp")
         if mesh.tp == mesh.pp == 1:  # no layer split, no cut: nothing to check on the model
             return cfg, layout
         # built as the workers build it (on the meta device where it can be: its shapes are what is checked, and a

@@ -13,6 +13,11 @@ plan reads as it is:
 Sequence parallelism (the norms' activations split along the sequence) is not among them: it needs every
 neighbouring layer's layouts to match, and saves memory rather than time at the sizes it runs here.
 
+A layer with LoRA adapters (components/lora.py: its own Linear under `base_layer`, beside A and B) is split as the
+layer would be, its adapters with it: colwise splits the layer and B by outputs (A's input is whole, and its
+rank-sized output too); rowwise splits the layer and A by inputs (the layer's partial outputs and A's summed by
+their all-reduces), B whole. Each worker then adds its own part of B(A(x)) to its own part of the layer's output.
+
 Where a plan comes from, in order: a YAML file (--tp-plan), a `tp_plan` attribute of the network (a dict, the
 Python way), a Hugging Face model's own (`_tp_plan`, from its config's `base_model_tp_plan`), the built-in gpt's.
 A network with none is refused in one line. Colwise then rowwise inside a block leaves each worker its own heads
@@ -116,9 +121,24 @@ def apply(module: nn.Module, mesh: Any, plan: dict[str, str]) -> nn.Module:
     the model's: it keeps their names)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    styles = {name: _style(style, sub) for pattern, style in plan.items() for name, sub in module.named_modules()
-              if name and _matches(name, pattern)}
+    named = {name: style for pattern, style in plan.items() for name, _ in module.named_modules()
+             if name and _matches(name, pattern)}
+    modules = dict(module.named_modules())
+    styles = {part: _style(style, modules[part]) for name, style in named.items()
+              for part, style in _parts(name, modules[name], style).items()}
     return parallelize_module(module, mesh, styles) if styles else module
+
+
+ADAPTED = {"colwise": "lora_B", "rowwise": "lora_A"}  # the adapter split with an adapted layer, by its style
+
+
+def _parts(name: str, module: nn.Module, style: str) -> dict[str, str]:
+    """The modules that `style` on module `name` splits: the module; or an adapted layer's own Linear and the
+    adapter split with it (the module docstring)."""
+    adapters = getattr(module, ADAPTED.get(style, "lora_A"), None)
+    if getattr(module, "base_layer", None) is None or adapters is None:
+        return {name: style}
+    return {f"{name}.base_layer": style, **{f"{name}.{ADAPTED[style]}.{k}": style for k in adapters}}
 
 
 def check_splits(model: nn.Module, plan: dict[str, str], tp: int, source: str = "the plan") -> None:
@@ -128,6 +148,11 @@ def check_splits(model: nn.Module, plan: dict[str, str], tp: int, source: str = 
         style = next((v for k, v in plan.items() if name and _matches(name, k)), None)
         if style is None:
             continue
+        if getattr(sub, "base_layer", None) is not None:  # a layer with LoRA adapters: split with its adapters
+            if style not in ADAPTED:
+                raise UserError(f"{source}: '{name}' has LoRA adapters, which tp splits with a colwise or rowwise "
+                                f"layer, not {style}: leave it out of --lora-targets")
+            sub = sub.base_layer
         if not isinstance(sub, nn.Linear | nn.Embedding):
             raise UserError(f"{source}: '{name}' is a {type(sub).__name__}; {style} splits a Linear or an Embedding: "
                             "name those")
