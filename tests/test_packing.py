@@ -125,12 +125,12 @@ def test_packed_and_unpacked_runs_of_the_same_examples_give_the_same_loss_at_eve
     (["--dataset", "text", "--pack"], "--pack packs --dataset jsonl's examples into windows, not text's (text is"),
     (["--model", "mlp", "--pack"], "--pack keeps packed examples apart by their position_ids, which the gpt and"),
     (["--pack", "--mesh", "pp=2", "--devices", "2"], "these inputs are named columns (a dict, as --pack makes them): "
-                                                    "train them with ddp, fsdp, hsdp or tp"),
+                                                    "use ddp, fsdp or tp"),
 ])
 def test_what_packing_cannot_take_is_one_line(examples: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                                               flags: list[str], says: str) -> None:
-    base = ["train", "--dataset", "jsonl", "--data-dir", str(examples), "--width", "64", "--heads", "2", "--context",
-            "128", "--steps", "1", "--out", str(tmp_path / "run")]
+    base = ["train", "--dataset", "jsonl", "--data-dir", str(examples), "--width", "64", "--context", "128", "--steps",
+            "1", "--out", str(tmp_path / "run")]
     assert main_code([*base, *flags]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err

@@ -143,5 +143,5 @@ def test_report_and_plan_of_a_regression_use_its_loss_and_its_own_network(tmp_pa
     text = plot.write_report({"context": bench.context(), "results": rows}, tmp_path, rates="summary").read_text()
     loss = json.loads((tmp_path / "one" / "summary.json").read_text())["test_loss"]
     assert "| test loss |" in text and f"{loss:,.4f}" in text, text
-    sizes = forecast.block_sizes({"train_flags": ["--dataset", "diabetes", "--model", "mlp", "--width", "16"]})
+    sizes = forecast.block_sizes_of(forecast.bench_network("mlp", {"dataset": "diabetes", "width": 16})[0])
     assert sum(sizes) == (10 * 16 + 16) + (16 * 16 + 16) + (16 + 1)  # before: for 28x28 images

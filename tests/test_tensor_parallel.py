@@ -188,6 +188,26 @@ def test_plan_counts_a_workers_peak_from_the_bytes_one_device_held() -> None:
     assert meshes.measured_bytes({"train_flags": []}, {"model_state_bytes": 0.8e9}, model) == meshes.Bytes(8.0)
 
 
+def test_plan_counts_a_lora_runs_adapters_alone_as_trained(examples: Path) -> None:
+    """A bench of --lora: Adam's state and the reduced gradients are the adapters', the model's own weights 4
+    bytes each (their values alone); without the bench's measure, 16 bytes a weight would count them all."""
+    pytest.importorskip("peft")
+    from paratrain.measure import meshes, scaling
+
+    flags = ["--dataset", "jsonl", "--data-dir", str(examples), "--width", "64", "--heads", "2", "--context", "64"]
+    plain, lora = (meshes.of_bench({"train_flags": f}) for f in (flags, [*flags, "--lora", "4"]))
+    adapters = lora.weights - plain.weights  # A (4 x in) and B (out x 4) of each linear layer but the head
+    assert adapters == 2 * (4 * 4 * (64 + 64) + 2 * 4 * (64 + 256))  # a block's q, k, v, out; up and down
+    assert lora.trained == pytest.approx(adapters / lora.weights) and plain.trained == 1.0
+    held = meshes.measured_bytes({"train_flags": []}, {}, lora)  # no state measured: counted
+    assert held.per_weight * lora.weights == pytest.approx(4 * lora.weights + 12 * adapters)
+    w = scaling.Workload(1e-3, 1e-3, 4.0 * lora.weights, 0.0, 3, lora.trained)
+    ddp, whole = scaling.step_time_s(w, 4, 8, 1e9, 0, False), scaling.step_time_s(
+        scaling.Workload(1e-3, 1e-3, 4.0 * lora.weights, 0.0, 3), 4, 8, 1e9, 0, False)
+    # ddp's all-reduce (2 x 3/4 of the bytes on 4 devices) moves the adapters' gradients alone
+    assert whole - ddp == pytest.approx(1.5 * 4.0 * (lora.weights - adapters) / 1e9)
+
+
 # ---- from the command line, before any worker starts ----
 
 def test_what_does_not_fit_a_mesh_is_one_line(tmp_path: Path, corpus: Path, capsys: pytest.CaptureFixture) -> None:

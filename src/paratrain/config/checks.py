@@ -155,6 +155,17 @@ def _check_lora(cfg: TrainConfig) -> None:
         _bad(f"--{given[0].replace('_', '-')} is LoRA's: give --lora RANK too")
 
 
+def _check_pack(cfg: TrainConfig) -> None:
+    """--pack: examples of --dataset jsonl, for a network that reads their position_ids."""
+    if cfg.pack and cfg.dataset != "jsonl":
+        _bad(f"--pack packs --dataset jsonl's examples into windows, not {cfg.dataset}'s"
+             + (" (text is read as full windows already)" if cfg.dataset == "text" else ""))
+    if cfg.pack and cfg.model not in ("gpt", "custom") and not is_own_network(cfg.model):
+        _bad(f"--pack keeps packed examples apart by their position_ids, which the gpt and Hugging Face models (and "
+             f"a network of yours that takes input_ids and position_ids) read, and {cfg.model} does not: give "
+             "--model gpt or hf:PATH, or leave --pack out")
+
+
 def _check_combinations(cfg: TrainConfig) -> None:
     if cfg.data_dir and cfg.dataset in ("digits", "synthetic", "diabetes", "tokens"):
         _bad(f"--data-dir is not read by --dataset {cfg.dataset}; for a folder with a sub-folder of images per "
@@ -163,13 +174,6 @@ def _check_combinations(cfg: TrainConfig) -> None:
         _bad(f"--label-smoothing smooths the cross-entropy's class targets, not --loss {cfg.loss}: drop one")
     if cfg.columns is not None and cfg.dataset != "jsonl":
         _bad(f"--columns names the columns of --dataset jsonl's examples, not of {cfg.dataset}")
-    if cfg.pack and cfg.dataset != "jsonl":
-        _bad(f"--pack packs --dataset jsonl's examples into windows, not {cfg.dataset}'s"
-             + (" (text is read as full windows already)" if cfg.dataset == "text" else ""))
-    if cfg.pack and cfg.model not in ("gpt", "custom") and not is_own_network(cfg.model):
-        _bad(f"--pack keeps packed examples apart by their position_ids, which the gpt and Hugging Face models (and "
-             f"a network of yours that takes input_ids and position_ids) read, and {cfg.model} does not: give "
-             "--model gpt or hf:PATH, or leave --pack out")
     if cfg.target is not None and cfg.dataset != "csv":
         _bad(f"--target names a column of --dataset csv, not of {cfg.dataset}")
     if cfg.dataset in ("tensors", "csv", "text", "jsonl") and not cfg.data_dir:
@@ -180,6 +184,7 @@ def _check_combinations(cfg: TrainConfig) -> None:
              .get(cfg.dataset, "PATH, an .npz file or a folder of .npy/.pt files"))
     _check_text(cfg)
     _check_lora(cfg)
+    _check_pack(cfg)
     if cfg.dataset == "csv" and not cfg.target:
         _bad("--dataset csv needs --target COLUMN: the column to predict (several: A,B)")
     folder_only = [n for n in ("image_size", "cache_dir") if getattr(cfg, n) is not None and

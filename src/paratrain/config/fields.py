@@ -55,8 +55,8 @@ class TrainConfig:
     model: str = _f("lenet5", "a registry model, or your network's factory: package.module:factory or "
                     "path/to/file.py:factory", choices=MODELS)
     dataset: str = _f("digits", "dataset (digits, diabetes (a regression) and tokens (sequences) are embedded and "
-                      "need no download); imagefolder, tensors (an .npz, "
-                      "or a folder of .npy/.pt files: x_train, y_train, ...), csv (a table), text (UTF-8, for "
+                      "need no download); imagefolder, tensors (an .npz, or a folder of .npy/.pt files: x_train, "
+                      "y_train, ...), csv (a table), text (UTF-8, for "
                       "a language model) and jsonl (prompts and responses, or chats: JSON lines, parquet or arrow) "
                       "are --data-dir",
                       choices=DATASETS)
@@ -65,8 +65,7 @@ class TrainConfig:
                               ".jsonl, .parquet or .arrow file)")
     columns: str | None = _f(None, "jsonl: the columns that hold each example, where they are not named prompt and "
                              "response, or messages: prompt=COL,response=COL or messages=COL")
-    pack: bool = _f(False, "jsonl: pack several examples into each --context window (each at its own positions, "
-                    "attention kept within it) instead of one a window with the rest padding")
+    pack: bool = _f(False, "jsonl: several examples to a --context window, each at its own positions, seeing itself")
     tokenizer: str = _f("bytes", "text and jsonl: bytes (a vocabulary of 256, no dependency), a tiktoken encoding "
                         "(gpt2, cl100k_base; pip install tiktoken), a Hugging Face tokenizer.json or hub name, or a "
                         "model folder (--model hf:PATH brings its own)")
@@ -254,9 +253,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("model", "init_from", "width", "depth", "heads", "activation", "dropout", "filters", "kernel",
               "lora", "lora_alpha", "lora_dropout", "lora_targets",
               "batchnorm", "memory_format", "precision", "compile", "activation_checkpointing", "selective_ac"),
-    "data": ("dataset", "data_dir", "columns", "pack", "tokenizer", "context", "standardize", "target", "download", "val_size",
-             "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "host_data", "random_crop",
-             "crop_padding", "hflip", "brightness", "contrast", "test_flip"),
+    "data": ("dataset", "data_dir", "columns", "pack", "tokenizer", "context", "standardize", "target", "download",
+             "val_size", "labels", "test_size", "image_size", "cache_dir", "skip_bad_images", "host_data",
+             "random_crop", "crop_padding", "hflip", "brightness", "contrast", "test_flip"),
     "optimizer": ("optimizer", "lr", "momentum", "beta1", "beta2", "nesterov", "weight_decay", "clip_grad_norm",
                   "lr_schedule", "lr_decay_rate", "lr_decay_steps", "lr_decay_epochs", "lr_staircase",
                   "warmup_steps", "ema", "eval_ema", "loss", "label_smoothing", "metric"),

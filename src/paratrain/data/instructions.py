@@ -77,11 +77,12 @@ def load(path: str | None, context: int, tokenizer: str | Tokenizer, val_size: i
 
 def packed(splits: Any) -> tuple[Any, dict]:
     """`splits` with each split's examples packed into windows (packing.pack), and what the training split's
-    packing gave: its examples, windows and how full they are."""
+    packing gave (its examples, windows and how full they are) with the test split's examples."""
     from .packing import pack
 
     done = {name: pack(*getattr(splits, name)) for name in ("train", "val", "test")}
-    return replace(splits, **{name: (x, y) for name, (x, y, _) in done.items()}), done["train"][2]
+    said = {**done["train"][2], "test_examples": done["test"][2]["examples"]}
+    return replace(splits, **{name: (x, y) for name, (x, y, _) in done.items()}), said
 
 
 TABLES = (".parquet", ".arrow")  # read by Hugging Face datasets; any other file is JSON lines

@@ -211,7 +211,9 @@ def evaluate_tensors(run: str | Path, state: dict, data: Any, model: Callable[[]
                                      make_batch_transforms(cfg, shaped, ctx.device,
                                                            strategies.get(cfg.strategy).channels_last), ctx,
                                      cfg.eval_batch_size, judge, meter=meter)
-    return {"test_accuracy": acc, "test_loss": mean_loss, "test_examples": len(splits.test[1]), "rows": rows,
+    packed = (splits.text or {}).get("packed") or {}  # --pack: the test windows hold more examples than rows
+    return {"test_accuracy": acc, "test_loss": mean_loss,
+            "test_examples": packed.get("test_examples") or len(splits.test[1]), "rows": rows,
             **{f"test_{k}": v for k, v in (meter.values(ctx) if meter else {}).items()},
             **(_language_figures(mean_loss, splits) if judge is None and splits.sequence else {}),
             "dataset": cfg.dataset, "kind": "tensors", "model": model_name(cfg, state, model), "ema": use_ema,

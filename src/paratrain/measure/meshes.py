@@ -30,7 +30,8 @@ from typing import Any
 from ..parallel.mesh import Mesh
 from . import scaling
 
-STATE_BYTES = 16  # a weight's float32 value, gradient and Adam's two moments
+STATE_BYTES = 16  # a trained weight's float32 value, gradient and Adam's two moments
+FROZEN_BYTES = 4  # a frozen weight's (--lora: the model's own) value alone
 EMA_BYTES = 4  # --ema's float32 average of a weight
 TP_SPLIT = 24 / 34  # the share of a block's activations tp splits (Megatron-LM: 34 bytes a token and width, 24 split)
 # fsdp's unsharded blocks at once: on a GPU two blocks' weights (one fetched ahead) and one block's gradients; a CPU
@@ -47,6 +48,12 @@ class Transformer:
     tokens: int  # an example's
     weights: int
     largest_block: int = 0  # the weights of the largest piece fsdp gathers at once
+    trained: float = 1.0  # the share of the weights trained (--lora: the adapters')
+
+    @property
+    def state_per_weight(self) -> float:
+        """Adam's bytes a weight, unmeasured: 16 a trained weight, 4 a frozen one."""
+        return FROZEN_BYTES + (STATE_BYTES - FROZEN_BYTES) * self.trained
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +81,7 @@ def measured_bytes(results: dict, base: dict, model: Transformer) -> Bytes:
     unknown)."""
     state, added = base.get("model_state_bytes"), base.get("peak_memory_added_bytes")
     ema = "--ema" in results.get("train_flags", [])
-    per_weight = state / model.weights if state else STATE_BYTES
+    per_weight = state / model.weights if state else model.state_per_weight
     if added is None:
         return Bytes(per_weight, ema=ema)
     extra = added - (per_weight + (EMA_BYTES if ema else 0)) * model.weights
@@ -90,7 +97,8 @@ def of_bench(results: dict) -> Transformer | None:
     if dims is None:
         return None
     return Transformer(dims["depth"], dims["width"], dims["heads"], int(sample(1)[0].shape[1]),
-                       sum(p.numel() for p in net.parameters()), max(scaling.block_sizes_of(net)))
+                       sum(p.numel() for p in net.parameters()), max(scaling.block_sizes_of(net)),
+                       scaling.trained_share(net))
 
 
 def candidates(n: int, heads: int) -> list[Mesh]:

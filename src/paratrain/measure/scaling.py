@@ -47,21 +47,24 @@ def ring_allreduce_s(n: int, nbytes: float, bandwidth: float, latency: float) ->
     return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * latency
 
 
-def sharded_traffic_s(n: int, nbytes: float, bandwidth: float, latency: float, blocks: int) -> float:
+def sharded_traffic_s(n: int, nbytes: float, bandwidth: float, latency: float, blocks: int,
+                      trained: float = 1.0) -> float:
     """fsdp's collectives a step: two ring all-gathers of the weights (forward, backward) and a ring
-    reduce-scatter of the gradients, (N-1)/N x bytes each, in one message per block each."""
+    reduce-scatter of the gradients (of the `trained` share of the weights: LoRA's adapters), (N-1)/N x bytes
+    each, in one message per block each."""
     if n <= 1:
         return 0.0
-    return 3 * (n - 1) / n * nbytes / bandwidth + 3 * (n - 1) * latency * blocks
+    return (2 + trained) * (n - 1) / n * nbytes / bandwidth + 3 * (n - 1) * latency * blocks
 
 
 @dataclass(frozen=True)
 class Workload:
     compute_per_example_s: float
     fixed_per_step_s: float  # data and optimizer
-    grad_bytes: float
+    grad_bytes: float  # the weights' bytes (float32): fsdp gathers them all
     optimizer_per_step_s: float = 0.0  # the optimizer's part of fixed_per_step_s (sharded: 1/N of it)
     blocks: int = 1  # the blocks fsdp shards one at a time (and the root)
+    trained: float = 1.0  # the share of the weights trained, whose gradients are reduced (LoRA: the adapters')
 
 
 def step_time_s(w: Workload, n: int, per_device_batch: float, bandwidth: float, latency: float,
@@ -71,10 +74,11 @@ def step_time_s(w: Workload, n: int, per_device_batch: float, bandwidth: float, 
     compute = per_device_batch * w.compute_per_example_s
     fixed = w.fixed_per_step_s
     if sharded:
-        comm = sharded_traffic_s(n, w.grad_bytes, bandwidth, latency, w.blocks) if traffic_s is None else traffic_s
+        comm = sharded_traffic_s(n, w.grad_bytes, bandwidth, latency, w.blocks, w.trained) if traffic_s is None \
+            else traffic_s
         fixed -= w.optimizer_per_step_s * (1 - 1 / n)
     else:
-        comm = ring_allreduce_s(n, w.grad_bytes, bandwidth, latency)
+        comm = ring_allreduce_s(n, w.grad_bytes * w.trained, bandwidth, latency)
     # with overlap the collectives run beside the compute (fsdp prefetches the next block's weights)
     window = (1.0 if sharded else BACKWARD_FRACTION) * compute
     exposed = max(0.0, comm - window) if overlap else comm
@@ -102,11 +106,18 @@ def workload_from_bench(results: dict) -> tuple[Workload, dict]:
     if base is None:
         raise UserError("the bench has no 1-device row with a step breakdown (gpu:1, cpu:1t or ddp-cpu:1); "
                         "run `paratrain bench` with one of them")
-    sizes = block_sizes(results)
+    net, _, _ = bench_network(bench_model(results), bench_shape(results))
+    sizes = block_sizes_of(net)
     phases = base["step_phases_s"]
     w = Workload(phases["compute"] / base["global_batch_size"], phases["data"] + phases["optimizer"],
-                 4.0 * sum(sizes), phases["optimizer"], len(sizes))
+                 4.0 * sum(sizes), phases["optimizer"], len(sizes), trained_share(net))
     return w, base
+
+
+def trained_share(net: Any) -> float:
+    """The share of a network's weights that train (all but where --lora freezes the model's own)."""
+    total = sum(p.numel() for p in net.parameters())
+    return sum(p.numel() for p in net.parameters() if p.requires_grad) / total if total else 1.0
 
 
 def model_cost(results: dict) -> dict[str, Any] | None:
@@ -120,12 +131,6 @@ def model_cost(results: dict) -> dict[str, Any] | None:
         return None
     flops, counted = flops_per_token(net, x.shape[1])
     return {"tokens": int(x.shape[1]), "flops_per_token": flops, "counted": counted}
-
-
-def block_sizes(results: dict) -> list[int]:
-    """The weights of each piece fsdp gathers at once in the bench's model: its blocks, then the root's own."""
-    net, _, _ = bench_network(bench_model(results), bench_shape(results))
-    return block_sizes_of(net)
 
 
 def block_sizes_of(net: Any) -> list[int]:

@@ -170,6 +170,18 @@ def check_model(mesh: Mesh, shape: dict[str, int], flags: dict[str, str] | None 
                             f"{shape[key]}" + (f", or set them with {flag}" if flag else ""))
 
 
+def check_adapters(mesh: Mesh, lora: int, lora_dropout: float) -> None:
+    """One line where the mesh cannot train --lora's adapters as one device would: in a pipeline (a stage's cut
+    is counted on the model's plain layers), or with their dropout under tp (a rowwise layer's adapter sees its
+    worker's part of the input, and its mask would not be one device's)."""
+    if lora and mesh.pp > 1:
+        raise UserError("--lora: the adapters are trained under ddp, fsdp and tp (and their meshes), not yet in a "
+                        "pipeline; give --strategy fsdp, ddp or tp, or leave --lora out")
+    if lora and lora_dropout and mesh.tp > 1:
+        raise UserError("--lora-dropout: under tp a rowwise layer's adapter sees its worker's part of the input, and "
+                        "its dropout would not be one device's; give --lora-dropout 0 under tp")
+
+
 def device_mesh(mesh: Mesh, device_type: str) -> DeviceMesh:
     """The N-D DeviceMesh of every dimension (sizes of 1 included: each strategy slices the ones it uses)."""
     from torch.distributed.device_mesh import init_device_mesh

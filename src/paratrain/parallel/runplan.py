@@ -41,6 +41,8 @@ from ..runtime.env import LOCAL, Environment
 from . import requeue, strategies
 from .layout import Layout
 
+PACKED = ", as --pack makes them"  # (a pipeline's refusal of named columns says where they came from)
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -130,9 +132,8 @@ def make(cfg: C.TrainConfig, load_data: Callable[[], Splits], parts: Parts | Non
                       "class indices they look like", file=sys.stderr, flush=True)
         check_task(cfg, data, parts.loss if parts is not None else None)
         if hasattr(data.train[0], "columns") and (layout.mesh.pp > 1 or layout.replicas):
-            raise UserError(f"--strategy {cfg.strategy} cuts or copies an nn.Sequential and hands it one tensor; "
-                            f"these inputs are named columns (a dict{', as --pack makes them' if cfg.pack else ''}): "
-                            "train them with ddp, fsdp, hsdp or tp")
+            raise UserError(f"--strategy {cfg.strategy} cuts or copies an nn.Sequential and hands it one tensor; these "
+                            f"inputs are named columns (a dict{PACKED * cfg.pack}): use ddp, fsdp or tp")
         if (parts is None or parts.model is None) and not is_own_network(cfg.model):  # the registry's network
             check_tensor_model(cfg, data, every_id=True)
     for_run(cfg.metric, parts.metrics if parts is not None else None, data)  # what a worker builds

@@ -334,7 +334,7 @@ def language_figures(state: RunState, record: RunRecord, reported: tuple[float, 
         "achieved_flops_per_sec": achieved, "peak_flops_per_sec": total_peak, "peak_of": peak_of,
         "mfu": achieved / total_peak if achieved and total_peak else None}
     if lm.get("packed"):  # the training examples, the windows they fill, and the share of positions they hold
-        out |= {f"packed_{k}": v for k, v in lm["packed"].items()}
+        out |= {f"packed_{k}": lm["packed"][k] for k in ("examples", "windows", "fill")}
     if lm["per_target"]:
         from ..optimization.losses import perplexity
 

@@ -55,16 +55,11 @@ class Composed(Strategy):
         from torch import nn
 
         from ...components.build import make_empty, make_model
-        from ..mesh import check_model
+        from ..mesh import check_adapters, check_model
         from .tensor_plan import check_splits, plan_of, shape
 
         mesh = layout.mesh
-        if cfg.lora and mesh.pp > 1:  # (a stage's cut is counted on the model's plain layers)
-            raise UserError("--lora: the adapters are trained under ddp, fsdp and tp (and their meshes), not yet "
-                            "in a pipeline; give --strategy fsdp, ddp or tp, or leave --lora out")
-        if cfg.lora_dropout and mesh.tp > 1:  # a rowwise layer's input is split: its mask would not be one device's
-            raise UserError("--lora-dropout: under tp a rowwise layer's adapter sees its worker's part of the input, "
-                            "and its dropout would not be one device's; give --lora-dropout 0 under tp")
+        check_adapters(mesh, cfg.lora, cfg.lora_dropout)
         if mesh.tp == mesh.pp == 1:  # no layer split, no cut: nothing to check on the model
             return cfg, layout
         # built as the workers build it (on the meta device where it can be: its shapes are what is checked, and a
