@@ -79,3 +79,26 @@ def test_a_run_without_adapters_exports_none_in_one_line(digits_run: Path, tmp_p
     assert "was trained without --lora: it has no adapters; export it with --format safetensors or pt" in \
         capsys.readouterr().err
     assert not (tmp_path / "ad").exists()
+
+
+@pytest.mark.integration
+def test_a_packed_lora_run_on_two_workers_resumes_as_never_stopped_and_starts_another_with_its_adapters(
+        examples: Path, tmp_path: Path) -> None:
+    """fsdp on 2 workers, packed examples, AdamW, dropout in the model and the adapters: stopped at step 6 and
+    resumed, it ends where the run never stopped does (the windows, masks and Adam's moments carried over); a run
+    --init-from it on another seed starts from its weights, its adapters too (drawn from that seed, they would
+    differ)."""
+    steps = GPT.index("--steps")
+    run = (*GPT[:steps], *GPT[steps + 2:], "--data-dir", str(examples), "--pack", "--strategy", "fsdp", "--devices",
+           "2", "--batch-size", "8", "--checkpoint-every", "6")
+    train_here(tmp_path / "whole", *run, "--steps", "12")
+    train_here(tmp_path / "cut", *run, "--steps", "6")
+    resumed = train_here(tmp_path / "cut", *run, "--steps", "12", "--resume", str(tmp_path / "cut"))
+    assert resumed["resumed_from_step"] == 6 and resumed["steps"] == 12
+    ended = weights(tmp_path / "whole")
+    assert max_abs_diff(ended, weights(tmp_path / "cut")) == 0.0
+    # one SGD step whose update rounds away (1e-30 of a gradient): the checkpoint holds what the run began from
+    train_here(tmp_path / "next", *run, "--init-from", str(tmp_path / "whole"), "--steps", "1", "--optimizer", "sgd",
+               "--lr", "1e-30", "--seed", "7")
+    began = weights(tmp_path / "next")
+    assert began.keys() == ended.keys() and all(torch.equal(began[k], ended[k]) for k in ended)

@@ -178,6 +178,13 @@ def test_each_bad_source_of_weights_is_one_line(llama: Path, corpus: Path, tmp_p
     assert "drop one of them" in _error(capsys, *model, "--init-from", str(llama), "--resume", str(tmp_path / "run"),
                                         *data)
     assert "no such file" in _error(capsys, *model, "--init-from", str(tmp_path / "nowhere"), *data)
+    for name, cut in (("header", 40), ("tensors", -100)):  # a copy cut short: in its header, or in its tensors
+        damaged = tmp_path / f"damaged-{name}"
+        damaged.mkdir()
+        (damaged / "config.json").write_text((llama / "config.json").read_text())
+        (damaged / "model.safetensors").write_bytes((llama / "model.safetensors").read_bytes()[:cut])
+        said = _error(capsys, *model, "--init-from", str(damaged), *data)
+        assert "model.safetensors" in said and ("damaged" in said or "cut short" in said), said
 
 
 def test_each_bad_export_folder_is_one_line(llama: Path, examples: Path, tmp_path: Path,

@@ -26,6 +26,7 @@ class Pretrained:
 
     def __init__(self, path: Path, kind: str) -> None:
         self.path, self.kind = path, kind
+        self._shapes: dict | None = None
         self.adapters: Any = None  # a LoRA run's adapters' initial weights (initial.Initial): no folder holds them
 
     @classmethod
@@ -52,30 +53,40 @@ class Pretrained:
                         "files) nor a paratrain run with a checkpoint; give one of those")
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Each weight the source holds: its shape and type, read from the files' headers (no tensor read)."""
-        if self.kind == "hf":
-            require("safetensors", "--init-from a Hugging Face model folder")
-            from safetensors import safe_open
+        """Each weight the source holds: its shape and type, read from the files' headers (no tensor read) once;
+        a file whose header or size is not whole is one line naming it."""
+        if self._shapes is None:
+            self._shapes = self._read_shapes()
+        return self._shapes
 
-            found = {}
-            for file in sorted(self.path.glob("*.safetensors")):
+    def _read_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        if self.kind != "hf":
+            from ..checkpoint import dcp
+
+            try:
+                return dcp.tensors_of(self.path, "model")
+            except Exception as e:  # noqa: BLE001 (a damaged checkpoint's metadata)
+                raise UserError(f"--init-from {self.path}: its weights cannot be read ({type(e).__name__}: "
+                                f"{str(e)[:160]}); is the checkpoint whole?") from None
+        require("safetensors", "--init-from a Hugging Face model folder")
+        from safetensors import safe_open
+
+        found = {}
+        for file in sorted(self.path.glob("*.safetensors")):
+            try:
                 with safe_open(str(file), framework="pt") as f:
                     for name in f.keys():  # noqa: SIM118 (safe_open is no mapping)
                         piece = f.get_slice(name)
                         found[name] = (tuple(piece.get_shape()), _DTYPES.get(piece.get_dtype()))
-            return found
-        from ..checkpoint import dcp
-
-        return dcp.tensors_of(self.path, "model")
+            except Exception as e:  # noqa: BLE001 (safetensors' own errors: a header cut short or damaged)
+                raise UserError(f"--init-from {self.path}: {file.name} is damaged or cut short ({str(e)[:120]}); "
+                                "save the model again, or copy the file whole") from None
+        return found
 
     def check(self, model: nn.Module) -> None:
         """The source against `model` (built on the meta device): every weight there, of its shape, in a floating
         type; a UserError naming the first few that are not."""
-        try:
-            held = self.shapes()
-        except Exception as e:  # noqa: BLE001 (a damaged file's header or metadata)
-            raise UserError(f"--init-from {self.path}: its weights cannot be read ({type(e).__name__}: "
-                            f"{str(e)[:160]}); is the file whole?") from None
+        held = self.shapes()
         wanted, aliases = _sourced(model, held), {plain_name(n) for n in _aliases(model)}
         missing = [n for n in wanted if n not in held]
         if missing:
