@@ -74,9 +74,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ("one-sgd", "fsdp-sgd", 1e-5),  # measured 3.0e-8 (4.5e-8 over 60 steps)
     # 4 workers of 16 examples: the convolutions' kernels for a batch of 16 round otherwise than for 64, and 40
     # steps grow that to 5.3e-5 (60 steps: 1.7e-4), for ddp on 4 workers as for hsdp: 10x the larger; and hsdp
-    # against ddp on as many workers, measured 1.5e-8 (60 steps: 2.2e-8)
+    # against ddp on as many workers, measured 1.5e-8 (60 steps: 2.2e-8) on one CPU; on an AVX2 EPYC, 2.1e-5:
+    # the two sum the gradients in other orders (1.5e-8 apart up to step 35), and at step 36 that noise puts a
+    # value of the convolutions' ReLU or max-pool on the other side of its tie, which routes that step's gradient
+    # otherwise (the first two layers' weights moved by 1e-6, the layers above by 1e-8): noise, and a bound that
+    # holds a tie's flip
     ("one-sgd", "hsdp-sgd", 2e-3),
-    ("ddp4-sgd", "hsdp-sgd", 2e-6),
+    ("ddp4-sgd", "hsdp-sgd", 1e-4),
     ("one-adam", "fsdp-adam", 1e-3),  # measured 4.0e-6 (Adam's first steps move a weight by lr whatever its gradient)
 ])
 @pytest.mark.matrix(
@@ -116,13 +120,14 @@ def _stopped_at(whole: Path, step: int, to: Path) -> Path:
 
 
 # The same worker count does the same operations in the same order: bitwise equal. Another
-# count sums the gradients in other pieces: float noise, measured 3.0e-8 (2 -> 1) and 2.2e-8 (2 -> 4); the bound
-# is about 150x.
+# count sums the gradients in other pieces: float noise, measured 3.0e-8 (2 -> 1) and 2.2e-8 (2 -> 4) on one CPU;
+# on an AVX2 EPYC 1.8e-5 both, that noise having flipped a ReLU's or max-pool's tie (the hsdp bound above says
+# how), which Adam carries on at full size; the bound holds such a flip.
 @pytest.mark.parametrize(("name", "devices", "bound"), [
     ("fsdp-sgd", ("--devices", "2"), 0.0),
     ("fsdp-adam", ("--devices", "2"), 0.0),
-    ("fsdp-adam", ("--devices", "1"), 5e-6),
-    ("fsdp-adam", ("--devices", "4", "--oversubscribe"), 5e-6),
+    ("fsdp-adam", ("--devices", "1"), 1e-4),
+    ("fsdp-adam", ("--devices", "4", "--oversubscribe"), 1e-4),
 ])
 @pytest.mark.matrix(("fsdp", "resume across layouts", "3.0e-8"))
 def test_a_sharded_run_carries_on_exactly_on_any_worker_count(runs: dict, tmp_path: Path, name: str,

@@ -59,6 +59,9 @@ def test_the_loss_is_the_mean_over_the_answers_tokens_alone(tmp_path: Path) -> N
             losses.append(-F.log_softmax(logits[row, t], -1)[ids[t + 1]])
     assert len(losses) == int((y != IGNORE).sum())
     assert torch.allclose(cross_entropy(logits, y), torch.stack(losses).mean())
+    other = logits.clone()  # other scores wherever the target is not counted (the prompts, the padding): no change
+    other[y == IGNORE] = torch.randn(int((y == IGNORE).sum()), 256)
+    assert torch.equal(cross_entropy(other, y), cross_entropy(logits, y))
     prompts = y.clone()
     prompts[(y == IGNORE) & (x != 0)] = 7  # the prompt's positions given a target: the test could fail
     assert not torch.allclose(cross_entropy(logits, prompts), torch.stack(losses).mean())
