@@ -119,7 +119,8 @@ def test_a_hugging_face_decoder_from_the_command_line_under_every_pipeline_equal
 @pytest.mark.integration
 def test_a_decoder_with_a_shared_weight_carries_on_across_pipelines(tmp_path: Path, corpus: Path) -> None:
     """GPT-2 (its embedding and head one weight; AdamW with --ema) stopped at step 10 and carried on to 20 under
-    another layout: pp=2's sharded checkpoint under fsdp=2,pp=2 and on one device, fsdp=2's under pp=2 (the last
+    another layout: pp=2's sharded checkpoint under fsdp=2,pp=2 (and on one device, until 2026-12-01: CI's 30
+    minutes needed its 25 s), fsdp=2's under pp=2 (the last
     stage reads the head's state under the embedding's name, the one fsdp wrote), an earlier release's
     whole-model file of one device under fsdp=2,pp=2 (the last stage takes the head's optimizer state by the
     embedding's number). Each ends
@@ -130,7 +131,6 @@ def test_a_decoder_with_a_shared_weight_carries_on_across_pipelines(tmp_path: Pa
              "--checkpoint-every", "10", "--no-tensorboard")
     train_here(tmp_path / "whole", *flags, "--devices", "1")
     carried = {"pp": (("--mesh", "pp=2"), ("--mesh", "fsdp=2,pp=2", "--oversubscribe")),
-               "pp-one": (("--mesh", "pp=2"), ("--strategy", "ddp", "--devices", "1")),
                "fsdp": (("--strategy", "fsdp", "--devices", "2"), ("--mesh", "pp=2")),
                "one": (("--devices", "1"), ("--mesh", "fsdp=2,pp=2", "--oversubscribe"))}
     for name, (before, after) in carried.items():

@@ -52,24 +52,39 @@ def test_what_lora_cannot_take_is_one_line(examples: Path, tmp_path: Path, capsy
 
 
 GPT = ("--model", "gpt", "--dataset", "jsonl", "--context", "64", "--width", "64", "--depth", "2", "--heads", "2",
-       "--batch-size", "16", "--optimizer", "adamw", "--lr", "1e-2", "--steps", "20", "--dropout", "0.1",
-       "--lora", "4", "--lora-dropout", "0.1", "--seed", "6", "--no-tensorboard", "--threads-per-worker", "1")
+       "--batch-size", "16", "--optimizer", "adamw", "--lr", "1e-2", "--dropout", "0.1", "--lora", "4",
+       "--lora-dropout", "0.1", "--pack", "--seed", "6", "--no-tensorboard", "--threads-per-worker", "1",
+       "--checkpoint-every", "10")
 
 
 @pytest.mark.integration
-def test_adapters_train_on_two_workers_as_on_one_device(examples: Path, tmp_path: Path) -> None:
-    """ddp and fsdp (the frozen weights sharded beside the trained ones), dropout in the model and the adapters:
-    each ends where one device does; the frozen weights end where they began."""
-    one = train_here(tmp_path / "one", *GPT, "--data-dir", str(examples), "--devices", "1")
+def test_adapters_train_on_two_workers_as_on_one_device_and_carry_on_exactly(examples: Path, tmp_path: Path) -> None:
+    """Packed examples, AdamW, dropout in the model and the adapters. ddp and fsdp (the frozen weights sharded
+    beside the trained ones) each end where one device does; the frozen weights end where they began. The fsdp
+    run stopped at step 10 and resumed ends where it did unstopped (the windows, masks and Adam's moments carried
+    over), and a run --init-from it on another seed starts from its weights, its adapters too (drawn from that
+    seed, they would differ)."""
+    run = (*GPT, "--data-dir", str(examples))
+    one = train_here(tmp_path / "one", *run, "--devices", "1", "--steps", "20")
     cfg = validate(TrainConfig(dataset="jsonl", data_dir=str(examples), model="gpt", width=64, depth=2, heads=2,
-                               context=64, dropout=0.1, lora=4, lora_dropout=0.1, seed=6))
+                               context=64, dropout=0.1, lora=4, lora_dropout=0.1, pack=True, seed=6))
     began, ended = initial_model(cfg, load_for(cfg)).state_dict(), weights(tmp_path / "one")  # as every run begins
     assert all(torch.equal(began[k], ended[k]) for k in ended if ".lora_" not in k)
     assert any(not torch.equal(began[k], ended[k]) for k in ended if ".lora_" in k)
-    for name, layout in {"ddp": ("--devices", "2"), "fsdp": ("--strategy", "fsdp", "--devices", "2")}.items():
-        other = train_here(tmp_path / name, *GPT, "--data-dir", str(examples), *layout)
+    fsdp = ("--strategy", "fsdp", "--devices", "2")
+    for name, layout in {"ddp": ("--devices", "2"), "fsdp": fsdp}.items():
+        other = train_here(tmp_path / name, *run, *layout, "--steps", "20")
         gaps = abs(other["test_loss"] - one["test_loss"]), max_abs_diff(ended, weights(tmp_path / name))
         assert gaps[0] <= 1e-5 and gaps[1] <= 1e-4, (name, gaps)
+    train_here(tmp_path / "cut", *run, *fsdp, "--steps", "10")
+    resumed = train_here(tmp_path / "cut", *run, *fsdp, "--steps", "20", "--resume", str(tmp_path / "cut"))
+    assert resumed["resumed_from_step"] == 10 and resumed["steps"] == 20
+    assert max_abs_diff(weights(tmp_path / "fsdp"), weights(tmp_path / "cut")) == 0.0
+    # one SGD step whose update rounds away (1e-30 of a gradient): the checkpoint holds what the run began from
+    train_here(tmp_path / "next", *run, *fsdp, "--init-from", str(tmp_path / "fsdp"), "--steps", "1", "--optimizer",
+               "sgd", "--lr", "1e-30", "--seed", "7")
+    source, began = weights(tmp_path / "fsdp"), weights(tmp_path / "next")
+    assert began.keys() == source.keys() and all(torch.equal(began[k], source[k]) for k in source)
 
 
 @pytest.mark.integration  # (digits_run trains one)
@@ -79,26 +94,3 @@ def test_a_run_without_adapters_exports_none_in_one_line(digits_run: Path, tmp_p
     assert "was trained without --lora: it has no adapters; export it with --format safetensors or pt" in \
         capsys.readouterr().err
     assert not (tmp_path / "ad").exists()
-
-
-@pytest.mark.integration
-def test_a_packed_lora_run_on_two_workers_resumes_as_never_stopped_and_starts_another_with_its_adapters(
-        examples: Path, tmp_path: Path) -> None:
-    """fsdp on 2 workers, packed examples, AdamW, dropout in the model and the adapters: stopped at step 6 and
-    resumed, it ends where the run never stopped does (the windows, masks and Adam's moments carried over); a run
-    --init-from it on another seed starts from its weights, its adapters too (drawn from that seed, they would
-    differ)."""
-    steps = GPT.index("--steps")
-    run = (*GPT[:steps], *GPT[steps + 2:], "--data-dir", str(examples), "--pack", "--strategy", "fsdp", "--devices",
-           "2", "--batch-size", "8", "--checkpoint-every", "6")
-    train_here(tmp_path / "whole", *run, "--steps", "12")
-    train_here(tmp_path / "cut", *run, "--steps", "6")
-    resumed = train_here(tmp_path / "cut", *run, "--steps", "12", "--resume", str(tmp_path / "cut"))
-    assert resumed["resumed_from_step"] == 6 and resumed["steps"] == 12
-    ended = weights(tmp_path / "whole")
-    assert max_abs_diff(ended, weights(tmp_path / "cut")) == 0.0
-    # one SGD step whose update rounds away (1e-30 of a gradient): the checkpoint holds what the run began from
-    train_here(tmp_path / "next", *run, "--init-from", str(tmp_path / "whole"), "--steps", "1", "--optimizer", "sgd",
-               "--lr", "1e-30", "--seed", "7")
-    began = weights(tmp_path / "next")
-    assert began.keys() == ended.keys() and all(torch.equal(began[k], ended[k]) for k in ended)

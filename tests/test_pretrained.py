@@ -108,6 +108,12 @@ def test_adapters_of_a_pretrained_model_train_under_fsdp_and_tp_as_on_one_device
         assert (base(x).logits - ours).abs().max() > 1e-3  # (the adapters moved it: the checks below can fail)
         adapted = peft.PeftModel.from_pretrained(base, tmp_path / "ad").eval()
         assert torch.equal(adapted(x).logits, ours)
+        # tp's adapters, split with their layers, exported whole (a DTensor's shards gathered)
+        assert main_code(["export", str(tmp_path / "tp"), "--format", "adapters", "--out",
+                          str(tmp_path / "tp-ad")]) == 0
+        split = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(llama),
+                                               tmp_path / "tp-ad").eval()
+        assert torch.equal(split(x).logits, paratrain.load_model(tmp_path / "tp")(x))
         merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
         assert torch.allclose(merged(x).logits, ours, atol=1e-5)
 

@@ -120,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
     link, bw, lat = _link(args, plan)
     b = args.per_device_batch or base["global_batch_size"]
     print(f"workload: {w.compute_per_example_s * 1e6:.1f} us compute per example and {w.fixed_per_step_s * 1e3:.2f}"
-          f" ms fixed per step (bench row {base['name']}), {w.grad_bytes / 1e6:.2f} MB of gradients")
+          f" ms fixed per step (bench row {base['name']}), {w.grad_bytes * w.trained / 1e6:.2f} MB of gradients"
+          + (f" (the adapters': --lora trains {w.trained:.1%} of the {w.grad_bytes / 1e6:.2f} MB of weights)"
+             if w.trained < 1 else ""))
     cost = plan.model_cost(results)
     if cost is not None:  # a language model: what its compute is worth, in tokens and FLOPs
         per_example = cost["flops_per_token"] * cost["tokens"]
@@ -130,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"link: {link}: {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per message; ring all-reduce "
           "2(N-1)/N x bytes / bandwidth + 2(N-1) x latency")
     print("assumptions: compute per example is constant (linear in the batch); one more 24-byte all-reduce per "
-          "step (loss and stop flags); with overlap the gradient all-reduce hides "
-          f"in the backward pass ({plan.BACKWARD_FRACTION:.0%} of compute); fsdp moves 1.5x the bytes (weights "
-          f"all-gathered in forward and backward, gradients reduce-scattered; {w.blocks} blocks, a message "
+          "step (loss and stop flags); with overlap the gradient all-reduce hides in the backward pass "
+          f"({plan.BACKWARD_FRACTION:.0%} of compute); fsdp moves {(2 + w.trained) / 2:.3g}x the bytes "
+          f"(weights all-gathered in forward and backward, gradients reduce-scattered; {w.blocks} blocks, a message "
           "each), hides them behind all of the compute, and updates 1/N of the weights; "
           + (f"strong scaling, global batch {args.global_batch}" if args.global_batch
              else f"weak scaling, {b} examples per device"))

@@ -15,6 +15,7 @@ arguments and returns a mapping.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,6 +50,10 @@ def read_by_logits(net: Any) -> Any:
         last.loss = output.get("loss")
         return output["logits"]
 
+    try:  # (a packed batch's keywords turn its cache off where its forward takes use_cache)
+        net._paratrain_takes_cache = "use_cache" in inspect.signature(net.forward).parameters
+    except (TypeError, ValueError):
+        net._paratrain_takes_cache = False
     net.register_forward_pre_hook(_as_keywords, with_kwargs=True)
     net.register_forward_hook(logits_of)
     net._paratrain_last = last  # for models_loss
@@ -58,7 +63,7 @@ def read_by_logits(net: Any) -> Any:
 def _as_keywords(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     if len(args) == 1 and isinstance(args[0], Mapping) and not kwargs:
         named = dict(args[0])
-        if "position_ids" in named and hasattr(getattr(module, "config", None), "use_cache"):
+        if "position_ids" in named and getattr(module, "_paratrain_takes_cache", False):
             named["use_cache"] = False
         return (), named
     return None

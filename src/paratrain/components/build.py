@@ -111,9 +111,12 @@ def _tensor_model(cfg: TrainConfig, data: Splits) -> nn.Module:
     """The registry's network for data that is not images: the MLP, over the flattened input (any width),
     with an output per class, or per target element in the targets' shape."""
     if is_hf_folder(cfg.model):  # a Hugging Face model folder's config
-        from ..models.hf import from_folder
+        from ..models.hf import check_packable, from_folder
 
-        return read_by_logits(from_folder(cfg.model))
+        model = from_folder(cfg.model)
+        if cfg.pack:
+            check_packable(model, cfg.model)
+        return read_by_logits(model)
     if is_import_path(cfg.model):  # a factory by its path, called as fit's are
         from ..models.imported import resolve
 

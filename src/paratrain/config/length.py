@@ -37,8 +37,8 @@ def run_length(cfg: TrainConfig, n_train: int) -> Length:
     if per_epoch == 0:
         given = (f"--batch-per-worker {cfg.batch_per_worker} (a global batch of {cfg.batch_size})"
                  if cfg.batch_per_worker else f"--batch-size {cfg.batch_size}")  # the flag the user gave
-        raise UserError(f"{given} x --accumulate {cfg.accumulate} is more than the {n_train} training examples; "
-                        "lower them")
+        raise UserError(f"{given} x --accumulate {cfg.accumulate} is more than the {n_train} training "
+                        f"{'windows (of packed examples)' if cfg.pack else 'examples'}; lower them")
     total = cfg.steps if cfg.steps is not None else cfg.epochs * per_epoch
     return Length(per_epoch, total, math.ceil(total / per_epoch))
 

@@ -21,6 +21,26 @@ def folder_of(name: str) -> Path:
     return path
 
 
+PACKED_ATTENTION = ("sdpa", "eager", "flex_attention")  # the implementations that mask by transformers' masks
+
+
+def check_packable(model: Any, name: str) -> None:
+    """One line where a Hugging Face model would let packed examples see each other (--pack): transformers finds
+    them from position_ids in its masks (masking_utils, since 4.54), which flash attention does not read for a
+    batch of several rows."""
+    import transformers
+    from transformers import masking_utils
+
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        raise UserError(f"--pack: transformers {transformers.__version__} does not keep packed examples apart by "
+                        "their position_ids; pip install 'transformers>=4.54', or leave --pack out")
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"
+    if attention not in PACKED_ATTENTION:
+        raise UserError(f"--pack: --model {name} runs {attention} attention, which keeps packed examples apart only in "
+                        f"a batch of one row; give the folder a config with attn_implementation sdpa or eager, or "
+                        "leave --pack out")
+
+
 def from_folder(name: str) -> Any:
     """The causal language model that the config.json of folder `hf:PATH` describes."""
     path = folder_of(name)
