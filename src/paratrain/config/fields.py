@@ -69,8 +69,8 @@ class TrainConfig:
     tokenizer: str = _f("bytes", "text and jsonl: bytes (a vocabulary of 256, no dependency), a tiktoken encoding "
                         "(gpt2, cl100k_base; pip install tiktoken), a Hugging Face tokenizer.json or hub name, or a "
                         "model folder (--model hf:PATH brings its own)")
-    context: int = _f(128, "text and gpt: tokens a training window (an example) holds; gpt: the longest sequence "
-                      "it reads")
+    context: int = _f(128, "text, jsonl and gpt: tokens a training window (an example) holds; gpt: the longest "
+                      "sequence it reads")
     standardize: bool = _f(False, "tensors: scale every input feature to zero mean and unit variance over the "
                            "training split (the network takes them so)", flag="--standardize")
     target: str | None = _f(None, "csv: the column to predict (several: A,B); numbers are a regression's, names "
@@ -79,8 +79,8 @@ class TrainConfig:
                         off_help="never download: a missing dataset is an error")
     val_size: int | None = _f(None, "training examples held out for validation (default: per dataset)")
     labels: str = _f("fine", "cifar100: its 100 fine classes or its 20 coarse ones", choices=("fine", "coarse"))
-    test_size: int | None = _f(None, "imagefolder without a test/ folder, tensors or csv without x_test: "
-                               "examples held out for testing (default: a tenth)")
+    test_size: int | None = _f(None, "imagefolder without a test/ folder, tensors or csv without x_test, text, "
+                               "jsonl: examples held out for testing (default: a tenth)")
     image_size: int | None = _f(None, "imagefolder: the side images are resized and centre-cropped to "
                                 "(default: the median, at most 224)")
     cache_dir: str | None = _f(None, "imagefolder: where the decoded images are cached (default: "

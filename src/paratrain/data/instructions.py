@@ -13,8 +13,8 @@ device as on any padded data).
 - An example longer than the window is cut at its end (its answer shortened); one whose prompt fills the window
   would count nothing, and is left out: both counted in one warning line as the file is read.
 - Windows are padded on the right: a causal model's counted positions never see the padding.
-- Validation and test examples are held out of the file as other tables are (a seeded draw, a tenth each, or
-  --val-size/--test-size examples).
+- Validation and test examples are held out of the file as other tables are (a seeded draw: a tenth for test,
+  then a tenth of the rest for validation; or --val-size/--test-size examples).
 """
 
 from __future__ import annotations
