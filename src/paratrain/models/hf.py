@@ -28,10 +28,15 @@ def check_packable(model: Any, name: str) -> None:
     """One line where a Hugging Face model would let packed examples see each other (--pack): transformers finds
     them from position_ids in its masks (masking_utils, since 4.54), which flash attention does not read for a
     batch of several rows."""
-    import transformers
-    from transformers import masking_utils
+    import importlib
 
-    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+    import transformers
+
+    try:  # (transformers before 4.48 has no masking_utils at all)
+        found = hasattr(importlib.import_module("transformers.masking_utils"), "find_packed_sequence_indices")
+    except ImportError:
+        found = False
+    if not found:
         raise UserError(f"--pack: transformers {transformers.__version__} does not keep packed examples apart by "
                         "their position_ids; pip install 'transformers>=4.54', or leave --pack out")
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa"

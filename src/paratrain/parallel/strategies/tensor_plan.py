@@ -135,10 +135,10 @@ ADAPTED = {"colwise": "lora_B", "rowwise": "lora_A"}  # the adapter split with a
 def _parts(name: str, module: nn.Module, style: str) -> dict[str, str]:
     """The modules that `style` on module `name` splits: the module; or an adapted layer's own Linear and the
     adapter split with it (the module docstring)."""
-    adapters = getattr(module, ADAPTED.get(style, "lora_A"), None)
-    if getattr(module, "base_layer", None) is None or adapters is None:
+    if getattr(module, "base_layer", None) is None or style not in ADAPTED:  # (check_splits refuses the others)
         return {name: style}
-    return {f"{name}.base_layer": style, **{f"{name}.{ADAPTED[style]}.{k}": style for k in adapters}}
+    adapter = ADAPTED[style]
+    return {f"{name}.base_layer": style, **{f"{name}.{adapter}.{k}": style for k in getattr(module, adapter)}}
 
 
 def check_splits(model: nn.Module, plan: dict[str, str], tp: int, source: str = "the plan") -> None:
