@@ -59,11 +59,11 @@ GPT = ("--model", "gpt", "--dataset", "jsonl", "--context", "64", "--width", "64
 
 @pytest.mark.integration
 def test_adapters_train_on_two_workers_as_on_one_device_and_carry_on_exactly(examples: Path, tmp_path: Path) -> None:
-    """Packed examples, AdamW, dropout in the model and the adapters. fsdp (the frozen weights sharded beside
-    the trained ones; ddp ran beside it until 2026-12-01, 15 s of CI) ends where one device does; the frozen
-    weights end where they began. The fsdp run stopped at step 10 and resumed ends where it did unstopped (the
-    windows, masks and Adam's moments carried over), and a run --init-from it on another seed starts from its
-    weights, its adapters too (drawn from that seed, they would differ)."""
+    """Packed examples, AdamW, dropout in the model and the adapters. ddp and fsdp (the frozen weights sharded
+    beside the trained ones) each end where one device does; the frozen weights end where they began. The fsdp
+    run stopped at step 10 and resumed ends where it did unstopped (the windows, masks and Adam's moments carried
+    over), and a run --init-from it on another seed starts from its weights, its adapters too (drawn from that
+    seed, they would differ)."""
     run = (*GPT, "--data-dir", str(examples))
     one = train_here(tmp_path / "one", *run, "--devices", "1", "--steps", "20")
     cfg = validate(TrainConfig(dataset="jsonl", data_dir=str(examples), model="gpt", width=64, depth=2, heads=2,
@@ -72,9 +72,10 @@ def test_adapters_train_on_two_workers_as_on_one_device_and_carry_on_exactly(exa
     assert all(torch.equal(began[k], ended[k]) for k in ended if ".lora_" not in k)
     assert any(not torch.equal(began[k], ended[k]) for k in ended if ".lora_" in k)
     fsdp = ("--strategy", "fsdp", "--devices", "2")
-    other = train_here(tmp_path / "fsdp", *run, *fsdp, "--steps", "20")
-    gaps = abs(other["test_loss"] - one["test_loss"]), max_abs_diff(ended, weights(tmp_path / "fsdp"))
-    assert gaps[0] <= 1e-5 and gaps[1] <= 1e-4, gaps
+    for name, layout in {"ddp": ("--devices", "2"), "fsdp": fsdp}.items():
+        other = train_here(tmp_path / name, *run, *layout, "--steps", "20")
+        gaps = abs(other["test_loss"] - one["test_loss"]), max_abs_diff(ended, weights(tmp_path / name))
+        assert gaps[0] <= 1e-5 and gaps[1] <= 1e-4, (name, gaps)
     train_here(tmp_path / "cut", *run, *fsdp, "--steps", "10")
     resumed = train_here(tmp_path / "cut", *run, *fsdp, "--steps", "20", "--resume", str(tmp_path / "cut"))
     assert resumed["resumed_from_step"] == 10 and resumed["steps"] == 20
